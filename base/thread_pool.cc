@@ -1,0 +1,42 @@
+#include "base/thread_pool.h"
+
+#include <utility>
+
+namespace wharf {
+
+ThreadPool::ThreadPool(int num_threads) {
+  threads_.reserve(num_threads);
+  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { WorkLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::Schedule(absl::AnyInvocable<void() &&> fn) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(fn));
+}
+
+void ThreadPool::WorkLoop() {
+  while (true) {
+    absl::AnyInvocable<void() &&> fn;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      fn = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::move(fn)();
+  }
+}
+
+}  // namespace wharf

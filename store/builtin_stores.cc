@@ -1,0 +1,27 @@
+// The built-in backends. Registered explicitly (not by static initializers, which the linker
+// drops from static libraries) the first time the registry is used.
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "store/local/local_store.h"
+#include "store/registry.h"
+
+namespace wharf::internal {
+
+void RegisterBuiltinStores(StoreRegistry& registry) {
+  registry.Register("file", [](const ObjectUri& uri, std::shared_ptr<Context> context)
+                                -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
+    auto store = LocalStore::Open(uri.bucket, std::move(context));
+    if (!store.ok()) return store.status();
+    return std::shared_ptr<ObjectStore>(*std::move(store));
+  });
+  for (const char* scheme : {"s3", "gs"}) {
+    registry.Register(scheme, [](const ObjectUri& uri, std::shared_ptr<Context>)
+                                  -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
+      return absl::UnimplementedError(
+          absl::StrCat(uri.ToString(), ": the ", uri.scheme, ":// backend is not built yet"));
+    });
+  }
+}
+
+}  // namespace wharf::internal

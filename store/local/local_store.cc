@@ -1,0 +1,715 @@
+#include "store/local/local_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/hash.h"
+#include "base/status.h"
+
+namespace wharf {
+namespace {
+
+constexpr absl::string_view kTempPrefix = ".wharf-tmp-";
+constexpr char kEtagXattr[] = "user.wharf.etag";
+constexpr size_t kChunk = 1 << 20;
+
+// The process umask, read once without changing it (umask(2) would race other threads).
+mode_t ProcessUmask() {
+  static const mode_t mask = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (absl::StartsWith(line, "Umask:")) {
+        return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+      }
+    }
+    return static_cast<mode_t>(022);
+  }();
+  return mask;
+}
+
+std::string RandomSuffix() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
+}
+
+bool IsValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n;  // continuation bytes that follow
+    if (c < 0x80) {
+      n = 0;
+    } else if ((c >> 5) == 0x6) {
+      n = 1;
+    } else if ((c >> 4) == 0xe) {
+      n = 2;
+    } else if ((c >> 3) == 0x1e) {
+      n = 3;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size() && n > 0) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+absl::Time MtimeOf(const struct stat& st) { return absl::TimeFromTimespec(st.st_mtim); }
+
+std::string EtagStamp(const struct stat& st) {
+  return absl::StrCat(st.st_size, " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
+// The cached "<md5> <size> <mtime>" attribute, if it still describes this file.
+std::optional<std::string> CachedEtag(int fd, const std::string& path, const struct stat& st) {
+  char buf[128];
+  ssize_t n = fd >= 0 ? fgetxattr(fd, kEtagXattr, buf, sizeof(buf))
+                      : getxattr(path.c_str(), kEtagXattr, buf, sizeof(buf));
+  if (n <= 33) return std::nullopt;
+  absl::string_view value(buf, n);
+  if (value.substr(33) != EtagStamp(st)) return std::nullopt;
+  return std::string(value.substr(0, 32));
+}
+
+void StoreEtag(int fd, const struct stat& st, absl::string_view md5_hex) {
+  std::string value = absl::StrCat(md5_hex, " ", EtagStamp(st));
+  // Best effort: file systems without user xattrs fall back to hashing on use.
+  (void)fsetxattr(fd, kEtagXattr, value.data(), value.size(), 0);
+}
+
+// ETag of an existing file: the cached attribute, else the MD5 of its content.
+absl::StatusOr<std::string> EtagOf(const std::string& path, int fd_or_minus1,
+                                   const struct stat& st) {
+  if (auto cached = CachedEtag(fd_or_minus1, path, st)) return *cached;
+  int fd = fd_or_minus1 >= 0 ? fd_or_minus1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "hashing");
+  Md5 md5;
+  std::string buf(kChunk, '\0');
+  off_t off = 0;
+  absl::Status status;
+  while (true) {
+    ssize_t n = pread(fd, buf.data(), buf.size(), off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      status = ErrnoToStatus(errno, "hashing");
+      break;
+    }
+    if (n == 0) break;
+    md5.Update(absl::string_view(buf.data(), n));
+    off += n;
+  }
+  std::string hex = HexLower(md5.Finish());
+  if (status.ok()) {
+    struct stat now;
+    if (fstat(fd, &now) == 0 && EtagStamp(now) == EtagStamp(st)) StoreEtag(fd, st, hex);
+  }
+  if (fd_or_minus1 < 0) close(fd);
+  if (!status.ok()) return status;
+  return hex;
+}
+
+absl::Status WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, "write");
+    data.remove_prefix(n);
+  }
+  return absl::OkStatus();
+}
+
+// Creates every missing directory of `dir` (absolute). A path component that is a file means
+// an object already holds a prefix of the key: FailedPrecondition.
+absl::Status MakeDirs(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", dir, "' is an object, so it cannot also be a prefix of other keys"));
+  }
+  const size_t slash = dir.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    WHARF_RETURN_IF_ERROR(MakeDirs(dir.substr(0, slash)));
+  }
+  if (mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
+    if (errno == ENOTDIR) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a parent of '", dir, "' is an object, so it cannot be a prefix"));
+    }
+    return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
+  }
+  return absl::OkStatus();
+}
+
+// A private temporary file in the target's directory that becomes the object on Commit.
+// Destroyed uncommitted, it removes itself: a half-written object is never visible.
+class TempObject {
+ public:
+  static absl::StatusOr<std::unique_ptr<TempObject>> Create(const std::string& target,
+                                                            bool fsync) {
+    const std::string dir = target.substr(0, target.rfind('/'));
+    auto temp = std::unique_ptr<TempObject>(new TempObject(target, fsync));
+    // A concurrent delete may prune the directory between MakeDirs and open: retry.
+    for (int attempt = 0;; ++attempt) {
+      WHARF_RETURN_IF_ERROR(MakeDirs(dir.empty() ? "/" : dir));
+      temp->path_ = absl::StrCat(dir, "/", kTempPrefix, RandomSuffix());
+      temp->fd_ = open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (temp->fd_ >= 0) return temp;
+      if (errno != ENOENT || attempt == 3) return ErrnoToStatus(errno, "creating temporary file");
+    }
+  }
+
+  ~TempObject() {
+    if (fd_ >= 0) close(fd_);
+    if (!committed_ && !path_.empty()) unlink(path_.c_str());
+  }
+
+  absl::Status Append(absl::string_view data) {
+    md5_.Update(data);
+    return WriteAll(fd_, data);
+  }
+
+  absl::Status Append(const absl::Cord& data) {
+    for (absl::string_view chunk : data.Chunks()) WHARF_RETURN_IF_ERROR(Append(chunk));
+    return absl::OkStatus();
+  }
+
+  // Renames the finished file over the target and returns its metadata (key left empty).
+  absl::StatusOr<ObjectMeta> Commit() {
+    if (fchmod(fd_, 0666 & ~ProcessUmask()) != 0) return ErrnoToStatus(errno, "chmod");
+    if (fsync_ && fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync");
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return ErrnoToStatus(errno, "stat");
+    ObjectMeta meta;
+    meta.size = st.st_size;
+    meta.mtime = MtimeOf(st);
+    meta.etag = HexLower(md5_.Finish());
+    StoreEtag(fd_, st, meta.etag);
+    if (close(fd_) != 0) {
+      fd_ = -1;
+      return ErrnoToStatus(errno, "close");
+    }
+    fd_ = -1;
+    if (rename(path_.c_str(), target_.c_str()) != 0) {
+      if (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST) {
+        return absl::FailedPreconditionError(
+            "other keys have this key as their prefix, so it cannot also be an object");
+      }
+      return ErrnoToStatus(errno, "rename");
+    }
+    committed_ = true;
+    if (fsync_) {
+      const std::string dir = target_.substr(0, target_.rfind('/'));
+      int dfd = open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+      }
+    }
+    return meta;
+  }
+
+ private:
+  TempObject(std::string target, bool fsync) : target_(std::move(target)), fsync_(fsync) {}
+
+  const std::string target_;
+  const bool fsync_;
+  std::string path_;
+  int fd_ = -1;
+  bool committed_ = false;
+  Md5 md5_;
+};
+
+class LocalWriter : public ObjectWriter {
+ public:
+  LocalWriter(std::unique_ptr<TempObject> temp, std::string key, std::string uri)
+      : temp_(std::move(temp)), key_(std::move(key)), uri_(std::move(uri)) {}
+
+  absl::Status Write(absl::Cord data) override {
+    if (!temp_) return absl::FailedPreconditionError(absl::StrCat("write ", uri_, ": closed"));
+    auto s = temp_->Append(data);
+    if (!s.ok()) temp_.reset();
+    return Annotate(s, absl::StrCat("write ", uri_));
+  }
+
+  absl::StatusOr<ObjectMeta> Close() override {
+    if (!temp_) return absl::FailedPreconditionError(absl::StrCat("close ", uri_, ": closed"));
+    auto meta = temp_->Commit();
+    temp_.reset();
+    if (!meta.ok()) return Annotate(meta.status(), absl::StrCat("put ", uri_));
+    meta->key = key_;
+    return meta;
+  }
+
+  void Abort() override { temp_.reset(); }
+
+ private:
+  std::unique_ptr<TempObject> temp_;
+  const std::string key_;
+  const std::string uri_;
+};
+
+// Lists a tree in S3 order (see ListPage in object_store.h). Within one directory, entries
+// are sorted by name with '/' appended to directory names: then a depth-first walk yields
+// keys in byte-wise order, since every key below directory "d" starts with "d/".
+class Lister {
+ public:
+  Lister(const std::string& root, const ListOptions& options, absl::string_view continuation)
+      : root_(root), options_(options), lower_(options.start_after) {
+    // The token names the last entry returned: "k<key>" or "p<common prefix>".
+    if (continuation.size() > 1) {
+      std::string last(continuation.substr(1));
+      if (continuation[0] == 'p') skip_prefix_ = last;
+      if (last > lower_) lower_ = std::move(last);
+    }
+  }
+
+  absl::StatusOr<ListPage> Run() {
+    const size_t slash = options_.prefix.rfind('/');
+    const std::string start_dir =
+        slash == std::string::npos ? "" : options_.prefix.substr(0, slash + 1);
+    auto walked = Walk(start_dir);
+    if (!walked.ok()) return walked.status();
+    if (truncated_) {
+      page_.continuation = last_was_prefix_ ? absl::StrCat("p", page_.common_prefixes.back())
+                                            : absl::StrCat("k", page_.objects.back().key);
+    }
+    return std::move(page_);
+  }
+
+ private:
+  enum class Next { kContinue, kStop };
+  struct Entry {
+    std::string sort_name;  // name, plus '/' for directories
+    bool is_dir;
+  };
+
+  absl::StatusOr<std::vector<Entry>> ReadDir(const std::string& rel_dir) {
+    const std::string path = absl::StrCat(root_, "/", rel_dir);
+    std::vector<Entry> entries;
+    DIR* dir = opendir(path.c_str());
+    if (dir == nullptr) {
+      if (errno == ENOENT || errno == ENOTDIR) return entries;
+      return ErrnoToStatus(errno, absl::StrCat("list ", path));
+    }
+    while (struct dirent* e = readdir(dir)) {
+      absl::string_view name = e->d_name;
+      if (name == "." || name == ".." || absl::StartsWith(name, kTempPrefix)) continue;
+      bool is_dir = e->d_type == DT_DIR;
+      bool is_file = e->d_type == DT_REG;
+      if (e->d_type == DT_UNKNOWN || e->d_type == DT_LNK) {
+        struct stat st;
+        if (fstatat(dirfd(dir), e->d_name, &st, 0) != 0) continue;  // dangling link, race
+        is_dir = S_ISDIR(st.st_mode);
+        is_file = S_ISREG(st.st_mode);
+      }
+      if (!is_dir && !is_file) continue;  // sockets, fifos, devices are not objects
+      entries.push_back({is_dir ? absl::StrCat(name, "/") : std::string(name), is_dir});
+    }
+    closedir(dir);
+    std::sort(entries.begin(), entries.end(),
+              [](const Entry& a, const Entry& b) { return a.sort_name < b.sort_name; });
+    return entries;
+  }
+
+  // Where `full` (a key, or a directory key ending in '/') stands against the bounds.
+  enum class Place { kBefore, kInside, kAfter };
+  Place Locate(const std::string& full, bool is_dir) const {
+    const std::string& prefix = options_.prefix;
+    if (!absl::StartsWith(full, prefix) && !(is_dir && absl::StartsWith(prefix, full))) {
+      return full < prefix ? Place::kBefore : Place::kAfter;
+    }
+    if (!options_.end_before.empty() && full >= options_.end_before) return Place::kAfter;
+    if (is_dir) {
+      // Everything below is <= lower_ unless lower_ points into this directory.
+      if (full < lower_ && !absl::StartsWith(lower_, full)) return Place::kBefore;
+    } else if (full <= lower_) {
+      return Place::kBefore;
+    }
+    if (!skip_prefix_.empty() && absl::StartsWith(full, skip_prefix_)) return Place::kBefore;
+    return Place::kInside;
+  }
+
+  // The common prefix `full` rolls up into under the delimiter, or "" if none.
+  std::string CommonPrefixOf(const std::string& full) const {
+    if (options_.delimiter.empty() || full.size() < options_.prefix.size()) return "";
+    const size_t pos = full.find(options_.delimiter, options_.prefix.size());
+    if (pos == std::string::npos) return "";
+    return full.substr(0, pos + options_.delimiter.size());
+  }
+
+  // True when directory `rel_dir` holds at least one key inside the bounds.
+  absl::StatusOr<bool> HasKeyInside(const std::string& rel_dir) {
+    WHARF_ASSIGN_OR_RETURN(auto entries, ReadDir(rel_dir));
+    for (const Entry& e : entries) {
+      const std::string full = rel_dir + e.sort_name;
+      Place place = Locate(full, e.is_dir);
+      if (place == Place::kAfter) return false;
+      if (place == Place::kBefore) continue;
+      if (!e.is_dir) return true;
+      WHARF_ASSIGN_OR_RETURN(bool found, HasKeyInside(full));
+      if (found) return true;
+    }
+    return false;
+  }
+
+  // Adds one entry to the page; kStop once the page is full and one more entry exists.
+  Next Emit(ObjectMeta* object, const std::string* prefix) {
+    if (static_cast<int>(page_.objects.size() + page_.common_prefixes.size()) >=
+        std::max(1, options_.page_size)) {
+      truncated_ = true;
+      return Next::kStop;
+    }
+    if (object != nullptr) {
+      page_.objects.push_back(std::move(*object));
+      last_was_prefix_ = false;
+    } else {
+      page_.common_prefixes.push_back(*prefix);
+      last_was_prefix_ = true;
+      last_prefix_ = *prefix;
+    }
+    return Next::kContinue;
+  }
+
+  absl::StatusOr<Next> Walk(const std::string& rel_dir) {
+    WHARF_ASSIGN_OR_RETURN(auto entries, ReadDir(rel_dir));
+    for (const Entry& e : entries) {
+      const std::string full = rel_dir + e.sort_name;
+      const Place place = Locate(full, e.is_dir);
+      if (place == Place::kAfter) return Next::kStop;
+      if (place == Place::kBefore) continue;
+      if (std::string cp = CommonPrefixOf(full); !cp.empty()) {
+        if (cp == last_prefix_) continue;  // equal prefixes are adjacent in key order
+        if (e.is_dir) {
+          WHARF_ASSIGN_OR_RETURN(bool any, HasKeyInside(full));
+          if (!any) continue;
+        }
+        if (Emit(nullptr, &cp) == Next::kStop) return Next::kStop;
+        continue;
+      }
+      if (e.is_dir) {
+        WHARF_ASSIGN_OR_RETURN(Next next, Walk(full));
+        if (next == Next::kStop) return Next::kStop;
+        continue;
+      }
+      const std::string path = absl::StrCat(root_, "/", full);
+      struct stat st;
+      if (stat(path.c_str(), &st) != 0) continue;  // deleted since readdir
+      ObjectMeta meta;
+      meta.key = full;
+      meta.size = st.st_size;
+      meta.mtime = MtimeOf(st);
+      WHARF_ASSIGN_OR_RETURN(meta.etag, EtagOf(path, -1, st));
+      if (Emit(&meta, nullptr) == Next::kStop) return Next::kStop;
+    }
+    return Next::kContinue;
+  }
+
+  const std::string& root_;
+  const ListOptions& options_;
+  std::string lower_;        // exclusive lower bound on keys
+  std::string skip_prefix_;  // a common prefix already returned on an earlier page
+  std::string last_prefix_;
+  bool last_was_prefix_ = false;
+  bool truncated_ = false;
+  ListPage page_;
+};
+
+}  // namespace
+
+absl::Status LocalStore::ValidateKey(absl::string_view key) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid key '", key, "': ", why));
+  };
+  if (key.empty()) return bad("empty");
+  if (key.find('\0') != absl::string_view::npos) return bad("contains a NUL byte");
+  if (key.front() == '/') return bad("starts with '/' (keys are relative to the store root)");
+  if (key.back() == '/') return bad("ends with '/' (file:// keys name files, not directories)");
+  if (!IsValidUtf8(key)) return bad("not valid UTF-8");
+  for (absl::string_view part : absl::StrSplit(key, '/')) {
+    if (part.empty()) return bad("contains an empty path component ('//')");
+    if (part == "." || part == "..") return bad("contains a '.' or '..' component");
+    if (part.size() > 255) return bad("a path component is longer than 255 bytes");
+    if (absl::StartsWith(part, kTempPrefix)) return bad("'.wharf-tmp-' names are reserved");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LocalStore>> LocalStore::Open(std::string root,
+                                                             std::shared_ptr<Context> context,
+                                                             LocalStoreOptions options) {
+  if (root.empty() || root.front() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local store root '", root, "' must be an absolute path"));
+  }
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  WHARF_RETURN_IF_ERROR(Annotate(MakeDirs(root), absl::StrCat("open file://", root)));
+  return std::unique_ptr<LocalStore>(new LocalStore(std::move(root), std::move(context), options));
+}
+
+LocalStore::LocalStore(std::string root, std::shared_ptr<Context> context,
+                       LocalStoreOptions options)
+    : root_(std::move(root)), context_(std::move(context)), options_(options) {}
+
+std::string LocalStore::Uri(absl::string_view key) const {
+  return root_ == "/" ? absl::StrCat("file:///", key) : absl::StrCat("file://", root_, "/", key);
+}
+
+std::string LocalStore::PathOf(absl::string_view key) const {
+  return root_ == "/" ? absl::StrCat("/", key) : absl::StrCat(root_, "/", key);
+}
+
+const Capabilities& LocalStore::capabilities() const {
+  static const Capabilities caps = [] {
+    Capabilities c;
+    c.native_end_before = true;
+    c.nested_keys_conflict = true;
+    c.trailing_slash_keys = false;
+    c.max_page_size = 100000;
+    return c;
+  }();
+  return caps;
+}
+
+absl::StatusOr<ListPage> LocalStore::List(const ListOptions& options,
+                                          const std::string& continuation) {
+  const std::string root = root_ == "/" ? "" : root_;
+  auto page = Lister(root, options, continuation).Run();
+  if (!page.ok()) return Annotate(page.status(), absl::StrCat("list ", Uri(options.prefix)));
+  return page;
+}
+
+absl::StatusOr<ObjectMeta> LocalStore::Head(const std::string& key) {
+  const std::string op = absl::StrCat("head ", Uri(key));
+  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
+  const std::string path = PathOf(key);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, op);
+  if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(op, ": no such object"));
+  ObjectMeta meta;
+  meta.key = key;
+  meta.size = st.st_size;
+  meta.mtime = MtimeOf(st);
+  auto etag = EtagOf(path, -1, st);
+  if (!etag.ok()) return Annotate(etag.status(), op);
+  meta.etag = *std::move(etag);
+  return meta;
+}
+
+absl::StatusOr<GetResult> LocalStore::Get(const GetRequest& request) {
+  const std::string op = absl::StrCat("get ", Uri(request.key));
+  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(request.key), op));
+  if ((request.sink == nullptr) == (request.buffer.data() == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": set exactly one of buffer and sink"));
+  }
+  const std::string path = PathOf(request.key);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(op, ": no such object"));
+    }
+    return ErrnoToStatus(errno, op);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0) return ErrnoToStatus(errno, op);
+  if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(op, ": no such object"));
+  GetResult result;
+  result.meta.key = request.key;
+  result.meta.size = st.st_size;
+  result.meta.mtime = MtimeOf(st);
+  auto etag = EtagOf(path, fd, st);
+  if (!etag.ok()) return Annotate(etag.status(), op);
+  result.meta.etag = *std::move(etag);
+  if (!request.if_match.empty() && request.if_match != result.meta.etag) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": object changed (etag ", result.meta.etag, ", expected ",
+                     request.if_match, ")"));
+  }
+  auto range = request.range.Resolve(st.st_size);
+  if (!range.ok()) return Annotate(range.status(), op);
+  auto [begin, end] = *range;
+  result.offset = begin;
+  if (request.buffer.data() != nullptr && request.buffer.size() < end - begin) {
+    return absl::OutOfRangeError(absl::StrCat(op, ": buffer of ", request.buffer.size(),
+                                              " bytes is smaller than the ", end - begin,
+                                              "-byte range"));
+  }
+  std::string chunk;
+  if (request.sink != nullptr) chunk.resize(std::min<uint64_t>(kChunk, end - begin));
+  uint64_t pos = begin;
+  while (pos < end) {
+    char* dst = request.sink != nullptr ? chunk.data() : request.buffer.data() + (pos - begin);
+    const size_t want = request.sink != nullptr ? std::min<uint64_t>(chunk.size(), end - pos)
+                                                : end - pos;
+    const ssize_t n = pread(fd, dst, want, pos);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, op);
+    if (n == 0) {
+      return absl::DataLossError(
+          absl::StrCat(op, ": file shrank while reading (", pos, " of ", end, " bytes)"));
+    }
+    if (request.sink != nullptr) {
+      WHARF_RETURN_IF_ERROR(Annotate(request.sink->Append(absl::string_view(dst, n)), op));
+    }
+    pos += n;
+  }
+  result.bytes = end - begin;
+  return result;
+}
+
+absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord data) {
+  const std::string op = absl::StrCat("put ", Uri(key));
+  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
+  auto temp = TempObject::Create(PathOf(key), options_.fsync);
+  if (!temp.ok()) return Annotate(temp.status(), op);
+  WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
+  auto meta = (*temp)->Commit();
+  if (!meta.ok()) return Annotate(meta.status(), op);
+  meta->key = key;
+  return meta;
+}
+
+absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string key) {
+  const std::string uri = Uri(key);
+  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), absl::StrCat("put ", uri)));
+  auto temp = TempObject::Create(PathOf(key), options_.fsync);
+  if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
+  return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri);
+}
+
+void LocalStore::PruneEmptyParents(absl::string_view key) const {
+  std::string path = PathOf(key);
+  while (true) {
+    const size_t slash = path.rfind('/');
+    if (slash == std::string::npos || slash <= root_.size()) return;
+    path.resize(slash);
+    if (rmdir(path.c_str()) != 0) return;  // not empty (or raced with a put): stop
+  }
+}
+
+absl::Status LocalStore::Delete(const std::string& key) {
+  const std::string op = absl::StrCat("delete ", Uri(key));
+  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
+  if (unlink(PathOf(key).c_str()) != 0) {
+    // Deleting a missing object succeeds, as on S3; a directory is not an object either.
+    if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) return absl::OkStatus();
+    return ErrnoToStatus(errno, op);
+  }
+  PruneEmptyParents(key);
+  return absl::OkStatus();
+}
+
+absl::Status LocalStore::DeleteMany(std::vector<std::string> keys) {
+  absl::Status first;
+  int failed = 0;
+  for (const auto& key : keys) {
+    absl::Status s = Delete(key);
+    if (!s.ok() && failed++ == 0) first = s;
+  }
+  if (failed > 1) return Annotate(first, absl::StrCat(failed, " of ", keys.size(), " failed"));
+  return first;
+}
+
+absl::StatusOr<ObjectMeta> LocalStore::Copy(const std::string& src_key,
+                                            const std::string& dst_key) {
+  const std::string op = absl::StrCat("copy ", Uri(src_key), " to ", Uri(dst_key));
+  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(dst_key), op));
+  auto temp = TempObject::Create(PathOf(dst_key), options_.fsync);
+  if (!temp.ok()) return Annotate(temp.status(), op);
+  // Stream through the temp object so the copy is atomic and its ETag computed.
+  class TempSink : public ReadSink {
+   public:
+    explicit TempSink(TempObject* temp) : temp_(temp) {}
+    absl::Status Append(absl::string_view chunk) override { return temp_->Append(chunk); }
+
+   private:
+    TempObject* temp_;
+  } sink(temp->get());
+  GetRequest request;
+  request.key = src_key;
+  request.sink = &sink;
+  auto got = Get(request);
+  if (!got.ok()) return Annotate(got.status(), "copy");
+  auto meta = (*temp)->Commit();
+  if (!meta.ok()) return Annotate(meta.status(), op);
+  meta->key = dst_key;
+  return meta;
+}
+
+// Asynchronous forms: the work is blocking syscalls, so it runs on the blocking pool.
+void LocalStore::ListAsync(ListOptions options, std::string continuation,
+                           Callback<ListPage> done) {
+  context_->blocking_pool().Schedule(
+      [this, options = std::move(options), continuation = std::move(continuation),
+       done = std::move(done)]() mutable { std::move(done)(List(options, continuation)); });
+}
+
+void LocalStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
+  context_->blocking_pool().Schedule(
+      [this, key = std::move(key), done = std::move(done)]() mutable {
+        std::move(done)(Head(key));
+      });
+}
+
+void LocalStore::GetAsync(GetRequest request, Callback<GetResult> done) {
+  context_->blocking_pool().Schedule(
+      [this, request = std::move(request), done = std::move(done)]() mutable {
+        std::move(done)(Get(request));
+      });
+}
+
+void LocalStore::PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) {
+  context_->blocking_pool().Schedule(
+      [this, key = std::move(key), data = std::move(data), done = std::move(done)]() mutable {
+        std::move(done)(Put(key, std::move(data)));
+      });
+}
+
+void LocalStore::DeleteAsync(std::string key, StatusCallback done) {
+  context_->blocking_pool().Schedule(
+      [this, key = std::move(key), done = std::move(done)]() mutable {
+        std::move(done)(Delete(key));
+      });
+}
+
+void LocalStore::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) {
+  context_->blocking_pool().Schedule(
+      [this, keys = std::move(keys), done = std::move(done)]() mutable {
+        std::move(done)(DeleteMany(std::move(keys)));
+      });
+}
+
+void LocalStore::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
+  context_->blocking_pool().Schedule([this, src_key = std::move(src_key),
+                                      dst_key = std::move(dst_key),
+                                      done = std::move(done)]() mutable {
+    std::move(done)(Copy(src_key, dst_key));
+  });
+}
+
+}  // namespace wharf

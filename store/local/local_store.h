@@ -1,0 +1,82 @@
+// LocalStore: the file:// backend. A directory tree presented with object-store semantics:
+//  - a key "a/b/c" is the file <root>/a/b/c; listings return keys in byte-wise lexicographic
+//    order (exactly S3's order, which a plain directory walk does not give: "a.txt" < "a/b");
+//  - puts are atomic: bytes go to a private temporary file (mode 0600, named ".wharf-tmp-*",
+//    never listed) in the target directory, which is renamed over the key when complete;
+//  - ETags are the MD5 of the content, computed while writing and kept in the extended
+//    attribute "user.wharf.etag" with the size and mtime they belong to; files written by
+//    other programs are hashed on first use (and the attribute cached when possible);
+//  - keys are validated so no key can name a path outside the root: no empty, "." or ".."
+//    components, no leading or trailing '/', no NUL, valid UTF-8;
+//  - deleting the last object of a directory removes the empty directories above it, so a
+//    listing never shows an empty "directory" as a common prefix.
+// File-system limits surface as FailedPrecondition: "a" and "a/b" cannot both be objects
+// (capabilities().nested_keys_conflict), and keys cannot end in '/'.
+//
+// Thread-safety: thread-safe; every method may be called concurrently. Asynchronous calls
+// run on the Context's blocking pool; blocking calls run inline on the caller's thread.
+#pragma once
+
+#include <memory>
+#include "absl/strings/string_view.h"
+#include <string>
+#include <string_view>
+
+#include "base/context.h"
+#include "store/object_store.h"
+
+namespace wharf {
+
+struct LocalStoreOptions {
+  // fsync each object (and its directory) before it becomes visible. Off by default: the
+  // rename already makes puts atomic for readers; fsync adds crash durability at the cost
+  // of one disk flush per object.
+  bool fsync = false;
+};
+
+class LocalStore : public ObjectStore {
+ public:
+  // `root` is an absolute directory path (created if missing). REQUIRES: context != nullptr.
+  static absl::StatusOr<std::unique_ptr<LocalStore>> Open(std::string root,
+                                                          std::shared_ptr<Context> context,
+                                                          LocalStoreOptions options = {});
+
+  // InvalidArgument (naming the key and the rule) unless `key` is a valid file:// key.
+  static absl::Status ValidateKey(absl::string_view key);
+
+  std::string Uri(absl::string_view key) const override;
+  const Capabilities& capabilities() const override;
+
+  void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override;
+  void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
+  void GetAsync(GetRequest request, Callback<GetResult> done) override;
+  void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) override;
+  void DeleteAsync(std::string key, StatusCallback done) override;
+  void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) override;
+  void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) override;
+
+  absl::StatusOr<ListPage> List(const ListOptions& options,
+                                const std::string& continuation = "") override;
+  absl::StatusOr<ObjectMeta> Head(const std::string& key) override;
+  absl::StatusOr<GetResult> Get(const GetRequest& request) override;
+  absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data) override;
+  absl::Status Delete(const std::string& key) override;
+  absl::Status DeleteMany(std::vector<std::string> keys) override;
+  absl::StatusOr<ObjectMeta> Copy(const std::string& src_key, const std::string& dst_key) override;
+
+  const std::string& root() const { return root_; }
+
+ private:
+  LocalStore(std::string root, std::shared_ptr<Context> context, LocalStoreOptions options);
+
+  std::string PathOf(absl::string_view key) const;
+  // Removes now-empty directories from `key`'s parent up to (not including) the root.
+  void PruneEmptyParents(absl::string_view key) const;
+
+  const std::string root_;  // absolute, no trailing '/' (except the file system root "/")
+  const std::shared_ptr<Context> context_;
+  const LocalStoreOptions options_;
+};
+
+}  // namespace wharf

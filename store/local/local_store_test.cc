@@ -1,0 +1,124 @@
+#include "store/local/local_store.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/hash.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/conformance/object_store_conformance.h"
+
+namespace wharf {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string MakeTempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "wharf-local-test-XXXXXX").string();
+  char* dir = mkdtemp(tmpl.data());
+  EXPECT_NE(dir, nullptr);
+  return tmpl;
+}
+
+absl::StatusOr<std::shared_ptr<ObjectStore>> MakeFreshStore() {
+  auto store = LocalStore::Open(MakeTempDir(), Context::Default());
+  if (!store.ok()) return store.status();
+  return std::shared_ptr<ObjectStore>(*std::move(store));
+}
+
+void DestroyStore(ObjectStore& store) {
+  fs::remove_all(static_cast<LocalStore&>(store).root());
+}
+
+INSTANTIATE_TEST_SUITE_P(Local, ObjectStoreConformance,
+                         testing::Values(ConformanceBackend{"local", MakeFreshStore,
+                                                            DestroyStore}),
+                         ConformanceBackendName);
+
+class LocalStoreTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = MakeTempDir();
+    auto store = LocalStore::Open(root_, Context::Default());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string root_;
+  std::unique_ptr<LocalStore> store_;
+};
+
+TEST_F(LocalStoreTest, KeysThatWouldEscapeTheRootAreRefused) {
+  for (const char* key : {"../x", "a/../../x", "/etc/passwd", "a//b", "./a", "a/.", "", "a/",
+                          ".wharf-tmp-1"}) {
+    auto put = store_->Put(key, absl::Cord("x"));
+    EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << "'" << key << "'";
+    EXPECT_EQ(store_->Read(key).status().code(), absl::StatusCode::kInvalidArgument) << key;
+  }
+  EXPECT_EQ(store_->Put(std::string("a\0b", 3), absl::Cord("x")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Put("bad\xff utf8", absl::Cord("x")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(fs::path(root_).parent_path() / "x"));
+}
+
+TEST_F(LocalStoreTest, EtagIsContentMd5AndCachedForForeignFiles) {
+  auto put = store_->Put("a/b", absl::Cord("hello"));
+  ASSERT_TRUE(put.ok());
+  EXPECT_EQ(put->etag, Md5Hex("hello"));
+  // A file written by another program, then changed in place: the ETag follows the content.
+  fs::create_directories(fs::path(root_) / "foreign");
+  { std::ofstream(fs::path(root_) / "foreign" / "f") << "one"; }
+  EXPECT_EQ(store_->Head("foreign/f")->etag, Md5Hex("one"));
+  { std::ofstream(fs::path(root_) / "foreign" / "f") << "three"; }
+  EXPECT_EQ(store_->Head("foreign/f")->etag, Md5Hex("three"));
+}
+
+TEST_F(LocalStoreTest, TemporaryFilesArePrivateAndNeverListed) {
+  auto writer = store_->NewWriter("w/obj");
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Write(absl::Cord("secret")).ok());
+  int temps = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(root_) / "w")) {
+    ASSERT_TRUE(absl::StartsWith(entry.path().filename().string(), ".wharf-tmp-"));
+    struct stat st;
+    ASSERT_EQ(stat(entry.path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0077, 0u) << "temporary file readable by others";
+    ++temps;
+  }
+  EXPECT_EQ(temps, 1);
+  EXPECT_TRUE(store_->ListAll({})->objects.empty());
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ(store_->ListAll({})->objects.size(), 1u);
+}
+
+TEST_F(LocalStoreTest, DeletePrunesEmptyDirectoriesButNotTheRoot) {
+  ASSERT_TRUE(store_->Put("x/y/z", absl::Cord("1")).ok());
+  ASSERT_TRUE(store_->Delete("x/y/z").ok());
+  EXPECT_FALSE(fs::exists(fs::path(root_) / "x"));
+  EXPECT_TRUE(fs::exists(root_));
+}
+
+TEST_F(LocalStoreTest, UriNamesTheRoot) {
+  EXPECT_EQ(store_->Uri("a b/c"), absl::StrCat("file://", root_, "/a b/c"));
+  auto missing = store_->Read("nope");
+  EXPECT_THAT(std::string(missing.status().message()),
+              testing::HasSubstr(absl::StrCat("file://", root_, "/nope")));
+}
+
+TEST_F(LocalStoreTest, RelativeRootIsRefused) {
+  EXPECT_EQ(LocalStore::Open("relative/dir", Context::Default()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace wharf

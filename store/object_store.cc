@@ -1,0 +1,132 @@
+#include "store/object_store.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+
+namespace wharf {
+
+absl::StatusOr<std::pair<uint64_t, uint64_t>> ByteRange::Resolve(uint64_t size) const {
+  if (suffix) {
+    const uint64_t n = length.value_or(0);
+    if (n == 0) return absl::OutOfRangeError("empty suffix range");
+    return std::make_pair(size > n ? size - n : 0, size);
+  }
+  if (is_all()) return std::make_pair(uint64_t{0}, size);
+  if (offset >= size) {
+    return absl::OutOfRangeError(
+        absl::StrCat("range starts at byte ", offset, " of a ", size, "-byte object"));
+  }
+  if (length.has_value() && *length == 0) return absl::OutOfRangeError("empty range");
+  const uint64_t end =
+      length.has_value() && *length < size - offset ? offset + *length : size;
+  return std::make_pair(offset, end);
+}
+
+std::string ByteRange::ToHttp() const {
+  if (suffix) return absl::StrCat("-", length.value_or(0));
+  if (!length.has_value()) return absl::StrCat(offset, "-");
+  return absl::StrCat(offset, "-", offset + *length - 1);
+}
+
+absl::Status WaitForStatus(absl::AnyInvocable<void(StatusCallback) &&> start) {
+  absl::Notification done;
+  absl::Status result;
+  std::move(start)([&](absl::Status s) {
+    result = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+void ObjectStore::ComposeAsync(std::vector<std::string> sources, std::string dst_key,
+                               Callback<ObjectMeta> done) {
+  (void)sources;
+  std::move(done)(absl::UnimplementedError(
+      absl::StrCat("compose ", Uri(dst_key), ": this store has no server-side compose")));
+}
+
+absl::StatusOr<ListPage> ObjectStore::List(const ListOptions& options,
+                                           const std::string& continuation) {
+  return WaitFor<ListPage>(
+      [&](Callback<ListPage> cb) { ListAsync(options, continuation, std::move(cb)); });
+}
+
+absl::StatusOr<ObjectMeta> ObjectStore::Head(const std::string& key) {
+  return WaitFor<ObjectMeta>([&](Callback<ObjectMeta> cb) { HeadAsync(key, std::move(cb)); });
+}
+
+absl::StatusOr<GetResult> ObjectStore::Get(const GetRequest& request) {
+  return WaitFor<GetResult>([&](Callback<GetResult> cb) { GetAsync(request, std::move(cb)); });
+}
+
+absl::StatusOr<ObjectMeta> ObjectStore::Put(const std::string& key, absl::Cord data) {
+  return WaitFor<ObjectMeta>(
+      [&](Callback<ObjectMeta> cb) { PutAsync(key, std::move(data), std::move(cb)); });
+}
+
+absl::Status ObjectStore::Delete(const std::string& key) {
+  return WaitForStatus([&](StatusCallback cb) { DeleteAsync(key, std::move(cb)); });
+}
+
+absl::Status ObjectStore::DeleteMany(std::vector<std::string> keys) {
+  return WaitForStatus([&](StatusCallback cb) { DeleteManyAsync(std::move(keys), std::move(cb)); });
+}
+
+absl::StatusOr<ObjectMeta> ObjectStore::Copy(const std::string& src_key,
+                                             const std::string& dst_key) {
+  return WaitFor<ObjectMeta>(
+      [&](Callback<ObjectMeta> cb) { CopyAsync(src_key, dst_key, std::move(cb)); });
+}
+
+absl::StatusOr<ObjectMeta> ObjectStore::Compose(std::vector<std::string> sources,
+                                                const std::string& dst_key) {
+  return WaitFor<ObjectMeta>([&](Callback<ObjectMeta> cb) {
+    ComposeAsync(std::move(sources), dst_key, std::move(cb));
+  });
+}
+
+absl::StatusOr<ListPage> ObjectStore::ListAll(ListOptions options) {
+  ListPage all;
+  std::string token;
+  do {
+    auto page = List(options, token);
+    if (!page.ok()) return page.status();
+    for (auto& o : page->objects) all.objects.push_back(std::move(o));
+    for (auto& p : page->common_prefixes) all.common_prefixes.push_back(std::move(p));
+    token = std::move(page->continuation);
+  } while (!token.empty());
+  return all;
+}
+
+namespace {
+class StringSink : public ReadSink {
+ public:
+  explicit StringSink(std::string* out) : out_(out) {}
+  absl::Status Append(absl::string_view chunk) override {
+    out_->append(chunk.data(), chunk.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string* out_;
+};
+}  // namespace
+
+absl::StatusOr<std::string> ObjectStore::Read(const std::string& key, ByteRange range) {
+  std::string out;
+  StringSink sink(&out);
+  GetRequest request;
+  request.key = key;
+  request.range = range;
+  request.sink = &sink;
+  auto result = Get(request);
+  if (!result.ok()) return result.status();
+  return out;
+}
+
+}  // namespace wharf

@@ -1,0 +1,210 @@
+// ObjectStore: the one contract every storage backend (file://, s3://, gs://) implements.
+//
+// Semantics are those of an object store, not a file system: a flat namespace of keys
+// (UTF-8 byte strings) listed in byte-wise lexicographic order, whole-object atomic puts
+// (a reader sees the old or the new object, never a mix), ranged reads, and idempotent
+// deletes (deleting a missing key succeeds, as on S3).
+//
+// Every operation has an asynchronous form that takes a completion callback. A backend
+// runs the callback on one of its own threads (an event loop or a blocking pool); the
+// callback must not block: hand long work to another executor. The blocking forms are
+// conveniences built on the asynchronous ones (or the other way round, for backends whose
+// work is blocking syscalls anyway). Thousands of asynchronous calls may be outstanding at
+// once; backends bound their own concurrency and queue the rest.
+//
+// Thread-safety: every method of an ObjectStore may be called concurrently from any thread.
+// A store must outlive the completion of every asynchronous call made on it.
+//
+// Errors: every Status names the operation and the object's URI, e.g.
+//   "get file:///data/a.jpg: No such file or directory". Codes follow one mapping across
+//   backends: NotFound (missing object or bucket), PermissionDenied (credentials, ACLs),
+//   InvalidArgument (malformed key or request), OutOfRange (range starts past the end),
+//   FailedPrecondition (if_match mismatch; a key that cannot coexist with another),
+//   Unavailable (transient; retried by the backend before it is surfaced).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace wharf {
+
+// One object as listed or returned by head/get/put.
+struct ObjectMeta {
+  std::string key;
+  uint64_t size = 0;
+  // Opaque version tag without quotes: the MD5 hex of the content for single-part uploads
+  // on S3-like stores and for the local store; GCS generation for gs:// JSON.
+  std::string etag;
+  absl::Time mtime = absl::InfinitePast();
+};
+
+struct ListOptions {
+  // Only keys starting with `prefix`.
+  std::string prefix;
+  // When non-empty, keys whose remainder after `prefix` contains `delimiter` are rolled up
+  // into one common prefix (prefix + remainder up to and including the first delimiter).
+  std::string delimiter;
+  // Exclusive lower bound: only keys > start_after.
+  std::string start_after;
+  // Exclusive upper bound: only keys < end_before; empty means no bound. Parallel listing
+  // splits the key space into [start_after, end_before) ranges.
+  std::string end_before;
+  // Most entries (objects + common prefixes) per page; a backend may return fewer.
+  int page_size = 1000;
+};
+
+struct ListPage {
+  std::vector<ObjectMeta> objects;      // in key order
+  std::vector<std::string> common_prefixes;  // in key order
+  // Opaque token for the next page; empty when this is the last page.
+  std::string continuation;
+};
+
+// A byte range of an object. The default is the whole object.
+struct ByteRange {
+  uint64_t offset = 0;
+  std::optional<uint64_t> length;  // nullopt: to the end of the object
+  bool suffix = false;             // the last `*length` bytes (offset ignored)
+
+  static ByteRange All() { return {}; }
+  static ByteRange Of(uint64_t offset, uint64_t length) { return {offset, length, false}; }
+  static ByteRange From(uint64_t offset) { return {offset, std::nullopt, false}; }
+  static ByteRange Last(uint64_t length) { return {0, length, true}; }
+
+  bool is_all() const { return !suffix && offset == 0 && !length.has_value(); }
+  // Resolves against an object of `size` bytes: the [begin, end) actually read.
+  // OutOfRange when the range starts at or past the end of a non-empty object,
+  // or is non-trivial on an empty one (S3 answers 416 to both).
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> Resolve(uint64_t size) const;
+  // HTTP form without the "bytes=" prefix: "0-99", "100-", "-100".
+  std::string ToHttp() const;
+};
+
+// Receives a streamed read chunk by chunk, in order. Append may block (that back-pressures
+// the transfer) and may be called on a backend thread; returning an error aborts the read.
+class ReadSink {
+ public:
+  virtual ~ReadSink() = default;
+  virtual absl::Status Append(absl::string_view chunk) = 0;
+};
+
+struct GetRequest {
+  std::string key;
+  ByteRange range;
+  // Destination: either `sink` (streamed) or `buffer` (the bytes land at buffer[0..n)).
+  // REQUIRES: exactly one is set. A buffer smaller than the range is an error
+  // (OutOfRange), never a silent truncation.
+  absl::Span<char> buffer;
+  ReadSink* sink = nullptr;
+  // When non-empty, fail with FailedPrecondition unless the object's etag equals it, so
+  // parallel ranged parts of one object never mix two versions.
+  std::string if_match;
+};
+
+struct GetResult {
+  uint64_t offset = 0;  // where the returned bytes start in the object
+  uint64_t bytes = 0;   // how many bytes were delivered
+  ObjectMeta meta;      // meta.size is the size of the whole object
+};
+
+// Writes one large object. Bytes become visible only at Close(), atomically; a writer that
+// is destroyed or aborted without Close() leaves nothing behind (multipart uploads are
+// aborted, temporary files removed).
+// Thread-safety: one writer is used by one thread at a time.
+class ObjectWriter {
+ public:
+  virtual ~ObjectWriter() = default;
+  // May block while earlier parts upload (back-pressure under the memory budget).
+  virtual absl::Status Write(absl::Cord data) = 0;
+  virtual absl::StatusOr<ObjectMeta> Close() = 0;
+  virtual void Abort() = 0;
+};
+
+// What a backend can do, declared rather than probed (the conformance suite reads it too).
+struct Capabilities {
+  // ComposeAsync concatenates existing objects server-side (GCS compose).
+  bool compose = false;
+  // NewWriter uploads parts in parallel (S3 multipart); otherwise it streams one object.
+  bool multipart_upload = false;
+  // The store answers end_before itself; otherwise the backend trims pages client-side.
+  bool native_end_before = false;
+  // Keys "a" and "a/b" cannot coexist (stores backed by a file system tree).
+  bool nested_keys_conflict = false;
+  // Keys ending in '/' (directory markers) are ordinary objects.
+  bool trailing_slash_keys = true;
+  // Largest page ListAsync returns.
+  int max_page_size = 1000;
+};
+
+template <typename T>
+using Callback = absl::AnyInvocable<void(absl::StatusOr<T>) &&>;
+using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+class ObjectStore {
+ public:
+  virtual ~ObjectStore() = default;
+
+  // "s3://bucket/key", "file:///root/key": how errors and the CLI name an object.
+  virtual std::string Uri(absl::string_view key) const = 0;
+  virtual const Capabilities& capabilities() const = 0;
+
+  // ---- Asynchronous forms (primary) ----
+  // One page of a listing; pass the previous page's continuation ("" for the first).
+  virtual void ListAsync(ListOptions options, std::string continuation,
+                         Callback<ListPage> done) = 0;
+  virtual void HeadAsync(std::string key, Callback<ObjectMeta> done) = 0;
+  // REQUIRES: the request's buffer/sink stays valid until `done` runs.
+  virtual void GetAsync(GetRequest request, Callback<GetResult> done) = 0;
+  virtual void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) = 0;
+  virtual void DeleteAsync(std::string key, StatusCallback done) = 0;
+  // Deletes many keys (in batches where the store has a batch call). OK only if every key
+  // is gone; otherwise the first failure, annotated with how many failed.
+  virtual void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) = 0;
+  // Server-side copy within this store.
+  virtual void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) = 0;
+  // Concatenates `sources` into `dst_key`. Unimplemented unless capabilities().compose.
+  virtual void ComposeAsync(std::vector<std::string> sources, std::string dst_key,
+                            Callback<ObjectMeta> done);
+
+  // Opens a writer for one (possibly very large) object.
+  virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) = 0;
+
+  // ---- Blocking forms: wait for the asynchronous form. Backends whose work is blocking
+  // anyway override these to run inline. ----
+  virtual absl::StatusOr<ListPage> List(const ListOptions& options,
+                                        const std::string& continuation = "");
+  virtual absl::StatusOr<ObjectMeta> Head(const std::string& key);
+  virtual absl::StatusOr<GetResult> Get(const GetRequest& request);
+  virtual absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data);
+  virtual absl::Status Delete(const std::string& key);
+  virtual absl::Status DeleteMany(std::vector<std::string> keys);
+  virtual absl::StatusOr<ObjectMeta> Copy(const std::string& src_key, const std::string& dst_key);
+  absl::StatusOr<ObjectMeta> Compose(std::vector<std::string> sources, const std::string& dst_key);
+
+  // ---- Helpers built on the above ----
+  // Every page of a listing, concatenated.
+  absl::StatusOr<ListPage> ListAll(ListOptions options);
+  // The whole object (or a range) as a string.
+  absl::StatusOr<std::string> Read(const std::string& key, ByteRange range = ByteRange::All());
+};
+
+// Runs `start(callback)` and blocks until the callback fires; returns what it received.
+template <typename T, typename Start>
+absl::StatusOr<T> WaitFor(Start&& start);
+absl::Status WaitForStatus(absl::AnyInvocable<void(StatusCallback) &&> start);
+
+}  // namespace wharf
+
+#include "store/object_store_inl.h"

@@ -1,0 +1,59 @@
+#include "store/registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace wharf {
+
+StoreRegistry& StoreRegistry::Global() {
+  static StoreRegistry* const registry = [] {
+    auto* r = new StoreRegistry;
+    internal::RegisterBuiltinStores(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+void StoreRegistry::Register(std::string scheme, StoreFactory factory) {
+  absl::MutexLock lock(&mu_);
+  factories_[std::move(scheme)] = std::move(factory);
+}
+
+absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(
+    const ObjectUri& uri, std::shared_ptr<Context> context) {
+  StoreFactory factory;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = factories_.find(uri.scheme);
+    if (it != factories_.end()) factory = it->second;
+  }
+  if (!factory) {
+    auto known = schemes();
+    return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", uri.scheme,
+                                                   "://' (known: ", absl::StrJoin(known, ", "),
+                                                   ")"));
+  }
+  return factory(uri, std::move(context));
+}
+
+std::vector<std::string> StoreRegistry::schemes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [scheme, _] : factories_) out.push_back(scheme + "://");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<OpenedUri> OpenUri(absl::string_view uri_or_path, std::shared_ptr<Context> context) {
+  auto uri = ParseUriOrPath(uri_or_path);
+  if (!uri.ok()) return uri.status();
+  auto store = StoreRegistry::Global().Open(*uri, std::move(context));
+  if (!store.ok()) return store.status();
+  return OpenedUri{*std::move(store), *std::move(uri)};
+}
+
+}  // namespace wharf
