@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "store/local/local_store.h"
 #include "store/registry.h"
+#include "store/s3/s3_store.h"
 
 namespace wharf::internal {
 
@@ -16,10 +17,8 @@ void RegisterBuiltinStores(StoreRegistry& registry) {
     return std::shared_ptr<ObjectStore>(*std::move(store));
   });
   for (const char* scheme : {"s3", "gs"}) {
-    registry.Register(scheme, [](const ObjectUri& uri, std::shared_ptr<Context>)
-                                  -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
-      return absl::UnimplementedError(
-          absl::StrCat(uri.ToString(), ": the ", uri.scheme, ":// backend is not built yet"));
+    registry.Register(scheme, [](const ObjectUri& uri, std::shared_ptr<Context>) {
+      return s3::OpenS3Uri(uri.scheme, uri.bucket);
     });
   }
 }

@@ -11,10 +11,10 @@
 namespace wharf::s3 {
 namespace {
 
-constexpr std::string_view kAlgorithm = "AWS4-HMAC-SHA256";
-constexpr std::string_view kSessionTokenHeader = "x-amz-security-token";
+constexpr absl::string_view kAlgorithm = "AWS4-HMAC-SHA256";
+constexpr absl::string_view kSessionTokenHeader = "x-amz-security-token";
 
-absl::Status Invalid(std::string_view what) {
+absl::Status Invalid(absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("signing request: ", what));
 }
 
@@ -23,9 +23,9 @@ bool IsUnreserved(unsigned char c) {
 }
 
 // RFC 9110 token characters: what a header name or method may be made of.
-bool IsToken(std::string_view s) {
+bool IsToken(absl::string_view s) {
   if (s.empty()) return false;
-  constexpr std::string_view kTokenPunct = "!#$%&'*+-.^_`|~";
+  constexpr absl::string_view kTokenPunct = "!#$%&'*+-.^_`|~";
   return std::all_of(s.begin(), s.end(), [&](unsigned char c) {
     return absl::ascii_isalnum(c) || kTokenPunct.find(static_cast<char>(c)) != kTokenPunct.npos;
   });
@@ -33,33 +33,35 @@ bool IsToken(std::string_view s) {
 
 // CR or LF would end the header line (header injection) and break the canonical request's
 // line structure; NUL truncates in C APIs.
-bool HasLineBreakOrNul(std::string_view s) {
-  return s.find_first_of(std::string_view("\r\n\0", 3)) != std::string_view::npos;
+bool HasLineBreakOrNul(absl::string_view s) {
+  return s.find_first_of(absl::string_view("\r\n\0", 3)) != absl::string_view::npos;
 }
 
-bool HasSpaceOrControl(std::string_view s) {
+bool HasSpaceOrControl(absl::string_view s) {
   return std::any_of(s.begin(), s.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; });
 }
 
-bool IsReservedHeader(std::string_view lower_name) {
+bool IsReservedHeader(absl::string_view lower_name) {
   return lower_name == "host" || lower_name == "authorization" || lower_name == "x-amz-date" ||
          lower_name == "x-amz-content-sha256" || lower_name == kSessionTokenHeader;
 }
 
-bool IsValidPayloadHash(std::string_view s) {
+bool IsValidPayloadHash(absl::string_view s) {
   if (s.size() == 64 && std::all_of(s.begin(), s.end(), [](unsigned char c) {
         return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
       })) {
     return true;
   }
-  // Sentinels: UNSIGNED-PAYLOAD, STREAMING-AWS4-HMAC-SHA256-PAYLOAD, ...
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) {
-    return absl::ascii_isupper(c) || absl::ascii_isdigit(c) || c == '-';
-  });
+  // Sentinels: UNSIGNED-PAYLOAD, STREAMING-AWS4-HMAC-SHA256-PAYLOAD, ... The '-' tells them
+  // from a hash in uppercase hex, which S3 would reject.
+  return s.find('-') != absl::string_view::npos &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) {
+           return absl::ascii_isupper(c) || absl::ascii_isdigit(c) || c == '-';
+         });
 }
 
 // AWS "Trimall": leading and trailing whitespace removed, inner runs collapsed to one space.
-std::string TrimAll(std::string_view value) {
+std::string TrimAll(absl::string_view value) {
   std::string out;
   out.reserve(value.size());
   bool pending_space = false;
@@ -76,7 +78,7 @@ std::string TrimAll(std::string_view value) {
 }
 
 absl::Status Validate(const SigningRequest& request, const Credentials& credentials,
-                      std::string_view region, std::string_view service) {
+                      absl::string_view region, absl::string_view service) {
   if (credentials.access_key_id.empty() || credentials.secret_access_key.empty()) {
     return Invalid(
         "credentials need both an access key id and a secret access key (anonymous requests "
@@ -89,8 +91,8 @@ absl::Status Validate(const SigningRequest& request, const Credentials& credenti
   if (HasLineBreakOrNul(credentials.session_token)) {
     return Invalid("the session token contains a line break or NUL");
   }
-  for (std::string_view part : {region, service}) {
-    if (part.empty() || HasSpaceOrControl(part) || part.find('/') != std::string_view::npos) {
+  for (absl::string_view part : {region, service}) {
+    if (part.empty() || HasSpaceOrControl(part) || part.find('/') != absl::string_view::npos) {
       return Invalid(absl::StrCat("region and service must be non-empty without '/' or ",
                                   "whitespace (got region '", region, "', service '", service,
                                   "')"));
@@ -139,7 +141,7 @@ struct CanonicalHeader {
 
 // Lowercased, trimmed, sorted by name; repeated names merged in their original order.
 std::vector<CanonicalHeader> CanonicalHeaders(
-    const std::vector<std::pair<std::string_view, std::string_view>>& headers) {
+    const std::vector<std::pair<absl::string_view, absl::string_view>>& headers) {
   std::vector<CanonicalHeader> sorted;
   sorted.reserve(headers.size());
   for (const auto& [name, value] : headers) {
@@ -163,7 +165,7 @@ std::vector<CanonicalHeader> CanonicalHeaders(
 // The signing step proper, given a derived key. Kept apart from key derivation so that a
 // caller-side key cache can be added without touching the canonicalization.
 SignedRequest SignWithKey(const SigningRequest& request, const Credentials& credentials,
-                          std::string_view signing_key, std::string_view scope,
+                          absl::string_view signing_key, absl::string_view scope,
                           const std::string& amz_date) {
   SignedRequest out;
 
@@ -173,7 +175,7 @@ SignedRequest SignWithKey(const SigningRequest& request, const Credentials& cred
                              ? canonical_uri
                              : absl::StrCat(canonical_uri, "?", canonical_query);
 
-  std::vector<std::pair<std::string_view, std::string_view>> to_sign;
+  std::vector<std::pair<absl::string_view, absl::string_view>> to_sign;
   to_sign.reserve(request.headers.size() + 4);
   to_sign.emplace_back("host", request.host);
   for (const auto& [name, value] : request.headers) to_sign.emplace_back(name, value);
@@ -214,7 +216,7 @@ SignedRequest SignWithKey(const SigningRequest& request, const Credentials& cred
 
 }  // namespace
 
-std::string UriEncode(std::string_view s, bool encode_slash) {
+std::string UriEncode(absl::string_view s, bool encode_slash) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
   out.reserve(s.size() + s.size() / 4);
@@ -245,8 +247,8 @@ std::string FormatAmzDate(absl::Time t) {
   return absl::FormatTime("%Y%m%dT%H%M%SZ", t, absl::UTCTimeZone());
 }
 
-std::string DeriveSigningKey(std::string_view secret_access_key, std::string_view date,
-                             std::string_view region, std::string_view service) {
+std::string DeriveSigningKey(absl::string_view secret_access_key, absl::string_view date,
+                             absl::string_view region, absl::string_view service) {
   std::string key = HmacSha256(absl::StrCat("AWS4", secret_access_key), date);
   key = HmacSha256(key, region);
   key = HmacSha256(key, service);
@@ -265,13 +267,13 @@ std::string SignedRequest::RedactedCanonicalRequest() const {
 }
 
 absl::StatusOr<SignedRequest> SignV4(const SigningRequest& request, const Credentials& credentials,
-                                     std::string_view region, std::string_view service,
+                                     absl::string_view region, absl::string_view service,
                                      absl::Time now) {
   if (absl::Status status = Validate(request, credentials, region, service); !status.ok()) {
     return status;
   }
   const std::string amz_date = FormatAmzDate(now);
-  const std::string_view date = std::string_view(amz_date).substr(0, 8);  // YYYYMMDD
+  const absl::string_view date = absl::string_view(amz_date).substr(0, 8);  // YYYYMMDD
   const std::string scope = absl::StrCat(date, "/", region, "/", service, "/aws4_request");
   const std::string signing_key =
       DeriveSigningKey(credentials.secret_access_key, date, region, service);

@@ -13,20 +13,20 @@
 #pragma once
 
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace wharf::s3 {
 
 // Hex SHA-256 of the empty string: the payload hash of GET, HEAD and DELETE requests.
-inline constexpr std::string_view kEmptyPayloadSha256 =
+inline constexpr absl::string_view kEmptyPayloadSha256 =
     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 // Payload hash that tells S3 the body is not covered by the signature.
-inline constexpr std::string_view kUnsignedPayload = "UNSIGNED-PAYLOAD";
+inline constexpr absl::string_view kUnsignedPayload = "UNSIGNED-PAYLOAD";
 
 // Static AWS credentials. `session_token` is set only for temporary (STS) credentials.
 struct Credentials {
@@ -42,7 +42,7 @@ struct Credentials {
 // are kept, every other byte becomes %XX with uppercase hex (UTF-8 multi-byte characters are
 // encoded byte by byte; a space is "%20", never '+'). '/' is kept when `encode_slash` is false
 // (object key paths) and encoded as "%2F" when true (query names and values).
-std::string UriEncode(std::string_view s, bool encode_slash);
+std::string UriEncode(absl::string_view s, bool encode_slash);
 
 // The canonical query string: names and values encoded with UriEncode(encode_slash=true),
 // sorted by encoded name, then encoded value, joined as "n1=v1&n2=v2". A parameter with an
@@ -55,8 +55,8 @@ std::string FormatAmzDate(absl::Time t);
 // The SigV4 signing key: HMAC chain over "AWS4" + secret, `date` (YYYYMMDD), region, service,
 // "aws4_request". Raw 32 bytes. It depends only on those inputs, so a caller may cache it for
 // a day per (credentials, region, service); SignV4 derives it on every call.
-std::string DeriveSigningKey(std::string_view secret_access_key, std::string_view date,
-                             std::string_view region, std::string_view service);
+std::string DeriveSigningKey(absl::string_view secret_access_key, absl::string_view date,
+                             absl::string_view region, absl::string_view service);
 
 // One HTTP request to sign. Everything is raw (unencoded); the signer encodes.
 struct SigningRequest {
@@ -111,7 +111,7 @@ struct SignedRequest {
 // or is one the signer owns, a header value or the session token contains CR, LF or NUL, or
 // payload_sha256 is neither 64 lowercase hex digits nor an AWS sentinel like UNSIGNED-PAYLOAD.
 absl::StatusOr<SignedRequest> SignV4(const SigningRequest& request, const Credentials& credentials,
-                                     std::string_view region, std::string_view service,
+                                     absl::string_view region, absl::string_view service,
                                      absl::Time now);
 
 }  // namespace wharf::s3

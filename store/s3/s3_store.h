@@ -1,0 +1,124 @@
+// S3Store: the s3:// (and gs:// through GCS's XML API) backend over an HttpTransport.
+//
+// Every operation is one or more signed HTTP exchanges driven asynchronously by the
+// transport's event loop; nothing blocks a transport thread. Errors become Statuses naming
+// the operation, the object's URI, the S3 error code, message and request id, plus a hint
+// naming the setting to check (see ErrorFromResponse).
+//
+// Retries (RetryPolicy): 500/502/503/504, 429, SlowDown, RequestTimeout, InternalError and
+// transport failures (connection reset, timeout, short body) are retried with exponential
+// backoff and full jitter, bounded by attempts and total time. A GET interrupted after some
+// bytes arrived resumes from the next byte with If-Match on the ETag first seen, so the
+// bytes of two versions are never spliced together.
+//
+// Integrity: Content-Length is checked by the transport; a single-part PUT sends
+// Content-MD5 and checks the returned ETag against the MD5 of what was sent; multipart
+// parts send Content-MD5 too.
+//
+// Large objects: NewWriter() uploads parts in parallel (S3 multipart: part size 8 MiB by
+// default, doubled every 1,000 parts so an object of any size stays under 10,000 parts;
+// at most `upload_concurrency` parts in memory); a writer closed with less than one part
+// becomes a single PutObject; failure or Abort() aborts the upload so nothing is left.
+//
+// Thread-safety: thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
+#include "http/transport.h"
+#include "store/object_store.h"
+#include "store/s3/aws_config.h"
+
+namespace wharf::s3 {
+
+struct RetryPolicy {
+  int max_attempts = 10;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // No new attempt starts after this much time since the first.
+  absl::Duration max_total = absl::Seconds(120);
+};
+
+struct S3StoreOptions {
+  // "s3" or "gs": used in URIs and messages.
+  std::string scheme = "s3";
+  // The SigV4 service name ("s3" for both AWS and GCS's XML API).
+  std::string service = "s3";
+  uint64_t part_size = uint64_t{8} << 20;
+  int upload_concurrency = 8;
+  RetryPolicy retry;
+};
+
+class S3Store : public ObjectStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<S3Store>> Open(std::string bucket, S3ClientConfig config,
+                                                       std::shared_ptr<HttpTransport> transport,
+                                                       S3StoreOptions options = {});
+  ~S3Store() override;
+
+  std::string Uri(absl::string_view key) const override;
+  const Capabilities& capabilities() const override;
+
+  void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override;
+  void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
+  void GetAsync(GetRequest request, Callback<GetResult> done) override;
+  void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) override;
+  void DeleteAsync(std::string key, StatusCallback done) override;
+  void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) override;
+  void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) override;
+
+  // Bucket administration (tests and benchmarks).
+  absl::Status CreateBucket();
+  // REQUIRES: the bucket is empty.
+  absl::Status DeleteBucket();
+
+  const std::string& bucket() const { return bucket_; }
+  const S3ClientConfig& config() const { return config_; }
+
+  // ---- Internal, shared with the multipart writer. ----
+  struct Call;
+  using ResponseCallback = absl::AnyInvocable<void(absl::StatusOr<HttpResponse>) &&>;
+  // Signs and sends `call`, retrying what is retryable; `done` gets a 2xx response or the
+  // error as a Status (annotated with the call's operation and URI).
+  void Execute(std::shared_ptr<Call> call, ResponseCallback done);
+
+ private:
+  S3Store(std::string bucket, S3ClientConfig config, std::shared_ptr<HttpTransport> transport,
+          S3StoreOptions options);
+
+  void Attempt(std::shared_ptr<Call> call, ResponseCallback done);
+  absl::Duration Backoff(int attempt);
+
+  const std::string bucket_;
+  const S3ClientConfig config_;
+  const std::shared_ptr<HttpTransport> transport_;
+  const S3StoreOptions options_;
+  std::string host_;    // Host header value
+  std::string scheme_;  // "http" or "https"
+  std::string base_path_;  // "/bucket" (path style) or "" (virtual-hosted)
+
+  absl::Mutex rng_mu_;
+  absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
+
+  friend class S3Writer;
+};
+
+// The Status for a non-2xx S3 response to `op` on `uri`, e.g.
+//   "get s3://b/k: NoSuchKey: The specified key does not exist. (request id tx00..)".
+absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view op,
+                               absl::string_view uri, const S3ClientConfig& config);
+
+// True when an S3 error response should be retried.
+bool IsRetryableResponse(const HttpResponse& response);
+
+// Opens s3:// and gs:// stores from URIs (the scheme registry's factories).
+// gs:// uses GCS's XML API with HMAC keys: endpoint https://storage.googleapis.com (or
+// WHARF_GS_ENDPOINT), keys from WHARF_GS_ACCESS_KEY_ID / WHARF_GS_SECRET_ACCESS_KEY.
+absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Uri(absl::string_view scheme,
+                                                       const std::string& bucket);
+
+}  // namespace wharf::s3
