@@ -117,6 +117,10 @@ struct GetResult {
   uint64_t offset = 0;  // where the returned bytes start in the object
   uint64_t bytes = 0;   // how many bytes were delivered
   ObjectMeta meta;      // meta.size is the size of the whole object
+  // From sending the request to the first response byte (of the last attempt); zero for
+  // stores without a network hop.
+  absl::Duration time_to_first_byte = absl::ZeroDuration();
+  int attempts = 1;     // 1 + retries
 };
 
 // Writes one large object. Bytes become visible only at Close(), atomically; a writer that

@@ -487,7 +487,9 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     return true;
   };
   // The ETag and extent are learned from the first response's headers.
-  Execute(call, [this, state, uri, done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+  Execute(call, [call, state, uri, done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+    const int attempts = call->attempt;
+    call.reset();  // breaks the cycle through call->on_* closures holding `state`
     if (!r.ok()) return std::move(done)(r.status());
     GetResult result;
     result.meta.key = state->request.key;
@@ -507,13 +509,14 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     } else {
       absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size);
     }
+    result.time_to_first_byte = r->time_to_first_byte;
+    result.attempts = attempts;
     if (state->delivered > 0) result.offset = state->begin;
     result.bytes = state->delivered + r->body_bytes;
     if (r->body_bytes != length) {
       return std::move(done)(absl::DataLossError(absl::StrCat(
           "get ", uri, ": received ", r->body_bytes, " bytes, expected ", length)));
     }
-    (void)this;
     std::move(done)(std::move(result));
   });
 }

@@ -1,0 +1,77 @@
+// wharf cat: streams an object (or a byte range of it) to stdout.
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+#include "store/registry.h"
+
+namespace wharf::cli {
+namespace {
+
+// Writes each chunk straight to a file descriptor, unbuffered: memory stays at one chunk
+// whatever the object's size, and the store's back-pressure reaches a slow reader.
+class FdSink : public ReadSink {
+ public:
+  explicit FdSink(int fd) : fd_(fd) {}
+
+  absl::Status Append(absl::string_view chunk) override {
+    while (!chunk.empty()) {
+      const ssize_t n = write(fd_, chunk.data(), chunk.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EPIPE) {
+        reader_gone_ = true;
+        return absl::CancelledError("stdout closed");
+      }
+      if (n < 0) return ErrnoToStatus(errno, "writing to stdout");
+      chunk.remove_prefix(n);
+    }
+    return absl::OkStatus();
+  }
+
+  // The reader closed the pipe (`wharf cat x | head`): not a failure of the command.
+  bool reader_gone() const { return reader_gone_; }
+
+ private:
+  const int fd_;
+  bool reader_gone_ = false;
+};
+
+}  // namespace
+
+void AddCat(CLI::App& app, CatArgs& args) {
+  CLI::App* cat = app.add_subcommand("cat", "Write an object (or a byte range of it) to stdout");
+  cat->add_option("--range", args.range,
+                  "Bytes to read, as in HTTP: START-END (inclusive), START- (to the end), "
+                  "-LENGTH (the last LENGTH bytes)")
+      ->check([](const std::string& text) -> std::string {
+        auto range = ParseRange(text);
+        return range.ok() ? "" : std::string(range.status().message());
+      });
+  cat->add_option("URI", args.uri, "The object: a URI or a local path")->required();
+}
+
+absl::Status RunCat(const CatArgs& args) {
+  ByteRange range;
+  if (!args.range.empty()) {
+    WHARF_ASSIGN_OR_RETURN(range, ParseRange(args.range));
+  }
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  // Whatever else was printed must precede the bytes written with write(2).
+  WHARF_RETURN_IF_ERROR(FlushStdout());
+  FdSink sink(STDOUT_FILENO);
+  GetRequest request;
+  request.key = opened.uri.key;
+  request.range = range;
+  request.sink = &sink;
+  absl::StatusOr<GetResult> result = opened.store->Get(request);
+  if (sink.reader_gone()) return absl::OkStatus();
+  return result.status();
+}
+
+}  // namespace wharf::cli

@@ -1,0 +1,282 @@
+#include "cli/common.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "base/status.h"
+
+namespace wharf::cli {
+
+// ---- Keys ----
+
+bool IsSafeRelativeKey(absl::string_view rel) {
+  if (rel.empty()) return false;
+  if (rel.find('\0') != absl::string_view::npos) return false;
+  if (rel.front() == '/' || rel.front() == '\\') return false;
+  for (absl::string_view part : absl::StrSplit(rel, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+    // A backslash is an ordinary byte in POSIX names, so "a\b" is one harmless file here;
+    // but the same tree copied onto Windows, or unpacked by a tool that treats '\' as a
+    // separator, would resolve "..\" upwards. Refuse the dot components on that side too.
+    for (absl::string_view sub : absl::StrSplit(part, '\\')) {
+      if (sub == "." || sub == "..") return false;
+    }
+  }
+  return true;
+}
+
+std::string AsPrefix(absl::string_view key) {
+  if (key.empty() || key.back() == '/') return std::string(key);
+  return absl::StrCat(key, "/");
+}
+
+std::string JoinKey(absl::string_view prefix, absl::string_view rel) {
+  if (prefix.empty()) return std::string(rel);
+  while (!rel.empty() && rel.front() == '/') rel.remove_prefix(1);
+  if (prefix.back() == '/') return absl::StrCat(prefix, rel);
+  return absl::StrCat(prefix, "/", rel);
+}
+
+absl::string_view Basename(absl::string_view key) {
+  const size_t slash = key.rfind('/');
+  return slash == absl::string_view::npos ? key : key.substr(slash + 1);
+}
+
+// ---- Parsing and formatting ----
+
+namespace {
+
+// A decimal number of digits only (no sign, no spaces, which SimpleAtoi would accept).
+bool ParseDecimal(absl::string_view s, uint64_t* out) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!absl::ascii_isdigit(c)) return false;
+  }
+  return absl::SimpleAtoi(s, out);
+}
+
+}  // namespace
+
+absl::StatusOr<ByteRange> ParseRange(absl::string_view text) {
+  auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid range '", text, "' (expected START-END, START- or -LENGTH, in bytes)"));
+  };
+  const size_t dash = text.find('-');
+  if (dash == absl::string_view::npos || text.find('-', dash + 1) != absl::string_view::npos) {
+    return bad();
+  }
+  const absl::string_view first = text.substr(0, dash);
+  const absl::string_view second = text.substr(dash + 1);
+  uint64_t start = 0;
+  uint64_t end = 0;
+  if (first.empty()) {  // "-N": the last N bytes
+    if (!ParseDecimal(second, &end) || end == 0) return bad();
+    return ByteRange::Last(end);
+  }
+  if (!ParseDecimal(first, &start)) return bad();
+  if (second.empty()) return ByteRange::From(start);
+  if (!ParseDecimal(second, &end) || end < start) return bad();
+  if (end == std::numeric_limits<uint64_t>::max()) return ByteRange::From(start);
+  return ByteRange::Of(start, end - start + 1);
+}
+
+std::string FormatMtime(absl::Time t) {
+  if (t == absl::InfinitePast() || t == absl::InfiniteFuture()) return "-";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
+}
+
+std::string Megabytes(uint64_t bytes) {
+  return absl::StrFormat("%.1f", static_cast<double>(bytes) / 1e6);
+}
+
+std::string MegabytesPerSecond(uint64_t bytes, absl::Duration elapsed) {
+  const double seconds = absl::ToDoubleSeconds(elapsed);
+  if (seconds <= 0) return "-";
+  return absl::StrFormat("%.1f", static_cast<double>(bytes) / 1e6 / seconds);
+}
+
+std::string OneLine(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u < 0x20 || u == 0x7f) {
+      absl::StrAppendFormat(&out, "\\x%02x", u);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// ---- Listing ----
+
+absl::Status ForEachPage(ObjectStore& store, const ListOptions& options,
+                         absl::FunctionRef<absl::Status(ListPage&)> fn) {
+  std::string token;
+  do {
+    WHARF_ASSIGN_OR_RETURN(ListPage page, store.List(options, token));
+    WHARF_RETURN_IF_ERROR(fn(page));
+    token = std::move(page.continuation);
+  } while (!token.empty());
+  return absl::OkStatus();
+}
+
+void ForEachEntry(const ListPage& page, absl::FunctionRef<void(const ObjectMeta&)> object,
+                  absl::FunctionRef<void(const std::string&)> prefix) {
+  size_t i = 0;
+  size_t j = 0;
+  while (i < page.objects.size() || j < page.common_prefixes.size()) {
+    if (j == page.common_prefixes.size() ||
+        (i < page.objects.size() && page.objects[i].key < page.common_prefixes[j])) {
+      object(page.objects[i++]);
+    } else {
+      prefix(page.common_prefixes[j++]);
+    }
+  }
+}
+
+absl::StatusOr<Target> ResolveTarget(ObjectStore& store, const std::string& key) {
+  Target target;
+  if (!key.empty() && key.back() != '/') {
+    auto head = store.Head(key);
+    if (head.ok()) {
+      target.is_object = true;
+      target.object = *std::move(head);
+      return target;
+    }
+    if (!absl::IsNotFound(head.status())) return head.status();
+  }
+  target.prefix = AsPrefix(key);
+  return target;
+}
+
+absl::StatusOr<bool> PrefixHasObjects(ObjectStore& store, const std::string& prefix) {
+  ListOptions options;
+  options.prefix = prefix;
+  options.page_size = 1;
+  WHARF_ASSIGN_OR_RETURN(ListPage page, store.List(options));
+  return !page.objects.empty();
+}
+
+// ---- Output ----
+
+std::string JsonLine(const nlohmann::ordered_json& j) {
+  return absl::StrCat(j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace),
+                      "\n");
+}
+
+namespace {
+bool stdout_broken = false;
+}  // namespace
+
+void Print(absl::string_view data) {
+  if (stdout_broken) return;
+  if (std::fwrite(data.data(), 1, data.size(), stdout) != data.size() && errno == EPIPE) {
+    stdout_broken = true;
+  }
+}
+
+bool StdoutBroken() { return stdout_broken; }
+
+absl::Status FlushStdout() {
+  if (stdout_broken) return absl::OkStatus();
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return absl::OkStatus();
+  if (errno == EPIPE) {
+    stdout_broken = true;
+    return absl::OkStatus();
+  }
+  return ErrnoToStatus(errno, "writing to stdout");
+}
+
+// ---- Progress ----
+
+bool Progress::ShouldShow(bool quiet) { return !quiet && isatty(STDERR_FILENO) == 1; }
+
+Progress::Progress(bool enabled) : enabled_(enabled), start_(absl::Now()) {
+  if (enabled_) thread_ = std::thread([this] { Loop(); });
+}
+
+Progress::~Progress() { Stop(); }
+
+void Progress::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    EraseLocked();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Progress::PrintLine(absl::string_view line) {
+  absl::MutexLock lock(&mu_);
+  EraseLocked();
+  std::string out = absl::StrCat(line, "\n");
+  std::fwrite(out.data(), 1, out.size(), stderr);
+  std::fflush(stderr);
+}
+
+void Progress::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    DrawLocked();
+    // Wakes early when Stop() sets stopping_.
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));
+  }
+}
+
+void Progress::DrawLocked() {
+  const uint64_t done = objects_done();
+  const uint64_t total = total_.load(std::memory_order_relaxed);
+  const uint64_t total_bytes = total_bytes_.load(std::memory_order_relaxed);
+  const bool final_total = total_final_.load(std::memory_order_relaxed);
+  constexpr int kWidth = 20;
+  std::string bar(kWidth, '.');
+  if (final_total) {
+    // Bytes when there are any (one large object moves the bar too), else objects.
+    const double fraction =
+        total_bytes > 0 ? static_cast<double>(bytes()) / total_bytes
+                        : (total > 0 ? static_cast<double>(done) / total : 1.0);
+    bar.replace(0, static_cast<size_t>(kWidth * std::min(fraction, 1.0)),
+                static_cast<size_t>(kWidth * std::min(fraction, 1.0)), '#');
+  } else {
+    constexpr int kBlock = 3;
+    const int pos = ticks_ % (kWidth - kBlock + 1);
+    bar.replace(pos, kBlock, kBlock, '#');
+  }
+  ++ticks_;
+  const std::string line = absl::StrCat(
+      "\r[", bar, "]  ", done, "/", total, final_total ? "" : "+", " objects  ",
+      Megabytes(bytes()), " MB  ", MegabytesPerSecond(bytes(), elapsed()), " MB/s\033[K");
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void Progress::EraseLocked() {
+  if (!drawn_) return;
+  std::fputs("\r\033[K", stderr);
+  std::fflush(stderr);
+  drawn_ = false;
+}
+
+}  // namespace wharf::cli

@@ -1,0 +1,166 @@
+// Helpers shared by the `wharf` verbs: key arithmetic, formatting, listing loops, output to
+// stdout, and the one-line progress display of transfers.
+//
+// The verbs speak only the ObjectStore interface, so everything here works for any scheme.
+// Thread-safety: the free functions are pure or touch only their arguments, except the
+// stdout writers (call them from one thread). Progress is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "store/object_store.h"
+
+namespace wharf::cli {
+
+// ---- Keys ----
+
+// True when `rel`, a key relative to a destination prefix, names something strictly below
+// that prefix once joined to it, on a POSIX file system as well as on Windows. A listing of
+// a hostile bucket can return keys such as "p/../../etc/x" or "p//x"; copying those under a
+// destination directory must never write outside it. Refused: the empty string; a leading
+// '/' or '\'; an empty, "." or ".." path component (split on '/'); a "." or ".." component
+// when also splitting on '\' (so "a\..\b" is refused too); a NUL byte anywhere.
+bool IsSafeRelativeKey(absl::string_view rel);
+
+// `key` with a '/' appended, unless it is empty or already ends in '/'.
+std::string AsPrefix(absl::string_view key);
+
+// prefix + rel, with exactly one '/' between them (none when `prefix` is empty).
+std::string JoinKey(absl::string_view prefix, absl::string_view rel);
+
+// The last path component of `key` (the part after the last '/').
+absl::string_view Basename(absl::string_view key);
+
+// ---- Parsing and formatting ----
+
+// Parses an HTTP-style byte range: "START-END" (inclusive), "START-" (to the end), or
+// "-N" (the last N bytes). InvalidArgument, naming the text, for anything else.
+absl::StatusOr<ByteRange> ParseRange(absl::string_view text);
+
+// "2024-05-01T12:34:56Z" (UTC, whole seconds); "-" for an unknown time.
+std::string FormatMtime(absl::Time t);
+
+// Decimal megabytes with one digit after the point: "12.3".
+std::string Megabytes(uint64_t bytes);
+
+// Decimal megabytes per second over `elapsed`: "45.6" ("-" for a zero duration).
+std::string MegabytesPerSecond(uint64_t bytes, absl::Duration elapsed);
+
+// `text` with control characters escaped ("\n", "\x1b"), so that a hostile key can neither
+// split an error message over lines nor drive the terminal.
+std::string OneLine(absl::string_view text);
+
+// ---- Listing ----
+
+// Calls `fn` with every page of the listing in order; stops at the first error (of the store
+// or of `fn`). Only one page is held at a time.
+absl::Status ForEachPage(ObjectStore& store, const ListOptions& options,
+                         absl::FunctionRef<absl::Status(ListPage&)> fn);
+
+// Calls `object` or `prefix` for the entries of `page` in key order (a page holds both lists
+// sorted, but interleaved in the key space).
+void ForEachEntry(const ListPage& page, absl::FunctionRef<void(const ObjectMeta&)> object,
+                  absl::FunctionRef<void(const std::string&)> prefix);
+
+// What a key given on the command line names: one object, when the key is non-empty, does not
+// end in '/', and an object with exactly that key exists; otherwise the prefix below it
+// (the key with '/' appended; "" for the bucket root).
+struct Target {
+  bool is_object = false;
+  ObjectMeta object;   // when is_object
+  std::string prefix;  // when !is_object
+};
+absl::StatusOr<Target> ResolveTarget(ObjectStore& store, const std::string& key);
+
+// True when at least one object has a key starting with `prefix`.
+absl::StatusOr<bool> PrefixHasObjects(ObjectStore& store, const std::string& prefix);
+
+// ---- Output ----
+
+// `j` on one line, newline-terminated. Keys are arbitrary bytes on some stores: invalid UTF-8
+// becomes U+FFFD instead of throwing.
+std::string JsonLine(const nlohmann::ordered_json& j);
+
+// Writes all of `data` to stdout's buffer. A closed pipe (the reader went away, as in
+// `wharf ls | head`) is not an error for the CLI: see StdoutBroken().
+void Print(absl::string_view data);
+
+// True once a write to stdout failed because the reader closed the pipe. Verbs stop their
+// work quietly when it turns true; main() then exits 0 without a message.
+bool StdoutBroken();
+
+// Flushes stdout. OK on success and on a closed pipe (recorded for StdoutBroken()); an
+// error naming stdout otherwise (a full disk behind a redirection).
+absl::Status FlushStdout();
+
+// ---- Progress ----
+
+// A one-line progress display of a transfer on stderr, redrawn about five times a second:
+//   [#######.............]  1234/5000 objects  456.7 MB  89.0 MB/s
+// The bar shows the fraction of bytes done once the total is known. While the listing is
+// still going the total is only what was found so far: it is shown as "5000+" and the bar
+// just moves. It draws only
+// when enabled (stderr is a terminal and the user did not ask for quiet); the counters work
+// either way, so the caller's summary line uses them.
+// Thread-safety: every method may be called from any thread.
+class Progress {
+ public:
+  explicit Progress(bool enabled);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  // The default for interactive transfers: enabled iff !quiet and isatty(stderr).
+  static bool ShouldShow(bool quiet);
+
+  // Objects (and their bytes) discovered so far.
+  void AddToTotal(uint64_t objects, uint64_t bytes) {
+    total_.fetch_add(objects, std::memory_order_relaxed);
+    total_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void TotalIsFinal() { total_final_.store(true, std::memory_order_relaxed); }
+  void AddBytes(uint64_t n) { bytes_.fetch_add(n, std::memory_order_relaxed); }
+  void ObjectDone() { done_.fetch_add(1, std::memory_order_relaxed); }
+
+  // Prints `line` and a newline on stderr, above the progress line.
+  void PrintLine(absl::string_view line);
+
+  // Stops redrawing and erases the progress line. Idempotent.
+  void Stop();
+
+  uint64_t objects_done() const { return done_.load(std::memory_order_relaxed); }
+  uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  absl::Duration elapsed() const { return absl::Now() - start_; }
+
+ private:
+  void Loop();
+  void DrawLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const bool enabled_;
+  const absl::Time start_;
+  std::atomic<uint64_t> total_{0};
+  std::atomic<uint64_t> total_bytes_{0};
+  std::atomic<bool> total_final_{false};
+  std::atomic<uint64_t> bytes_{0};
+  std::atomic<uint64_t> done_{0};
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool drawn_ ABSL_GUARDED_BY(mu_) = false;  // a progress line is on screen
+  int ticks_ ABSL_GUARDED_BY(mu_) = 0;        // redraws so far, to animate an open total
+  std::thread thread_;
+};
+
+}  // namespace wharf::cli

@@ -1,0 +1,297 @@
+// wharf cp: copies one object, or every object below a prefix, between any two stores
+// (local paths included). Within one store it asks for a server-side copy; across stores it
+// streams each object from a read into a writer, so memory stays bounded by chunk size times
+// --jobs whatever the object sizes.
+#include <sys/stat.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "CLI/CLI.hpp"
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "base/context.h"
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+#include "store/registry.h"
+
+namespace wharf::cli {
+namespace {
+
+// Forwards each chunk of a read to a writer. The writer copies the chunk (the store reuses
+// its buffer) and may block, which back-pressures the read.
+class WriterSink : public ReadSink {
+ public:
+  WriterSink(ObjectWriter* writer, Progress* progress) : writer_(writer), progress_(progress) {}
+
+  absl::Status Append(absl::string_view chunk) override {
+    WHARF_RETURN_IF_ERROR(writer_->Write(absl::Cord(chunk)));
+    progress_->AddBytes(chunk.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  ObjectWriter* const writer_;
+  Progress* const progress_;
+};
+
+// Copies one object. Either way the destination appears atomically, complete or not at all:
+// a server-side copy is one request, and a writer publishes its bytes only at Close().
+absl::Status CopyObject(ObjectStore& src, ObjectStore& dst, bool same_store,
+                        const std::string& src_key, const std::string& dst_key,
+                        Progress& progress) {
+  if (same_store) {
+    WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, src.Copy(src_key, dst_key));
+    progress.AddBytes(meta.size);
+  } else {
+    WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, dst.NewWriter(dst_key));
+    WriterSink sink(writer.get(), &progress);
+    GetRequest request;
+    request.key = src_key;
+    request.sink = &sink;
+    absl::StatusOr<GetResult> got = src.Get(request);
+    if (!got.ok()) {
+      writer->Abort();
+      return got.status();
+    }
+    WHARF_RETURN_IF_ERROR(writer->Close().status());
+  }
+  progress.ObjectDone();
+  return absl::OkStatus();
+}
+
+// Runs copies on `jobs` worker threads. The blocking store calls run on the workers (inline
+// for the local store, waiting on the event loop for network stores), so `jobs` bounds the
+// transfers in flight; Add() blocks once 2 * jobs are queued or running, which keeps the
+// listing only a little ahead of the copies.
+class Copier {
+ public:
+  Copier(ObjectStore& src, ObjectStore& dst, bool same_store, int jobs, Progress& progress)
+      : src_(src), dst_(dst), same_store_(same_store), max_in_flight_(2 * jobs),
+        progress_(progress), pool_(jobs) {}
+
+  ~Copier() { Wait(); }
+
+  void Add(std::string src_key, std::string dst_key, uint64_t size) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &Copier::HasRoomLocked));
+      ++in_flight_;
+    }
+    progress_.AddToTotal(1, size);
+    pool_.Schedule([this, src_key = std::move(src_key), dst_key = std::move(dst_key)] {
+      absl::Status status = CopyObject(src_, dst_, same_store_, src_key, dst_key, progress_);
+      if (!status.ok()) Fail(status);
+      absl::MutexLock lock(&mu_);
+      --in_flight_;
+    });
+  }
+
+  // Reports one object that failed (or was refused) and carries on with the rest.
+  void Fail(const absl::Status& status) {
+    progress_.PrintLine(absl::StrCat("wharf: ", OneLine(status.message())));
+    absl::MutexLock lock(&mu_);
+    if (failed_++ == 0) first_error_ = status;
+  }
+
+  void Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Copier::IdleLocked));
+  }
+
+  uint64_t failed() {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
+  absl::StatusCode first_error_code() {
+    absl::MutexLock lock(&mu_);
+    return first_error_.code();
+  }
+
+ private:
+  bool HasRoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_flight_ < max_in_flight_;
+  }
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; }
+
+  ObjectStore& src_;
+  ObjectStore& dst_;
+  const bool same_store_;
+  const int max_in_flight_;
+  Progress& progress_;
+
+  absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+
+  // Declared last, so destroyed first: its destructor joins the workers before the members
+  // they use go away.
+  ThreadPool pool_;
+};
+
+// True when `uri` is a file:// URI naming an existing directory. A local destination that
+// is a directory receives the source under its own name, as with cp(1).
+bool IsLocalDirectory(const ObjectUri& uri) {
+  if (uri.scheme != "file") return false;
+  struct stat st;
+  const std::string path = absl::StrCat(uri.bucket == "/" ? "" : uri.bucket, "/", uri.key);
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void PrintSummary(const Progress& progress) {
+  const absl::Duration elapsed = progress.elapsed();
+  const uint64_t n = progress.objects_done();
+  Print(absl::StrFormat("copied %d %s (%s MB) in %.2f s (%s MB/s)\n", n,
+                        n == 1 ? "object" : "objects", Megabytes(progress.bytes()),
+                        absl::ToDoubleSeconds(elapsed),
+                        MegabytesPerSecond(progress.bytes(), elapsed)));
+}
+
+struct Endpoints {
+  std::shared_ptr<ObjectStore> src;
+  ObjectUri src_uri;
+  std::shared_ptr<ObjectStore> dst;
+  ObjectUri dst_uri;
+  // Both sides are in one store (one bucket), so a server-side copy can be asked for.
+  bool same_store = false;
+};
+
+absl::Status CopySingle(const Endpoints& ends, const ObjectMeta& meta, bool quiet) {
+  std::string dst_key = ends.dst_uri.key;
+  if (dst_key.empty() || dst_key.back() == '/' || IsLocalDirectory(ends.dst_uri)) {
+    dst_key = JoinKey(dst_key, Basename(meta.key));
+  }
+  if (ends.same_store && dst_key == meta.key) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cp ", ends.src->Uri(meta.key), ": source and destination are the same object"));
+  }
+  Progress progress(Progress::ShouldShow(quiet));
+  progress.AddToTotal(1, meta.size);
+  progress.TotalIsFinal();
+  absl::Status status =
+      CopyObject(*ends.src, *ends.dst, ends.same_store, meta.key, dst_key, progress);
+  progress.Stop();
+  WHARF_RETURN_IF_ERROR(status);
+  if (!quiet) PrintSummary(progress);
+  return absl::OkStatus();
+}
+
+absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, const CpArgs& args) {
+  const std::string dst_prefix = AsPrefix(ends.dst_uri.key);
+  const std::string what =
+      absl::StrCat("cp ", ends.src->Uri(src_prefix), " to ", ends.dst->Uri(dst_prefix));
+  // Listing a prefix while writing into it could copy the copies, without end.
+  if (ends.same_store && absl::StartsWith(dst_prefix, src_prefix)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the destination is inside the source"));
+  }
+  const bool dst_keeps_markers = ends.dst->capabilities().trailing_slash_keys;
+
+  Progress progress(Progress::ShouldShow(args.quiet));
+  Copier copier(*ends.src, *ends.dst, ends.same_store, args.jobs, progress);
+  uint64_t listed = 0;
+  ListOptions options;
+  options.prefix = src_prefix;
+  const absl::Status listing = ForEachPage(*ends.src, options, [&](ListPage& page) {
+    for (ObjectMeta& meta : page.objects) {
+      ++listed;
+      absl::string_view rel = meta.key;
+      const bool inside = absl::ConsumePrefix(&rel, src_prefix);
+      // A directory marker ("dir/", an empty object some tools create for folders) carries
+      // no data: copy it where the destination can hold such keys, skip it otherwise. The
+      // source prefix's own marker (rel == "") has no place below the destination at all.
+      const bool marker = absl::EndsWith(rel, "/");
+      if (inside && (rel.empty() || (marker && !dst_keeps_markers))) continue;
+      absl::string_view checked = marker ? rel.substr(0, rel.size() - 1) : rel;
+      if (!inside || !IsSafeRelativeKey(checked)) {
+        copier.Fail(absl::InvalidArgumentError(
+            absl::StrCat("cp ", ends.src->Uri(meta.key),
+                         ": refusing key that would escape the destination")));
+        continue;
+      }
+      std::string dst_key = JoinKey(dst_prefix, rel);  // before meta.key moves: rel views it
+      copier.Add(std::move(meta.key), std::move(dst_key), meta.size);
+    }
+    return absl::OkStatus();
+  });
+  progress.TotalIsFinal();
+  copier.Wait();
+  progress.Stop();
+
+  if (listed == 0 && listing.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat("cp ", ends.src->Uri(ends.src_uri.key), ": no such object or prefix"));
+  }
+  if (!args.quiet) PrintSummary(progress);
+  WHARF_RETURN_IF_ERROR(Annotate(listing, what));
+  if (const uint64_t failed = copier.failed(); failed > 0) {
+    return absl::Status(copier.first_error_code(),
+                        absl::StrCat(what, ": ", failed, " of ", listed, " objects failed"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddCp(CLI::App& app, CpArgs& args) {
+  CLI::App* cp = app.add_subcommand("cp", "Copy an object, or a whole prefix with -r");
+  cp->add_flag("-r,--recursive", args.recursive,
+               "Copy every object below SRC to the same relative key below DST");
+  cp->add_option("-j,--jobs", args.jobs, "Objects copied at once")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cp->add_flag("-q,--quiet", args.quiet, "No progress line and no summary");
+  cp->add_option("SRC", args.src, "Source: a URI or a local path")->required();
+  cp->add_option("DST", args.dst, "Destination: a URI or a local path")->required();
+  cp->footer(
+      "Without -r, SRC is one object; a DST ending in '/' (or an existing local directory)\n"
+      "receives it under its own name. With -r, SRC/KEY is copied to DST/KEY for every key\n"
+      "below SRC; keys that would land outside DST ('..', '//', ...) are refused. Each object\n"
+      "appears complete or not at all. Failures are reported one per line; the rest go on.");
+}
+
+absl::Status RunCp(const CpArgs& args) {
+  Endpoints ends;
+  WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenUri(args.src));
+  ends.src = std::move(src.store);
+  ends.src_uri = std::move(src.uri);
+  WHARF_ASSIGN_OR_RETURN(ends.dst_uri, ParseUriOrPath(args.dst));
+  ends.same_store =
+      ends.dst_uri.scheme == ends.src_uri.scheme && ends.dst_uri.bucket == ends.src_uri.bucket;
+  if (ends.same_store) {
+    ends.dst = ends.src;
+  } else {
+    WHARF_ASSIGN_OR_RETURN(ends.dst,
+                           StoreRegistry::Global().Open(ends.dst_uri, Context::Default()));
+  }
+
+  const std::string& key = ends.src_uri.key;
+  if (args.recursive) {
+    WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(*ends.src, key));
+    if (target.is_object) return CopySingle(ends, target.object, args.quiet);
+    return CopyPrefix(ends, target.prefix, args);
+  }
+
+  const std::string uri = ends.src->Uri(key);
+  absl::StatusOr<ObjectMeta> meta =
+      absl::NotFoundError(absl::StrCat("cp ", uri, ": no such object"));
+  if (!key.empty() && key.back() != '/') meta = ends.src->Head(key);
+  if (absl::IsNotFound(meta.status())) {
+    WHARF_ASSIGN_OR_RETURN(bool is_prefix, PrefixHasObjects(*ends.src, AsPrefix(key)));
+    if (is_prefix) {
+      return absl::InvalidArgumentError(absl::StrCat("cp ", uri, ": is a prefix; use -r"));
+    }
+  }
+  WHARF_RETURN_IF_ERROR(meta.status());
+  return CopySingle(ends, *meta, args.quiet);
+}
+
+}  // namespace wharf::cli

@@ -1,0 +1,101 @@
+// wharf ls: lists objects and common prefixes, streaming page by page.
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+#include "nlohmann/json.hpp"
+#include "store/registry.h"
+
+namespace wharf::cli {
+namespace {
+
+// One line per entry. Human lines are "<size>  <mtime>  <uri>" with control characters in
+// the URI escaped (a key may hold a newline); JSON lines carry keys exactly.
+class Printer {
+ public:
+  Printer(const ObjectStore& store, bool json) : store_(store), json_(json) {}
+
+  void Object(const ObjectMeta& meta) {
+    const std::string uri = store_.Uri(meta.key);
+    if (json_) {
+      Print(JsonLine({{"uri", uri},
+                      {"key", meta.key},
+                      {"size", meta.size},
+                      {"etag", meta.etag},
+                      {"mtime", FormatMtime(meta.mtime)}}));
+    } else {
+      Print(absl::StrFormat("%12d  %-20s  %s\n", meta.size, FormatMtime(meta.mtime),
+                            OneLine(uri)));
+    }
+    ++count_;
+  }
+
+  void Prefix(const std::string& prefix) {
+    const std::string uri = store_.Uri(prefix);
+    if (json_) {
+      Print(JsonLine({{"uri", uri}, {"prefix", prefix}}));
+    } else {
+      Print(absl::StrFormat("%12s  %-20s  %s\n", "PRE", "", OneLine(uri)));
+    }
+    ++count_;
+  }
+
+  uint64_t count() const { return count_; }
+
+ private:
+  const ObjectStore& store_;
+  const bool json_;
+  uint64_t count_ = 0;
+};
+
+}  // namespace
+
+void AddLs(CLI::App& app, LsArgs& args) {
+  CLI::App* ls = app.add_subcommand("ls", "List objects and prefixes under a URI or local path");
+  ls->add_flag("-r,--recursive", args.recursive,
+               "List every object below the prefix (no '/' roll-up)");
+  ls->add_flag("--json", args.json,
+               "One JSON object per line: {uri,key,size,etag,mtime} or {uri,prefix}");
+  ls->add_option("URI", args.uri, "s3://bucket/prefix, gs://..., file:///path or a local path")
+      ->required();
+  ls->footer(
+      "A key naming an existing object lists just that object; otherwise it is taken as a\n"
+      "prefix ('/' appended). Entries come in byte-wise key order.");
+}
+
+absl::Status RunLs(const LsArgs& args) {
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  ObjectStore& store = *opened.store;
+  Printer printer(store, args.json);
+
+  WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(store, opened.uri.key));
+  if (target.is_object) {
+    printer.Object(target.object);
+    return absl::OkStatus();
+  }
+
+  ListOptions options;
+  options.prefix = target.prefix;
+  if (!args.recursive) options.delimiter = "/";
+  absl::Status listed = ForEachPage(store, options, [&](ListPage& page) {
+    ForEachEntry(
+        page, [&](const ObjectMeta& meta) { printer.Object(meta); },
+        [&](const std::string& prefix) { printer.Prefix(prefix); });
+    // Flushing per page streams long listings; a reader that went away ends the listing.
+    WHARF_RETURN_IF_ERROR(FlushStdout());
+    return StdoutBroken() ? absl::CancelledError("stdout closed") : absl::OkStatus();
+  });
+  if (StdoutBroken()) return absl::OkStatus();  // `wharf ls | head`: stop quietly
+  WHARF_RETURN_IF_ERROR(listed);
+  if (printer.count() == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("ls ", store.Uri(opened.uri.key), ": no objects match"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wharf::cli

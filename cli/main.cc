@@ -1,0 +1,118 @@
+// wharf: the command line of the data plane. main() owns what is global to a run: the app and
+// its flags, dispatch to one verb, and the exit code:
+//   0  success (also when the reader of stdout went away, as in `wharf cat x | head`);
+//   1  an operation failed: one line "wharf: <message>" on stderr;
+//   2  a usage error: the parser's message and a pointer to --help on stderr.
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+
+namespace wharf::cli {
+namespace {
+
+constexpr char kVersion[] = "wharf 0.1.0";
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+void PrintError(absl::string_view message) {
+  const std::string line = absl::StrCat("wharf: ", OneLine(message), "\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+// The verb a usage error is about: the deepest subcommand the parser had entered.
+std::string VerbOf(const CLI::App& app) {
+  std::string verb;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (sub->parsed()) verb = sub->get_name();
+  }
+  return verb;
+}
+
+int Main(int argc, char** argv) {
+  // A closed stdout then fails writes with EPIPE, which the verbs take as "stop quietly",
+  // instead of killing the process halfway through a copy's bookkeeping.
+  std::signal(SIGPIPE, SIG_IGN);
+
+  CLI::App app(
+      "wharf: move data between object stores (s3://, gs://, file:// and local paths) and "
+      "the machines that train on it.",
+      "wharf");
+  app.set_version_flag("--version", kVersion, "Print the version and exit");
+  app.require_subcommand(0, 1);
+
+  LsArgs ls;
+  StatArgs stat;
+  CatArgs cat;
+  CpArgs cp;
+  RmArgs rm;
+  DemoArgs demo;
+  AddLs(app, ls);
+  AddStat(app, stat);
+  AddCat(app, cat);
+  AddCp(app, cp);
+  AddRm(app, rm);
+  AddDemo(app, demo);
+  // After the verbs, which would otherwise inherit it.
+  app.footer("Run 'wharf VERB --help' for the flags of a verb.");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --version
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    const std::string verb = VerbOf(app);
+    PrintError(e.what());
+    std::fprintf(stderr, "Run 'wharf %s--help' for usage.\n",
+                 verb.empty() ? "" : (verb + " ").c_str());
+    return kExitUsage;
+  }
+
+  if (app.get_subcommands().empty()) {
+    std::cerr << app.help();
+    return kExitUsage;
+  }
+  const std::string verb = app.get_subcommands().front()->get_name();
+
+  absl::Status status;
+  try {
+    if (verb == "ls") {
+      status = RunLs(ls);
+    } else if (verb == "stat") {
+      status = RunStat(stat);
+    } else if (verb == "cat") {
+      status = RunCat(cat);
+    } else if (verb == "cp") {
+      status = RunCp(cp);
+    } else if (verb == "rm") {
+      status = RunRm(rm);
+    } else if (verb == "demo") {
+      status = RunDemo(demo);
+    } else {
+      status = absl::InternalError(absl::StrCat("verb '", verb, "' has no implementation"));
+    }
+  } catch (const std::exception& e) {
+    // The library reports errors as values; this is the edge's last line of defence
+    // (std::bad_alloc, a throwing third-party parser).
+    status = absl::InternalError(absl::StrCat(verb, ": ", e.what()));
+  }
+  if (status.ok()) status = FlushStdout();
+  if (StdoutBroken()) return 0;
+  if (!status.ok()) {
+    PrintError(status.message());
+    return kExitFailure;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace wharf::cli
+
+int main(int argc, char** argv) { return wharf::cli::Main(argc, argv); }

@@ -1,0 +1,98 @@
+// wharf rm: deletes one object, or every object below a prefix with -r.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+#include "store/registry.h"
+
+namespace wharf::cli {
+namespace {
+
+// S3's DeleteObjects takes at most 1000 keys per request.
+constexpr int kDeleteBatch = 1000;
+
+void PrintDeleted(uint64_t n, bool quiet) {
+  if (!quiet) Print(absl::StrCat("deleted ", n, n == 1 ? " object\n" : " objects\n"));
+}
+
+absl::Status RemovePrefix(ObjectStore& store, const ObjectUri& uri, const std::string& prefix,
+                          bool quiet) {
+  const std::string what = absl::StrCat("rm ", store.Uri(prefix));
+  // On file:// the bucket is the file system root: "rm -r /" must never mean everything.
+  if (prefix.empty() && uri.scheme == "file") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": refusing to delete everything below the file system root"));
+  }
+  // Each batch is listed afresh after the last key deleted, rather than by continuation
+  // token: a token is not promised to survive deletes of the keys it was computed from.
+  ListOptions options;
+  options.prefix = prefix;
+  options.page_size = kDeleteBatch;
+  uint64_t deleted = 0;
+  uint64_t failed_batches = 0;
+  absl::Status first_error;
+  while (true) {
+    WHARF_ASSIGN_OR_RETURN(ListPage page, store.List(options));
+    if (page.objects.empty()) break;
+    std::vector<std::string> keys;
+    keys.reserve(page.objects.size());
+    for (ObjectMeta& meta : page.objects) keys.push_back(std::move(meta.key));
+    options.start_after = keys.back();
+    const size_t n = keys.size();
+    absl::Status status = store.DeleteMany(std::move(keys));
+    if (status.ok()) {
+      deleted += n;
+    } else if (failed_batches++ == 0) {
+      first_error = std::move(status);
+    }
+    if (page.continuation.empty()) break;
+  }
+  if (deleted == 0 && failed_batches == 0) {
+    return absl::NotFoundError(absl::StrCat(what, ": no objects match"));
+  }
+  PrintDeleted(deleted, quiet);
+  return Annotate(first_error, what);
+}
+
+}  // namespace
+
+void AddRm(CLI::App& app, RmArgs& args) {
+  CLI::App* rm = app.add_subcommand("rm", "Delete an object, or every object below a prefix");
+  rm->add_flag("-r,--recursive", args.recursive,
+               "Delete every object below the prefix (in batches of 1000)");
+  rm->add_flag("-q,--quiet", args.quiet, "Do not print how many objects were deleted");
+  rm->add_option("URI", args.uri, "The object or prefix: a URI or a local path")->required();
+}
+
+absl::Status RunRm(const RmArgs& args) {
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  ObjectStore& store = *opened.store;
+  const std::string& key = opened.uri.key;
+  const std::string uri = store.Uri(key);
+
+  if (args.recursive) {
+    WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(store, key));
+    if (!target.is_object) return RemovePrefix(store, opened.uri, target.prefix, args.quiet);
+  } else {
+    // Deleting a missing key succeeds on object stores; a CLI user who typed a name wants to
+    // hear that it did not exist.
+    absl::StatusOr<ObjectMeta> meta = absl::NotFoundError("");
+    if (!key.empty() && key.back() != '/') meta = store.Head(key);
+    if (absl::IsNotFound(meta.status())) {
+      WHARF_ASSIGN_OR_RETURN(bool is_prefix, PrefixHasObjects(store, AsPrefix(key)));
+      return absl::NotFoundError(absl::StrCat(
+          "rm ", uri, is_prefix ? ": a prefix, not an object; use -r" : ": no such object"));
+    }
+    WHARF_RETURN_IF_ERROR(meta.status());
+  }
+  WHARF_RETURN_IF_ERROR(store.Delete(key));
+  if (args.recursive) PrintDeleted(1, args.quiet);  // a plain rm is silent, as rm(1)
+  return absl::OkStatus();
+}
+
+}  // namespace wharf::cli

@@ -1,0 +1,449 @@
+#include "io/fetch_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/status.h"
+
+namespace wharf {
+
+int FetchOptions::EffectiveMaxInFlight() const {
+  if (max_in_flight > 0) return max_in_flight;
+  const double objects_per_second =
+      target_bytes_per_second / static_cast<double>(std::max<uint64_t>(1, typical_object_bytes));
+  const double n = std::ceil(objects_per_second * absl::ToDoubleSeconds(expected_latency));
+  return static_cast<int>(std::clamp(n, 8.0, 4096.0));
+}
+
+// Memory held by every batch of one scheduler.
+struct FetchScheduler::State {
+  absl::Mutex mu;
+  uint64_t held ABSL_GUARDED_BY(mu) = 0;
+  uint64_t peak ABSL_GUARDED_BY(mu) = 0;
+
+  bool TryReserve(uint64_t bytes, uint64_t budget) {
+    absl::MutexLock lock(&mu);
+    if (held > 0 && held + bytes > budget) return false;
+    held += bytes;
+    peak = std::max(peak, held);
+    return true;
+  }
+  void Release(uint64_t bytes) {
+    absl::MutexLock lock(&mu);
+    held -= bytes;
+  }
+  uint64_t Held() {
+    absl::MutexLock lock(&mu);
+    return held;
+  }
+};
+
+namespace {
+
+// Which bytes of a group's buffer one item receives.
+struct Slice {
+  size_t item;
+  uint64_t begin, end;  // object offsets wanted; clipped to the object size on delivery
+};
+
+// One buffer filled by one or more store requests (parts), serving one or more items.
+struct Group {
+  std::string key;
+  std::string etag;
+  std::optional<uint64_t> object_size;
+  uint64_t begin = 0, end = 0;  // extent fetched (end may exceed the object: clipped)
+  std::vector<Slice> slices;
+  bool needs_head = false;
+  size_t first_item = 0;
+
+  // Filled while running.
+  std::shared_ptr<char> block;
+  int parts = 0, next_part = 0, parts_done = 0;
+  uint64_t bytes_received = 0;
+  absl::Status status;
+  absl::Time started;
+  absl::Duration ttfb = absl::ZeroDuration();
+  int attempts = 0;
+};
+
+class BatchImpl : public FetchScheduler::Batch,
+                  public std::enable_shared_from_this<BatchImpl> {
+ public:
+  BatchImpl(std::shared_ptr<ObjectStore> store, const FetchOptions& options,
+            std::shared_ptr<FetchScheduler::State> state)
+      : store_(std::move(store)), options_(options), state_(std::move(state)),
+        max_in_flight_(options.EffectiveMaxInFlight()) {}
+
+  // The public handle owns the core through a shared_ptr so that callbacks can keep the
+  // core alive after the handle is gone.
+  class Handle : public FetchScheduler::Batch {
+   public:
+    explicit Handle(std::shared_ptr<BatchImpl> core) : core_(std::move(core)) {}
+    ~Handle() override { core_->Cancel(); }
+    std::optional<FetchResult> Next() override { return core_->Next(); }
+    void Cancel() override { core_->Cancel(); }
+    FetchStats stats() const override { return core_->stats(); }
+
+   private:
+    std::shared_ptr<BatchImpl> core_;
+  };
+
+  void Plan(std::vector<FetchItem> items) {
+    absl::MutexLock lock(&mu_);
+    items_ = std::move(items);
+    stats_.items = items_.size();
+    remaining_ = items_.size();
+    // Items of the same key with known extents may share a request.
+    absl::flat_hash_map<std::string, std::vector<std::pair<Slice, const FetchItem*>>> ranged;
+    for (size_t i = 0; i < items_.size(); ++i) {
+      const FetchItem& item = items_[i];
+      std::optional<std::pair<uint64_t, uint64_t>> extent;
+      if (item.size.has_value()) {
+        auto resolved = item.range.Resolve(*item.size);
+        if (!resolved.ok()) {
+          Deliver(ErrorResult(i, Annotate(resolved.status(),
+                                          absl::StrCat("get ", store_->Uri(item.key)))));
+          continue;
+        }
+        extent = *resolved;
+        if (extent->first == extent->second) {  // an empty object: nothing to fetch
+          FetchResult r;
+          r.index = i;
+          r.key = item.key;
+          r.data = FetchBuffer();
+          Deliver(std::move(r));
+          continue;
+        }
+      } else if (!item.range.suffix && item.range.length.has_value()) {
+        if (*item.range.length == 0) {
+          Deliver(ErrorResult(i, absl::OutOfRangeError(absl::StrCat(
+                                     "get ", store_->Uri(item.key), ": empty range"))));
+          continue;
+        }
+        extent = {item.range.offset, item.range.offset + *item.range.length};
+      }
+      if (!extent.has_value()) {  // size needed first
+        Group g;
+        g.key = item.key;
+        g.needs_head = true;
+        g.first_item = i;
+        g.slices.push_back({i, 0, 0});
+        queue_.push_back(std::move(g));
+        continue;
+      }
+      ranged[item.key].push_back({Slice{i, extent->first, extent->second}, &item});
+    }
+    std::vector<Group> groups;
+    for (auto& [key, slices] : ranged) {
+      std::sort(slices.begin(), slices.end(), [](const auto& a, const auto& b) {
+        return a.first.begin < b.first.begin;
+      });
+      Group* open = nullptr;
+      for (auto& [slice, item] : slices) {
+        const bool joins = open != nullptr && options_.coalesce_gap > 0 &&
+                           slice.begin <= open->end + options_.coalesce_gap &&
+                           std::max(open->end, slice.end) - open->begin <= options_.part_size;
+        if (joins) {
+          open->end = std::max(open->end, slice.end);
+          open->slices.push_back(slice);
+          open->first_item = std::min(open->first_item, slice.item);
+          continue;
+        }
+        groups.emplace_back();
+        open = &groups.back();
+        open->key = key;
+        open->etag = item->etag;
+        open->object_size = item->size;
+        open->begin = slice.begin;
+        open->end = slice.end;
+        open->first_item = slice.item;
+        open->slices.push_back(slice);
+      }
+    }
+    for (auto& g : groups) queue_.push_back(std::move(g));
+    // Dispatch in submission order (the order ordered delivery needs).
+    std::stable_sort(queue_.begin(), queue_.end(),
+                     [](const Group& a, const Group& b) { return a.first_item < b.first_item; });
+    PumpLocked();
+  }
+
+  std::optional<FetchResult> Next() {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      if (cancelled_) return std::nullopt;
+      PumpLocked();
+      if (options_.ordered) {
+        auto it = ready_by_index_.find(next_index_);
+        if (it != ready_by_index_.end()) {
+          FetchResult r = std::move(it->second);
+          ready_by_index_.erase(it);
+          ++next_index_;
+          return r;
+        }
+      } else if (!ready_.empty()) {
+        FetchResult r = std::move(ready_.front());
+        ready_.pop_front();
+        return r;
+      }
+      if (delivered_ == items_.size()) return std::nullopt;
+      if (in_flight_ == 0 && !queue_.empty() && ready_.empty() && ready_by_index_.empty()) {
+        // Nothing running and nothing can start: the budget is held by results the caller
+        // still owns. Say so rather than wait forever.
+        Group g = std::move(queue_.front());
+        queue_.pop_front();
+        FailGroupLocked(g, absl::ResourceExhaustedError(absl::StrCat(
+                               "get ", store_->Uri(g.key), ": the fetch memory budget (",
+                               options_.memory_budget,
+                               " bytes) is held by results not yet released")));
+        continue;
+      }
+      // Completions signal mu_; budget released by another batch is seen on the next poll.
+      mu_.AwaitWithTimeout(absl::Condition(this, &BatchImpl::HasNewsLocked),
+                           absl::Milliseconds(20));
+    }
+  }
+
+  void Cancel() {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    queue_.clear();
+    ready_.clear();
+    ready_by_index_.clear();
+  }
+
+  FetchStats stats() const {
+    absl::MutexLock lock(&mu_);
+    FetchStats s = stats_;
+    s.peak_bytes_held = peak_held_;
+    return s;
+  }
+
+ private:
+  bool HasNewsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return cancelled_ || news_;
+  }
+
+  FetchResult ErrorResult(size_t index, absl::Status status) {
+    FetchResult r;
+    r.index = index;
+    r.key = items_[index].key;
+    r.data = std::move(status);
+    return r;
+  }
+
+  void Deliver(FetchResult r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++delivered_;
+    news_ = true;
+    if (r.data.ok()) stats_.bytes += r.data->size();
+    if (cancelled_) return;
+    if (options_.ordered) {
+      ready_by_index_.emplace(r.index, std::move(r));
+    } else {
+      ready_.push_back(std::move(r));
+    }
+  }
+
+  void FailGroupLocked(Group& g, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Slice& s : g.slices) Deliver(ErrorResult(s.item, status));
+  }
+
+  // Starts requests while the in-flight limit and the memory budget allow.
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    news_ = false;
+    while (!cancelled_ && !queue_.empty() && in_flight_ < max_in_flight_) {
+      Group& front = queue_.front();
+      if (front.needs_head) {
+        StartHeadLocked(std::move(front));
+        queue_.pop_front();
+        continue;
+      }
+      if (!front.block) {
+        const uint64_t bytes = front.end - front.begin;
+        if (!state_->TryReserve(bytes, options_.memory_budget)) break;
+        peak_held_ = std::max(peak_held_, state_->Held());
+        // The block releases its budget charge when its last slice is dropped.
+        auto state = state_;
+        front.block = std::shared_ptr<char>(new char[bytes], [state, bytes](char* p) {
+          delete[] p;
+          state->Release(bytes);
+        });
+        const uint64_t part = front.end - front.begin > options_.split_threshold
+                                  ? options_.part_size
+                                  : front.end - front.begin;
+        front.parts = static_cast<int>((bytes + part - 1) / part);
+        front.started = absl::Now();
+        running_.push_back(std::make_shared<Group>(std::move(front)));
+        queue_.pop_front();
+        StartPartsLocked(running_.back());
+        continue;
+      }
+      break;
+    }
+    // Groups with parts left over from the in-flight limit.
+    for (auto& g : running_) {
+      if (in_flight_ >= max_in_flight_) break;
+      if (g->next_part < g->parts) StartPartsLocked(g);
+    }
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const auto& g) { return g->next_part == g->parts; }),
+                   running_.end());
+  }
+
+  void StartPartsLocked(const std::shared_ptr<Group>& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t total = g->end - g->begin;
+    const uint64_t part = total > options_.split_threshold ? options_.part_size : total;
+    while (g->next_part < g->parts && in_flight_ < max_in_flight_) {
+      const uint64_t off = static_cast<uint64_t>(g->next_part) * part;
+      const uint64_t len = std::min(part, total - off);
+      ++g->next_part;
+      ++in_flight_;
+      ++stats_.requests;
+      stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
+      GetRequest request;
+      request.key = g->key;
+      request.range = ByteRange::Of(g->begin + off, len);
+      request.buffer = absl::Span<char>(g->block.get() + off, len);
+      request.if_match = g->parts > 1 ? g->etag : "";
+      store_->GetAsync(std::move(request),
+                       [self = shared_from_this(), g](absl::StatusOr<GetResult> r) {
+                         self->OnPart(g, std::move(r));
+                       });
+    }
+  }
+
+  void OnPart(const std::shared_ptr<Group>& g, absl::StatusOr<GetResult> r) {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+    news_ = true;
+    if (!r.ok()) {
+      if (g->status.ok()) g->status = r.status();
+    } else {
+      if (g->parts_done == 0 || r->time_to_first_byte < g->ttfb) g->ttfb = r->time_to_first_byte;
+      g->attempts += r->attempts;
+      stats_.retries += r->attempts - 1;
+      g->bytes_received += r->bytes;
+      g->object_size = r->meta.size;
+    }
+    if (++g->parts_done < g->parts) {
+      PumpLocked();
+      return;
+    }
+    if (!g->status.ok()) {
+      // Stop the other parts' buffer from pinning budget, then report.
+      g->next_part = g->parts;
+      FailGroupLocked(*g, g->status);
+      g->block.reset();
+    } else {
+      const absl::Duration latency = absl::Now() - g->started;
+      const uint64_t size = g->object_size.value_or(g->end);
+      bool first = true;
+      for (const Slice& s : g->slices) {
+        FetchResult out;
+        out.index = s.item;
+        out.key = g->key;
+        out.object_size = size;
+        out.time_to_first_byte = g->ttfb;
+        out.latency = latency;
+        if (first) {
+          out.requests = g->parts;
+          out.attempts = g->attempts;
+          first = false;
+        }
+        if (s.begin >= size) {
+          out.data = absl::OutOfRangeError(absl::StrCat("get ", store_->Uri(g->key),
+                                                        ": range starts at byte ", s.begin,
+                                                        " of a ", size, "-byte object"));
+        } else {
+          const uint64_t end = std::min(s.end, size);
+          out.data = FetchBuffer(g->block, g->block.get() + (s.begin - g->begin), end - s.begin);
+        }
+        Deliver(std::move(out));
+      }
+      g->block.reset();
+    }
+    PumpLocked();
+  }
+
+  void StartHeadLocked(Group g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++in_flight_;
+    ++stats_.requests;
+    stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
+    const size_t index = g.first_item;
+    store_->HeadAsync(g.key, [self = shared_from_this(), index](absl::StatusOr<ObjectMeta> m) {
+      absl::MutexLock lock(&self->mu_);
+      --self->in_flight_;
+      self->news_ = true;
+      if (!m.ok()) {
+        self->Deliver(self->ErrorResult(index, m.status()));
+      } else {
+        // Now that the size is known, plan the item again at the front of the queue.
+        FetchItem& item = self->items_[index];
+        item.size = m->size;
+        item.etag = m->etag;
+        auto extent = item.range.Resolve(m->size);
+        if (!extent.ok()) {
+          self->Deliver(self->ErrorResult(
+              index, Annotate(extent.status(), absl::StrCat("get ", self->store_->Uri(item.key)))));
+        } else if (extent->first == extent->second) {
+          FetchResult r;
+          r.index = index;
+          r.key = item.key;
+          r.data = FetchBuffer();
+          self->Deliver(std::move(r));
+        } else {
+          Group g;
+          g.key = item.key;
+          g.etag = m->etag;
+          g.object_size = m->size;
+          g.begin = extent->first;
+          g.end = extent->second;
+          g.first_item = index;
+          g.slices.push_back({index, extent->first, extent->second});
+          self->queue_.push_front(std::move(g));
+        }
+      }
+      self->PumpLocked();
+    });
+  }
+
+  const std::shared_ptr<ObjectStore> store_;
+  const FetchOptions options_;
+  const std::shared_ptr<FetchScheduler::State> state_;
+  const int max_in_flight_;
+
+  mutable absl::Mutex mu_;
+  std::vector<FetchItem> items_ ABSL_GUARDED_BY(mu_);
+  std::deque<Group> queue_ ABSL_GUARDED_BY(mu_);                  // not started
+  std::vector<std::shared_ptr<Group>> running_ ABSL_GUARDED_BY(mu_);  // parts left to start
+  std::deque<FetchResult> ready_ ABSL_GUARDED_BY(mu_);
+  std::map<size_t, FetchResult> ready_by_index_ ABSL_GUARDED_BY(mu_);
+  size_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t delivered_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t remaining_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool news_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t peak_held_ ABSL_GUARDED_BY(mu_) = 0;
+  FetchStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions options)
+    : store_(std::move(store)), options_(options), state_(std::make_shared<State>()) {}
+
+FetchScheduler::~FetchScheduler() = default;
+
+std::unique_ptr<FetchScheduler::Batch> FetchScheduler::Fetch(std::vector<FetchItem> items) {
+  auto core = std::make_shared<BatchImpl>(store_, options_, state_);
+  core->Plan(std::move(items));
+  return std::make_unique<BatchImpl::Handle>(std::move(core));
+}
+
+}  // namespace wharf

@@ -1,0 +1,142 @@
+// FetchScheduler: reads many objects (or byte ranges of them) from one ObjectStore with
+// thousands of requests in flight under a fixed memory budget.
+//
+// Cloud stores answer each request after tens of milliseconds, so throughput comes from
+// concurrency (Little's law: in flight = rate x latency), not from the wire. The scheduler
+//  - keeps up to `max_in_flight` store requests outstanding, all asynchronous (no thread
+//    per request: the store's event loop or blocking pool does the work);
+//  - never lets the bytes it holds (buffers in flight + results delivered but not yet
+//    released by the consumer) exceed `memory_budget`: a request starts only when its
+//    buffer fits, and releasing a result lets the next one start;
+//  - splits objects above `split_threshold` into `part_size` ranged parts fetched
+//    concurrently into one buffer (each part guarded by If-Match on the listed ETag, so
+//    parts of two versions are never mixed);
+//  - coalesces nearby ranges of the same object (gap <= `coalesce_gap`) into one request,
+//    handing each caller range a zero-copy slice of the shared buffer;
+//  - delivers results as they complete, or in submission order;
+//  - is cancellable, and records per-request time to first byte, bytes and attempts.
+//
+// Thread-safety: a FetchScheduler may be shared; each Batch is consumed by one thread at a
+// time (Next()), while completions arrive on store threads. A Batch may be destroyed at any
+// time: outstanding requests finish in the background and their buffers are freed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "store/object_store.h"
+
+namespace wharf {
+
+struct FetchOptions {
+  // Most store requests outstanding at once. 0 derives it from the three numbers below.
+  int max_in_flight = 0;
+  // What max_in_flight is derived from: Little's law, in flight = target rate x latency,
+  // with the rate in objects (target_bytes_per_second / typical_object_bytes). The defaults
+  // (50 ms first-byte latency, 2 GB/s, 256 KiB objects) give ~380.
+  absl::Duration expected_latency = absl::Milliseconds(50);
+  double target_bytes_per_second = 2e9;
+  uint64_t typical_object_bytes = 256 << 10;
+
+  // Bytes in flight plus bytes delivered and not yet released. One request larger than the
+  // whole budget still runs, alone, so progress is always possible.
+  uint64_t memory_budget = uint64_t{1} << 30;
+  // Objects larger than split_threshold are fetched as part_size ranges in parallel.
+  uint64_t part_size = uint64_t{8} << 20;
+  uint64_t split_threshold = uint64_t{16} << 20;
+  // Ranges of one object closer than this are fetched with one request (0 disables).
+  uint64_t coalesce_gap = uint64_t{1} << 20;
+  // Deliver results in submission order instead of completion order.
+  bool ordered = false;
+
+  int EffectiveMaxInFlight() const;
+};
+
+struct FetchItem {
+  std::string key;
+  ByteRange range;  // default: the whole object
+  // From a listing: saves a HEAD before whole-object reads, enables splitting, and pins the
+  // version (If-Match) across parts. Leave unset when unknown.
+  std::optional<uint64_t> size;
+  std::string etag;
+};
+
+// An owned, read-only byte buffer charged against the scheduler's memory budget until it
+// (and every slice sharing its block) is destroyed.
+class FetchBuffer {
+ public:
+  FetchBuffer() = default;
+  FetchBuffer(std::shared_ptr<const char> block, const char* data, size_t size)
+      : block_(std::move(block)), data_(data), size_(size) {}
+
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+  absl::string_view view() const { return absl::string_view(data_, size_); }
+  // Shares ownership of the block (zero-copy), e.g. to hand the bytes to Python.
+  std::shared_ptr<const char> block() const { return block_; }
+
+ private:
+  std::shared_ptr<const char> block_;
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct FetchResult {
+  size_t index = 0;  // position in the submitted batch
+  std::string key;
+  absl::StatusOr<FetchBuffer> data;
+  uint64_t object_size = 0;  // size of the whole object
+  absl::Duration time_to_first_byte = absl::ZeroDuration();
+  absl::Duration latency = absl::ZeroDuration();  // submission of its request to completion
+  int requests = 0;   // store requests it took (parts), 0 if it shared a coalesced one
+  int attempts = 0;   // attempts over those requests (1 each unless retried)
+};
+
+struct FetchStats {
+  uint64_t items = 0;
+  uint64_t requests = 0;    // store GETs (+ HEADs) issued
+  uint64_t bytes = 0;       // payload bytes delivered
+  uint64_t retries = 0;
+  int peak_in_flight = 0;
+  uint64_t peak_bytes_held = 0;
+};
+
+class FetchScheduler {
+ public:
+  // REQUIRES: store != nullptr.
+  FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions options = {});
+  ~FetchScheduler();
+  FetchScheduler(const FetchScheduler&) = delete;
+  FetchScheduler& operator=(const FetchScheduler&) = delete;
+
+  class Batch {
+   public:
+    virtual ~Batch() = default;
+    // Blocks until the next result is ready; nullopt once every item was delivered or the
+    // batch was cancelled.
+    virtual std::optional<FetchResult> Next() = 0;
+    // Starts no new request; results not yet delivered are dropped.
+    virtual void Cancel() = 0;
+    virtual FetchStats stats() const = 0;
+  };
+
+  // Starts fetching `items`. Requests start immediately, up to the limits.
+  std::unique_ptr<Batch> Fetch(std::vector<FetchItem> items);
+
+  const FetchOptions& options() const { return options_; }
+
+  // Memory accounting shared by all batches (defined in the .cc).
+  struct State;
+
+ private:
+  std::shared_ptr<ObjectStore> store_;
+  FetchOptions options_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace wharf

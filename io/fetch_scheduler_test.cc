@@ -1,0 +1,282 @@
+#include "io/fetch_scheduler.h"
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/timer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/local/local_store.h"
+
+namespace wharf {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Pattern(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  std::mt19937 rng(seed);
+  for (auto& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+
+// Wraps a store: delays every GET by `delay` and records concurrency and requests.
+class Recorder : public ObjectStore {
+ public:
+  Recorder(std::shared_ptr<ObjectStore> inner, absl::Duration delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  std::string Uri(absl::string_view key) const override { return inner_->Uri(key); }
+  const Capabilities& capabilities() const override { return inner_->capabilities(); }
+  void ListAsync(ListOptions o, std::string c, Callback<ListPage> d) override {
+    inner_->ListAsync(std::move(o), std::move(c), std::move(d));
+  }
+  void HeadAsync(std::string k, Callback<ObjectMeta> d) override {
+    heads_++;
+    inner_->HeadAsync(std::move(k), std::move(d));
+  }
+  void GetAsync(GetRequest r, Callback<GetResult> d) override {
+    {
+      absl::MutexLock lock(&mu_);
+      gets_.push_back({r.key, r.range.offset, r.range.length.value_or(0)});
+      peak_ = std::max(peak_, ++in_flight_);
+    }
+    Timer::Global().After(delay_, [this, r = std::move(r), d = std::move(d)]() mutable {
+      inner_->GetAsync(std::move(r), [this, d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
+        {
+          absl::MutexLock lock(&mu_);
+          --in_flight_;
+        }
+        std::move(d)(std::move(res));
+      });
+    });
+  }
+  void PutAsync(std::string k, absl::Cord c, Callback<ObjectMeta> d) override {
+    inner_->PutAsync(std::move(k), std::move(c), std::move(d));
+  }
+  void DeleteAsync(std::string k, StatusCallback d) override {
+    inner_->DeleteAsync(std::move(k), std::move(d));
+  }
+  void DeleteManyAsync(std::vector<std::string> k, StatusCallback d) override {
+    inner_->DeleteManyAsync(std::move(k), std::move(d));
+  }
+  void CopyAsync(std::string a, std::string b, Callback<ObjectMeta> d) override {
+    inner_->CopyAsync(std::move(a), std::move(b), std::move(d));
+  }
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string k) override {
+    return inner_->NewWriter(std::move(k));
+  }
+
+  struct Get {
+    std::string key;
+    uint64_t offset, length;
+  };
+  std::vector<Get> gets() {
+    absl::MutexLock lock(&mu_);
+    return gets_;
+  }
+  int peak() {
+    absl::MutexLock lock(&mu_);
+    return peak_;
+  }
+  std::atomic<int> heads_{0};
+
+ private:
+  std::shared_ptr<ObjectStore> inner_;
+  absl::Duration delay_;
+  absl::Mutex mu_;
+  std::vector<Get> gets_;
+  int in_flight_ = 0, peak_ = 0;
+};
+
+class FetchSchedulerTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "wharf-fetch-test-XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    auto store = LocalStore::Open(root_, Context::Default());
+    ASSERT_TRUE(store.ok());
+    local_ = std::shared_ptr<ObjectStore>(*std::move(store));
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Puts n objects; returns their listing.
+  std::vector<ObjectMeta> PutObjects(int n, size_t size) {
+    for (int i = 0; i < n; ++i) {
+      EXPECT_TRUE(local_->Put(absl::StrCat("o/", 100000 + i), absl::Cord(Pattern(size, i))).ok());
+    }
+    return local_->ListAll({.prefix = "o/"})->objects;
+  }
+
+  std::string root_;
+  std::shared_ptr<ObjectStore> local_;
+};
+
+TEST_F(FetchSchedulerTest, FetchesEverythingWithManyInFlight) {
+  auto listed = PutObjects(300, 5000);
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(20));
+  FetchScheduler scheduler(slow, {.max_in_flight = 64});
+  std::vector<FetchItem> items;
+  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size, .etag = o.etag});
+  auto batch = scheduler.Fetch(items);
+  std::set<size_t> seen;
+  while (auto r = batch->Next()) {
+    ASSERT_TRUE(r->data.ok()) << r->data.status();
+    EXPECT_EQ(r->data->view(), Pattern(5000, static_cast<uint32_t>(r->index)));
+    EXPECT_TRUE(seen.insert(r->index).second);
+  }
+  EXPECT_EQ(seen.size(), 300u);
+  EXPECT_GE(slow->peak(), 32);  // concurrency really happened
+  EXPECT_LE(slow->peak(), 64);  // and stayed under the limit
+  EXPECT_EQ(slow->heads_.load(), 0);  // sizes from the listing: no HEADs
+}
+
+TEST_F(FetchSchedulerTest, OrderedDeliveryFollowsSubmissionOrder) {
+  auto listed = PutObjects(50, 100);
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(1));
+  FetchScheduler scheduler(slow, {.max_in_flight = 16, .ordered = true});
+  std::vector<FetchItem> items;
+  for (auto it = listed.rbegin(); it != listed.rend(); ++it) items.push_back({.key = it->key});
+  auto batch = scheduler.Fetch(items);
+  size_t expect = 0;
+  while (auto r = batch->Next()) {
+    EXPECT_EQ(r->index, expect++);
+    EXPECT_EQ(r->key, items[r->index].key);
+    ASSERT_TRUE(r->data.ok());
+  }
+  EXPECT_EQ(expect, 50u);
+  EXPECT_EQ(slow->heads_.load(), 50);  // no sizes given: one HEAD each
+}
+
+TEST_F(FetchSchedulerTest, MemoryBudgetBoundsBytesHeld) {
+  auto listed = PutObjects(40, 100000);
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(5));
+  FetchScheduler scheduler(slow, {.max_in_flight = 64, .memory_budget = 350000});
+  std::vector<FetchItem> items;
+  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
+  auto batch = scheduler.Fetch(items);
+  int n = 0;
+  while (auto r = batch->Next()) {
+    ASSERT_TRUE(r->data.ok()) << r->data.status();
+    ++n;
+  }  // each result is released before the next Next()
+  EXPECT_EQ(n, 40);
+  EXPECT_LE(batch->stats().peak_bytes_held, 350000u);
+  EXPECT_LE(slow->peak(), 3);  // 3 x 100 KB fit the budget, 4 do not
+}
+
+TEST_F(FetchSchedulerTest, HoldingEveryResultReportsExhaustedBudgetInsteadOfHanging) {
+  auto listed = PutObjects(5, 1000);
+  FetchScheduler scheduler(local_, {.max_in_flight = 4, .memory_budget = 2500});
+  std::vector<FetchItem> items;
+  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
+  auto batch = scheduler.Fetch(items);
+  std::vector<FetchResult> held;
+  int exhausted = 0;
+  while (auto r = batch->Next()) {
+    if (!r->data.ok()) {
+      EXPECT_EQ(r->data.status().code(), absl::StatusCode::kResourceExhausted);
+      ++exhausted;
+    }
+    held.push_back(std::move(*r));
+  }
+  EXPECT_EQ(held.size(), 5u);
+  EXPECT_EQ(exhausted, 3);
+}
+
+TEST_F(FetchSchedulerTest, LargeObjectsAreSplitIntoParallelParts) {
+  const std::string big = Pattern(1 << 20, 77);
+  ASSERT_TRUE(local_->Put("big", absl::Cord(big)).ok());
+  auto meta = *local_->Head("big");
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(10));
+  FetchScheduler scheduler(slow, {.max_in_flight = 8, .part_size = 100000,
+                                  .split_threshold = 200000});
+  auto batch = scheduler.Fetch({{.key = "big", .size = meta.size, .etag = meta.etag}});
+  auto r = batch->Next();
+  ASSERT_TRUE(r.has_value());
+  ASSERT_TRUE(r->data.ok()) << r->data.status();
+  EXPECT_EQ(r->data->view(), big);
+  EXPECT_EQ(r->requests, 11);
+  EXPECT_EQ(slow->gets().size(), 11u);
+  EXPECT_GE(slow->peak(), 8);
+  EXPECT_FALSE(batch->Next().has_value());
+}
+
+TEST_F(FetchSchedulerTest, NearbyRangesAreCoalescedIntoOneRequest) {
+  const std::string data = Pattern(100000, 5);
+  ASSERT_TRUE(local_->Put("shard.tar", absl::Cord(data)).ok());
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(1));
+  FetchScheduler scheduler(slow, {.coalesce_gap = 1000});
+  std::vector<FetchItem> items = {
+      {.key = "shard.tar", .range = ByteRange::Of(0, 100)},
+      {.key = "shard.tar", .range = ByteRange::Of(500, 100)},    // gap 400: joins
+      {.key = "shard.tar", .range = ByteRange::Of(1000, 50)},    // gap 400: joins
+      {.key = "shard.tar", .range = ByteRange::Of(50000, 10)},   // far: its own request
+  };
+  auto batch = scheduler.Fetch(items);
+  int n = 0;
+  while (auto r = batch->Next()) {
+    ASSERT_TRUE(r->data.ok()) << r->data.status();
+    const auto& range = items[r->index].range;
+    EXPECT_EQ(r->data->view(), data.substr(range.offset, *range.length));
+    ++n;
+  }
+  EXPECT_EQ(n, 4);
+  EXPECT_EQ(slow->gets().size(), 2u);
+}
+
+TEST_F(FetchSchedulerTest, ErrorsNameTheObjectAndOthersStillArrive) {
+  auto listed = PutObjects(3, 10);
+  FetchScheduler scheduler(local_);
+  std::vector<FetchItem> items = {{.key = listed[0].key}, {.key = "o/missing"},
+                                  {.key = listed[1].key, .range = ByteRange::From(999)}};
+  auto batch = scheduler.Fetch(items);
+  int ok = 0, notfound = 0, range = 0;
+  while (auto r = batch->Next()) {
+    if (r->data.ok()) {
+      ++ok;
+    } else if (r->data.status().code() == absl::StatusCode::kNotFound) {
+      EXPECT_THAT(std::string(r->data.status().message()), testing::HasSubstr("o/missing"));
+      ++notfound;
+    } else if (r->data.status().code() == absl::StatusCode::kOutOfRange) {
+      ++range;
+    }
+  }
+  EXPECT_EQ(ok, 1);
+  EXPECT_EQ(notfound, 1);
+  EXPECT_EQ(range, 1);
+}
+
+TEST_F(FetchSchedulerTest, CancelStopsDeliveryAndDestroyingABatchIsSafe) {
+  auto listed = PutObjects(100, 1000);
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(20));
+  FetchScheduler scheduler(slow, {.max_in_flight = 4});
+  std::vector<FetchItem> items;
+  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
+  auto batch = scheduler.Fetch(items);
+  ASSERT_TRUE(batch->Next().has_value());
+  batch->Cancel();
+  EXPECT_FALSE(batch->Next().has_value());
+  EXPECT_LT(slow->gets().size(), 20u);
+  auto another = scheduler.Fetch(items);
+  another.reset();  // requests in flight complete in the background
+  absl::SleepFor(absl::Milliseconds(60));
+}
+
+TEST(FetchOptionsTest, InFlightFollowsLittlesLaw) {
+  FetchOptions o;
+  o.expected_latency = absl::Milliseconds(25);
+  o.target_bytes_per_second = 200e6;
+  o.typical_object_bytes = 100 << 10;
+  EXPECT_EQ(o.EffectiveMaxInFlight(), 49);  // 1953 objects/s x 25 ms
+  o.max_in_flight = 7;
+  EXPECT_EQ(o.EffectiveMaxInFlight(), 7);
+}
+
+}  // namespace
+}  // namespace wharf

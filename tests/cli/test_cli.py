@@ -1,0 +1,386 @@
+"""End-to-end tests of the `wharf` command line on local directories.
+
+The binary is $WHARF_BIN (default <repo>/build/wharf). Every test works in its own tmp dir,
+so the tests run in any order and in parallel.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+WHARF = os.environ.get("WHARF_BIN", str(REPO / "build" / "wharf"))
+
+# Names that trip up URL encoding, shells, and naive sorting. Byte order puts "a-b" (0x2d)
+# and "a.txt" (0x2e) before "a/..." (0x2f), and "a0" after: a plain directory walk gets
+# that wrong.
+AWKWARD = [
+    "a b/c d.txt",
+    "a.txt",
+    "a-b",
+    "a/x",
+    "a0",
+    "café/é.bin",
+    "日本/データ.txt",
+    "plus+sign",
+    "pct%20x",
+    "q=1&r=2",
+    "tilde~home",
+    "deep/1/2/3/4/5/6/7/leaf",
+    "Upper",
+    "_under",
+    "!bang",
+    "z",
+]
+
+
+def run(*args, cwd=None, check=None):
+    """Runs wharf; returns the CompletedProcess with bytes stdout/stderr."""
+    proc = subprocess.run([WHARF, *map(str, args)], cwd=cwd, capture_output=True, timeout=120)
+    if check is not None:
+        assert proc.returncode == check, (proc.returncode, proc.stdout[-2000:], proc.stderr)
+    return proc
+
+
+def stderr_lines(proc):
+    return proc.stderr.decode("utf-8", "replace").splitlines()
+
+
+def make_tree(root: pathlib.Path, files: dict):
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def tree_of(root: pathlib.Path) -> dict:
+    """Every regular file below root, by relative path, with its bytes."""
+    out = {}
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            path = pathlib.Path(dirpath) / name
+            out[str(path.relative_to(root))] = path.read_bytes()
+    return out
+
+
+def awkward_files():
+    files = {name: f"content of {name}\n".encode() for name in AWKWARD}
+    files["empty"] = b""
+    files["nested/dir/big.bin"] = os.urandom(3 * 1024 * 1024)
+    return files
+
+
+def json_lines(proc):
+    return [json.loads(line) for line in proc.stdout.decode("utf-8").splitlines()]
+
+
+# ---- usage, help, version ----
+
+
+def test_help_exits_zero():
+    proc = run("--help", check=0)
+    out = proc.stdout.decode()
+    for verb in ("ls", "stat", "cat", "cp", "rm", "demo"):
+        assert verb in out
+    for verb in ("ls", "stat", "cat", "cp", "rm", "demo"):
+        assert b"Usage" in run(verb, "--help", check=0).stdout
+
+
+def test_no_verb_prints_help_and_exits_2():
+    proc = run(check=2)
+    assert b"Usage" in proc.stderr
+    assert proc.stdout == b""
+
+
+def test_version():
+    assert run("--version", check=0).stdout.startswith(b"wharf ")
+
+
+def test_unknown_flag_is_a_usage_error(tmp_path):
+    proc = run("ls", "--bogus", tmp_path, check=2)
+    lines = stderr_lines(proc)
+    assert len(lines) == 2
+    assert lines[0].startswith("wharf: ") and "--bogus" in lines[0]
+    assert lines[1] == "Run 'wharf ls --help' for usage."
+
+
+def test_missing_argument_and_unknown_verb_are_usage_errors():
+    assert "Run 'wharf cp --help'" in run("cp", "only-one", check=2).stderr.decode()
+    run("frobnicate", check=2)
+
+
+@pytest.mark.parametrize("bad", ["abc", "5-3", "-0", "1-2-3", "x-", "-", "+1-2", " 1-2"])
+def test_bad_range_is_a_usage_error(tmp_path, bad):
+    (tmp_path / "f").write_bytes(b"0123456789")
+    proc = run("cat", "--range", bad, tmp_path / "f", check=2)
+    assert proc.stdout == b""
+    assert stderr_lines(proc)[-1] == "Run 'wharf cat --help' for usage."
+
+
+# ---- ls ----
+
+
+def test_ls_recursive_json_lists_awkward_names_in_byte_order(tmp_path):
+    make_tree(tmp_path / "t", awkward_files())
+    proc = run("ls", "-r", "--json", tmp_path / "t", check=0)
+    entries = json_lines(proc)
+    root_key = str(tmp_path / "t").lstrip("/") + "/"
+    keys = [e["key"][len(root_key):] for e in entries]
+    assert all(e["key"].startswith(root_key) for e in entries)
+    expected = sorted(awkward_files().keys(), key=lambda k: k.encode("utf-8"))
+    assert keys == expected
+    for e in entries:
+        assert set(e) == {"uri", "key", "size", "etag", "mtime"}
+        assert e["uri"] == "file:///" + e["key"]
+        assert e["mtime"].endswith("Z") and len(e["mtime"]) == 20
+    sizes = {k: e["size"] for k, e in zip(keys, entries)}
+    assert sizes["empty"] == 0
+    assert sizes["nested/dir/big.bin"] == 3 * 1024 * 1024
+    assert entries[keys.index("empty")]["etag"] == "d41d8cd98f00b204e9800998ecf8427e"
+
+
+def test_ls_without_r_shows_prefixes(tmp_path):
+    make_tree(tmp_path / "t", awkward_files())
+    root = str(tmp_path / "t")
+    entries = json_lines(run("ls", "--json", root, check=0))
+    names = []
+    for e in entries:
+        if "prefix" in e:
+            assert set(e) == {"uri", "prefix"}
+            assert e["prefix"].endswith("/") and e["uri"].endswith("/")
+            names.append(e["uri"][len("file://" + root) + 1:])
+        else:
+            names.append(e["uri"][len("file://" + root) + 1:])
+    top = {k.split("/")[0] + ("/" if "/" in k else "") for k in awkward_files()}
+    assert names == sorted(top, key=lambda k: k.encode())
+
+    # Human form: "PRE" rows for prefixes, size/mtime/URI rows for objects, same order.
+    human = run("ls", root + "/", check=0).stdout.decode().splitlines()
+    assert len(human) == len(names)
+    for line, name in zip(human, names):
+        assert line.endswith("file://" + root + "/" + name)
+        if name.endswith("/"):
+            assert line.startswith("         PRE  ")
+        else:
+            size, mtime, _ = line.split(None, 2)
+            assert size.isdigit() and mtime.endswith("Z")
+
+
+def test_ls_of_one_object_shows_just_it(tmp_path):
+    make_tree(tmp_path, {"f.txt": b"abc", "f.txt.bak": b"x"})
+    entries = json_lines(run("ls", "--json", tmp_path / "f.txt", check=0))
+    assert [e["key"].rsplit("/", 1)[1] for e in entries] == ["f.txt"]
+
+
+def test_ls_nothing_matches_is_an_error(tmp_path):
+    proc = run("ls", tmp_path / "nothing", check=1)
+    lines = stderr_lines(proc)
+    assert len(lines) == 1
+    assert lines[0].startswith("wharf: ls file://") and lines[0].endswith("no objects match")
+
+
+# ---- stat ----
+
+
+def test_stat(tmp_path):
+    (tmp_path / "f").write_bytes(b"hello")
+    out = run("stat", tmp_path / "f", check=0).stdout.decode()
+    assert "size:  5" in out
+    assert "etag:  5d41402abc4b2a76b9719d911017c592" in out
+    meta = json.loads(run("stat", "--json", tmp_path / "f", check=0).stdout)
+    assert meta["size"] == 5 and meta["etag"] == "5d41402abc4b2a76b9719d911017c592"
+    assert meta["uri"] == f"file://{tmp_path}/f"
+    proc = run("stat", tmp_path / "missing", check=1)
+    assert len(stderr_lines(proc)) == 1
+
+
+# ---- cat ----
+
+
+def test_cat_whole_and_ranges(tmp_path):
+    f = tmp_path / "f.txt"
+    f.write_bytes(b"hello world")
+    assert run("cat", f, check=0).stdout == b"hello world"
+    assert run("cat", "--range", "0-4", f, check=0).stdout == b"hello"
+    assert run("cat", "--range", "5-", f, check=0).stdout == b" world"
+    assert run("cat", "--range", "-3", f, check=0).stdout == b"rld"
+    assert run("cat", "--range", "6-100", f, check=0).stdout == b"world"
+    assert run("cat", "--range", "-100", f, check=0).stdout == b"hello world"
+    assert run("cat", f"file://{f}", check=0).stdout == b"hello world"
+
+
+def test_cat_large_file_streams_exactly(tmp_path):
+    data = os.urandom(5 * 1024 * 1024 + 7)
+    (tmp_path / "big").write_bytes(data)
+    assert run("cat", tmp_path / "big", check=0).stdout == data
+
+
+def test_cat_missing_object_prints_one_line(tmp_path):
+    proc = run("cat", "file:///no/such/object", check=1)
+    assert proc.stdout == b""
+    lines = stderr_lines(proc)
+    assert len(lines) == 1
+    assert lines[0].startswith("wharf: ") and "file:///no/such/object" in lines[0]
+    assert "INTERNAL" not in lines[0] and "NOT_FOUND" not in lines[0]
+
+
+def test_cat_range_past_the_end_fails(tmp_path):
+    (tmp_path / "f").write_bytes(b"abc")
+    proc = run("cat", "--range", "10-20", tmp_path / "f", check=1)
+    assert len(stderr_lines(proc)) == 1
+
+
+def test_cat_into_a_closed_pipe_exits_quietly(tmp_path):
+    (tmp_path / "big").write_bytes(os.urandom(8 * 1024 * 1024))
+    proc = subprocess.Popen([WHARF, "cat", str(tmp_path / "big")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert len(proc.stdout.read(10)) == 10
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert err == b""
+
+
+# ---- cp ----
+
+
+def test_cp_recursive_round_trips_byte_identically(tmp_path):
+    files = awkward_files()
+    make_tree(tmp_path / "src", files)
+    proc = run("cp", "-r", "--quiet", tmp_path / "src", tmp_path / "copy", check=0)
+    assert proc.stdout == b"" and proc.stderr == b""
+    assert tree_of(tmp_path / "copy") == files
+    # And back, through URIs and with a trailing slash, into a fresh directory.
+    proc = run("cp", "-r", "--jobs", "3", f"file://{tmp_path}/copy/", f"{tmp_path}/back/",
+               check=0)
+    assert proc.stdout.decode().startswith(f"copied {len(files)} objects (")
+    assert tree_of(tmp_path / "back") == files
+    # No temporary files or other extras anywhere.
+    for d in ("copy", "back"):
+        assert sorted(p.name for p in (tmp_path / d).rglob("*") if ".wharf-tmp" in p.name) == []
+
+
+def test_cp_single_file(tmp_path):
+    (tmp_path / "f.bin").write_bytes(b"payload")
+    (tmp_path / "dir").mkdir()
+    run("cp", "-q", tmp_path / "f.bin", tmp_path / "dir", check=0)  # existing directory
+    assert (tmp_path / "dir" / "f.bin").read_bytes() == b"payload"
+    run("cp", "-q", tmp_path / "f.bin", f"{tmp_path}/new/", check=0)  # trailing slash
+    assert (tmp_path / "new" / "f.bin").read_bytes() == b"payload"
+    run("cp", "-q", tmp_path / "f.bin", tmp_path / "renamed.bin", check=0)  # a new key
+    assert (tmp_path / "renamed.bin").read_bytes() == b"payload"
+    out = run("cp", tmp_path / "f.bin", tmp_path / "again.bin", check=0).stdout.decode()
+    assert out.startswith("copied 1 object (")
+
+
+def test_cp_prefix_without_r_is_an_error(tmp_path):
+    make_tree(tmp_path / "src", {"a/b": b"x"})
+    proc = run("cp", tmp_path / "src", tmp_path / "dst", check=1)
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and lines[0].endswith("is a prefix; use -r")
+    assert not (tmp_path / "dst").exists()
+
+
+def test_cp_missing_source_is_an_error(tmp_path):
+    proc = run("cp", tmp_path / "nope", tmp_path / "dst", check=1)
+    assert len(stderr_lines(proc)) == 1
+    run("cp", "-r", tmp_path / "nope", tmp_path / "dst", check=1)
+
+
+def test_cp_recursive_into_itself_is_refused(tmp_path):
+    make_tree(tmp_path / "src", {"a": b"x"})
+    proc = run("cp", "-r", tmp_path / "src", tmp_path / "src" / "sub", check=1)
+    assert "inside the source" in proc.stderr.decode()
+    assert tree_of(tmp_path / "src") == {"a": b"x"}
+
+
+def test_cp_recursive_keeps_going_after_a_failure(tmp_path):
+    make_tree(tmp_path / "src", {"a": b"1", "b/c": b"2", "d": b"3"})
+    # In the destination "b" is a file, so "b/c" cannot be written; the others still are.
+    make_tree(tmp_path / "dst", {"b": b"in the way"})
+    proc = run("cp", "-r", "-q", tmp_path / "src", tmp_path / "dst", check=1)
+    lines = stderr_lines(proc)
+    assert len(lines) == 2, lines
+    assert "b/c" in lines[0]
+    assert lines[1].endswith("1 of 3 objects failed")
+    assert tree_of(tmp_path / "dst") == {"a": b"1", "b": b"in the way", "d": b"3"}
+
+
+# ---- rm ----
+
+
+def test_rm(tmp_path):
+    make_tree(tmp_path, {"f": b"x", "keep": b"y"})
+    proc = run("rm", tmp_path / "f", check=0)
+    assert proc.stdout == b""
+    assert not (tmp_path / "f").exists() and (tmp_path / "keep").exists()
+    proc = run("rm", tmp_path / "f", check=1)
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and lines[0].endswith("no such object")
+
+
+def test_rm_recursive(tmp_path):
+    files = {f"d/{i:04d}/x": b"." for i in range(1500)}  # more than one batch of 1000
+    files["d.txt"] = b"outside the prefix"
+    make_tree(tmp_path, files)
+    run("rm", tmp_path / "d", check=1)  # a prefix needs -r
+    proc = run("rm", "-r", tmp_path / "d", check=0)
+    assert proc.stdout == b"deleted 1500 objects\n"
+    assert tree_of(tmp_path) == {"d.txt": b"outside the prefix"}
+    assert not (tmp_path / "d").exists()
+    run("rm", "-r", tmp_path / "d", check=1)  # nothing left
+    assert run("rm", "-r", "-q", tmp_path / "d.txt", check=0).stdout == b""
+    assert tree_of(tmp_path) == {}
+
+
+def test_rm_recursive_refuses_the_file_system_root():
+    proc = run("rm", "-r", "/", check=1)
+    assert "refusing" in proc.stderr.decode()
+
+
+# ---- demo ----
+
+
+def test_demo(tmp_path):
+    proc = run("demo", "--objects", "200", check=0, cwd=tmp_path)
+    out = proc.stdout.decode()
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    assert header == ["phase", "objects", "bytes", "seconds", "MB/s"]
+    rows = {line.split("|")[1].strip(): line for line in table[2:]}
+    assert {"generate", "list", "read"} <= set(rows)
+    assert rows["generate"].split("|")[2].strip() == "200"
+    assert rows["read"].split("|")[2].strip() == "200"
+    assert "verification: OK" in out
+    data = tree_of(tmp_path / ".wharf" / "demo")
+    assert len(data) == 200
+    assert all(len(v) == 100 * 1024 and v[:4] == b"WIMG" for v in data.values())
+    assert sum(k.startswith("train/class-07/") for k in data) == 20
+
+    # A second run finds the data set complete and skips writing it.
+    out = run("demo", "--objects", "200", check=0, cwd=tmp_path).stdout.decode()
+    assert "skipped (already present)" in out and "verification: OK" in out
+
+
+def test_demo_detects_bytes_that_do_not_match_the_etag(tmp_path):
+    run("demo", "--objects", "20", "--size", "4096", "--dir", tmp_path / "ds", check=0)
+    victim = tmp_path / "ds" / "train" / "class-03" / "img-000013.raw"
+    try:
+        os.getxattr(victim, "user.wharf.etag")
+    except OSError:
+        pytest.fail("the test directory's file system keeps no user xattrs")
+    # Same size and mtime: the local store's cached ETag still claims the old content.
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 0xFF
+    with open(victim, "r+b") as f:
+        f.write(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    proc = run("demo", "--objects", "20", "--size", "4096", "--dir", tmp_path / "ds", check=1)
+    assert "verification: FAILED" in proc.stdout.decode()
+    lines = stderr_lines(proc)
+    assert len(lines) == 1
+    assert "1 of 20 objects failed" in lines[0] and "img-000013.raw" in lines[0]
