@@ -1,0 +1,67 @@
+"""Shared fixtures: the wharf binary, and the real S3 server that ./run test starts."""
+import os
+import pathlib
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
+
+
+def wharf_bin() -> str:
+    return os.environ.get("WHARF_BIN", str(ROOT / "build" / "wharf"))
+
+
+def run_wharf(*args, env=None, input=None, check=False, timeout=300):
+    """Runs the CLI; returns the CompletedProcess (bytes stdout, text stderr)."""
+    proc = subprocess.run([wharf_bin(), *map(str, args)], capture_output=True, input=input,
+                          env=env, timeout=timeout)
+    proc.stderr = proc.stderr.decode(errors="replace")
+    if check and proc.returncode != 0:
+        raise AssertionError(f"wharf {' '.join(map(str, args))} exited {proc.returncode}: "
+                             f"{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def s3_env():
+    """The environment pointing at the local Ceph RGW. Fails (never skips) without it."""
+    endpoint = os.environ.get("WHARF_S3_ENDPOINT")
+    if not endpoint:
+        pytest.fail("WHARF_S3_ENDPOINT is not set: run `./run test`, or "
+                    "`scripts/s3-server start && eval \"$(scripts/s3-server env)\"`")
+    env = dict(os.environ)
+    env["AWS_ENDPOINT_URL"] = endpoint
+    env.pop("AWS_PROFILE", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_env):
+    import boto3
+    from botocore.config import Config
+    return boto3.client("s3", endpoint_url=s3_env["WHARF_S3_ENDPOINT"],
+                        aws_access_key_id=s3_env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=s3_env["AWS_SECRET_ACCESS_KEY"],
+                        region_name="us-east-1",
+                        config=Config(s3={"addressing_style": "path"}))
+
+
+@pytest.fixture
+def bucket(s3_client):
+    """A fresh bucket, emptied and removed afterwards."""
+    name = f"wharf-py-{uuid.uuid4().hex[:16]}"
+    s3_client.create_bucket(Bucket=name)
+    yield name
+    paginator = s3_client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=name):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            s3_client.delete_objects(Bucket=name, Delete={"Objects": keys})
+    for upload in s3_client.list_multipart_uploads(Bucket=name).get("Uploads", []):
+        s3_client.abort_multipart_upload(Bucket=name, Key=upload["Key"],
+                                         UploadId=upload["UploadId"])
+    s3_client.delete_bucket(Bucket=name)

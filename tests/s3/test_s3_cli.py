@@ -1,0 +1,196 @@
+"""The CLI on s3:// against the real Ceph RGW, cross-checked with an independent client
+(Debian's awscli v2), plus retries proven through a fault-injecting proxy."""
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+from conftest import run_wharf
+from fault_proxy import FaultProxy
+
+AWS = "/usr/bin/aws"  # Debian's awscli v2; the `aws` on PATH may be another version
+
+AWKWARD = ["a b.txt", "a+b.txt", "a%2Bb.txt", "a=b&c.txt", "tilde~x", "star*x", "é.bin",
+           "日本/語.bin", "deep/1/2/3/4/5/leaf", "paren(1)", "comma,semi;at@"]
+
+
+def aws(s3_env, *args, check=True):
+    # awscli 2.9 ignores AWS_ENDPOINT_URL: pass the endpoint explicitly.
+    cfg = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "wharf-test-aws-config"
+    cfg.write_text("[default]\ns3 =\n  addressing_style = path\n"
+                   "  multipart_threshold = 8MB\n  multipart_chunksize = 8MB\n")
+    env = dict(s3_env, AWS_CONFIG_FILE=str(cfg), AWS_PAGER="")
+    return subprocess.run([AWS, "--endpoint-url", s3_env["WHARF_S3_ENDPOINT"], *args],
+                          capture_output=True, env=env, check=check, timeout=300)
+
+
+def random_bytes(n, seed):
+    out = bytearray()
+    block = hashlib.sha256(str(seed).encode()).digest()
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block * 64
+    return bytes(out[:n])
+
+
+def test_awscli_uploads_read_by_wharf(tmp_path, bucket, s3_env):
+    files = {"small.bin": random_bytes(1000, 1), "multi.bin": random_bytes(20 << 20, 2)}
+    files.update({k: random_bytes(3000 + i, 10 + i) for i, k in enumerate(AWKWARD)})
+    src = tmp_path / "src"
+    for key, data in files.items():
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        (src / key).write_bytes(data)
+    aws(s3_env, "s3", "cp", "--recursive", "--quiet", str(src), f"s3://{bucket}/up/")
+    # awscli really used multipart for the big one.
+    head = run_wharf("stat", "--json", f"s3://{bucket}/up/multi.bin", env=s3_env, check=True)
+    assert "-" in json.loads(head.stdout)["etag"]
+    for key, data in files.items():
+        got = run_wharf("cat", f"s3://{bucket}/up/{key}", env=s3_env, check=True)
+        assert got.stdout == data, key
+    # The listing is in byte order, exactly the keys awscli wrote.
+    listed = run_wharf("ls", "-r", "--json", f"s3://{bucket}/up/", env=s3_env, check=True)
+    keys = [json.loads(line)["key"] for line in listed.stdout.decode().splitlines()]
+    expect = sorted((f"up/{k}" for k in files), key=lambda k: k.encode())
+    assert keys == expect
+
+
+def test_wharf_uploads_read_by_awscli(tmp_path, bucket, s3_env):
+    files = {"small.bin": random_bytes(777, 3), "big.bin": random_bytes(21 << 20, 4)}
+    files.update({k: random_bytes(100 + i, 30 + i) for i, k in enumerate(AWKWARD)})
+    src = tmp_path / "src"
+    for key, data in files.items():
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        (src / key).write_bytes(data)
+    run_wharf("cp", "-r", "--quiet", src, f"s3://{bucket}/w/", env=s3_env, check=True)
+    head = run_wharf("stat", "--json", f"s3://{bucket}/w/big.bin", env=s3_env, check=True)
+    assert json.loads(head.stdout)["etag"].endswith("-3")  # 8 MiB parts: multipart
+    out = tmp_path / "out"
+    aws(s3_env, "s3", "cp", "--recursive", "--quiet", f"s3://{bucket}/w/", str(out))
+    for key, data in files.items():
+        assert (out / key).read_bytes() == data, key
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == \
+        sorted(files)
+
+
+def test_cp_recursive_round_trip_and_rm(tmp_path, bucket, s3_env):
+    src = tmp_path / "tree"
+    expect = {}
+    for i, key in enumerate(["x/1", "x/y/2", "empty", "z z/3"] + AWKWARD[:4]):
+        data = random_bytes(i * 997, 50 + i)
+        (src / key).parent.mkdir(parents=True, exist_ok=True)
+        (src / key).write_bytes(data)
+        expect[key] = data
+    run_wharf("cp", "-r", "--quiet", src, f"s3://{bucket}/t", env=s3_env, check=True)
+    back = tmp_path / "back"
+    run_wharf("cp", "-r", "--quiet", f"s3://{bucket}/t/", back, env=s3_env, check=True)
+    got = {p.relative_to(back).as_posix(): p.read_bytes() for p in back.rglob("*") if p.is_file()}
+    assert got == expect
+    cat = run_wharf("cat", "--range", "2-5", f"s3://{bucket}/t/x/y/2", env=s3_env, check=True)
+    assert cat.stdout == expect["x/y/2"][2:6]
+    assert run_wharf("rm", "-r", f"s3://{bucket}/t/", env=s3_env).returncode == 0
+    assert run_wharf("ls", "-r", f"s3://{bucket}/t/", env=s3_env).returncode == 1
+
+
+def test_keys_escaping_the_destination_are_refused(tmp_path, bucket, s3_env, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="p/ok.txt", Body=b"fine")
+    s3_client.put_object(Bucket=bucket, Key="p/../escaped.txt", Body=b"evil")
+    s3_client.put_object(Bucket=bucket, Key="p//abs.txt", Body=b"evil")
+    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert "p/../escaped.txt" in keys  # the server kept the hostile key as is
+    dest = tmp_path / "inner" / "dest"
+    dest.mkdir(parents=True)
+    proc = run_wharf("cp", "-r", "--quiet", f"s3://{bucket}/p/", dest, env=s3_env)
+    assert proc.returncode == 1
+    assert "p/../escaped.txt" in proc.stderr and "escape" in proc.stderr
+    assert (dest / "ok.txt").read_bytes() == b"fine"
+    assert not (tmp_path / "inner" / "escaped.txt").exists()
+    assert not pathlib.Path("/abs.txt").exists()
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["ok.txt"]
+
+
+def test_wrong_secret_is_one_line_and_exit_1(bucket, s3_env):
+    env = dict(s3_env, AWS_SECRET_ACCESS_KEY="not-the-right-secret")
+    proc = run_wharf("ls", f"s3://{bucket}/", env=env)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "SignatureDoesNotMatch" in lines[0] and "AWS_SECRET_ACCESS_KEY" in lines[0]
+    assert "not-the-right-secret" not in proc.stderr
+
+
+def test_missing_bucket_and_object(s3_env, bucket):
+    proc = run_wharf("ls", "s3://wharf-no-such-bucket-x/", env=s3_env)
+    assert proc.returncode == 1 and "NoSuchBucket" in proc.stderr
+    proc = run_wharf("cat", f"s3://{bucket}/nope", env=s3_env)
+    assert proc.returncode == 1 and f"s3://{bucket}/nope" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_gs_scheme_speaks_the_xml_api(s3_env, bucket, s3_client):
+    """gs:// uses the same client with GCS's XML API settings; pointed at RGW here."""
+    s3_client.put_object(Bucket=bucket, Key="g/obj", Body=b"through gs")
+    env = dict(s3_env, WHARF_GS_ENDPOINT=s3_env["WHARF_S3_ENDPOINT"],
+               WHARF_GS_ACCESS_KEY_ID=s3_env["AWS_ACCESS_KEY_ID"],
+               WHARF_GS_SECRET_ACCESS_KEY=s3_env["AWS_SECRET_ACCESS_KEY"])
+    proc = run_wharf("cat", f"gs://{bucket}/g/obj", env=env, check=True)
+    assert proc.stdout == b"through gs"
+    no_keys = {k: v for k, v in env.items() if not k.startswith("WHARF_GS_ACCESS")}
+    proc = run_wharf("ls", f"gs://{bucket}/", env=no_keys)
+    assert proc.returncode == 1 and "WHARF_GS_ACCESS_KEY_ID" in proc.stderr
+
+
+# ---- Retries, through a fault-injecting proxy in front of the real server ----
+
+@pytest.fixture
+def proxy(s3_env):
+    upstream = s3_env["WHARF_S3_ENDPOINT"].split("://", 1)[1]
+    with FaultProxy(upstream) as p:
+        yield p
+
+
+def via(proxy, s3_env):
+    return dict(s3_env, AWS_ENDPOINT_URL=proxy.url)
+
+
+def test_503_slowdown_is_retried(proxy, bucket, s3_env, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="k", Body=b"payload")
+    proxy.set_faults([{"match": {"method": "GET", "path_regex": "/k$"}, "action": "status",
+                       "status": 503, "count": 2}])
+    proc = run_wharf("cat", f"s3://{bucket}/k", env=via(proxy, s3_env), check=True)
+    assert proc.stdout == b"payload"
+    faults = [e["fault"] for e in proxy.log() if e["method"] == "GET"]
+    assert faults == ["status", "status", None]
+
+
+def test_reset_mid_body_resumes_from_received_bytes(proxy, bucket, s3_env, s3_client):
+    data = random_bytes(3 << 20, 7)
+    s3_client.put_object(Bucket=bucket, Key="big", Body=data)
+    proxy.set_faults([{"match": {"method": "GET", "path_regex": "/big$"}, "action": "reset",
+                       "after_bytes": 1 << 20, "count": 1}])
+    out = run_wharf("cat", f"s3://{bucket}/big", env=via(proxy, s3_env), check=True)
+    assert out.stdout == data
+    gets = [e for e in proxy.log() if e["method"] == "GET"]
+    assert [e["fault"] for e in gets] == ["reset", None]
+    # The second request asked only for the rest, not the whole object again.
+    assert gets[1]["bytes_relayed"] < len(data)
+
+
+def test_truncated_body_is_never_presented_as_complete(proxy, bucket, s3_env, s3_client, tmp_path):
+    data = random_bytes(2 << 20, 8)
+    s3_client.put_object(Bucket=bucket, Key="t", Body=data)
+    proxy.set_faults([{"match": {"method": "GET", "path_regex": "/t$"}, "action": "truncate",
+                       "after_bytes": 1000, "count": 1}])
+    dest = tmp_path / "t.bin"
+    run_wharf("cp", f"s3://{bucket}/t", dest, env=via(proxy, s3_env), check=True)
+    assert dest.read_bytes() == data
+    # With every attempt truncated, the copy fails and leaves no partial file behind.
+    proxy.set_faults([{"match": {"method": "GET", "path_regex": "/t$"}, "action": "truncate",
+                       "after_bytes": 1000, "count": None}])
+    dest2 = tmp_path / "t2.bin"
+    proc = run_wharf("cp", f"s3://{bucket}/t", dest2, env=via(proxy, s3_env))
+    assert proc.returncode == 1
+    assert not dest2.exists()
+    assert list(tmp_path.glob(".wharf-tmp-*")) == []
