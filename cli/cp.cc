@@ -1,15 +1,22 @@
 // wharf cp: copies one object, or every object below a prefix, between any two stores
-// (local paths included). Within one store it asks for a server-side copy; across stores it
-// streams each object from a read into a writer, so memory stays bounded by chunk size times
-// --jobs whatever the object sizes.
+// (local paths included). Within one store it asks for server-side copies. Across stores a
+// recursive copy runs on the I/O engine: a work-stealing parallel listing feeds the fetch
+// scheduler (many requests in flight under a memory budget), and fetched objects are put
+// asynchronously; objects above 256 MiB are streamed through a writer instead. A rerun
+// skips objects the destination already holds with the same size and ETag.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
+#include <vector>
 #include <string>
 #include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
@@ -20,6 +27,9 @@
 #include "base/thread_pool.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
+#include "io/fetch_scheduler.h"
+#include "io/parallel_list.h"
+#include "io/prefix_fetch.h"
 #include "store/registry.h"
 
 namespace wharf::cli {
@@ -184,6 +194,79 @@ absl::Status CopySingle(const Endpoints& ends, const ObjectMeta& meta, bool quie
   return absl::OkStatus();
 }
 
+// Objects larger than this are streamed through a writer instead of being fetched whole
+// into memory by the engine (which holds each object it delivers).
+constexpr uint64_t kStreamAbove = uint64_t{256} << 20;
+// Bytes the engine may hold: fetched objects, plus those waiting for their put.
+constexpr uint64_t kCopyBudget = uint64_t{1} << 30;
+
+// Puts fetched objects into the destination asynchronously, holding at most half the
+// engine's budget in pending puts so the engine always has room to fetch.
+class PutQueue {
+ public:
+  PutQueue(ObjectStore& dst, Progress& progress, Copier& failures)
+      : dst_(dst), progress_(progress), failures_(failures) {}
+  ~PutQueue() { Wait(); }
+
+  void Put(std::string dst_key, FetchBuffer data) {
+    const uint64_t size = data.size();
+    {
+      absl::MutexLock lock(&mu_);
+      auto room = [this, size]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return pending_ == 0 || pending_bytes_ + size <= kCopyBudget / 2;
+      };
+      mu_.Await(absl::Condition(&room));
+      ++pending_;
+      pending_bytes_ += size;
+    }
+    // Zero-copy: the Cord keeps the fetched block (and its budget charge) until written.
+    absl::Cord cord = absl::MakeCordFromExternal(data.view(), [data] {});
+    dst_.PutAsync(std::move(dst_key), std::move(cord),
+                  [this, size](absl::StatusOr<ObjectMeta> meta) {
+                    if (meta.ok()) {
+                      progress_.AddBytes(size);
+                      progress_.ObjectDone();
+                    } else {
+                      failures_.Fail(meta.status());
+                    }
+                    absl::MutexLock lock(&mu_);
+                    --pending_;
+                    pending_bytes_ -= size;
+                  });
+  }
+
+  void Wait() {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+  }
+
+ private:
+  ObjectStore& dst_;
+  Progress& progress_;
+  Copier& failures_;
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// What the destination already holds below its prefix: relative key -> (size, etag), so a
+// rerun skips objects already copied.
+absl::StatusOr<absl::flat_hash_map<std::string, std::pair<uint64_t, std::string>>> ExistingObjects(
+    ObjectStore& dst, const std::string& dst_prefix, int workers) {
+  absl::flat_hash_map<std::string, std::pair<uint64_t, std::string>> out;
+  ListOptions range;
+  range.prefix = dst_prefix;
+  absl::Status s = ParallelList(dst, range, {.workers = workers}, [&](std::vector<ObjectMeta> page) {
+    for (ObjectMeta& m : page) {
+      out[m.key.substr(dst_prefix.size())] = {m.size, std::move(m.etag)};
+    }
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
 absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, const CpArgs& args) {
   const std::string dst_prefix = AsPrefix(ends.dst_uri.key);
   const std::string what =
@@ -196,32 +279,84 @@ absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, co
   const bool dst_keeps_markers = ends.dst->capabilities().trailing_slash_keys;
 
   Progress progress(Progress::ShouldShow(args.quiet));
-  Copier copier(*ends.src, *ends.dst, ends.same_store, args.jobs, progress);
-  uint64_t listed = 0;
-  ListOptions options;
-  options.prefix = src_prefix;
-  const absl::Status listing = ForEachPage(*ends.src, options, [&](ListPage& page) {
-    for (ObjectMeta& meta : page.objects) {
-      ++listed;
-      absl::string_view rel = meta.key;
-      const bool inside = absl::ConsumePrefix(&rel, src_prefix);
-      // A directory marker ("dir/", an empty object some tools create for folders) carries
-      // no data: copy it where the destination can hold such keys, skip it otherwise. The
-      // source prefix's own marker (rel == "") has no place below the destination at all.
-      const bool marker = absl::EndsWith(rel, "/");
-      if (inside && (rel.empty() || (marker && !dst_keeps_markers))) continue;
-      absl::string_view checked = marker ? rel.substr(0, rel.size() - 1) : rel;
-      if (!inside || !IsSafeRelativeKey(checked)) {
-        copier.Fail(absl::InvalidArgumentError(
-            absl::StrCat("cp ", ends.src->Uri(meta.key),
-                         ": refusing key that would escape the destination")));
-        continue;
-      }
-      std::string dst_key = JoinKey(dst_prefix, rel);  // before meta.key moves: rel views it
-      copier.Add(std::move(meta.key), std::move(dst_key), meta.size);
+  // Threads for server-side copies and streamed big objects; the engine needs none.
+  Copier copier(*ends.src, *ends.dst, ends.same_store, std::min(args.jobs, 32), progress);
+  uint64_t listed = 0, skipped = 0;
+  absl::Status listing;
+  // The destination key for a listed source key, or nullopt (with the failure reported)
+  // for keys that must not be copied.
+  auto destination = [&](const std::string& key) -> std::optional<std::string> {
+    absl::string_view rel = key;
+    const bool inside = absl::ConsumePrefix(&rel, src_prefix);
+    // A directory marker ("dir/", an empty object some tools create for folders) carries
+    // no data: copy it where the destination can hold such keys, skip it otherwise. The
+    // source prefix's own marker (rel == "") has no place below the destination at all.
+    const bool marker = absl::EndsWith(rel, "/");
+    if (inside && (rel.empty() || (marker && !dst_keeps_markers))) return std::nullopt;
+    absl::string_view checked = marker ? rel.substr(0, rel.size() - 1) : rel;
+    if (!inside || !IsSafeRelativeKey(checked)) {
+      copier.Fail(absl::InvalidArgumentError(absl::StrCat(
+          "cp ", ends.src->Uri(key), ": refusing key that would escape the destination")));
+      return std::nullopt;
     }
-    return absl::OkStatus();
-  });
+    return JoinKey(dst_prefix, rel);
+  };
+
+  ListOptions range;
+  range.prefix = src_prefix;
+  if (ends.same_store) {
+    // Server-side copies: no bytes pass through this machine.
+    listing = ForEachPage(*ends.src, range, [&](ListPage& page) {
+      for (ObjectMeta& meta : page.objects) {
+        ++listed;
+        if (auto dst_key = destination(meta.key)) {
+          copier.Add(std::move(meta.key), *std::move(dst_key), meta.size);
+        }
+      }
+      return absl::OkStatus();
+    });
+  } else {
+    // Across stores: a parallel listing feeds the I/O engine, which fetches with many
+    // requests in flight under a memory budget; fetched objects are put asynchronously.
+    WHARF_ASSIGN_OR_RETURN(auto existing, ExistingObjects(*ends.dst, dst_prefix, args.list_workers));
+    FetchScheduler scheduler(ends.src, {.max_in_flight = args.jobs, .memory_budget = kCopyBudget});
+    std::vector<ObjectMeta> streamed;  // too big to hold: copied through a writer after
+    absl::Mutex select_mu;
+    PrefixFetch fetch(ends.src, scheduler, range, {.workers = args.list_workers},
+                      [&](const ObjectMeta& meta) {
+                        absl::MutexLock lock(&select_mu);
+                        auto dst_key = destination(meta.key);
+                        if (!dst_key) return false;
+                        auto it = existing.find(dst_key->substr(dst_prefix.size()));
+                        if (it != existing.end() && it->second.first == meta.size &&
+                            it->second.second == meta.etag) {
+                          ++skipped;  // a rerun: already copied, same size and ETag
+                          return false;
+                        }
+                        progress.AddToTotal(1, meta.size);
+                        if (meta.size > kStreamAbove) {
+                          streamed.push_back(meta);
+                          return false;
+                        }
+                        return true;
+                      });
+    {
+      PutQueue puts(*ends.dst, progress, copier);
+      while (auto r = fetch.Next()) {
+        const ObjectMeta meta = fetch.meta(r->index);
+        if (!r->data.ok()) {
+          copier.Fail(r->data.status());
+          continue;
+        }
+        puts.Put(*destination(meta.key), *std::move(r->data));
+      }
+    }
+    listing = fetch.listing_status();
+    listed = fetch.listed();
+    for (ObjectMeta& meta : streamed) {
+      copier.Add(meta.key, *destination(meta.key), meta.size);
+    }
+  }
   progress.TotalIsFinal();
   copier.Wait();
   progress.Stop();
@@ -231,6 +366,9 @@ absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, co
         absl::StrCat("cp ", ends.src->Uri(ends.src_uri.key), ": no such object or prefix"));
   }
   if (!args.quiet) PrintSummary(progress);
+  if (!args.quiet && skipped > 0) {
+    Print(absl::StrFormat("skipped %d already present (same size and ETag)\n", skipped));
+  }
   WHARF_RETURN_IF_ERROR(Annotate(listing, what));
   if (const uint64_t failed = copier.failed(); failed > 0) {
     return absl::Status(copier.first_error_code(),
@@ -245,7 +383,10 @@ void AddCp(CLI::App& app, CpArgs& args) {
   CLI::App* cp = app.add_subcommand("cp", "Copy an object, or a whole prefix with -r");
   cp->add_flag("-r,--recursive", args.recursive,
                "Copy every object below SRC to the same relative key below DST");
-  cp->add_option("-j,--jobs", args.jobs, "Objects copied at once")
+  cp->add_option("-j,--jobs", args.jobs, "Requests in flight (objects, or parts of big ones)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cp->add_option("--list-workers", args.list_workers, "Parallel listing workers")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   cp->add_flag("-q,--quiet", args.quiet, "No progress line and no summary");
@@ -255,7 +396,8 @@ void AddCp(CLI::App& app, CpArgs& args) {
       "Without -r, SRC is one object; a DST ending in '/' (or an existing local directory)\n"
       "receives it under its own name. With -r, SRC/KEY is copied to DST/KEY for every key\n"
       "below SRC; keys that would land outside DST ('..', '//', ...) are refused. Each object\n"
-      "appears complete or not at all. Failures are reported one per line; the rest go on.");
+      "appears complete or not at all. Failures are reported one per line; the rest go on.\n"
+      "A rerun skips objects the destination already holds with the same size and ETag.");
 }
 
 absl::Status RunCp(const CpArgs& args) {

@@ -7,6 +7,7 @@
 #include "base/status.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
+#include "io/parallel_list.h"
 #include "nlohmann/json.hpp"
 #include "store/registry.h"
 
@@ -60,6 +61,9 @@ void AddLs(CLI::App& app, LsArgs& args) {
                "List every object below the prefix (no '/' roll-up)");
   ls->add_flag("--json", args.json,
                "One JSON object per line: {uri,key,size,etag,mtime} or {uri,prefix}");
+  ls->add_option("--parallel", args.parallel,
+                 "With -r: list with N work-stealing workers; output sorted at the end")
+      ->check(CLI::Range(0, 1024));
   ls->add_option("URI", args.uri, "s3://bucket/prefix, gs://..., file:///path or a local path")
       ->required();
   ls->footer(
@@ -80,6 +84,17 @@ absl::Status RunLs(const LsArgs& args) {
 
   ListOptions options;
   options.prefix = target.prefix;
+  if (args.recursive && args.parallel > 0) {
+    // Pages arrive out of order from the workers: collect, then print in key order.
+    WHARF_ASSIGN_OR_RETURN(std::vector<ObjectMeta> all,
+                           ParallelListAll(store, options, {.workers = args.parallel}));
+    for (const ObjectMeta& meta : all) printer.Object(meta);
+    if (printer.count() == 0) {
+      return absl::NotFoundError(
+          absl::StrCat("ls ", store.Uri(opened.uri.key), ": no objects match"));
+    }
+    return FlushStdout();
+  }
   if (!args.recursive) options.delimiter = "/";
   absl::Status listed = ForEachPage(store, options, [&](ListPage& page) {
     ForEachEntry(

@@ -54,11 +54,13 @@ int Main(int argc, char** argv) {
   CpArgs cp;
   RmArgs rm;
   DemoArgs demo;
+  FetchArgs fetch;
   AddLs(app, ls);
   AddStat(app, stat);
   AddCat(app, cat);
   AddCp(app, cp);
   AddRm(app, rm);
+  AddFetch(app, fetch);
   AddDemo(app, demo);
   // After the verbs, which would otherwise inherit it.
   app.footer("Run 'wharf VERB --help' for the flags of a verb.");
@@ -93,6 +95,8 @@ int Main(int argc, char** argv) {
       status = RunCp(cp);
     } else if (verb == "rm") {
       status = RunRm(rm);
+    } else if (verb == "fetch") {
+      status = RunFetch(fetch);
     } else if (verb == "demo") {
       status = RunDemo(demo);
     } else {

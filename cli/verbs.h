@@ -21,11 +21,12 @@ class App;
 
 namespace wharf::cli {
 
-// wharf ls [-r] [--json] URI
+// wharf ls [-r] [--json] [--parallel N] URI
 struct LsArgs {
   std::string uri;
   bool recursive = false;
   bool json = false;
+  int parallel = 0;  // with -r: list with N work-stealing workers (0: sequential)
 };
 void AddLs(CLI::App& app, LsArgs& args);
 absl::Status RunLs(const LsArgs& args);
@@ -51,7 +52,8 @@ struct CpArgs {
   std::string src;
   std::string dst;
   bool recursive = false;
-  int jobs = 16;
+  int jobs = 256;
+  int list_workers = 16;
   bool quiet = false;
 };
 void AddCp(CLI::App& app, CpArgs& args);
@@ -65,6 +67,18 @@ struct RmArgs {
 };
 void AddRm(CLI::App& app, RmArgs& args);
 absl::Status RunRm(const RmArgs& args);
+
+// wharf fetch [-r] [--json] [--inflight N] [--budget-mb M] [--list-workers N] URI
+struct FetchArgs {
+  std::string uri;
+  bool recursive = false;
+  bool json = false;
+  int inflight = 0;
+  int budget_mb = 1024;
+  int list_workers = 16;
+};
+void AddFetch(CLI::App& app, FetchArgs& args);
+absl::Status RunFetch(const FetchArgs& args);
 
 // wharf demo [--dir DIR] [--objects N] [--size BYTES] [--jobs N]
 struct DemoArgs {

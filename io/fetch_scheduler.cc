@@ -86,6 +86,8 @@ class BatchImpl : public FetchScheduler::Batch,
    public:
     explicit Handle(std::shared_ptr<BatchImpl> core) : core_(std::move(core)) {}
     ~Handle() override { core_->Cancel(); }
+    void Add(std::vector<FetchItem> items) override { core_->Add(std::move(items)); }
+    void Close() override { core_->Close(); }
     std::optional<FetchResult> Next() override { return core_->Next(); }
     void Cancel() override { core_->Cancel(); }
     FetchStats stats() const override { return core_->stats(); }
@@ -94,14 +96,21 @@ class BatchImpl : public FetchScheduler::Batch,
     std::shared_ptr<BatchImpl> core_;
   };
 
-  void Plan(std::vector<FetchItem> items) {
+  void Close() {
     absl::MutexLock lock(&mu_);
-    items_ = std::move(items);
+    closed_ = true;
+    news_ = true;
+  }
+
+  void Add(std::vector<FetchItem> items) {
+    absl::MutexLock lock(&mu_);
+    const size_t first_new = items_.size();
+    for (auto& item : items) items_.push_back(std::move(item));
     stats_.items = items_.size();
-    remaining_ = items_.size();
+    const size_t first_group = queue_.size();
     // Items of the same key with known extents may share a request.
     absl::flat_hash_map<std::string, std::vector<std::pair<Slice, const FetchItem*>>> ranged;
-    for (size_t i = 0; i < items_.size(); ++i) {
+    for (size_t i = first_new; i < items_.size(); ++i) {
       const FetchItem& item = items_[i];
       std::optional<std::pair<uint64_t, uint64_t>> extent;
       if (item.size.has_value()) {
@@ -168,8 +177,9 @@ class BatchImpl : public FetchScheduler::Batch,
     }
     for (auto& g : groups) queue_.push_back(std::move(g));
     // Dispatch in submission order (the order ordered delivery needs).
-    std::stable_sort(queue_.begin(), queue_.end(),
+    std::stable_sort(queue_.begin() + first_group, queue_.end(),
                      [](const Group& a, const Group& b) { return a.first_item < b.first_item; });
+    news_ = true;
     PumpLocked();
   }
 
@@ -191,7 +201,7 @@ class BatchImpl : public FetchScheduler::Batch,
         ready_.pop_front();
         return r;
       }
-      if (delivered_ == items_.size()) return std::nullopt;
+      if (closed_ && delivered_ == items_.size()) return std::nullopt;
       if (in_flight_ == 0 && !queue_.empty() && ready_.empty() && ready_by_index_.empty()) {
         // Nothing running and nothing can start: the budget is held by results the caller
         // still owns. Say so rather than wait forever.
@@ -425,7 +435,7 @@ class BatchImpl : public FetchScheduler::Batch,
   std::map<size_t, FetchResult> ready_by_index_ ABSL_GUARDED_BY(mu_);
   size_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
   size_t delivered_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t remaining_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool news_ ABSL_GUARDED_BY(mu_) = false;
@@ -440,10 +450,16 @@ FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions 
 
 FetchScheduler::~FetchScheduler() = default;
 
+std::unique_ptr<FetchScheduler::Batch> FetchScheduler::StartBatch() {
+  return std::make_unique<BatchImpl::Handle>(
+      std::make_shared<BatchImpl>(store_, options_, state_));
+}
+
 std::unique_ptr<FetchScheduler::Batch> FetchScheduler::Fetch(std::vector<FetchItem> items) {
-  auto core = std::make_shared<BatchImpl>(store_, options_, state_);
-  core->Plan(std::move(items));
-  return std::make_unique<BatchImpl::Handle>(std::move(core));
+  auto batch = StartBatch();
+  batch->Add(std::move(items));
+  batch->Close();
+  return batch;
 }
 
 }  // namespace wharf

@@ -117,16 +117,24 @@ class FetchScheduler {
   class Batch {
    public:
     virtual ~Batch() = default;
-    // Blocks until the next result is ready; nullopt once every item was delivered or the
-    // batch was cancelled.
+    // Adds items (their indices continue after the earlier ones); requests start at once.
+    // Lets a listing feed the batch while results are consumed.
+    // REQUIRES: Close() not called yet.
+    virtual void Add(std::vector<FetchItem> items) = 0;
+    // No more Add() calls: Next() returns nullopt once everything added was delivered.
+    virtual void Close() = 0;
+    // Blocks until the next result is ready; nullopt once the batch is closed and every item
+    // was delivered, or the batch was cancelled.
     virtual std::optional<FetchResult> Next() = 0;
     // Starts no new request; results not yet delivered are dropped.
     virtual void Cancel() = 0;
     virtual FetchStats stats() const = 0;
   };
 
-  // Starts fetching `items`. Requests start immediately, up to the limits.
+  // Starts fetching `items` as a closed batch. Requests start immediately, up to the limits.
   std::unique_ptr<Batch> Fetch(std::vector<FetchItem> items);
+  // An open batch, fed with Batch::Add() and ended with Batch::Close().
+  std::unique_ptr<Batch> StartBatch();
 
   const FetchOptions& options() const { return options_; }
 

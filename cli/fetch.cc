@@ -1,0 +1,126 @@
+// wharf fetch: reads objects into memory through the I/O engine and discards them: the
+// engine's read path without a destination, to measure a store (and to warm caches in front
+// of it). Prints objects, bytes, time, throughput and time-to-first-byte percentiles.
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status.h"
+#include "cli/common.h"
+#include "cli/verbs.h"
+#include "io/fetch_scheduler.h"
+#include "io/prefix_fetch.h"
+#include "store/registry.h"
+
+namespace wharf::cli {
+
+void AddFetch(CLI::App& app, FetchArgs& args) {
+  CLI::App* cmd = app.add_subcommand(
+      "fetch", "Read objects into memory through the I/O engine and report throughput");
+  cmd->add_flag("-r,--recursive", args.recursive, "Every object below the URI's prefix");
+  cmd->add_flag("--json", args.json, "One JSON object instead of a table");
+  cmd->add_option("--inflight", args.inflight,
+                  "Requests in flight (0: derived from latency x throughput)")
+      ->check(CLI::Range(0, 65536))
+      ->capture_default_str();
+  cmd->add_option("--budget-mb", args.budget_mb, "Memory budget for buffered bytes, MiB")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--list-workers", args.list_workers, "Parallel listing workers")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("URI", args.uri, "Object, or prefix with -r")->required();
+}
+
+absl::Status RunFetch(const FetchArgs& args) {
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  std::shared_ptr<ObjectStore> store = opened.store;
+  FetchOptions options;
+  options.max_in_flight = args.inflight;
+  options.memory_budget = static_cast<uint64_t>(args.budget_mb) << 20;
+  FetchScheduler scheduler(store, options);
+
+  const absl::Time start = absl::Now();
+  std::vector<absl::Duration> ttfb;
+  uint64_t objects = 0, bytes = 0, errors = 0;
+  absl::Status first_error;
+  auto take = [&](FetchResult& r) {
+    if (!r.data.ok()) {
+      if (errors++ == 0) first_error = r.data.status();
+      const std::string line = absl::StrCat("wharf: ", OneLine(r.data.status().message()), "\n");
+      std::fwrite(line.data(), 1, line.size(), stderr);
+      return;
+    }
+    ++objects;
+    bytes += r.data->size();
+    if (r.requests > 0) ttfb.push_back(r.time_to_first_byte);
+  };
+
+  FetchStats fetch_stats;
+  ParallelListStats list_stats;
+  absl::Status listing;
+  if (args.recursive) {
+    ListOptions range;
+    range.prefix = AsPrefix(opened.uri.key);
+    if (opened.uri.key.empty()) range.prefix.clear();
+    PrefixFetch fetch(store, scheduler, range, {.workers = args.list_workers}, nullptr);
+    while (auto r = fetch.Next()) take(*r);
+    listing = fetch.listing_status();
+    list_stats = fetch.list_stats();
+    fetch_stats = fetch.fetch_stats();
+  } else {
+    auto batch = scheduler.Fetch({{.key = opened.uri.key}});
+    while (auto r = batch->Next()) take(*r);
+    fetch_stats = batch->stats();
+  }
+  const absl::Duration elapsed = absl::Now() - start;
+  WHARF_RETURN_IF_ERROR(Annotate(listing, absl::StrCat("fetch ", args.uri)));
+
+  std::sort(ttfb.begin(), ttfb.end());
+  auto pct = [&](double p) {
+    if (ttfb.empty()) return 0.0;
+    return absl::ToDoubleMilliseconds(ttfb[std::min(ttfb.size() - 1,
+                                                    static_cast<size_t>(p * ttfb.size()))]);
+  };
+  const double secs = std::max(1e-9, absl::ToDoubleSeconds(elapsed));
+  if (args.json) {
+    nlohmann::ordered_json j;
+    j["uri"] = args.uri;
+    j["objects"] = objects;
+    j["bytes"] = bytes;
+    j["errors"] = errors;
+    j["seconds"] = secs;
+    j["objects_per_second"] = objects / secs;
+    j["mb_per_second"] = bytes / secs / 1e6;
+    j["list_seconds"] = absl::ToDoubleSeconds(list_stats.wall);
+    j["list_calls"] = list_stats.list_calls;
+    j["requests"] = fetch_stats.requests;
+    j["retries"] = fetch_stats.retries;
+    j["peak_in_flight"] = fetch_stats.peak_in_flight;
+    j["peak_bytes_held"] = fetch_stats.peak_bytes_held;
+    j["ttfb_p50_ms"] = pct(0.5);
+    j["ttfb_p99_ms"] = pct(0.99);
+    Print(JsonLine(j));
+  } else {
+    Print(absl::StrFormat(
+        "| objects | MB | seconds | objects/s | MB/s | TTFB p50 ms | TTFB p99 ms | peak in flight |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        "| %d | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %d |\n",
+        objects, Megabytes(bytes), secs, objects / secs, bytes / secs / 1e6, pct(0.5), pct(0.99),
+        fetch_stats.peak_in_flight));
+  }
+  if (errors > 0) {
+    return absl::Status(first_error.code(), absl::StrCat("fetch ", args.uri, ": ", errors,
+                                                         " objects failed; first: ",
+                                                         first_error.message()));
+  }
+  if (objects == 0 && args.recursive) {
+    return absl::NotFoundError(absl::StrCat("fetch ", args.uri, ": no objects match"));
+  }
+  return FlushStdout();
+}
+
+}  // namespace wharf::cli

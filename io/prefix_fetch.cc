@@ -1,0 +1,67 @@
+#include "io/prefix_fetch.h"
+
+#include <utility>
+
+namespace wharf {
+
+PrefixFetch::PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& scheduler,
+                         ListOptions range, ParallelListOptions list_options, Select select)
+    : batch_(scheduler.StartBatch()) {
+  lister_ = std::thread([this, store = std::move(store), range = std::move(range), list_options,
+                         select = std::move(select)] {
+    ParallelListStats stats;
+    absl::Status status = ParallelList(
+        *store, range, list_options,
+        [&](std::vector<ObjectMeta> page) {
+          std::vector<FetchItem> items;
+          {
+            absl::MutexLock lock(&mu_);
+            listed_ += page.size();
+            for (ObjectMeta& meta : page) {
+              if (select && !select(meta)) continue;
+              items.push_back({.key = meta.key, .size = meta.size, .etag = meta.etag});
+              selected_.push_back(std::move(meta));
+            }
+          }
+          // Indices match selected_: items are added in the same order, under one thread.
+          if (!items.empty()) batch_->Add(std::move(items));
+          return absl::OkStatus();
+        },
+        &stats);
+    {
+      absl::MutexLock lock(&mu_);
+      listing_ = status;
+      list_stats_ = stats;
+    }
+    batch_->Close();
+  });
+}
+
+PrefixFetch::~PrefixFetch() {
+  batch_->Cancel();
+  if (lister_.joinable()) lister_.join();
+}
+
+std::optional<FetchResult> PrefixFetch::Next() { return batch_->Next(); }
+
+ObjectMeta PrefixFetch::meta(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  return selected_[index];
+}
+
+absl::Status PrefixFetch::listing_status() const {
+  absl::MutexLock lock(&mu_);
+  return listing_;
+}
+
+ParallelListStats PrefixFetch::list_stats() const {
+  absl::MutexLock lock(&mu_);
+  return list_stats_;
+}
+
+uint64_t PrefixFetch::listed() const {
+  absl::MutexLock lock(&mu_);
+  return listed_;
+}
+
+}  // namespace wharf
