@@ -264,9 +264,18 @@ void Progress::DrawLocked() {
     bar.replace(pos, kBlock, kBlock, '#');
   }
   ++ticks_;
+  // ETA from the byte rate so far, once the total is known.
+  std::string eta;
+  const double secs = absl::ToDoubleSeconds(elapsed());
+  if (final_total && bytes() > 0 && total_bytes > bytes() && secs > 0) {
+    const double left = (total_bytes - bytes()) / (bytes() / secs);
+    eta = absl::StrFormat("  ETA %d:%02d", static_cast<int>(left) / 60,
+                          static_cast<int>(left) % 60);
+  }
   const std::string line = absl::StrCat(
       "\r[", bar, "]  ", done, "/", total, final_total ? "" : "+", " objects  ",
-      Megabytes(bytes()), " MB  ", MegabytesPerSecond(bytes(), elapsed()), " MB/s\033[K");
+      Megabytes(bytes()), " MB  ", MegabytesPerSecond(bytes(), elapsed()), " MB/s", eta,
+      "\033[K");
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
   drawn_ = true;

@@ -343,6 +343,7 @@ absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, co
     {
       PutQueue puts(*ends.dst, progress, copier);
       while (auto r = fetch.Next()) {
+        if (fetch.listing_done()) progress.TotalIsFinal();  // from now on: a fraction and ETA
         const ObjectMeta meta = fetch.meta(r->index);
         if (!r->data.ok()) {
           copier.Fail(r->data.status());

@@ -32,6 +32,7 @@ PrefixFetch::PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& sch
       absl::MutexLock lock(&mu_);
       listing_ = status;
       list_stats_ = stats;
+      listing_done_ = true;
     }
     batch_->Close();
   });
@@ -47,6 +48,11 @@ std::optional<FetchResult> PrefixFetch::Next() { return batch_->Next(); }
 ObjectMeta PrefixFetch::meta(size_t index) const {
   absl::MutexLock lock(&mu_);
   return selected_[index];
+}
+
+bool PrefixFetch::listing_done() const {
+  absl::MutexLock lock(&mu_);
+  return listing_done_;
 }
 
 absl::Status PrefixFetch::listing_status() const {

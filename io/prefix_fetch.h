@@ -36,6 +36,8 @@ class PrefixFetch {
   std::optional<FetchResult> Next();
   ObjectMeta meta(size_t index) const;
 
+  // True once the listing has finished (everything selected has been added).
+  bool listing_done() const;
   // After Next() returned nullopt: the listing's own status, and its statistics.
   absl::Status listing_status() const;
   ParallelListStats list_stats() const;
@@ -49,6 +51,7 @@ class PrefixFetch {
   absl::Status listing_ ABSL_GUARDED_BY(mu_);
   ParallelListStats list_stats_ ABSL_GUARDED_BY(mu_);
   uint64_t listed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool listing_done_ ABSL_GUARDED_BY(mu_) = false;
   std::thread lister_;
 };
 
