@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "base/fork.h"
+
 namespace wharf {
 
 Timer::Timer() : thread_([this] { Loop(); }) {}
@@ -15,7 +17,15 @@ Timer::~Timer() {
 }
 
 Timer& Timer::Global() {
-  static Timer* const timer = new Timer;  // never destroyed: closures may run at exit
+  // Never destroyed: closures may run at exit. Rebuilt in a forked child (base/fork.h).
+  static absl::Mutex mu(absl::kConstInit);
+  static Timer* timer = nullptr;
+  static uint64_t generation = 0;
+  absl::MutexLock lock(&mu);
+  if (timer == nullptr || generation != ForkGeneration()) {
+    generation = ForkGeneration();
+    timer = new Timer;
+  }
   return *timer;
 }
 

@@ -2,7 +2,8 @@
 // (local paths included). Within one store it asks for server-side copies. Across stores a
 // recursive copy runs on the I/O engine: a work-stealing parallel listing feeds the fetch
 // scheduler (many requests in flight under a memory budget), and fetched objects are put
-// asynchronously; objects above 256 MiB are streamed through a writer instead. A rerun
+// asynchronously; objects above 16 MiB are copied as ordered 8 MiB chunks into a writer
+// (parallel multipart on S3), so no store thread ever waits on another store. A rerun
 // skips objects the destination already holds with the same size and ETag.
 #include <sys/stat.h>
 
@@ -35,43 +36,53 @@
 namespace wharf::cli {
 namespace {
 
-// Forwards each chunk of a read to a writer. The writer copies the chunk (the store reuses
-// its buffer) and may block, which back-pressures the read.
-class WriterSink : public ReadSink {
- public:
-  WriterSink(ObjectWriter* writer, Progress* progress) : writer_(writer), progress_(progress) {}
+// Objects larger than this are copied as ordered ranged chunks into a writer (multipart on
+// S3) instead of being fetched whole and put in one request.
+constexpr uint64_t kChunked = uint64_t{16} << 20;
+constexpr uint64_t kChunk = uint64_t{8} << 20;
 
-  absl::Status Append(absl::string_view chunk) override {
-    WHARF_RETURN_IF_ERROR(writer_->Write(absl::Cord(chunk)));
-    progress_->AddBytes(chunk.size());
-    return absl::OkStatus();
+// Copies one object across stores through the engine: ordered kChunk ranges (each pinned to
+// the listed ETag, 8 in flight) written from this thread into the destination's writer, so
+// memory stays near 16 chunks and no store thread ever blocks on another store.
+absl::Status CopyAcrossStores(const std::shared_ptr<ObjectStore>& src, ObjectStore& dst,
+                              const ObjectMeta& meta, const std::string& dst_key,
+                              Progress& progress) {
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, dst.NewWriter(dst_key));
+  FetchScheduler scheduler(src, {.max_in_flight = 8, .memory_budget = 8 * kChunk,
+                                 .coalesce_gap = 0, .ordered = true});
+  std::vector<FetchItem> chunks;
+  for (uint64_t off = 0; off < meta.size; off += kChunk) {
+    chunks.push_back({.key = meta.key, .range = ByteRange::Of(off, std::min(kChunk, meta.size - off)),
+                      .size = meta.size, .etag = meta.etag});
   }
-
- private:
-  ObjectWriter* const writer_;
-  Progress* const progress_;
-};
+  auto batch = scheduler.Fetch(std::move(chunks));
+  while (auto r = batch->Next()) {
+    if (!r->data.ok()) {
+      writer->Abort();
+      return r->data.status();
+    }
+    const uint64_t n = r->data->size();
+    FetchBuffer data = *std::move(r->data);
+    absl::Status s = writer->Write(absl::MakeCordFromExternal(data.view(), [data] {}));
+    if (!s.ok()) {
+      writer->Abort();
+      return s;
+    }
+    progress.AddBytes(n);
+  }
+  WHARF_RETURN_IF_ERROR(writer->Close().status());
+  return absl::OkStatus();
+}
 
 // Copies one object. Either way the destination appears atomically, complete or not at all:
 // a server-side copy is one request, and a writer publishes its bytes only at Close().
-absl::Status CopyObject(ObjectStore& src, ObjectStore& dst, bool same_store,
-                        const std::string& src_key, const std::string& dst_key,
-                        Progress& progress) {
+absl::Status CopyObject(const std::shared_ptr<ObjectStore>& src, ObjectStore& dst, bool same_store,
+                        const ObjectMeta& meta, const std::string& dst_key, Progress& progress) {
   if (same_store) {
-    WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, src.Copy(src_key, dst_key));
-    progress.AddBytes(meta.size);
+    WHARF_ASSIGN_OR_RETURN(ObjectMeta copied, src->Copy(meta.key, dst_key));
+    progress.AddBytes(copied.size);
   } else {
-    WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer, dst.NewWriter(dst_key));
-    WriterSink sink(writer.get(), &progress);
-    GetRequest request;
-    request.key = src_key;
-    request.sink = &sink;
-    absl::StatusOr<GetResult> got = src.Get(request);
-    if (!got.ok()) {
-      writer->Abort();
-      return got.status();
-    }
-    WHARF_RETURN_IF_ERROR(writer->Close().status());
+    WHARF_RETURN_IF_ERROR(CopyAcrossStores(src, dst, meta, dst_key, progress));
   }
   progress.ObjectDone();
   return absl::OkStatus();
@@ -83,21 +94,22 @@ absl::Status CopyObject(ObjectStore& src, ObjectStore& dst, bool same_store,
 // listing only a little ahead of the copies.
 class Copier {
  public:
-  Copier(ObjectStore& src, ObjectStore& dst, bool same_store, int jobs, Progress& progress)
+  Copier(std::shared_ptr<ObjectStore> src, ObjectStore& dst, bool same_store, int jobs,
+         Progress& progress)
       : src_(src), dst_(dst), same_store_(same_store), max_in_flight_(2 * jobs),
         progress_(progress), pool_(jobs) {}
 
   ~Copier() { Wait(); }
 
-  void Add(std::string src_key, std::string dst_key, uint64_t size) {
+  void Add(ObjectMeta meta, std::string dst_key) {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &Copier::HasRoomLocked));
       ++in_flight_;
     }
-    progress_.AddToTotal(1, size);
-    pool_.Schedule([this, src_key = std::move(src_key), dst_key = std::move(dst_key)] {
-      absl::Status status = CopyObject(src_, dst_, same_store_, src_key, dst_key, progress_);
+    progress_.AddToTotal(1, meta.size);
+    pool_.Schedule([this, meta = std::move(meta), dst_key = std::move(dst_key)] {
+      absl::Status status = CopyObject(src_, dst_, same_store_, meta, dst_key, progress_);
       if (!status.ok()) Fail(status);
       absl::MutexLock lock(&mu_);
       --in_flight_;
@@ -116,6 +128,12 @@ class Copier {
     mu_.Await(absl::Condition(this, &Copier::IdleLocked));
   }
 
+  // Counts a failure already reported elsewhere.
+  void CountFailure(absl::StatusCode code) {
+    absl::MutexLock lock(&mu_);
+    if (failed_++ == 0) first_error_ = absl::Status(code, "");
+  }
+
   uint64_t failed() {
     absl::MutexLock lock(&mu_);
     return failed_;
@@ -131,7 +149,7 @@ class Copier {
   }
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; }
 
-  ObjectStore& src_;
+  const std::shared_ptr<ObjectStore> src_;
   ObjectStore& dst_;
   const bool same_store_;
   const int max_in_flight_;
@@ -187,16 +205,13 @@ absl::Status CopySingle(const Endpoints& ends, const ObjectMeta& meta, bool quie
   progress.AddToTotal(1, meta.size);
   progress.TotalIsFinal();
   absl::Status status =
-      CopyObject(*ends.src, *ends.dst, ends.same_store, meta.key, dst_key, progress);
+      CopyObject(ends.src, *ends.dst, ends.same_store, meta, dst_key, progress);
   progress.Stop();
   WHARF_RETURN_IF_ERROR(status);
   if (!quiet) PrintSummary(progress);
   return absl::OkStatus();
 }
 
-// Objects larger than this are streamed through a writer instead of being fetched whole
-// into memory by the engine (which holds each object it delivers).
-constexpr uint64_t kStreamAbove = uint64_t{256} << 20;
 // Bytes the engine may hold: fetched objects, plus those waiting for their put.
 constexpr uint64_t kCopyBudget = uint64_t{1} << 30;
 
@@ -280,7 +295,7 @@ absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, co
 
   Progress progress(Progress::ShouldShow(args.quiet));
   // Threads for server-side copies and streamed big objects; the engine needs none.
-  Copier copier(*ends.src, *ends.dst, ends.same_store, std::min(args.jobs, 32), progress);
+  Copier copier(ends.src, *ends.dst, ends.same_store, std::min(args.jobs, 32), progress);
   uint64_t listed = 0, skipped = 0;
   absl::Status listing;
   // The destination key for a listed source key, or nullopt (with the failure reported)
@@ -310,7 +325,7 @@ absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, co
       for (ObjectMeta& meta : page.objects) {
         ++listed;
         if (auto dst_key = destination(meta.key)) {
-          copier.Add(std::move(meta.key), *std::move(dst_key), meta.size);
+          copier.Add(std::move(meta), *std::move(dst_key));
         }
       }
       return absl::OkStatus();
@@ -320,7 +335,7 @@ absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, co
     // requests in flight under a memory budget; fetched objects are put asynchronously.
     WHARF_ASSIGN_OR_RETURN(auto existing, ExistingObjects(*ends.dst, dst_prefix, args.list_workers));
     FetchScheduler scheduler(ends.src, {.max_in_flight = args.jobs, .memory_budget = kCopyBudget});
-    std::vector<ObjectMeta> streamed;  // too big to hold: copied through a writer after
+    std::vector<ObjectMeta> chunked;  // big: copied in ordered chunks into a writer
     absl::Mutex select_mu;
     PrefixFetch fetch(ends.src, scheduler, range, {.workers = args.list_workers},
                       [&](const ObjectMeta& meta) {
@@ -334,8 +349,8 @@ absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, co
                           return false;
                         }
                         progress.AddToTotal(1, meta.size);
-                        if (meta.size > kStreamAbove) {
-                          streamed.push_back(meta);
+                        if (meta.size > kChunked) {
+                          chunked.push_back(meta);
                           return false;
                         }
                         return true;
@@ -354,9 +369,15 @@ absl::Status CopyPrefix(const Endpoints& ends, const std::string& src_prefix, co
     }
     listing = fetch.listing_status();
     listed = fetch.listed();
-    for (ObjectMeta& meta : streamed) {
-      copier.Add(meta.key, *destination(meta.key), meta.size);
+    // Big objects, two at a time: each already keeps 8 chunks and 8 parts in flight, and
+    // holds up to ~128 MiB.
+    Copier big(ends.src, *ends.dst, /*same_store=*/false, 2, progress);
+    for (ObjectMeta& meta : chunked) {
+      std::string dst_key = *destination(meta.key);
+      big.Add(std::move(meta), std::move(dst_key));
     }
+    big.Wait();
+    for (uint64_t i = big.failed(); i > 0; --i) copier.CountFailure(big.first_error_code());
   }
   progress.TotalIsFinal();
   copier.Wait();

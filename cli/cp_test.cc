@@ -75,9 +75,17 @@ class MemoryStore : public ObjectStore {
       data = it->second;
       result.meta = MetaLocked(request.key);
     }
-    result.bytes = data.size();
-    if (request.sink != nullptr && !data.empty()) {
-      if (absl::Status s = request.sink->Append(data); !s.ok()) return std::move(done)(s);
+    auto range = request.range.Resolve(data.size());
+    if (!range.ok()) return std::move(done)(range.status());
+    const std::string part = data.substr(range->first, range->second - range->first);
+    result.offset = range->first;
+    result.bytes = part.size();
+    if (request.sink != nullptr) {
+      if (absl::Status s = request.sink->Append(part); !s.ok()) return std::move(done)(s);
+    } else if (request.buffer.size() < part.size()) {
+      return std::move(done)(absl::OutOfRangeError("buffer too small"));
+    } else {
+      std::copy(part.begin(), part.end(), request.buffer.data());
     }
     std::move(done)(result);
   }

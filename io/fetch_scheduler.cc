@@ -1,6 +1,7 @@
 #include "io/fetch_scheduler.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -72,6 +73,15 @@ struct Group {
   int attempts = 0;
 };
 
+// Store calls gathered under the batch's lock and made after releasing it: a store may
+// complete a call inline, and its callback takes the lock again.
+using Starts = std::vector<absl::AnyInvocable<void() &&>>;
+
+void RunStarts(Starts& starts) {
+  for (auto& start : starts) std::move(start)();
+  starts.clear();
+}
+
 class BatchImpl : public FetchScheduler::Batch,
                   public std::enable_shared_from_this<BatchImpl> {
  public:
@@ -103,7 +113,15 @@ class BatchImpl : public FetchScheduler::Batch,
   }
 
   void Add(std::vector<FetchItem> items) {
-    absl::MutexLock lock(&mu_);
+    Starts starts;
+    {
+      absl::MutexLock lock(&mu_);
+      AddLocked(std::move(items), starts);
+    }
+    RunStarts(starts);
+  }
+
+  void AddLocked(std::vector<FetchItem> items, Starts& starts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const size_t first_new = items_.size();
     for (auto& item : items) items_.push_back(std::move(item));
     stats_.items = items_.size();
@@ -180,43 +198,58 @@ class BatchImpl : public FetchScheduler::Batch,
     std::stable_sort(queue_.begin() + first_group, queue_.end(),
                      [](const Group& a, const Group& b) { return a.first_item < b.first_item; });
     news_ = true;
-    PumpLocked();
+    PumpLocked(starts);
   }
 
   std::optional<FetchResult> Next() {
-    absl::MutexLock lock(&mu_);
+    Starts starts;
     while (true) {
-      if (cancelled_) return std::nullopt;
-      PumpLocked();
-      if (options_.ordered) {
-        auto it = ready_by_index_.find(next_index_);
-        if (it != ready_by_index_.end()) {
-          FetchResult r = std::move(it->second);
-          ready_by_index_.erase(it);
-          ++next_index_;
-          return r;
+      std::optional<FetchResult> result;
+      bool finished = false;
+      {
+        absl::MutexLock lock(&mu_);
+        if (cancelled_) return std::nullopt;
+        PumpLocked(starts);
+        result = TakeReadyLocked();
+        finished = !result && closed_ && delivered_ == items_.size();
+        // Only this batch's own results count: budget held by another batch's consumer is
+        // waited for, since that consumer may release it.
+        if (!result && !finished && in_flight_ == 0 && starts.empty() && !queue_.empty() &&
+            own_held_->load() >= state_->Held()) {
+          // Nothing running and nothing can start: the budget is held by results the caller
+          // still owns. Say so rather than wait forever.
+          Group g = std::move(queue_.front());
+          queue_.pop_front();
+          FailGroupLocked(g, absl::ResourceExhaustedError(absl::StrCat(
+                                 "get ", store_->Uri(g.key), ": the fetch memory budget (",
+                                 options_.memory_budget,
+                                 " bytes) is held by results not yet released")));
+          continue;
         }
-      } else if (!ready_.empty()) {
-        FetchResult r = std::move(ready_.front());
-        ready_.pop_front();
-        return r;
       }
-      if (closed_ && delivered_ == items_.size()) return std::nullopt;
-      if (in_flight_ == 0 && !queue_.empty() && ready_.empty() && ready_by_index_.empty()) {
-        // Nothing running and nothing can start: the budget is held by results the caller
-        // still owns. Say so rather than wait forever.
-        Group g = std::move(queue_.front());
-        queue_.pop_front();
-        FailGroupLocked(g, absl::ResourceExhaustedError(absl::StrCat(
-                               "get ", store_->Uri(g.key), ": the fetch memory budget (",
-                               options_.memory_budget,
-                               " bytes) is held by results not yet released")));
-        continue;
-      }
-      // Completions signal mu_; budget released by another batch is seen on the next poll.
+      RunStarts(starts);
+      if (result) return result;
+      if (finished) return std::nullopt;
+      // Completions set news_; budget released by another batch is seen on the next poll.
+      absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(this, &BatchImpl::HasNewsLocked),
                            absl::Milliseconds(20));
     }
+  }
+
+  std::optional<FetchResult> TakeReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.ordered) {
+      auto it = ready_by_index_.find(next_index_);
+      if (it == ready_by_index_.end()) return std::nullopt;
+      FetchResult r = std::move(it->second);
+      ready_by_index_.erase(it);
+      ++next_index_;
+      return r;
+    }
+    if (ready_.empty()) return std::nullopt;
+    FetchResult r = std::move(ready_.front());
+    ready_.pop_front();
+    return r;
   }
 
   void Cancel() {
@@ -264,12 +297,12 @@ class BatchImpl : public FetchScheduler::Batch,
   }
 
   // Starts requests while the in-flight limit and the memory budget allow.
-  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void PumpLocked(Starts& starts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     news_ = false;
     while (!cancelled_ && !queue_.empty() && in_flight_ < max_in_flight_) {
       Group& front = queue_.front();
       if (front.needs_head) {
-        StartHeadLocked(std::move(front));
+        StartHeadLocked(std::move(front), starts);
         queue_.pop_front();
         continue;
       }
@@ -279,8 +312,11 @@ class BatchImpl : public FetchScheduler::Batch,
         peak_held_ = std::max(peak_held_, state_->Held());
         // The block releases its budget charge when its last slice is dropped.
         auto state = state_;
-        front.block = std::shared_ptr<char>(new char[bytes], [state, bytes](char* p) {
+        auto own = own_held_;
+        own->fetch_add(bytes);
+        front.block = std::shared_ptr<char>(new char[bytes], [state, own, bytes](char* p) {
           delete[] p;
+          own->fetch_sub(bytes);
           state->Release(bytes);
         });
         const uint64_t part = front.end - front.begin > options_.split_threshold
@@ -290,7 +326,7 @@ class BatchImpl : public FetchScheduler::Batch,
         front.started = absl::Now();
         running_.push_back(std::make_shared<Group>(std::move(front)));
         queue_.pop_front();
-        StartPartsLocked(running_.back());
+        StartPartsLocked(running_.back(), starts);
         continue;
       }
       break;
@@ -298,14 +334,15 @@ class BatchImpl : public FetchScheduler::Batch,
     // Groups with parts left over from the in-flight limit.
     for (auto& g : running_) {
       if (in_flight_ >= max_in_flight_) break;
-      if (g->next_part < g->parts) StartPartsLocked(g);
+      if (g->next_part < g->parts) StartPartsLocked(g, starts);
     }
     running_.erase(std::remove_if(running_.begin(), running_.end(),
                                   [](const auto& g) { return g->next_part == g->parts; }),
                    running_.end());
   }
 
-  void StartPartsLocked(const std::shared_ptr<Group>& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void StartPartsLocked(const std::shared_ptr<Group>& g, Starts& starts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint64_t total = g->end - g->begin;
     const uint64_t part = total > options_.split_threshold ? options_.part_size : total;
     while (g->next_part < g->parts && in_flight_ < max_in_flight_) {
@@ -319,16 +356,26 @@ class BatchImpl : public FetchScheduler::Batch,
       request.key = g->key;
       request.range = ByteRange::Of(g->begin + off, len);
       request.buffer = absl::Span<char>(g->block.get() + off, len);
-      request.if_match = g->parts > 1 ? g->etag : "";
-      store_->GetAsync(std::move(request),
-                       [self = shared_from_this(), g](absl::StatusOr<GetResult> r) {
-                         self->OnPart(g, std::move(r));
-                       });
+      request.if_match = g->etag;  // every range of one object from the same version
+      starts.push_back([self = shared_from_this(), g, request = std::move(request)]() mutable {
+        self->store_->GetAsync(std::move(request), [self, g](absl::StatusOr<GetResult> r) {
+          self->OnPart(g, std::move(r));
+        });
+      });
     }
   }
 
   void OnPart(const std::shared_ptr<Group>& g, absl::StatusOr<GetResult> r) {
-    absl::MutexLock lock(&mu_);
+    Starts starts;
+    {
+      absl::MutexLock lock(&mu_);
+      OnPartLocked(g, std::move(r), starts);
+    }
+    RunStarts(starts);
+  }
+
+  void OnPartLocked(const std::shared_ptr<Group>& g, absl::StatusOr<GetResult> r, Starts& starts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     --in_flight_;
     news_ = true;
     if (!r.ok()) {
@@ -341,7 +388,7 @@ class BatchImpl : public FetchScheduler::Batch,
       g->object_size = r->meta.size;
     }
     if (++g->parts_done < g->parts) {
-      PumpLocked();
+      PumpLocked(starts);
       return;
     }
     if (!g->status.ok()) {
@@ -377,16 +424,30 @@ class BatchImpl : public FetchScheduler::Batch,
       }
       g->block.reset();
     }
-    PumpLocked();
+    PumpLocked(starts);
   }
 
-  void StartHeadLocked(Group g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void StartHeadLocked(Group g, Starts& starts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++in_flight_;
     ++stats_.requests;
     stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
     const size_t index = g.first_item;
-    store_->HeadAsync(g.key, [self = shared_from_this(), index](absl::StatusOr<ObjectMeta> m) {
-      absl::MutexLock lock(&self->mu_);
+    starts.push_back([self = shared_from_this(), index, key = g.key]() mutable {
+      self->store_->HeadAsync(std::move(key), [self, index](absl::StatusOr<ObjectMeta> m) {
+        Starts more;
+        {
+          absl::MutexLock lock(&self->mu_);
+          self->OnHeadLocked(index, std::move(m), more);
+        }
+        RunStarts(more);
+      });
+    });
+  }
+
+  void OnHeadLocked(size_t index, absl::StatusOr<ObjectMeta> m, Starts& starts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    BatchImpl* self = this;
+    {
       --self->in_flight_;
       self->news_ = true;
       if (!m.ok()) {
@@ -418,14 +479,17 @@ class BatchImpl : public FetchScheduler::Batch,
           self->queue_.push_front(std::move(g));
         }
       }
-      self->PumpLocked();
-    });
+      self->PumpLocked(starts);
+    }
   }
 
   const std::shared_ptr<ObjectStore> store_;
   const FetchOptions options_;
   const std::shared_ptr<FetchScheduler::State> state_;
   const int max_in_flight_;
+  // Budget bytes held by this batch's blocks (in flight or delivered, not yet released).
+  const std::shared_ptr<std::atomic<uint64_t>> own_held_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 
   mutable absl::Mutex mu_;
   std::vector<FetchItem> items_ ABSL_GUARDED_BY(mu_);

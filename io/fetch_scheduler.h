@@ -9,8 +9,8 @@
 //    released by the consumer) exceed `memory_budget`: a request starts only when its
 //    buffer fits, and releasing a result lets the next one start;
 //  - splits objects above `split_threshold` into `part_size` ranged parts fetched
-//    concurrently into one buffer (each part guarded by If-Match on the listed ETag, so
-//    parts of two versions are never mixed);
+//    concurrently into one buffer; every request of an item with a known ETag carries
+//    If-Match, so parts and ranges of two versions are never mixed;
 //  - coalesces nearby ranges of the same object (gap <= `coalesce_gap`) into one request,
 //    handing each caller range a zero-copy slice of the shared buffer;
 //  - delivers results as they complete, or in submission order;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -266,6 +267,32 @@ TEST_F(FetchSchedulerTest, CancelStopsDeliveryAndDestroyingABatchIsSafe) {
   auto another = scheduler.Fetch(items);
   another.reset();  // requests in flight complete in the background
   absl::SleepFor(absl::Milliseconds(60));
+}
+
+TEST_F(FetchSchedulerTest, OpenBatchTakesItemsWhileDelivering) {
+  auto listed = PutObjects(30, 100);
+  FetchScheduler scheduler(local_, {.max_in_flight = 4, .ordered = true});
+  auto batch = scheduler.StartBatch();
+  std::thread feeder([&] {
+    for (size_t i = 0; i < listed.size(); i += 7) {
+      std::vector<FetchItem> items;
+      for (size_t j = i; j < std::min(listed.size(), i + 7); ++j) {
+        items.push_back({.key = listed[j].key, .size = listed[j].size});
+      }
+      batch->Add(std::move(items));
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    batch->Close();
+  });
+  size_t n = 0;
+  while (auto r = batch->Next()) {
+    ASSERT_TRUE(r->data.ok());
+    EXPECT_EQ(r->index, n);
+    EXPECT_EQ(r->key, listed[n].key);
+    ++n;
+  }
+  feeder.join();
+  EXPECT_EQ(n, listed.size());
 }
 
 TEST(FetchOptionsTest, InFlightFollowsLittlesLaw) {

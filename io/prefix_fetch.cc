@@ -16,6 +16,7 @@ PrefixFetch::PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& sch
           std::vector<FetchItem> items;
           {
             absl::MutexLock lock(&mu_);
+            if (cancelled_) return absl::CancelledError("the fetch was cancelled");
             listed_ += page.size();
             for (ObjectMeta& meta : page) {
               if (select && !select(meta)) continue;
@@ -39,6 +40,10 @@ PrefixFetch::PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& sch
 }
 
 PrefixFetch::~PrefixFetch() {
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;  // the listing stops at its next page
+  }
   batch_->Cancel();
   if (lister_.joinable()) lister_.join();
 }

@@ -52,6 +52,7 @@ class PrefixFetch {
   ParallelListStats list_stats_ ABSL_GUARDED_BY(mu_);
   uint64_t listed_ ABSL_GUARDED_BY(mu_) = 0;
   bool listing_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::thread lister_;
 };
 

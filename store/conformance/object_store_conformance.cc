@@ -32,7 +32,8 @@ std::vector<std::string> AwkwardKeys() {
           "dir/a~b",          "dir/a*b",        "dir/é.txt",    "dir/日本/語.bin", "dir/A",
           "dir/a.txt",        "dir/a-b",        "dir/a/b",      "dir/a0",       "dir/a!",
           "dir/a(1)",         "dir/'q'",        "dir/z",        "dir/Z~",       "dir/ä/x",
-          "dir/deep/1/2/3/4/5/6/leaf", "dir/deep/1/2/x", "dir/a,b", "dir/a;b", "dir/a@b"};
+          "dir/deep/1/2/3/4/5/6/leaf", "dir/deep/1/2/x", "dir/a,b", "dir/a;b", "dir/a@b",
+          "dir/ ", "dir/  "};  // whitespace-only names: S3 continuation tokens can be " "
 }
 
 std::vector<std::string> Sorted(std::vector<std::string> keys) {

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
+#include "base/fork.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "base/timer.h"
@@ -355,7 +356,9 @@ void S3Store::ListAsync(ListOptions options, std::string continuation, Callback<
                             done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
     if (!r.ok()) return std::move(done)(r.status());
     pugi::xml_document doc;
-    if (!doc.load_buffer(r->body.data(), r->body.size())) {
+    // parse_ws_pcdata: a key or continuation token may be whitespace only (" ").
+    if (!doc.load_buffer(r->body.data(), r->body.size(),
+                         pugi::parse_default | pugi::parse_ws_pcdata)) {
       return std::move(done)(
           absl::DataLossError(absl::StrCat("list ", uri, ": unparseable ListObjectsV2 reply")));
     }
@@ -898,13 +901,15 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Uri(absl::string_view scheme,
   }
   auto config = ResolveS3ClientConfig(overrides);
   if (!config.ok()) return Annotate(config.status(), absl::StrCat(scheme, "://", bucket));
-  // One transport per process and CA bundle: connections are shared by every store.
+  // One transport per process and CA bundle: connections are shared by every store. A forked
+  // child gets its own (the parent's event-loop thread does not exist there; base/fork.h).
   static absl::Mutex mu(absl::kConstInit);
-  static auto* transports = new std::map<std::string, std::shared_ptr<HttpTransport>>;
+  static auto* transports =
+      new std::map<std::pair<uint64_t, std::string>, std::shared_ptr<HttpTransport>>;
   std::shared_ptr<HttpTransport> transport;
   {
     absl::MutexLock lock(&mu);
-    auto& t = (*transports)[config->ca_bundle];
+    auto& t = (*transports)[{ForkGeneration(), config->ca_bundle}];
     if (!t) {
       CurlTransportOptions topts;
       topts.ca_bundle = config->ca_bundle;

@@ -1,0 +1,158 @@
+#include "formats/tfrecord.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "formats/crc32c.h"
+
+namespace wharf {
+namespace {
+
+constexpr size_t kHeaderBytes = 12;  // length + its CRC
+constexpr size_t kFooterBytes = 4;   // data CRC
+
+// The format is little-endian whatever the host.
+uint64_t LoadLE(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+void StoreLE(uint64_t v, int bytes, char* p) {
+  for (int i = 0; i < bytes; ++i, v >>= 8) p[i] = static_cast<char>(v & 0xff);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TFRecordReader>> TFRecordReader::Open(
+    std::shared_ptr<ObjectStore> store, std::string key, TFRecordReaderOptions options) {
+  const std::string uri = store->Uri(key);
+  auto reader = ObjectReader::Open(std::move(store), std::move(key), options.io);
+  if (!reader.ok()) return Annotate(reader.status(), absl::StrCat("read tfrecord ", uri));
+  return std::make_unique<TFRecordReader>(*std::move(reader), options);
+}
+
+TFRecordReader::TFRecordReader(std::unique_ptr<ObjectReader> reader,
+                               TFRecordReaderOptions options)
+    : reader_(std::move(reader)), options_(options) {}
+
+absl::Status TFRecordReader::Fail(absl::StatusCode code, uint64_t at, absl::string_view what) {
+  status_ = absl::Status(code, absl::StrCat("read tfrecord ", reader_->uri(), " at byte ", at,
+                                            ": ", what));
+  return status_;
+}
+
+absl::StatusOr<std::optional<TFRecord>> TFRecordReader::Next() {
+  if (!status_.ok()) return status_;
+  const uint64_t at = reader_->position();
+  const uint64_t left = reader_->remaining();
+  if (left == 0) return std::nullopt;
+  const auto io_error = [&](const absl::Status& s) {
+    status_ = Annotate(s, absl::StrCat("read tfrecord ", reader_->uri(), " at byte ", at));
+    return status_;
+  };
+  if (left < kHeaderBytes) {
+    return Fail(absl::StatusCode::kDataLoss, at,
+                absl::StrCat("truncated record: ", left, " of the ", kHeaderBytes,
+                             " header bytes before the end at byte ", reader_->end()));
+  }
+  char header[kHeaderBytes];
+  if (absl::Status s = reader_->ReadExact(absl::MakeSpan(header)); !s.ok()) return io_error(s);
+  const uint64_t length = LoadLE(header, 8);
+  const uint32_t length_crc = static_cast<uint32_t>(LoadLE(header + 8, 4));
+  if (MaskCrc32c(Crc32cExtend(0, header, 8)) != length_crc) {
+    return Fail(absl::StatusCode::kDataLoss, at,
+                absl::StrCat("length CRC mismatch (length field ", length, ")"));
+  }
+  if (length > options_.max_record_bytes) {
+    return Fail(absl::StatusCode::kResourceExhausted, at,
+                absl::StrCat("record of ", length, " bytes exceeds max_record_bytes (",
+                             options_.max_record_bytes, ")"));
+  }
+  if (reader_->remaining() < length + kFooterBytes) {
+    return Fail(absl::StatusCode::kDataLoss, at,
+                absl::StrCat("truncated record: its ", length, " data bytes and CRC need bytes [",
+                             at, ", ", at + kHeaderBytes + length + kFooterBytes,
+                             "), the object ends at byte ", reader_->end()));
+  }
+  TFRecord record;
+  record.offset = at;
+  auto data = reader_->ReadCord(length);
+  if (!data.ok()) return io_error(data.status());
+  record.data = *std::move(data);
+  char footer[kFooterBytes];
+  if (absl::Status s = reader_->ReadExact(absl::MakeSpan(footer)); !s.ok()) return io_error(s);
+  const uint32_t stored = static_cast<uint32_t>(LoadLE(footer, 4));
+  const uint32_t computed = MaskCrc32c(Crc32c(record.data));
+  if (stored != computed) {
+    return Fail(absl::StatusCode::kDataLoss, at,
+                absl::StrCat("data CRC mismatch (", length, "-byte record, data at byte ",
+                             at + kHeaderBytes, ")"));
+  }
+  return record;
+}
+
+void AppendTFRecord(const absl::Cord& data, absl::Cord* out) {
+  char header[kHeaderBytes];
+  StoreLE(data.size(), 8, header);
+  StoreLE(MaskCrc32c(Crc32cExtend(0, header, 8)), 4, header + 8);
+  out->Append(absl::string_view(header, kHeaderBytes));
+  out->Append(data);
+  char footer[kFooterBytes];
+  StoreLE(MaskCrc32c(Crc32c(data)), 4, footer);
+  out->Append(absl::string_view(footer, kFooterBytes));
+}
+
+absl::StatusOr<std::unique_ptr<TFRecordWriter>> TFRecordWriter::Open(
+    std::shared_ptr<ObjectStore> store, std::string key, TFRecordWriterOptions options) {
+  std::string uri = store->Uri(key);
+  auto writer = store->NewWriter(std::move(key));
+  if (!writer.ok()) return Annotate(writer.status(), absl::StrCat("write tfrecord ", uri));
+  return std::unique_ptr<TFRecordWriter>(
+      new TFRecordWriter(std::move(store), *std::move(writer), std::move(uri), options));
+}
+
+TFRecordWriter::TFRecordWriter(std::shared_ptr<ObjectStore> store,
+                               std::unique_ptr<ObjectWriter> writer, std::string uri,
+                               TFRecordWriterOptions options)
+    : store_(std::move(store)), writer_(std::move(writer)), uri_(std::move(uri)),
+      options_(options) {}
+
+TFRecordWriter::~TFRecordWriter() {
+  if (!closed_) writer_->Abort();
+}
+
+absl::Status TFRecordWriter::Flush() {
+  if (pending_.empty()) return absl::OkStatus();
+  status_ = Annotate(writer_->Write(std::move(pending_)), absl::StrCat("write tfrecord ", uri_));
+  pending_.Clear();
+  return status_;
+}
+
+absl::Status TFRecordWriter::Write(const absl::Cord& record) {
+  if (!status_.ok()) return status_;
+  if (closed_) {
+    return absl::FailedPreconditionError(absl::StrCat("write tfrecord ", uri_, ": closed"));
+  }
+  AppendTFRecord(record, &pending_);
+  ++records_;
+  if (pending_.size() >= options_.buffer_bytes) return Flush();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ObjectMeta> TFRecordWriter::Close() {
+  if (!status_.ok()) return status_;
+  if (closed_) {
+    return absl::FailedPreconditionError(absl::StrCat("write tfrecord ", uri_, ": closed"));
+  }
+  WHARF_RETURN_IF_ERROR(Flush());
+  auto meta = writer_->Close();
+  if (!meta.ok()) {
+    status_ = Annotate(meta.status(), absl::StrCat("write tfrecord ", uri_));
+    return status_;
+  }
+  closed_ = true;
+  return meta;
+}
+
+}  // namespace wharf

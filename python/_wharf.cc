@@ -1,0 +1,268 @@
+// The `wharf._wharf` extension: thin pybind11 wrappers over the C++ library (convention 12).
+// Types are converted, Statuses become Python exceptions, and the GIL is released around every
+// wait. Bytes reach Python without a copy: Buffer exposes the library's buffers through the
+// buffer protocol (memoryview / numpy.frombuffer / torch.frombuffer see the same memory).
+// Not linked against torch.
+//
+// Fork safety: a Store remembers the fork generation it was opened in and reopens itself in a
+// forked child (DataLoader workers), whose copy of the parent's event loop has no thread.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/fork.h"
+#include "io/fetch_scheduler.h"
+#include "io/parallel_list.h"
+#include "store/registry.h"
+
+namespace py = pybind11;
+
+namespace wharf::python {
+namespace {
+
+// Exception types, created in the module init.
+PyObject* g_error = nullptr;            // wharf.WharfError(OSError)
+PyObject* g_not_found = nullptr;        // wharf.NotFoundError(WharfError, FileNotFoundError)
+PyObject* g_permission = nullptr;       // wharf.PermissionDeniedError(WharfError, PermissionError)
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  PyObject* type = g_error;
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound: type = g_not_found; break;
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated: type = g_permission; break;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange: type = PyExc_ValueError; break;
+    default: break;
+  }
+  PyErr_SetString(type, std::string(status.message()).c_str());
+  throw py::error_already_set();
+}
+
+// Runs `fn` with the GIL released; converts its Status into an exception after the GIL is
+// held again (raising without the GIL crashes the interpreter).
+template <typename Fn>
+auto WithoutGil(Fn&& fn) {
+  using R = decltype(fn());
+  std::optional<R> result;
+  {
+    py::gil_scoped_release release;
+    result.emplace(fn());
+  }
+  return std::move(*result);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+// Read-only bytes owned by C++ (a fetched block, or a string), exposed through the buffer
+// protocol without a copy.
+class Buffer {
+ public:
+  Buffer(std::shared_ptr<const char> owner, const char* data, size_t size)
+      : owner_(std::move(owner)), data_(data), size_(size) {}
+  static Buffer FromString(std::string s) {
+    auto holder = std::make_shared<std::string>(std::move(s));
+    const char* data = holder->data();
+    const size_t size = holder->size();
+    return Buffer(std::shared_ptr<const char>(holder, data), data, size);
+  }
+  static Buffer FromFetch(const FetchBuffer& b) { return Buffer(b.block(), b.data(), b.size()); }
+
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::shared_ptr<const char> owner_;
+  const char* data_;
+  size_t size_;
+};
+
+py::dict MetaToDict(const ObjectMeta& m) {
+  py::dict d;
+  d["key"] = py::bytes(m.key).attr("decode")("utf-8", "surrogateescape");
+  d["size"] = m.size;
+  d["etag"] = m.etag;
+  d["mtime"] = absl::ToDoubleSeconds(m.mtime - absl::UnixEpoch());
+  return d;
+}
+
+// A store opened from a URI ("s3://bucket/prefix", "file:///path"); keys are relative to the
+// URI's key, which acts as a prefix.
+class Store {
+ public:
+  explicit Store(std::string uri) : uri_(std::move(uri)) { Open(); }
+
+  std::shared_ptr<ObjectStore> store() {
+    if (generation_ != ForkGeneration()) Open();  // in a forked child: reopen (see fork.h)
+    return store_;
+  }
+  std::string Key(const std::string& key) const { return prefix_ + key; }
+  const std::string& prefix() const { return prefix_; }
+  const std::string& uri() const { return uri_; }
+
+  std::string Uri(const std::string& key) { return store()->Uri(Key(key)); }
+
+  py::list List(const std::string& prefix, bool recursive, int parallel) {
+    auto s = store();
+    ListOptions options;
+    options.prefix = Key(prefix);
+    ListPage all;
+    if (recursive && parallel > 0) {
+      all.objects = Check(WithoutGil(
+          [&] { return ParallelListAll(*s, options, {.workers = parallel}); }));
+    } else {
+      if (!recursive) options.delimiter = "/";
+      all = Check(WithoutGil([&] { return s->ListAll(options); }));
+    }
+    py::list out;
+    for (ObjectMeta& m : all.objects) {
+      m.key = m.key.substr(prefix_.size());
+      out.append(MetaToDict(m));
+    }
+    for (const std::string& p : all.common_prefixes) {
+      py::dict d;
+      d["prefix"] = p.substr(prefix_.size());
+      out.append(d);
+    }
+    return out;
+  }
+
+  py::dict Head(const std::string& key) {
+    auto s = store();
+    ObjectMeta m = Check(WithoutGil([&] { return s->Head(Key(key)); }));
+    m.key = key;
+    return MetaToDict(m);
+  }
+
+  Buffer Get(const std::string& key, std::optional<uint64_t> start, std::optional<uint64_t> end) {
+    auto s = store();
+    ByteRange range;
+    if (start || end) {
+      const uint64_t from = start.value_or(0);
+      range = end ? ByteRange::Of(from, *end > from ? *end - from : 0) : ByteRange::From(from);
+    }
+    return Buffer::FromString(Check(WithoutGil([&] { return s->Read(Key(key), range); })));
+  }
+
+  // Many objects at once through the I/O engine; returns buffers in the order of `keys`.
+  std::vector<Buffer> GetMany(const std::vector<std::string>& keys, int inflight) {
+    auto s = store();
+    std::vector<FetchItem> items;
+    items.reserve(keys.size());
+    for (const auto& k : keys) items.push_back({.key = Key(k)});
+    auto results = WithoutGil([&] {
+      FetchScheduler scheduler(s, {.max_in_flight = inflight, .ordered = true});
+      auto batch = scheduler.Fetch(std::move(items));
+      std::vector<absl::StatusOr<FetchBuffer>> out;
+      while (auto r = batch->Next()) out.push_back(std::move(r->data));
+      return out;
+    });
+    std::vector<Buffer> out;
+    out.reserve(results.size());
+    for (auto& r : results) out.push_back(Buffer::FromFetch(Check(std::move(r))));
+    return out;
+  }
+
+  py::dict Put(const std::string& key, const py::buffer& data) {
+    auto s = store();
+    py::buffer_info info = data.request();
+    // The Cord references the caller's memory while the put runs without the GIL; the
+    // py::buffer keeps that memory alive until we return.
+    absl::Cord cord = absl::MakeCordFromExternal(
+        absl::string_view(static_cast<const char*>(info.ptr), info.size * info.itemsize), [] {});
+    ObjectMeta m = Check(WithoutGil([&] { return s->Put(Key(key), std::move(cord)); }));
+    m.key = key;
+    return MetaToDict(m);
+  }
+
+  void Delete(const std::string& key) {
+    auto s = store();
+    Check(WithoutGil([&] { return s->Delete(Key(key)); }));
+  }
+
+  void DeleteMany(const std::vector<std::string>& keys) {
+    auto s = store();
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(Key(k));
+    Check(WithoutGil([&] { return s->DeleteMany(std::move(full)); }));
+  }
+
+ private:
+  void Open() {
+    OpenedUri opened = Check(OpenUri(uri_));
+    store_ = std::move(opened.store);
+    prefix_ = opened.uri.key;
+    generation_ = ForkGeneration();
+  }
+
+  std::string uri_;
+  std::string prefix_;
+  std::shared_ptr<ObjectStore> store_;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_wharf, m) {
+  m.doc() = "wharf: fast object-store I/O for ML (C++ core)";
+
+  static py::exception<std::runtime_error> error(m, "WharfError", PyExc_OSError);
+  g_error = error.ptr();
+  // Multiple inheritance so `except FileNotFoundError` works too.
+  py::object builtins = py::module_::import("builtins");
+  py::object type = builtins.attr("type");
+  py::object not_found =
+      type("NotFoundError", py::make_tuple(error, builtins.attr("FileNotFoundError")), py::dict());
+  py::object permission = type("PermissionDeniedError",
+                               py::make_tuple(error, builtins.attr("PermissionError")), py::dict());
+  m.attr("NotFoundError") = not_found;
+  m.attr("PermissionDeniedError") = permission;
+  g_not_found = not_found.release().ptr();
+  g_permission = permission.release().ptr();
+
+  py::class_<Buffer>(m, "Buffer", py::buffer_protocol(),
+                     "Read-only bytes owned by wharf; zero-copy via memoryview, "
+                     "numpy.frombuffer or torch.frombuffer.")
+      .def_buffer([](Buffer& b) {
+        return py::buffer_info(const_cast<char*>(b.data()), 1, "B", 1,
+                               {static_cast<py::ssize_t>(b.size())}, {1}, /*readonly=*/true);
+      })
+      .def("__len__", &Buffer::size)
+      .def("__bytes__", [](const Buffer& b) { return py::bytes(b.data(), b.size()); })
+      .def("__repr__", [](const Buffer& b) { return absl::StrCat("<wharf.Buffer ", b.size(), " bytes>"); });
+
+  py::class_<Store, std::shared_ptr<Store>>(m, "Store",
+                                            "An object store opened from a URI; keys are "
+                                            "relative to the URI's path.")
+      .def(py::init<std::string>(), py::arg("uri"))
+      .def_property_readonly("uri", &Store::uri)
+      .def("url", &Store::Uri, py::arg("key"), "The full URI of a key")
+      .def("list", &Store::List, py::arg("prefix") = "", py::arg("recursive") = true,
+           py::arg("parallel") = 0,
+           "Objects (dicts with key, size, etag, mtime) below prefix, in key order; without "
+           "recursive, common prefixes too. parallel=N lists with N work-stealing workers.")
+      .def("head", &Store::Head, py::arg("key"))
+      .def("get", &Store::Get, py::arg("key"), py::arg("start") = py::none(),
+           py::arg("end") = py::none(), "The object's bytes [start, end) as a Buffer")
+      .def("get_many", &Store::GetMany, py::arg("keys"), py::arg("inflight") = 256,
+           "Many objects at once through the I/O engine, in the order given")
+      .def("put", &Store::Put, py::arg("key"), py::arg("data"))
+      .def("delete", &Store::Delete, py::arg("key"))
+      .def("delete_many", &Store::DeleteMany, py::arg("keys"))
+      .def(py::pickle([](const Store& s) { return s.uri(); },
+                      [](const std::string& uri) { return std::make_shared<Store>(uri); }));
+}
+
+}  // namespace wharf::python

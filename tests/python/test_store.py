@@ -1,0 +1,93 @@
+"""wharf.Store from Python: the C++ store through pybind11, on file:// and on the real S3."""
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+import wharf
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request, tmp_path):
+    if request.param == "file":
+        yield wharf.Store(f"file://{tmp_path}/data/")
+    else:
+        s3_env = request.getfixturevalue("s3_env")
+        os.environ.update({k: s3_env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                                   "AWS_SECRET_ACCESS_KEY")})
+        bucket = request.getfixturevalue("bucket")
+        yield wharf.Store(f"s3://{bucket}/data/")
+
+
+def test_put_get_list_delete(store):
+    store.put("b/two.bin", b"22")
+    store.put("a/one.bin", bytearray(b"1"))
+    store.put("c.bin", np.arange(10, dtype=np.uint8))
+    assert [o["key"] for o in store.list()] == ["a/one.bin", "b/two.bin", "c.bin"]
+    assert [o.get("prefix", o.get("key")) for o in store.list(recursive=False)] == \
+        ["c.bin", "a/", "b/"]
+    assert bytes(store.get("b/two.bin")) == b"22"
+    assert bytes(store.get("c.bin", start=2, end=5)) == bytes([2, 3, 4])
+    assert store.head("c.bin")["size"] == 10
+    assert store.url("c.bin").endswith("/data/c.bin")
+    store.delete("a/one.bin")
+    store.delete("a/one.bin")  # idempotent
+    assert [o["key"] for o in store.list()] == ["b/two.bin", "c.bin"]
+
+
+def test_buffers_are_zero_copy_views(store):
+    payload = bytes(range(256)) * 100
+    store.put("x", payload)
+    buf = store.get("x")
+    view = memoryview(buf)
+    assert view.readonly and len(view) == len(payload)
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    assert arr.ctypes.data == np.frombuffer(view, dtype=np.uint8).ctypes.data  # same memory
+    assert arr.tobytes() == payload
+
+
+def test_get_many_through_the_engine(store):
+    keys = [f"k/{i:03d}" for i in range(50)]
+    for i, k in enumerate(keys):
+        store.put(k, bytes([i]) * (i + 1))
+    bufs = store.get_many(list(reversed(keys)))
+    assert [bytes(b) for b in bufs] == [bytes([i]) * (i + 1) for i in reversed(range(50))]
+
+
+def test_errors_are_python_exceptions(store):
+    with pytest.raises(wharf.NotFoundError) as e:
+        store.get("missing")
+    assert isinstance(e.value, FileNotFoundError) and "missing" in str(e.value)
+    with pytest.raises(ValueError):
+        wharf.Store("s3://X/")  # invalid bucket name
+
+
+def _child_reads(uri, key, queue):
+    try:
+        queue.put(bytes(wharf.Store(uri).get(key)))
+    except Exception as e:  # noqa: BLE001 - report anything to the parent
+        queue.put(repr(e))
+
+
+def _child_uses_inherited(store, key, queue):
+    try:
+        queue.put(bytes(store.get(key)))
+    except Exception as e:  # noqa: BLE001
+        queue.put(repr(e))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_usable_in_child_processes(store, method):
+    store.put("shared", b"across processes")
+    store.get("shared")  # the parent's engine threads exist before the fork
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_child_uses_inherited, args=(store, "shared", q)),
+             ctx.Process(target=_child_reads, args=(store.uri, "shared", q))]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert results == [b"across processes"] * 2
