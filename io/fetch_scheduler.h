@@ -49,6 +49,10 @@ struct FetchOptions {
   // Objects larger than split_threshold are fetched as part_size ranges in parallel.
   uint64_t part_size = uint64_t{8} << 20;
   uint64_t split_threshold = uint64_t{16} << 20;
+  // Parts of one object in flight at once (16 x 8 MiB per round trip is ~2.6 GB/s at 50 ms);
+  // more only adds connections and wakeups (measured: 128 parts of one 1 GiB object on
+  // loopback ran ~15% slower than 16). Other objects proceed in parallel.
+  int max_parts_per_object = 16;
   // Ranges of one object closer than this are fetched with one request (0 disables).
   uint64_t coalesce_gap = uint64_t{1} << 20;
   // Deliver results in submission order instead of completion order.

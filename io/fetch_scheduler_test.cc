@@ -208,6 +208,27 @@ TEST_F(FetchSchedulerTest, LargeObjectsAreSplitIntoParallelParts) {
   EXPECT_FALSE(batch->Next().has_value());
 }
 
+TEST_F(FetchSchedulerTest, PartsOfOneObjectAreCappedWhileOthersProceed) {
+  const std::string big = Pattern(1 << 20, 78);
+  ASSERT_TRUE(local_->Put("big", absl::Cord(big)).ok());
+  auto small = PutObjects(10, 100);
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(10));
+  FetchScheduler scheduler(slow, {.max_in_flight = 64, .part_size = 100000,
+                                  .split_threshold = 200000, .max_parts_per_object = 3});
+  std::vector<FetchItem> items = {{.key = "big", .size = big.size()}};
+  for (const auto& o : small) items.push_back({.key = o.key, .size = o.size});
+  auto batch = scheduler.Fetch(items);
+  int n = 0;
+  while (auto r = batch->Next()) {
+    ASSERT_TRUE(r->data.ok()) << r->data.status();
+    if (r->key == "big") EXPECT_EQ(r->data->view(), big);
+    ++n;
+  }
+  EXPECT_EQ(n, 11);
+  EXPECT_LE(slow->peak(), 3 + 10);  // at most 3 parts of "big" beside the 10 small ones
+  EXPECT_GE(slow->peak(), 4);       // the small ones did not wait for "big"
+}
+
 TEST_F(FetchSchedulerTest, NearbyRangesAreCoalescedIntoOneRequest) {
   const std::string data = Pattern(100000, 5);
   ASSERT_TRUE(local_->Put("shard.tar", absl::Cord(data)).ok());
