@@ -221,7 +221,9 @@ TEST_F(FetchSchedulerTest, PartsOfOneObjectAreCappedWhileOthersProceed) {
   int n = 0;
   while (auto r = batch->Next()) {
     ASSERT_TRUE(r->data.ok()) << r->data.status();
-    if (r->key == "big") EXPECT_EQ(r->data->view(), big);
+    if (r->key == "big") {
+      EXPECT_EQ(r->data->view(), big);
+    }
     ++n;
   }
   EXPECT_EQ(n, 11);
