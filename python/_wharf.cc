@@ -4,6 +4,10 @@
 // buffer protocol (memoryview / numpy.frombuffer / torch.frombuffer see the same memory).
 // Not linked against torch.
 //
+// This file holds the module, the exceptions, Buffer and Store; dataset.cc the dataset core
+// (index, sampler, map-style reader, per-partition stream) and records.cc the record readers
+// over shards (tar, TFRecord, CSV / JSON lines). What they share is in binding.h.
+//
 // Fork safety: a Store remembers the fork generation it was opened in and reopens itself in a
 // forked child (DataLoader workers), whose copy of the parent's event loop has no thread.
 #include <pybind11/pybind11.h>
@@ -18,9 +22,8 @@
 #include "base/fork.h"
 #include "io/fetch_scheduler.h"
 #include "io/parallel_list.h"
+#include "python/binding.h"
 #include "store/registry.h"
-
-namespace py = pybind11;
 
 namespace wharf::python {
 namespace {
@@ -29,6 +32,8 @@ namespace {
 PyObject* g_error = nullptr;            // wharf.WharfError(OSError)
 PyObject* g_not_found = nullptr;        // wharf.NotFoundError(WharfError, FileNotFoundError)
 PyObject* g_permission = nullptr;       // wharf.PermissionDeniedError(WharfError, PermissionError)
+
+}  // namespace
 
 [[noreturn]] void Raise(const absl::Status& status) {
   PyObject* type = g_error;
@@ -44,50 +49,58 @@ PyObject* g_permission = nullptr;       // wharf.PermissionDeniedError(WharfErro
   throw py::error_already_set();
 }
 
-// Runs `fn` with the GIL released; converts its Status into an exception after the GIL is
-// held again (raising without the GIL crashes the interpreter).
-template <typename Fn>
-auto WithoutGil(Fn&& fn) {
-  using R = decltype(fn());
-  std::optional<R> result;
-  {
-    py::gil_scoped_release release;
-    result.emplace(fn());
+Buffer Buffer::FromString(std::string s) {
+  auto holder = std::make_shared<std::string>(std::move(s));
+  const char* data = holder->data();
+  const size_t size = holder->size();
+  return Buffer(std::shared_ptr<const char>(holder, data), data, size);
+}
+
+Buffer Buffer::FromCord(absl::Cord cord) {
+  // The pointer is taken after the move: a small Cord keeps its bytes inline, in the object.
+  auto holder = std::make_shared<absl::Cord>(std::move(cord));
+  absl::string_view flat;
+  if (auto f = holder->TryFlat()) {
+    flat = *f;
+  } else {
+    flat = holder->Flatten();
   }
-  return std::move(*result);
+  return Buffer(std::shared_ptr<const char>(holder, flat.data()), flat.data(), flat.size());
 }
 
-template <typename T>
-T Check(absl::StatusOr<T> v) {
-  if (!v.ok()) Raise(v.status());
-  return *std::move(v);
-}
-void Check(const absl::Status& s) {
-  if (!s.ok()) Raise(s);
+FetchOptions EngineOptions::ToFetchOptions() const {
+  FetchOptions options;
+  options.max_in_flight = max_in_flight;
+  options.memory_budget = memory_budget;
+  return options;
 }
 
-// Read-only bytes owned by C++ (a fetched block, or a string), exposed through the buffer
-// protocol without a copy.
-class Buffer {
- public:
-  Buffer(std::shared_ptr<const char> owner, const char* data, size_t size)
-      : owner_(std::move(owner)), data_(data), size_(size) {}
-  static Buffer FromString(std::string s) {
-    auto holder = std::make_shared<std::string>(std::move(s));
-    const char* data = holder->data();
-    const size_t size = holder->size();
-    return Buffer(std::shared_ptr<const char>(holder, data), data, size);
+StoreHandle::StoreHandle(std::string uri) : uri_(std::move(uri)) { Open(); }
+
+std::shared_ptr<ObjectStore> StoreHandle::store() {
+  if (generation_ != ForkGeneration()) Open();  // in a forked child: reopen (see fork.h)
+  return store_;
+}
+
+std::string StoreHandle::Relative(const std::string& key) const {
+  if (key.size() >= prefix_.size() && key.compare(0, prefix_.size(), prefix_) == 0) {
+    return key.substr(prefix_.size());
   }
-  static Buffer FromFetch(const FetchBuffer& b) { return Buffer(b.block(), b.data(), b.size()); }
+  return key;
+}
 
-  const char* data() const { return data_; }
-  size_t size() const { return size_; }
+void StoreHandle::Open() {
+  OpenedUri opened = Check(OpenUri(uri_));
+  // The parent's store is kept, not destroyed, in a child (base/fork.h).
+  if (store_ != nullptr && generation_ != ForkGeneration()) {
+    new std::shared_ptr<ObjectStore>(std::move(store_));
+  }
+  store_ = std::move(opened.store);
+  prefix_ = opened.uri.key;
+  generation_ = ForkGeneration();
+}
 
- private:
-  std::shared_ptr<const char> owner_;
-  const char* data_;
-  size_t size_;
-};
+namespace {
 
 py::dict MetaToDict(const ObjectMeta& m) {
   py::dict d;
@@ -102,20 +115,17 @@ py::dict MetaToDict(const ObjectMeta& m) {
 // URI's key, which acts as a prefix.
 class Store {
  public:
-  explicit Store(std::string uri) : uri_(std::move(uri)) { Open(); }
+  explicit Store(std::string uri) : handle_(std::move(uri)) {}
 
-  std::shared_ptr<ObjectStore> store() {
-    if (generation_ != ForkGeneration()) Open();  // in a forked child: reopen (see fork.h)
-    return store_;
-  }
-  std::string Key(const std::string& key) const { return prefix_ + key; }
-  const std::string& prefix() const { return prefix_; }
-  const std::string& uri() const { return uri_; }
+  std::shared_ptr<ObjectStore> store() { return handle_.store(); }
+  std::string Key(const std::string& key) const { return handle_.Key(key); }
+  const std::string& uri() const { return handle_.uri(); }
 
   std::string Uri(const std::string& key) { return store()->Uri(Key(key)); }
 
   py::list List(const std::string& prefix, bool recursive, int parallel) {
     auto s = store();
+    const std::string& base = handle_.prefix();
     ListOptions options;
     options.prefix = Key(prefix);
     ListPage all;
@@ -128,12 +138,12 @@ class Store {
     }
     py::list out;
     for (ObjectMeta& m : all.objects) {
-      m.key = m.key.substr(prefix_.size());
+      m.key = m.key.substr(base.size());
       out.append(MetaToDict(m));
     }
     for (const std::string& p : all.common_prefixes) {
       py::dict d;
-      d["prefix"] = p.substr(prefix_.size());
+      d["prefix"] = p.substr(base.size());
       out.append(d);
     }
     return out;
@@ -200,17 +210,7 @@ class Store {
   }
 
  private:
-  void Open() {
-    OpenedUri opened = Check(OpenUri(uri_));
-    store_ = std::move(opened.store);
-    prefix_ = opened.uri.key;
-    generation_ = ForkGeneration();
-  }
-
-  std::string uri_;
-  std::string prefix_;
-  std::shared_ptr<ObjectStore> store_;
-  uint64_t generation_ = 0;
+  StoreHandle handle_;
 };
 
 }  // namespace
@@ -241,7 +241,11 @@ PYBIND11_MODULE(_wharf, m) {
       })
       .def("__len__", &Buffer::size)
       .def("__bytes__", [](const Buffer& b) { return py::bytes(b.data(), b.size()); })
-      .def("__repr__", [](const Buffer& b) { return absl::StrCat("<wharf.Buffer ", b.size(), " bytes>"); });
+      .def("__repr__", [](const Buffer& b) { return absl::StrCat("<wharf.Buffer ", b.size(), " bytes>"); })
+      // Pickled as its bytes (a copy), e.g. when a DataLoader worker sends samples to the main
+      // process; the copy is a Buffer again.
+      .def(py::pickle([](const Buffer& b) { return py::bytes(b.data(), b.size()); },
+                      [](const py::bytes& data) { return Buffer::FromString(std::string(data)); }));
 
   py::class_<Store, std::shared_ptr<Store>>(m, "Store",
                                             "An object store opened from a URI; keys are "
@@ -263,6 +267,9 @@ PYBIND11_MODULE(_wharf, m) {
       .def("delete_many", &Store::DeleteMany, py::arg("keys"))
       .def(py::pickle([](const Store& s) { return s.uri(); },
                       [](const std::string& uri) { return std::make_shared<Store>(uri); }));
+
+  RegisterDataset(m);
+  RegisterRecords(m);
 }
 
 }  // namespace wharf::python

@@ -1,0 +1,178 @@
+// What the files of the `wharf._wharf` extension share: Status -> exception conversion, running
+// C++ with the GIL released, the zero-copy Buffer, fork-aware store handles and the rule for
+// engine objects inherited across fork(). Internal to the extension.
+//
+// The rules every binding follows (convention 12):
+//  - every call that may wait (I/O, a fetch batch, a listing, a permutation of many samples)
+//    runs inside WithoutGil(); its Status is converted to an exception only after the GIL is
+//    held again (raising without it crashes the interpreter);
+//  - bytes reach Python as Buffer, which shares the C++ block (no copy);
+//  - objects that own engine state (schedulers, open batches, object readers) remember the
+//    ForkGeneration() they were created in. In a forked child (a DataLoader worker) stores are
+//    reopened, stateless engine parts rebuilt, and engine parts with work in flight are never
+//    used and never destroyed there (their threads do not exist in the child: destroying them
+//    could wait forever), see LeakOrDestroy().
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "base/fork.h"
+#include "dataset/index.h"
+#include "io/fetch_scheduler.h"
+#include "store/object_store.h"
+
+namespace wharf::python {
+
+namespace py = pybind11;
+
+// Sets the Python exception for `status` and throws py::error_already_set.
+// REQUIRES: the GIL is held.
+[[noreturn]] void Raise(const absl::Status& status);
+
+// Runs `fn` with the GIL released and returns its result; convert it with Check() afterwards
+// (the GIL is held again by then).
+template <typename Fn>
+auto WithoutGil(Fn&& fn) {
+  using R = decltype(fn());
+  std::optional<R> result;
+  {
+    py::gil_scoped_release release;
+    result.emplace(fn());
+  }
+  return std::move(*result);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+inline void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+// Read-only bytes owned by C++ (a fetched block, a string, a Cord), exposed through the
+// buffer protocol without a copy.
+class Buffer {
+ public:
+  Buffer(std::shared_ptr<const char> owner, const char* data, size_t size)
+      : owner_(std::move(owner)), data_(data), size_(size) {}
+  static Buffer FromString(std::string s);
+  static Buffer FromFetch(const FetchBuffer& b) { return Buffer(b.block(), b.data(), b.size()); }
+  // Shares the Cord's memory when it is one flat piece; otherwise flattens it once.
+  static Buffer FromCord(absl::Cord cord);
+
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::shared_ptr<const char> owner_;
+  const char* data_;
+  size_t size_;
+};
+
+// A store opened from a URI ("s3://bucket/prefix", "file:///path"), reopened in a forked
+// child. Keys given to it are relative to the URI's key, which acts as a prefix.
+class StoreHandle {
+ public:
+  // Raises for an invalid URI or an unknown scheme. REQUIRES: the GIL is held.
+  explicit StoreHandle(std::string uri);
+
+  // The store for this process. REQUIRES: the GIL is held (it may raise).
+  std::shared_ptr<ObjectStore> store();
+  // The URI's key: "train/" for "s3://bucket/train/".
+  const std::string& prefix() const { return prefix_; }
+  const std::string& uri() const { return uri_; }
+  std::string Key(const std::string& relative) const { return prefix_ + relative; }
+  // A full store key relative to the URI's prefix when below it, else unchanged.
+  std::string Relative(const std::string& key) const;
+  // Whether this process is the one the store was opened in (false in a forked child until
+  // store() reopens it).
+  bool fresh() const { return generation_ == ForkGeneration(); }
+
+ private:
+  void Open();
+
+  std::string uri_;
+  std::string prefix_;
+  std::shared_ptr<ObjectStore> store_;
+  uint64_t generation_ = 0;
+};
+
+// Destroys `p` with the GIL released when it was created in this process (`generation`);
+// in a forked child leaks it instead: its work in flight belongs to threads that do not
+// exist here, and tearing it down could wait for them forever (base/fork.h).
+template <typename T>
+void LeakOrDestroy(std::unique_ptr<T>& p, uint64_t generation) {
+  if (!p) return;
+  if (generation != ForkGeneration()) {
+    (void)p.release();
+    return;
+  }
+  py::gil_scoped_release release;
+  p.reset();
+}
+template <typename T>
+void LeakOrDestroy(std::shared_ptr<T>& p, uint64_t generation) {
+  if (!p) return;
+  if (generation != ForkGeneration()) {
+    new std::shared_ptr<T>(std::move(p));  // never deleted, on purpose
+    return;
+  }
+  py::gil_scoped_release release;
+  p.reset();
+}
+
+// Marks a stream busy while it runs without the GIL: streams are used by one thread at a
+// time, and a second Python thread calling in meanwhile gets RuntimeError instead of a data
+// race. Constructed and destroyed with the GIL held (which guards `busy`).
+class OneThread {
+ public:
+  explicit OneThread(bool& busy) : busy_(busy) {
+    if (busy_) {
+      PyErr_SetString(PyExc_RuntimeError,
+                      "this stream is being read by another thread; use one per thread");
+      throw py::error_already_set();
+    }
+    busy_ = true;
+  }
+  ~OneThread() { busy_ = false; }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  bool& busy_;
+};
+
+// The engine options the Python classes accept (FetchOptions subset).
+struct EngineOptions {
+  int max_in_flight = 0;  // 0: derived (FetchOptions)
+  uint64_t memory_budget = uint64_t{1} << 30;
+
+  FetchOptions ToFetchOptions() const;
+};
+
+// What a RecordStream (records.cc) takes from a wharf.SampleIndex (dataset.cc): the shard
+// list, the store for this process, and the URI whose prefix keys are shown relative to.
+// Raises TypeError when `index` is not a SampleIndex.
+struct IndexParts {
+  std::string uri;
+  std::string prefix;
+  std::shared_ptr<const SampleIndex> index;
+  std::shared_ptr<ObjectStore> store;
+};
+IndexParts GetIndexParts(py::handle index);
+
+// Registration of each part of the module.
+void RegisterDataset(py::module_& m);
+void RegisterRecords(py::module_& m);
+
+}  // namespace wharf::python

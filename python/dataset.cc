@@ -1,0 +1,557 @@
+// Bindings of the dataset core (dataset/): SampleIndex, Sampler, SampleReader (map-style
+// random access, one engine batch per get_batch) and SampleStream (one rank/worker share of an
+// epoch, in order, with bounded read-ahead). See docs/design/python.md.
+//
+// Engine objects (FetchScheduler, SampleReader, SampleStream) are created in the process that
+// uses them. A SampleReader inherited by a forked child rebuilds its engine there; a
+// SampleStream inherited mid-read cannot continue (its read-ahead is in flight on threads the
+// child does not have) and says so; in the child neither is destroyed (binding.h).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dataset/index.h"
+#include "dataset/loader.h"
+#include "dataset/sampler.h"
+#include "python/binding.h"
+#include "store/uri.h"
+
+namespace wharf::python {
+namespace {
+
+// ---- SampleIndex ----
+
+// Entries of an index as bytes, for pickling: the index travels to spawned DataLoader workers
+// as data (no engine state), so every process sees exactly the parent's index without
+// listing again. Little-endian: count, then per entry key, size (or none) and ETag.
+void PutU64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void PutString(std::string& out, const std::string& s) {
+  PutU64(out, s.size());
+  out += s;
+}
+
+class Decoder {
+ public:
+  explicit Decoder(absl::string_view in) : in_(in) {}
+  bool U64(uint64_t* v) {
+    if (in_.size() < 8) return false;
+    *v = 0;
+    for (int i = 0; i < 8; ++i) *v |= uint64_t{static_cast<unsigned char>(in_[i])} << (8 * i);
+    in_.remove_prefix(8);
+    return true;
+  }
+  bool String(std::string* s) {
+    uint64_t n;
+    if (!U64(&n) || in_.size() < n) return false;
+    s->assign(in_.data(), n);
+    in_.remove_prefix(n);
+    return true;
+  }
+  bool Byte(uint8_t* b) {
+    if (in_.empty()) return false;
+    *b = static_cast<uint8_t>(in_[0]);
+    in_.remove_prefix(1);
+    return true;
+  }
+  bool done() const { return in_.empty(); }
+
+ private:
+  absl::string_view in_;
+};
+
+std::string EncodeEntries(const SampleIndex& index) {
+  std::string out;
+  PutU64(out, index.size());
+  for (const SampleEntry& e : index.entries()) {
+    PutString(out, e.key);
+    out.push_back(e.size.has_value() ? 1 : 0);
+    PutU64(out, e.size.value_or(0));
+    PutString(out, e.etag);
+  }
+  return out;
+}
+
+absl::StatusOr<SampleIndex> DecodeEntries(absl::string_view blob) {
+  Decoder d(blob);
+  uint64_t n;
+  if (!d.U64(&n)) return absl::InvalidArgumentError("pickled SampleIndex: truncated");
+  std::vector<SampleEntry> entries;
+  entries.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    SampleEntry e;
+    uint8_t has_size;
+    uint64_t size;
+    if (!d.String(&e.key) || !d.Byte(&has_size) || !d.U64(&size) || !d.String(&e.etag)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pickled SampleIndex: truncated at entry ", i));
+    }
+    if (has_size) e.size = size;
+    entries.push_back(std::move(e));
+  }
+  if (!d.done()) return absl::InvalidArgumentError("pickled SampleIndex: trailing bytes");
+  return SampleIndex(std::move(entries));
+}
+
+// A SampleIndex with the store its keys belong to. Keys shown to Python are relative to the
+// URI's prefix (as wharf.Store shows them) when below it, full store keys otherwise.
+// Immutable after construction (the store handle reopens itself after fork).
+class PyIndex {
+ public:
+  PyIndex(std::string root_uri, SampleIndex index)
+      : handle_(std::move(root_uri)),
+        index_(std::make_shared<const SampleIndex>(std::move(index))) {}
+
+  static std::shared_ptr<PyIndex> FromPrefix(const std::string& uri,
+                                             const std::vector<std::string>& suffixes,
+                                             int workers, int page_size,
+                                             bool keep_directory_markers) {
+    StoreHandle handle(uri);
+    auto store = handle.store();
+    ListingIndexOptions options;
+    options.suffixes = suffixes;
+    options.keep_directory_markers = keep_directory_markers;
+    options.list.workers = workers;
+    options.list.page_size = page_size;
+    SampleIndex index = Check(WithoutGil(
+        [&] { return SampleIndex::FromListing(*store, handle.prefix(), options); }));
+    return std::make_shared<PyIndex>(uri, std::move(index));
+  }
+
+  static std::shared_ptr<PyIndex> FromManifest(const std::string& manifest_uri,
+                                               const std::string& format) {
+    ManifestOptions options;
+    if (format == "auto") {
+      options.format = ManifestFormat::kAuto;
+    } else if (format == "keys") {
+      options.format = ManifestFormat::kKeys;
+    } else if (format == "jsonl") {
+      options.format = ManifestFormat::kJsonLines;
+    } else {
+      Raise(absl::InvalidArgumentError(absl::StrCat(
+          "manifest format \"", format, "\": expected \"auto\", \"keys\" or \"jsonl\"")));
+    }
+    // Sample keys are shown relative to the manifest's folder, which relative keys of the
+    // manifest are resolved against too.
+    ObjectUri parsed = Check(ParseUriOrPath(manifest_uri));
+    const std::string manifest_key = parsed.key;
+    parsed.key = parsed.key.substr(0, parsed.key.rfind('/') + 1);  // npos + 1 == 0
+    StoreHandle handle(parsed.ToString());
+    auto store = handle.store();
+    SampleIndex index = Check(WithoutGil(
+        [&] { return SampleIndex::FromManifest(*store, manifest_key, options); }));
+    return std::make_shared<PyIndex>(parsed.ToString(), std::move(index));
+  }
+
+  static std::shared_ptr<PyIndex> FromKeys(const std::string& uri,
+                                           const std::vector<std::string>& keys) {
+    StoreHandle handle(uri);
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const std::string& k : keys) full.push_back(handle.Key(k));
+    return std::make_shared<PyIndex>(uri, SampleIndex::FromKeys(std::move(full)));
+  }
+
+  StoreHandle& handle() { return handle_; }
+  const std::shared_ptr<const SampleIndex>& index() const { return index_; }
+  size_t size() const { return index_->size(); }
+
+  std::string Key(int64_t i) const { return handle_.Relative((*index_)[Position(i)].key); }
+  py::object Size(int64_t i) const {
+    const auto& size = (*index_)[Position(i)].size;
+    return size ? py::object(py::int_(*size)) : py::object(py::none());
+  }
+  std::vector<std::string> Keys() const {
+    std::vector<std::string> out;
+    out.reserve(index_->size());
+    for (const SampleEntry& e : index_->entries()) out.push_back(handle_.Relative(e.key));
+    return out;
+  }
+  std::string Uri(int64_t i) { return handle_.store()->Uri((*index_)[Position(i)].key); }
+
+  // SampleIndex::Fingerprint(), computed once (O(N): MD5 over every key) without the GIL.
+  // Another thread asking meanwhile waits in call_once without the GIL too.
+  std::string Fingerprint() {
+    return WithoutGil([&] {
+      std::call_once(fingerprint_once_, [&] { fingerprint_ = index_->Fingerprint(); });
+      return fingerprint_;
+    });
+  }
+
+ private:
+  size_t Position(int64_t i) const {
+    const int64_t n = static_cast<int64_t>(index_->size());
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) {
+      PyErr_SetString(PyExc_IndexError,
+                      absl::StrCat("sample ", i, " of an index of ", n, " samples").c_str());
+      throw py::error_already_set();
+    }
+    return static_cast<size_t>(i);
+  }
+
+  StoreHandle handle_;
+  const std::shared_ptr<const SampleIndex> index_;
+  std::once_flag fingerprint_once_;
+  std::string fingerprint_;
+};
+
+// ---- SampleReader ----
+
+py::tuple SampleToPython(PyIndex& index, Sample& s) {
+  return py::make_tuple(index.handle().Relative(s.key), Buffer::FromFetch(s.data));
+}
+
+// Map-style access. The engine (a FetchScheduler and a SampleReader) is built on first use in
+// each process; counters say how many engine batches this process's engine ran.
+class PyReader {
+ public:
+  PyReader(std::shared_ptr<PyIndex> index, EngineOptions options)
+      : index_(std::move(index)), options_(options) {}
+  ~PyReader() {
+    LeakOrDestroy(reader_, generation_);
+    LeakOrDestroy(scheduler_, generation_);
+  }
+  PyReader(const PyReader&) = delete;
+  PyReader& operator=(const PyReader&) = delete;
+
+  py::tuple Get(int64_t i) {
+    py::list batch = GetBatch({i});
+    return batch[0].cast<py::tuple>();
+  }
+
+  py::list GetBatch(const std::vector<int64_t>& indices) {
+    std::vector<uint64_t> positions;
+    positions.reserve(indices.size());
+    const int64_t n = static_cast<int64_t>(index_->size());
+    for (int64_t i : indices) {
+      const int64_t p = i < 0 ? i + n : i;
+      if (p < 0 || p >= n) {
+        PyErr_SetString(PyExc_IndexError,
+                        absl::StrCat("sample ", i, " of a dataset of ", n, " samples").c_str());
+        throw py::error_already_set();
+      }
+      positions.push_back(static_cast<uint64_t>(p));
+    }
+    SampleReader& r = reader();
+    FetchStats stats;
+    auto samples = WithoutGil([&] { return r.GetBatch(positions, &stats); });
+    ++batches_;
+    samples_ += positions.size();
+    requests_ += stats.requests;
+    bytes_ += stats.bytes;
+    retries_ += stats.retries;
+    std::vector<Sample> got = Check(std::move(samples));
+    py::list out;
+    for (Sample& s : got) out.append(SampleToPython(*index_, s));
+    return out;
+  }
+
+  py::dict Stats() const {
+    py::dict d;
+    d["batches"] = batches_;
+    d["samples"] = samples_;
+    d["requests"] = requests_;
+    d["bytes"] = bytes_;
+    d["retries"] = retries_;
+    return d;
+  }
+
+  const std::shared_ptr<PyIndex>& index() const { return index_; }
+
+ private:
+  SampleReader& reader() {
+    if (!reader_ || generation_ != ForkGeneration()) {
+      // First use, or first use in a forked child: the inherited engine belongs to the parent.
+      LeakOrDestroy(reader_, generation_);
+      LeakOrDestroy(scheduler_, generation_);
+      batches_ = samples_ = requests_ = bytes_ = retries_ = 0;
+      scheduler_ = std::make_shared<FetchScheduler>(index_->handle().store(),
+                                                    options_.ToFetchOptions());
+      reader_ = std::make_unique<SampleReader>(index_->index(), scheduler_);
+      generation_ = ForkGeneration();
+    }
+    return *reader_;
+  }
+
+  const std::shared_ptr<PyIndex> index_;
+  const EngineOptions options_;
+  std::shared_ptr<FetchScheduler> scheduler_;
+  std::unique_ptr<SampleReader> reader_;
+  uint64_t generation_ = 0;
+  uint64_t batches_ = 0, samples_ = 0, requests_ = 0, bytes_ = 0, retries_ = 0;
+};
+
+// ---- SampleStream ----
+
+class PyStream {
+ public:
+  PyStream(std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch, bool shuffle,
+           bool drop_last, int rank, int world_size, int worker, int num_workers,
+           uint64_t worker_block, uint64_t consumed, size_t prefetch, uint64_t prefetch_bytes,
+           EngineOptions engine)
+      : index_(std::move(index)), generation_(ForkGeneration()) {
+    Sampler sampler = Check(Sampler::Create(
+        index_->size(), {.seed = seed, .shuffle = shuffle, .drop_last = drop_last},
+        index_->Fingerprint()));
+    const SamplerState state = sampler.State(epoch, consumed);
+    const Partition partition{.rank = rank,
+                              .world_size = world_size,
+                              .worker = worker,
+                              .num_workers = num_workers,
+                              .worker_block = worker_block};
+    scheduler_ =
+        std::make_shared<FetchScheduler>(index_->handle().store(), engine.ToFetchOptions());
+    const StreamOptions options{.prefetch = prefetch, .prefetch_bytes = prefetch_bytes};
+    // The permutation of the whole epoch is computed here: without the GIL.
+    stream_ = Check(WithoutGil([&] {
+      return SampleStream::Create(index_->index(), sampler, state, partition, scheduler_, options);
+    }));
+  }
+  ~PyStream() {
+    LeakOrDestroy(stream_, generation_);
+    LeakOrDestroy(scheduler_, generation_);
+  }
+  PyStream(const PyStream&) = delete;
+  PyStream& operator=(const PyStream&) = delete;
+
+  py::tuple Next() {
+    SampleStream& s = stream();
+    OneThread guard(busy_);
+    auto next = Check(WithoutGil([&] { return s.Next(); }));
+    if (!next) throw py::stop_iteration();
+    return ToPython(*next);
+  }
+
+  py::list NextBatch(size_t n) {
+    SampleStream& s = stream();
+    OneThread guard(busy_);
+    std::vector<Sample> got = Check(WithoutGil([&] { return s.NextBatch(n); }));
+    py::list out;
+    for (Sample& sample : got) out.append(ToPython(sample));
+    return out;
+  }
+
+  uint64_t yielded() { return stream().yielded(); }
+  uint64_t remaining() { return stream().remaining(); }
+  size_t size() { return stream().shard().samples.size(); }
+  const Shard& shard() { return stream().shard(); }
+  uint64_t GlobalPosition(uint64_t i) {
+    const Shard& s = shard();
+    if (i >= s.samples.size()) {
+      Raise(absl::OutOfRangeError(absl::StrCat("position ", i, " of a share of ",
+                                               s.samples.size(), " samples")));
+    }
+    return s.GlobalPosition(i);
+  }
+  py::dict Stats() {
+    FetchStats st = stream().stats();
+    py::dict d;
+    d["samples"] = st.items;
+    d["requests"] = st.requests;
+    d["bytes"] = st.bytes;
+    d["retries"] = st.retries;
+    d["peak_in_flight"] = st.peak_in_flight;
+    d["peak_bytes_held"] = st.peak_bytes_held;
+    return d;
+  }
+
+ private:
+  SampleStream& stream() {
+    if (generation_ != ForkGeneration()) {
+      Raise(absl::FailedPreconditionError(
+          "this SampleStream was created in another process (before a fork): its read-ahead "
+          "is in flight there; create streams in the process that reads them (each DataLoader "
+          "worker creates its own in __iter__)"));
+    }
+    return *stream_;
+  }
+  py::tuple ToPython(Sample& s) {
+    return py::make_tuple(s.index, index_->handle().Relative(s.key), Buffer::FromFetch(s.data));
+  }
+
+  const std::shared_ptr<PyIndex> index_;
+  const uint64_t generation_;
+  std::shared_ptr<FetchScheduler> scheduler_;
+  std::unique_ptr<SampleStream> stream_;
+  bool busy_ = false;  // read and written with the GIL held
+};
+
+SamplerState ParseState(const std::string& json) { return Check(SamplerState::FromJson(json)); }
+
+}  // namespace
+
+IndexParts GetIndexParts(py::handle index) {
+  auto i = index.cast<std::shared_ptr<PyIndex>>();
+  return IndexParts{.uri = i->handle().uri(),
+                    .prefix = i->handle().prefix(),
+                    .index = i->index(),
+                    .store = i->handle().store()};
+}
+
+void RegisterDataset(py::module_& m) {
+  py::class_<PyIndex, std::shared_ptr<PyIndex>>(
+      m, "SampleIndex",
+      "The samples of a dataset (one object each) in a canonical order. Keys are shown "
+      "relative to the URI's prefix. Picklable: it pickles as its URI and entries.")
+      .def_static("from_prefix", &PyIndex::FromPrefix, py::arg("uri"),
+                  py::arg("suffixes") = std::vector<std::string>{}, py::arg("workers") = 16,
+                  py::arg("page_size") = 1000, py::arg("keep_directory_markers") = false,
+                  "Every object below the URI (a string prefix: end it with '/' for a folder), "
+                  "listed by `workers` parallel list calls and sorted by key; only keys ending "
+                  "in one of `suffixes` when given")
+      .def_static("from_manifest", &PyIndex::FromManifest, py::arg("uri"),
+                  py::arg("format") = "auto",
+                  "The samples a manifest object lists (one key per line, or JSON lines with "
+                  "key/size/etag); relative keys resolve against the manifest's folder")
+      .def_static("from_keys", &PyIndex::FromKeys, py::arg("uri"), py::arg("keys"),
+                  "Keys relative to the URI, in the order given (e.g. a list of shards)")
+      .def("__len__", &PyIndex::size)
+      .def("key", &PyIndex::Key, py::arg("i"))
+      .def("size", &PyIndex::Size, py::arg("i"), "The object's size when known, else None")
+      .def("url", &PyIndex::Uri, py::arg("i"), "The full URI of sample i")
+      .def("keys", &PyIndex::Keys)
+      .def_property_readonly("uri", [](PyIndex& i) { return i.handle().uri(); })
+      .def_property_readonly("fingerprint", &PyIndex::Fingerprint,
+                             "A digest of the keys in order (checked when resuming)")
+      .def(py::pickle(
+          [](PyIndex& i) {
+            auto index = i.index();
+            std::string blob = WithoutGil([&] { return EncodeEntries(*index); });
+            return py::make_tuple(i.handle().uri(), py::bytes(blob));
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 2) Raise(absl::InvalidArgumentError("pickled SampleIndex: bad tuple"));
+            const std::string blob = t[1].cast<std::string>();
+            SampleIndex index = Check(WithoutGil([&] { return DecodeEntries(blob); }));
+            return std::make_shared<PyIndex>(t[0].cast<std::string>(), std::move(index));
+          }));
+
+  py::class_<Sampler>(m, "Sampler",
+                      "The global order of each epoch (the same for any world size), its "
+                      "partition across ranks and workers, and resumable states (JSON)")
+      .def(py::init([](uint64_t num_samples, uint64_t seed, bool shuffle, bool drop_last,
+                       std::string fingerprint) {
+             return Check(Sampler::Create(
+                 num_samples, {.seed = seed, .shuffle = shuffle, .drop_last = drop_last},
+                 std::move(fingerprint)));
+           }),
+           py::arg("num_samples"), py::arg("seed") = 0, py::arg("shuffle") = true,
+           py::arg("drop_last") = false, py::arg("fingerprint") = "")
+      .def_property_readonly("num_samples", &Sampler::num_samples)
+      .def("permutation",
+           [](const Sampler& s, uint64_t epoch) {
+             return WithoutGil([&] { return s.Permutation(epoch); });
+           },
+           py::arg("epoch"))
+      .def("end_of_epoch", &Sampler::EndOfEpoch, py::arg("consumed"), py::arg("world_size"),
+           "The end of the epoch's sequence (padding included) from the cursor `consumed`")
+      .def("state",
+           [](const Sampler& s, uint64_t epoch, uint64_t consumed) {
+             return s.State(epoch, consumed).ToJson();
+           },
+           py::arg("epoch"), py::arg("consumed"), "The SamplerState JSON at this cursor")
+      .def("restore",
+           [](const Sampler& s, const std::string& json) {
+             SamplerState state = Check(s.Restore(json));
+             return py::make_tuple(state.epoch, state.consumed);
+           },
+           py::arg("state"),
+           "(epoch, consumed) of a SamplerState JSON, after checking it belongs to this "
+           "sampler (size, seed, shuffle, fingerprint)")
+      .def("shard",
+           [](const Sampler& s, uint64_t epoch, uint64_t consumed, int rank, int world_size,
+              int worker, int num_workers, uint64_t worker_block) {
+             const Partition p{.rank = rank, .world_size = world_size, .worker = worker,
+                               .num_workers = num_workers, .worker_block = worker_block};
+             Shard shard = Check(WithoutGil(
+                 [&] { return s.ShardOf(s.State(epoch, consumed), p); }));
+             return shard.samples;
+           },
+           py::arg("epoch"), py::arg("consumed") = 0, py::arg("rank") = 0,
+           py::arg("world_size") = 1, py::arg("worker") = 0, py::arg("num_workers") = 1,
+           py::arg("worker_block") = 1,
+           "The sample indices one (rank, worker) takes from the cursor to the end of the epoch");
+
+  m.def("parse_sampler_state",
+        [](const std::string& json) {
+          SamplerState s = ParseState(json);
+          py::dict d;
+          d["num_samples"] = s.num_samples;
+          d["seed"] = s.seed;
+          d["shuffle"] = s.shuffle;
+          d["fingerprint"] = s.fingerprint;
+          d["epoch"] = s.epoch;
+          d["consumed"] = s.consumed;
+          return d;
+        },
+        py::arg("state"), "The fields of a SamplerState JSON (ValueError when malformed)");
+  m.def("consumed_after", &ConsumedAfter, py::arg("start"), py::arg("samples_per_rank"),
+        py::arg("world_size"),
+        "The global cursor after every rank took samples_per_rank more samples from `start`: "
+        "start + samples_per_rank * world_size");
+
+  py::class_<PyReader>(m, "SampleReader",
+                       "Random access to the samples of an index; get_batch is ONE engine batch")
+      .def(py::init([](std::shared_ptr<PyIndex> index, int max_in_flight,
+                       uint64_t memory_budget) {
+             return std::make_unique<PyReader>(
+                 std::move(index), EngineOptions{max_in_flight, memory_budget});
+           }),
+           py::arg("index"), py::arg("max_in_flight") = 0,
+           py::arg("memory_budget") = uint64_t{1} << 30)
+      .def("get", &PyReader::Get, py::arg("i"), "(key, Buffer) of sample i")
+      .def("get_batch", &PyReader::GetBatch, py::arg("indices"),
+           "[(key, Buffer)] of the samples, in that order, fetched as one engine batch")
+      .def_property_readonly("index", &PyReader::index)
+      .def_property_readonly("stats", &PyReader::Stats,
+                             "Engine batches, samples, requests, bytes and retries of this "
+                             "process's engine");
+
+  py::class_<PyStream>(m, "SampleStream",
+                       "One (rank, worker) share of an epoch from a cursor, in order, read "
+                       "ahead; iterating yields (index, key, Buffer)")
+      .def(py::init([](std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch,
+                       bool shuffle, bool drop_last, int rank, int world_size, int worker,
+                       int num_workers, uint64_t worker_block, uint64_t consumed,
+                       size_t prefetch, uint64_t prefetch_bytes, int max_in_flight,
+                       uint64_t memory_budget) {
+             return std::make_unique<PyStream>(
+                 std::move(index), seed, epoch, shuffle, drop_last, rank, world_size, worker,
+                 num_workers, worker_block, consumed, prefetch, prefetch_bytes,
+                 EngineOptions{max_in_flight, memory_budget});
+           }),
+           py::arg("index"), py::kw_only(), py::arg("seed") = 0, py::arg("epoch") = 0,
+           py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0,
+           py::arg("world_size") = 1, py::arg("worker") = 0, py::arg("num_workers") = 1,
+           py::arg("worker_block") = 1, py::arg("consumed") = 0, py::arg("prefetch") = 64,
+           py::arg("prefetch_bytes") = 0, py::arg("max_in_flight") = 0,
+           py::arg("memory_budget") = uint64_t{1} << 30)
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", &PyStream::Next)
+      .def("next_batch", &PyStream::NextBatch, py::arg("n"),
+           "The next min(n, remaining) samples, fetched together; [] at the end")
+      .def("__len__", &PyStream::size)
+      .def_property_readonly("yielded", &PyStream::yielded)
+      .def_property_readonly("remaining", &PyStream::remaining)
+      .def_property_readonly("start", [](PyStream& s) { return s.shard().start; })
+      .def_property_readonly("end", [](PyStream& s) { return s.shard().end; })
+      .def_property_readonly("rank_count", [](PyStream& s) { return s.shard().rank_count; },
+                             "Samples the whole rank takes (equal for every rank)")
+      .def_property_readonly("samples", [](PyStream& s) { return s.shard().samples; },
+                             "The sample indices of this share, in order")
+      .def("global_position", &PyStream::GlobalPosition, py::arg("i"),
+           "The position in the epoch's sequence of this share's i-th sample")
+      .def_property_readonly("stats", &PyStream::Stats);
+}
+
+}  // namespace wharf::python

@@ -1,0 +1,486 @@
+"""PyTorch datasets over wharf: samples straight from object storage, zero-copy.
+
+    from wharf.torch import MapDataset, IterableDataset
+
+    # Map-style: one object per sample; a DataLoader batch is ONE engine batch (__getitems__).
+    ds = MapDataset.from_prefix("s3://bucket/train/", transform=decode)
+    loader = DataLoader(ds, batch_size=64, sampler=DistributedSampler(ds), num_workers=8)
+
+    # Iterable: wharf's global order (the same for any world size), resumable mid-epoch.
+    ds = IterableDataset.from_prefix("s3://bucket/train/", seed=0, batch_size_hint=64)
+    loader = DataLoader(ds, batch_size=64, num_workers=8)
+    for epoch in range(start_epoch, epochs):
+        ds.set_epoch(epoch)
+        for step, batch in enumerate(loader): ...
+            ckpt["data"] = ds.state_dict(steps=step + 1)   # the same on every rank
+
+    # Record shards: tar (WebDataset), tfrecord, csv, jsonl.
+    ds = IterableDataset.from_shards("s3://bucket/shards/", format="tar", shuffle_buffer=1000)
+
+Every sample is a `Sample` with `.key` and `.data`: a `wharf.Buffer` sharing the engine's
+memory (numpy.frombuffer / torch.frombuffer / memoryview read it without a copy; it is
+read-only, so torch warns that the tensor is not writable; copy before writing). For tar
+shards `.data` is a dict extension -> Buffer (and `sample["jpg"]` works). `transform=` is
+called on each Sample in the process that reads it (a DataLoader worker) and its result is
+what the dataset yields.
+
+Processes. `import wharf` never imports torch; this module does. The datasets hold only
+configuration and the index (keys, sizes, ETags): they pickle without engine state, and every
+process (DataLoader workers started by fork or spawn) creates its own engine objects on first
+use. Rank and world size come from torch.distributed when it is initialized, else from the
+RANK / WORLD_SIZE environment variables, else 0 / 1 (or pass rank= and world_size=). Worker
+id and count come from torch.utils.data.get_worker_info().
+
+Resume (IterableDataset over samples). The order is a property of (seed, epoch) only; ranks
+take interleaved shares (global position p goes to rank p % world_size), so what all ranks
+consumed is always a prefix of the epoch's sequence and a checkpoint is one integer, the global
+cursor `consumed`. When every rank checkpoints after the same number of steps (synchronous
+data parallelism), each computes the same value locally:
+
+    consumed = start + steps * batch_size * world_size     (wharf._wharf.consumed_after)
+
+where `start` is the cursor the epoch started or resumed from. `state_dict(steps=...)` does
+exactly this; `state_dict()` without steps uses the samples this process yielded (exact with
+num_workers=0; with DataLoader workers, pass steps, since workers yield in other processes).
+`load_state_dict()` with any world size then yields exactly the positions not yet consumed,
+re-dealt over the new ranks. Values past the end of the epoch (the padded tail) mean the epoch
+is complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+
+import torch
+import torch.utils.data
+
+from wharf import _wharf
+
+__all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "distributed_info",
+           "consumed_after"]
+
+consumed_after = _wharf.consumed_after
+
+_FORMAT_SUFFIXES = {
+    "tar": (".tar",),
+    "tfrecord": (".tfrecord", ".tfrecords"),
+    "csv": (".csv",),
+    "jsonl": (".jsonl", ".json", ".ndjson"),
+}
+
+
+class Sample:
+    """One sample: `.key` (relative to the dataset URI), `.data` (a zero-copy wharf.Buffer,
+    or for tar shards a dict extension -> Buffer), `.index` (position in the index, for
+    object datasets), `.url` and `.offset` (the shard and byte offset, for record shards)."""
+
+    __slots__ = ("key", "data", "index", "url", "offset")
+
+    def __init__(self, key: str, data: Any, index: Optional[int] = None,
+                 url: Optional[str] = None, offset: Optional[int] = None):
+        self.key = key
+        self.data = data
+        self.index = index
+        self.url = url
+        self.offset = offset
+
+    def __getitem__(self, extension: str):
+        """For tar samples: the bytes of one extension, e.g. sample["jpg"]."""
+        return self.data[extension]
+
+    def __repr__(self) -> str:
+        return f"Sample(key={self.key!r}, data={self.data!r})"
+
+
+def distributed_info(rank: Optional[int] = None,
+                     world_size: Optional[int] = None) -> tuple[int, int]:
+    """(rank, world_size): the arguments when given, else torch.distributed when initialized,
+    else the RANK / WORLD_SIZE environment variables, else (0, 1)."""
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    r, w = 0, 1
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
+    elif "WORLD_SIZE" in os.environ:
+        r, w = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+    return (r if rank is None else int(rank)), (w if world_size is None else int(world_size))
+
+
+def _worker_info() -> tuple[int, int]:
+    info = torch.utils.data.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class _Distributed:
+    """Rank resolution that survives spawn: DataLoader workers started by spawn have no
+    process group, so the main process's view is recorded when the dataset is pickled."""
+
+    def _init_dist(self, rank, world_size):
+        self._rank_arg, self._world_arg = rank, world_size
+        self._dist_snapshot = None
+
+    def _dist(self) -> tuple[int, int]:
+        if self._rank_arg is not None and self._world_arg is not None:
+            return int(self._rank_arg), int(self._world_arg)
+        dist = torch.distributed
+        initialized = dist.is_available() and dist.is_initialized()
+        if not initialized and self._dist_snapshot is not None:
+            r, w = self._dist_snapshot
+            return (r if self._rank_arg is None else int(self._rank_arg),
+                    w if self._world_arg is None else int(self._world_arg))
+        return distributed_info(self._rank_arg, self._world_arg)
+
+    def _snapshot_state(self) -> dict:
+        state = self.__dict__.copy()
+        state["_dist_snapshot"] = self._dist()  # pickled in the main process
+        return state
+
+
+def _index_for(uri: str, keys=None, suffixes: Sequence[str] = (), list_workers: int = 16):
+    if keys is None:
+        return _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes), workers=list_workers)
+    return _wharf.SampleIndex.from_keys(uri, list(keys))
+
+
+class MapDataset(torch.utils.data.Dataset):
+    """Map-style dataset: sample i is object i of the index (listing order, manifest order or
+    the keys given). `ds[i]` is one Sample; `ds.__getitems__(indices)`, which the DataLoader
+    calls with a whole batch, fetches the batch as ONE engine batch (all requests in flight
+    together). Works with any sampler (DistributedSampler included) and with DataLoader
+    workers started by fork or spawn.
+
+    Engine options: max_in_flight (0: derived), memory_budget (bytes held per process)."""
+
+    def __init__(self, index: "_wharf.SampleIndex", transform: Optional[Callable] = None,
+                 max_in_flight: int = 0, memory_budget: int = 1 << 30):
+        self._index = index
+        self.transform = transform
+        self._engine = dict(max_in_flight=max_in_flight, memory_budget=memory_budget)
+        self._reader = None
+        self._pid = None
+
+    @classmethod
+    def from_prefix(cls, uri: str, transform: Optional[Callable] = None,
+                    suffixes: Sequence[str] = (), list_workers: int = 16, **engine) -> "MapDataset":
+        """Every object below `uri` (end it with '/' for a folder), sorted by key; only keys
+        ending in one of `suffixes` when given. Listed once, by `list_workers` parallel list
+        calls, in the process that calls this."""
+        return cls(_index_for(uri, None, suffixes, list_workers), transform, **engine)
+
+    @classmethod
+    def from_manifest(cls, uri: str, transform: Optional[Callable] = None,
+                      format: str = "auto", **engine) -> "MapDataset":
+        """The objects a manifest lists: one key per line, or JSON lines {"key", "size",
+        "etag"}; relative keys resolve against the manifest's folder."""
+        return cls(_wharf.SampleIndex.from_manifest(uri, format), transform, **engine)
+
+    @classmethod
+    def from_keys(cls, uri: str, keys: Iterable[str], transform: Optional[Callable] = None,
+                  **engine) -> "MapDataset":
+        """The objects `keys` (relative to `uri`), in that order."""
+        return cls(_wharf.SampleIndex.from_keys(uri, list(keys)), transform, **engine)
+
+    @property
+    def index(self) -> "_wharf.SampleIndex":
+        return self._index
+
+    def keys(self) -> list[str]:
+        return self._index.keys()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def _engine_reader(self) -> "_wharf.SampleReader":
+        # One engine per process: a forked DataLoader worker builds its own.
+        if self._reader is None or self._pid != os.getpid():
+            self._reader = _wharf.SampleReader(self._index, **self._engine)
+            self._pid = os.getpid()
+        return self._reader
+
+    def _sample(self, i: int, key: str, data) -> Any:
+        s = Sample(key, data, index=i)
+        return self.transform(s) if self.transform is not None else s
+
+    def __getitem__(self, i: int) -> Any:
+        i = int(i)
+        key, data = self._engine_reader().get(i)
+        return self._sample(i if i >= 0 else i + len(self), key, data)
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        indices = [int(i) for i in indices]
+        got = self._engine_reader().get_batch(indices)
+        n = len(self)
+        return [self._sample(i if i >= 0 else i + n, key, data)
+                for i, (key, data) in zip(indices, got)]
+
+    def stats(self) -> dict:
+        """This process's engine: batches, samples, requests, bytes, retries."""
+        return dict(self._engine_reader().stats)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_reader"] = None  # engine objects never travel; the index pickles as data
+        state["_pid"] = None
+        return state
+
+
+class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
+    """Iterable dataset over one object per sample, in wharf's global order: the permutation
+    of epoch e depends only on (seed, e), ranks take interleaved shares (equal counts: padded
+    by repeating samples, or the tail dropped with drop_last), and a rank's share is cut into
+    blocks of `batch_size_hint` samples dealt round-robin to its DataLoader workers. With
+    batch_size_hint equal to the DataLoader's batch_size, the loader yields the rank's share
+    exactly in order, whatever num_workers.
+
+    Each worker reads its share through one engine batch, `prefetch` samples ahead (and at
+    most `prefetch_bytes` bytes ahead when non-zero); samples of one DataLoader batch are
+    requested together."""
+
+    def __init__(self, index: "_wharf.SampleIndex", *, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False, transform: Optional[Callable] = None,
+                 batch_size_hint: int = 1, prefetch: int = 64, prefetch_bytes: int = 0,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 max_in_flight: int = 0, memory_budget: int = 1 << 30):
+        if batch_size_hint < 1:
+            raise ValueError("batch_size_hint must be >= 1")
+        self._index = index
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self.transform = transform
+        self.batch_size_hint = int(batch_size_hint)
+        self._stream_options = dict(prefetch=prefetch, prefetch_bytes=prefetch_bytes,
+                                    max_in_flight=max_in_flight, memory_budget=memory_budget)
+        self._init_dist(rank, world_size)
+        self._epoch = 0
+        self._start = 0      # the global cursor this epoch starts (or resumed) from
+        self._yielded = 0    # samples this process yielded since the last __iter__
+        self._sampler = None
+
+    @classmethod
+    def from_prefix(cls, uri: str, suffixes: Sequence[str] = (), list_workers: int = 16,
+                    **kwargs) -> "IterableDataset":
+        """Every object below `uri` (listed once, in parallel, sorted by key)."""
+        return cls(_index_for(uri, None, suffixes, list_workers), **kwargs)
+
+    @classmethod
+    def from_manifest(cls, uri: str, format: str = "auto", **kwargs) -> "IterableDataset":
+        """The objects a manifest lists (see MapDataset.from_manifest)."""
+        return cls(_wharf.SampleIndex.from_manifest(uri, format), **kwargs)
+
+    @classmethod
+    def from_keys(cls, uri: str, keys: Iterable[str], **kwargs) -> "IterableDataset":
+        return cls(_wharf.SampleIndex.from_keys(uri, list(keys)), **kwargs)
+
+    @staticmethod
+    def from_shards(uri: str, shards: Union[None, str, Sequence[str]] = None,
+                    format: str = "tar", **kwargs) -> "RecordDataset":
+        """Records of shard objects: format "tar" (WebDataset samples), "tfrecord", "csv" or
+        "jsonl". `shards`: a list of keys relative to `uri`; a string: the shards below that
+        sub-prefix; None: every object below `uri` with the format's suffix. See
+        RecordDataset for the options."""
+        return RecordDataset(uri, shards, format=format, **kwargs)
+
+    # -- order and resume --
+
+    @property
+    def index(self) -> "_wharf.SampleIndex":
+        return self._index
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch's order. A resumed epoch keeps its cursor; another starts at 0."""
+        epoch = int(epoch)
+        if epoch != self._epoch:
+            self._epoch, self._start, self._yielded = epoch, 0, 0
+
+    def sampler(self) -> "_wharf.Sampler":
+        if self._sampler is None:
+            self._sampler = _wharf.Sampler(len(self._index), seed=self.seed, shuffle=self.shuffle,
+                                           drop_last=self.drop_last,
+                                           fingerprint=self._index.fingerprint)
+        return self._sampler
+
+    def __len__(self) -> int:
+        """Samples this rank yields in the current epoch from its cursor (all workers)."""
+        _, world = self._dist()
+        end = self.sampler().end_of_epoch(self._start, world)
+        return max(0, end - self._start) // world
+
+    def global_consumed(self, steps: Optional[int] = None,
+                        batch_size: Optional[int] = None) -> int:
+        """The global cursor: start + samples_per_rank * world_size, where samples_per_rank is
+        steps * batch_size (batch_size defaults to batch_size_hint) when steps is given, else
+        the samples this process yielded since the last __iter__ (exact with num_workers=0)."""
+        _, world = self._dist()
+        if steps is not None:
+            per_rank = int(steps) * int(batch_size or self.batch_size_hint)
+        else:
+            per_rank = self._yielded
+        return consumed_after(self._start, per_rank, world)
+
+    def state_dict(self, steps: Optional[int] = None,
+                   batch_size: Optional[int] = None) -> dict:
+        """{"version", "num_samples", "seed", "shuffle", "fingerprint", "epoch", "consumed"}
+        at the global cursor global_consumed(steps, batch_size)."""
+        consumed = self.global_consumed(steps, batch_size)
+        return json.loads(self.sampler().state(self._epoch, consumed))
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues the state's epoch at its cursor, with this process's world size. Raises
+        WharfError when the state is for another dataset, seed or shuffle setting."""
+        epoch, consumed = self.sampler().restore(json.dumps(state))
+        self._epoch, self._start, self._yielded = epoch, consumed, 0
+
+    # -- reading --
+
+    def __iter__(self) -> Iterator[Any]:
+        rank, world = self._dist()
+        worker, num_workers = _worker_info()
+        stream = _wharf.SampleStream(
+            self._index, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle,
+            drop_last=self.drop_last, rank=rank, world_size=world, worker=worker,
+            num_workers=num_workers, worker_block=self.batch_size_hint, consumed=self._start,
+            **self._stream_options)
+        self._yielded = 0
+        transform = self.transform
+        block = self.batch_size_hint
+        while True:
+            batch = stream.next_batch(block)  # one DataLoader batch requested together
+            if not batch:
+                return
+            for index, key, data in batch:
+                s = Sample(key, data, index=index)
+                self._yielded += 1
+                yield transform(s) if transform is not None else s
+
+    def __getstate__(self):
+        state = self._snapshot_state()
+        state["_sampler"] = None
+        return state
+
+
+class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
+    """Records of shards: format "tar" (a Sample per WebDataset sample: `.key` the sample
+    key, `.data` a dict extension -> Buffer), "tfrecord" (a Sample per record), "csv" or
+    "jsonl" (a Sample per row; `.data` the row without its line end; parse with
+    wharf.split_csv or json.loads). Record samples have `.url` (the shard) and `.offset`
+    (the record's byte offset in it) and `.key` = "<shard key>@<offset>" (tar: the sample key).
+
+    Order: the shard order of each epoch is a permutation from (seed, epoch) (identity without
+    shuffle); shards are dealt round-robin to ranks, then to the rank's DataLoader workers;
+    each worker reads its shards in turn and, with shuffle_buffer=N, mixes records in a buffer
+    of N (seeded from seed, epoch, rank and worker). Counts per rank follow the shards' sizes:
+    use equal shards, as many as a multiple of world_size * num_workers, for equal counts.
+
+    rows_per_item=N (csv/jsonl): yield lists of up to N row Samples (one buffer per list).
+    header=True (csv/jsonl): the first row of each shard is its header, not a record.
+    Mid-epoch resume is not supported for record shards: state_dict() holds the seed and the
+    epoch, and a restored epoch starts over."""
+
+    def __init__(self, uri: str, shards: Union[None, str, Sequence[str]] = None, *,
+                 format: str = "tar", shuffle: bool = True, seed: int = 0,
+                 shuffle_buffer: int = 0, transform: Optional[Callable] = None,
+                 header: bool = False, delimiter: str = ",", quote: str = '"',
+                 skip_empty_rows: bool = False, rows_per_item: Optional[int] = None,
+                 chunk_size: int = 8 << 20, read_ahead: int = 2,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 list_workers: int = 16):
+        if format not in _FORMAT_SUFFIXES:
+            raise ValueError(f"format {format!r}: expected one of {sorted(_FORMAT_SUFFIXES)}")
+        if rows_per_item is not None and format not in ("csv", "jsonl"):
+            raise ValueError("rows_per_item is for csv and jsonl")
+        if shards is None or isinstance(shards, str):
+            sub = "" if shards is None else shards
+            index = _wharf.SampleIndex.from_prefix(uri + sub,
+                                                   suffixes=list(_FORMAT_SUFFIXES[format]),
+                                                   workers=list_workers)
+            if sub:  # keys relative to `uri`, not to the sub-prefix
+                index = _wharf.SampleIndex.from_keys(uri, [sub + k for k in index.keys()])
+        else:
+            index = _wharf.SampleIndex.from_keys(uri, list(shards))
+        if len(index) == 0:
+            raise ValueError(f"no {format} shards found at {uri}"
+                             + (f" under {shards!r}" if isinstance(shards, str) else ""))
+        self._index = index
+        self.format = format
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.transform = transform
+        self.rows_per_item = rows_per_item
+        self._options = dict(shuffle_buffer=shuffle_buffer, header=header, delimiter=delimiter,
+                             quote=quote, skip_empty_rows=skip_empty_rows,
+                             chunk_size=chunk_size, read_ahead=read_ahead)
+        self._init_dist(rank, world_size)
+        self._epoch = 0
+
+    @property
+    def shards(self) -> list[str]:
+        return self._index.keys()
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+
+    def state_dict(self) -> dict:
+        return {"format": self.format, "shards": len(self._index), "seed": self.seed,
+                "shuffle": self.shuffle, "epoch": self._epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state.get("seed"), state.get("shuffle"), state.get("shards")) != \
+                (self.seed, self.shuffle, len(self._index)):
+            raise ValueError(f"record dataset state {state} does not match this dataset "
+                             f"(seed {self.seed}, shuffle {self.shuffle}, "
+                             f"{len(self._index)} shards)")
+        self._epoch = int(state["epoch"])
+
+    def stream(self, rank: Optional[int] = None, world_size: Optional[int] = None,
+               worker: int = 0, num_workers: int = 1) -> "_wharf.RecordStream":
+        """The extension's stream for one (rank, worker) share of the current epoch."""
+        r, w = self._dist()
+        return _wharf.RecordStream(
+            self._index, self.format, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle,
+            rank=r if rank is None else rank, world_size=w if world_size is None else world_size,
+            worker=worker, num_workers=num_workers, **self._options)
+
+    def __iter__(self) -> Iterator[Any]:
+        worker, num_workers = _worker_info()
+        stream = self.stream(worker=worker, num_workers=num_workers)
+        transform = self.transform
+        url_keys = {}
+        if self.format != "tar":
+            url_keys = {self._index.url(i): k for i, k in enumerate(self._index.keys())}
+
+        def key_of(url: str, offset: int) -> str:
+            return f"{url_keys.get(url, url)}@{offset}"
+
+        def out(s):
+            return transform(s) if transform is not None else s
+
+        if self.format == "tar":
+            for d in stream:
+                key = d.pop("__key__")
+                url = d.pop("__url__")
+                offset = d.pop("__offset__")
+                yield out(Sample(key, d, url=url, offset=offset))
+        elif self.rows_per_item:
+            while True:
+                rows = stream.next_batch(self.rows_per_item)
+                if not rows:
+                    return
+                yield out([Sample(key_of(url, off), data, url=url, offset=off)
+                           for url, off, data in rows])
+        else:
+            for url, off, data in stream:
+                yield out(Sample(key_of(url, off), data, url=url, offset=off))
+
+    def __getstate__(self):
+        return self._snapshot_state()
