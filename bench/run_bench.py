@@ -5,6 +5,8 @@ Usage (from the repository root, after ./run setup and ./run build):
 
     .venv/bin/python bench/run_bench.py [--scenario S1|S2|S3|all] [--quick] [--out bench-results/]
                                         [--repeat N] [--delays 0,25] [--clients wharf,curl,...]
+    .venv/bin/python bench/run_bench.py --scenario TRAIN [--quick] [--delays 25]
+                                        (the training-loop benchmark: bench/train_bench.py)
 
 What it does
 ------------
@@ -1105,7 +1107,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (bench/run_bench.py) for details.")
-    ap.add_argument("--scenario", default="all", choices=["S1", "S2", "S3", "all"])
+    ap.add_argument("--scenario", default="all", choices=["S1", "S2", "S3", "all", "TRAIN"],
+                    help="TRAIN: the training-loop benchmark, bench/train_bench.py (passes "
+                    "--quick, --out, --wharf, --proxy-bin, --timeout, --keep-server and the "
+                    "first of --delays as --delay-ms)")
     ap.add_argument("--quick", action="store_true",
                     help="smoke sizes: S1 1,000 objects, S2 1 x 256 MiB, S3 10,000 keys")
     ap.add_argument("--out", default=str(REPO / "bench-results"))
@@ -1136,6 +1141,15 @@ def main() -> int:
                     help="leave a server this run started running (its data stays)")
     a = ap.parse_args()
     a.wharf = str(Path(a.wharf).resolve()) if Path(a.wharf).exists() else a.wharf
+    if a.scenario == "TRAIN":
+        import train_bench
+
+        targs = ["--out", a.out, "--wharf", a.wharf, "--timeout", str(a.timeout)]
+        targs += ["--quick"] if a.quick else []
+        targs += ["--delay-ms", a.delays.split(",")[0]] if a.delays else []
+        targs += ["--proxy-bin", a.proxy_bin] if a.proxy_bin else []
+        targs += ["--keep-server"] if a.keep_server else []
+        return train_bench.main(targs)
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
