@@ -235,8 +235,10 @@ class Measured:
     timed_out: bool
 
 
-def run_measured(argv: list[str], env: dict, timeout: float, cwd: Path = REPO) -> Measured:
+def run_measured(argv: list[str], env: dict, timeout: float, cwd: Path = REPO,
+                 sample_every: float = 0.2) -> Measured:
     """Runs argv in its own session; CPU from os.wait4 (child + waited descendants).
+    The tree's PSS is sampled every `sample_every` seconds (reading smaps_rollup costs CPU).
 
     Peak RSS: a child forked from this (~60 MiB) Python process keeps the parent's RSS as
     its ru_maxrss high-water mark across exec, so when GNU time is installed the client is
@@ -267,7 +269,7 @@ def run_measured(argv: list[str], env: dict, timeout: float, cwd: Path = REPO) -
     timed_out = False
     try:
         while th.is_alive():
-            th.join(0.2)
+            th.join(sample_every)
             if th.is_alive():
                 peak = max(peak, session_pss_bytes(p.pid))
                 if time.perf_counter() - t0 > timeout:

@@ -44,14 +44,16 @@ Procedure per loader
 1. An unthrottled run (compute 0): the loader's delivered samples/s (its supply).
 2. The demand grid (--compute-ms, default 800 ms down to ~5 ms in steps of 2^(1/4), i.e.
    ~19% apart; demand = 64 / compute) is searched for the highest demand with AU >= 90%:
-   grid points above supply / 0.8 are not run (AU <= supply / demand makes them fail);
-   --search bisect (default) first tries the highest point at or below 0.9 x supply, walks up
-   while it passes, else bisects below it (AU falls as demand rises); --search all runs every
-   remaining grid point from high compute to low.
-3. Runs per point: ceil(8 s / compute) batches, clamped to [30, 60] (--quick: 3 s, [12, 24];
-   --batches N fixes it). AU is the steady state from the first batch's arrival (see
-   train_peer.py; the time to the first batch is reported separately as TTFB, and AU with
-   start-up included as "AU epoch").
+   --search bisect (default) first tries the highest point at or below 0.9 x the unthrottled
+   rate, walks up while it passes, else bisects below it (AU falls as demand rises), so the
+   answer is bracketed by a pass and the next grid point's fail; --search all runs the grid
+   from high compute to low until two points in a row fail.
+3. Runs per point: W warm-up batches + ceil(8 s / compute) measured batches, clamped to
+   [24, 50] (50 unthrottled; --quick: 3 s, [10, 20]; --batches N fixes the measured part).
+   W = 2 x num_workers (at least 1): what DataLoader workers (prefetch_factor 2) can bank
+   while the first batch is awaited. AU is the steady state over the measured batches (see
+   train_peer.py); the time to the first batch is reported as TTFB and the AU of the whole
+   run, start-up included, as "AU epoch".
 A run that read fewer samples or bytes than asked, repeated a key, exited non-zero or timed
 out is FAILED and counts as no throughput.
 
@@ -201,28 +203,39 @@ def ensure_tar_shards(server: rb.Server, objects: dict[str, int], nshards: int) 
 
 
 # ----------------------------------------------------------------------------- runs
-def batches_for(a, compute_ms: float) -> int:
+def warmup_for(ld: Loader) -> int:
+    """Batches DataLoader workers can bank before the first is consumed (prefetch_factor 2)."""
+    return max(1, 2 * ld.workers)
+
+
+def batches_for(a, ld: Loader, compute_ms: float) -> int:
+    """Warm-up + measured batches: ceil(target / compute) measured, clamped."""
+    w = warmup_for(ld)
     if a.batches:
-        return a.batches
-    target, lo, hi = (3.0, 12, 24) if a.quick else (8.0, 30, 60)
+        return w + a.batches
+    target, lo, hi = (3.0, 10, 20) if a.quick else (8.0, 24, 50)
     if compute_ms <= 0:
-        return hi
-    return max(lo, min(hi, math.ceil(target / (compute_ms / 1000))))
+        return w + hi
+    return w + max(lo, min(hi, math.ceil(target / (compute_ms / 1000))))
 
 
 def run_point(a, ld: Loader, compute_ms: float, ctx: rb.Ctx, server: rb.Server,
               proxy: rb.Proxy) -> dict:
-    n = batches_for(a, compute_ms)
+    n = batches_for(a, ld, compute_ms)
+    w = warmup_for(ld)
     argv = [str(VENV_PY), str(BENCH / "train_peer.py"), "--loader", ld.kind,
             "--workers", str(ld.workers), "--endpoint", ctx.endpoint, "--bucket", BUCKET,
             "--prefix", TAR_PREFIX if ld.tar else "s1/", "--batch-size", str(a.batch_size),
-            "--batches", str(n), "--compute-ms", f"{compute_ms:g}", "--seed", str(a.seed),
+            "--batches", str(n), "--warmup", str(w), "--compute-ms", f"{compute_ms:g}",
+            "--seed", str(a.seed),
             "--expect-size", str(a._sample_size), *ld.extra]
     rec = {"loader": ld.name, "compute_ms": compute_ms, "batches_asked": n,
            "demand": a.batch_size / (compute_ms / 1000) if compute_ms > 0 else None,
            "expected_samples": n * a.batch_size, "load_before": os.getloadavg()[0]}
     s_cpu0, p_cpu0 = server.cpu(), proxy.cpu()
-    m = rb.run_measured(argv, ctx.base_env(), a.timeout)
+    # PSS sampled once a second, not every 0.2 s: reading smaps_rollup of ~10 torch processes
+    # 5 times a second took ~15% of a core here, from the 2 the loader and server share.
+    m = rb.run_measured(argv, ctx.base_env(), a.timeout, sample_every=1.0)
     rec.update(server_cpu_s=server.cpu() - s_cpu0, proxy_cpu_s=proxy.cpu() - p_cpu0,
                rc=m.rc, process_wall_s=m.wall, maxrss_mib=m.maxrss_kib / 1024,
                tree_rss_mib=m.tree_rss_peak / MiB, timed_out=m.timed_out)
@@ -273,12 +286,10 @@ def sweep(a, ld: Loader, ctx, server, proxy) -> dict:
     supply = base["rate"]
     grid = sorted(set(a._grid), reverse=True)  # compute ms, high to low = demand low to high
     demand = {c: a.batch_size / (c / 1000) for c in grid}
-    feasible = [c for c in grid if demand[c] <= supply / 0.8]
-    out["not_run_above_supply"] = [c for c in grid if c not in feasible]
     results: dict[float, dict] = {}
 
     def probe(i: int) -> bool:
-        c = feasible[i]
+        c = grid[i]
         if c not in results:
             results[c] = run_point(a, ld, c, ctx, server, proxy)
             runs.append(results[c])
@@ -286,14 +297,20 @@ def sweep(a, ld: Loader, ctx, server, proxy) -> dict:
         return r["status"] == "ok" and bool(r.get("pass"))
 
     if a.search == "all":
-        for i in range(len(feasible)):
-            probe(i)
-    elif feasible:
-        # feasible[i]: demand rises with i. Start just under 0.9 x supply.
-        start = max([i for i, c in enumerate(feasible) if demand[c] <= 0.9 * supply] or [0])
+        fails = 0
+        for i in range(len(grid)):
+            fails = 0 if probe(i) else fails + 1
+            if fails == 2:
+                break
+    elif grid:
+        # grid[i]: demand rises with i. Start at the highest demand <= 0.9 x the unthrottled
+        # rate; walk up while it passes (the unthrottled run is no hard ceiling here: at
+        # compute 0 the loop takes CPU the server needs), else bisect below (AU falls as
+        # demand rises).
+        start = max([i for i, c in enumerate(grid) if demand[c] <= 0.9 * supply] or [0])
         if probe(start):
             i = start
-            while i + 1 < len(feasible) and probe(i + 1):
+            while i + 1 < len(grid) and probe(i + 1):
                 i += 1
         else:
             lo, hi = -1, start  # lo: highest index known to pass (-1: none), hi: known to fail
@@ -303,6 +320,7 @@ def sweep(a, ld: Loader, ctx, server, proxy) -> dict:
                     lo = mid
                 else:
                     hi = mid
+    out["not_run"] = [c for c in grid if c not in results]
     passed = [r for r in runs if r.get("pass")]
     failed_d = [r["demand"] for r in runs if r.get("demand") and not r.get("pass")]
     best = max(passed, key=lambda r: r["demand"]) if passed else None
@@ -328,7 +346,7 @@ def f(v, spec: str) -> str:
 def loader_table(res: dict, a) -> str:
     head = (f"### {res['loader']}: {res.get('config') or res['kind']}, "
             f"num_workers={res['workers']}\n\n")
-    cols = ["compute ms/batch", "demand samples/s", "batches", "status", "AU", "samples/s",
+    cols = ["compute ms/batch", "demand samples/s", "batches (warm-up+measured)", "status", "AU", "samples/s",
             "AU epoch", "TTFB s", "wait p50 / p95 ms", "CPU s", "RSS MiB", "tree PSS MiB"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     rows = sorted(res["runs"], key=lambda r: -r["compute_ms"] if r["compute_ms"] else math.inf)
@@ -339,7 +357,8 @@ def loader_table(res: dict, a) -> str:
         lines.append("| " + " | ".join([
             f"{r['compute_ms']:g}" if r["compute_ms"] else "0",
             f"{r['demand']:,.0f}" if r.get("demand") else "-",
-            str(r.get("batches", r["batches_asked"])), st,
+            (f"{r['warmup']}+{r['batches'] - r['warmup']}" if "warmup" in r and "batches" in r
+             else str(r["batches_asked"])), st,
             f"{100 * r['au']:.1f}%" if ok and r["compute_ms"] else "-",
             f(r.get("rate") if ok else None, ",.0f"),
             f"{100 * r['au_epoch']:.1f}%" if ok and r["compute_ms"] else "-",
@@ -349,10 +368,10 @@ def loader_table(res: dict, a) -> str:
             f(r.get("cpu_s"), ".2f"), f(r.get("maxrss_mib"), ",.0f"),
             f(r.get("tree_rss_mib"), ",.0f")]) + " |")
     notes = []
-    if res.get("not_run_above_supply"):
-        skipped = res["not_run_above_supply"]
-        notes.append(f"- not run: {len(skipped)} grid points with demand above the unthrottled "
-                     f"rate / 0.8 (compute {max(skipped):g} .. {min(skipped):g} ms)")
+    if res.get("not_run"):
+        nr = res["not_run"]
+        notes.append(f"- {len(nr)} other grid points not run: the search brackets the highest "
+                     f"sustained demand between a pass and the next grid point's fail")
     for r in res["runs"]:
         if r["status"] != "ok":
             notes.append(f"- compute {r['compute_ms']:g} ms FAILED: {'; '.join(r['problems'])}"
@@ -479,10 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     sections: list[str] = []
     raw = None
     failed = False
+    objectstore = "?"
     t_start = time.time()
     try:
         proxy_bin = rb.find_proxy(a.proxy_bin)
         server.start(big=False)
+        objectstore = server.objectstore()  # read now: stop() removes the base dir
         versions = tool_versions()
         s1 = rb.make_scenarios(False)["S1"]
         try:
@@ -544,13 +565,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"- machine: {os.cpu_count()} cores, "
                       f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / rb.GiB:.0f} "
                       f"GiB RAM, load {os.getloadavg()[0]:.2f}; server objectstore "
-                      f"{server.objectstore()}; latency proxy {a.delay_ms:g} ms each way; "
+                      f"{objectstore}; latency proxy {a.delay_ms:g} ms each way; "
                       f"total wall {time.time() - t_start:.0f} s\n"
                       f"- data: {getattr(a, '_objects', 0):,} "
                       f"objects of {getattr(a, '_sample_size', 0):,} B (s3://{BUCKET}/s1/) "
                       f"and {a.tar_shards} tar shards of the same samples ({TAR_PREFIX})\n"
-                      f"- AU = compute / wall in the steady state (first to last batch "
-                      f"arrival); AU epoch includes the start-up (TTFB); sustained = AU >= "
+                      f"- AU = compute / wall in the steady state (after W = 2 x num_workers "
+                      f"warm-up batches, min 1); AU epoch = the whole run, start-up (TTFB) "
+                      f"included; sustained = AU >= "
                       f"{100 * a.au_target:.0f}%; demand = batch / compute; batch "
                       f"{a.batch_size}; {'quick: ' if a.quick else ''}batches per point "
                       f"{'fixed ' + str(a.batches) if a.batches else 'by compute time'}; "

@@ -21,11 +21,15 @@ num_workers=0, else the worker, which hands the tensor over in shared memory):
                force_path_style=True)), transform = reader.read(); RandomSampler
 
 Timing (perf_counter): setup_s = dataset construction (listing included) and DataLoader; t0 =
-before iter(loader); t_i = arrival of batch i; compute_i = measured sleep after batch i.
+before iter(loader); t_i = arrival of batch i; compute_i = measured sleep after batch i;
+W = --warmup batches (the harness passes num_workers x prefetch_factor: the batches DataLoader
+workers can bank while the first one is awaited, which would otherwise count as free).
   ttfb_s        t_1 - t0 (worker start-up and the first batch)
-  au            sum(compute_1..n-1) / (t_n - t_1): steady state, the window from the first to
-                the last arrival holds the compute of batches 1..n-1 and the waits for 2..n
-  rate          (n-1) * batch / (t_n - t_1), samples/s delivered in that window
+  au            sum(compute_W+1..n-1) / (t_n - t_W+1): steady state; the window from arrival
+                W+1 to the last arrival holds the compute of batches W+1..n-1 and the waits
+                for W+2..n
+  rate          (n-1-W) * batch / (t_n - t_W+1), samples/s delivered in that window
+  au_all, rate_all  the same from the first arrival (W = 0), for reference
   au_epoch      sum(compute_1..n) / (t_end - t0), start-up included (DLIO's epoch AU)
   rate_epoch    n * batch / (t_end - t0)
 Verification: exactly --batches batches of --batch-size samples, every sample --expect-size
@@ -240,17 +244,21 @@ def run(a) -> dict:
         problems.append(f"read {nbytes:,}/{expect * a.expect_size:,} bytes")
 
     n = len(arrivals)
+    w = a.warmup
     out = {"loader": a.loader, "workers": a.workers, "config": config,
            "dataset_len": dataset_len, "compute_ms": a.compute_ms, "batch_size": a.batch_size,
            "batches": n, "samples": samples, "bytes": nbytes, "unique_keys": len(keys_seen),
-           "setup_s": setup_s, "run_s": t_end - t0, "problems": problems}
-    if n >= 2:
-        window = arrivals[-1] - arrivals[0]
-        waits = [arrivals[j] - (arrivals[j - 1] + computes[j - 1]) for j in range(1, n)]
+           "warmup": w, "setup_s": setup_s, "run_s": t_end - t0, "problems": problems}
+    if n >= w + 2:
+        window = arrivals[-1] - arrivals[w]
+        full = arrivals[-1] - arrivals[0]
+        waits = [arrivals[j] - (arrivals[j - 1] + computes[j - 1]) for j in range(w + 1, n)]
         out.update(
             ttfb_s=arrivals[0] - t0, steady_s=window,
-            au=sum(computes[:-1]) / window if window > 0 else 0.0,
-            rate=(n - 1) * a.batch_size / window if window > 0 else 0.0,
+            au=sum(computes[w:-1]) / window if window > 0 else 0.0,
+            rate=(n - 1 - w) * a.batch_size / window if window > 0 else 0.0,
+            au_all=sum(computes[:-1]) / full if full > 0 else 0.0,
+            rate_all=(n - 1) * a.batch_size / full if full > 0 else 0.0,
             au_epoch=sum(computes) / (t_end - t0),
             rate_epoch=samples / (t_end - t0),
             wait_p50_ms=1000 * pct(waits, 0.5), wait_p95_ms=1000 * pct(waits, 0.95),
@@ -270,14 +278,16 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--batches", type=int, required=True)
     p.add_argument("--compute-ms", type=float, required=True)
+    p.add_argument("--warmup", type=int, default=0,
+                   help="batches before the steady-state window (counted in --batches)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--expect-size", type=int, required=True, help="bytes per sample")
     p.add_argument("--prefetch", type=int, help="wharf-iter: samples read ahead (default: "
                    "the library's)")
     p.add_argument("--shuffle-buffer", type=int, default=1000, help="wharf-tar")
     a = p.parse_args()
-    if a.batches < 2:
-        p.error("--batches must be >= 2")
+    if a.batches < a.warmup + 2:
+        p.error("--batches must be >= --warmup + 2")
 
     import warnings
 
