@@ -27,7 +27,8 @@ Loaders (bench/train_peer.py, one subprocess per run; --loaders picks; * = defau
   * s3torch-map-w8   s3torchconnector S3MapDataset (S3ClientConfig(force_path_style)), 8 workers
   * wharf-tar        IterableDataset.from_shards(format="tar", shuffle, seed, shuffle_buffer=1000)
                      over tar shards of the same samples, num_workers=0
-    wharf-iter-p256, wharf-map-w2, wharf-tar-w2, boto3-map-w16, s3torch-map-w16  (variants)
+    wharf-iter-p64, wharf-iter-p256 (read-ahead other than the default), wharf-map-w2,
+    wharf-tar-w2, boto3-map-w16, s3torch-map-w16  (variants)
 Every loader yields (keys, uint8 tensor [64, 102400]): the same collate function stacks the
 samples (one copy, in shared memory when a worker runs it, as default_collate does).
 
@@ -114,6 +115,7 @@ LOADERS = [
     Loader("boto3-map-w8", "boto3-map", 8),
     Loader("s3torch-map-w8", "s3torch-map", 8),
     Loader("wharf-tar", "wharf-tar", 0, tar=True),
+    Loader("wharf-iter-p64", "wharf-iter", 0, extra=["--prefetch", "64"], default=False),
     Loader("wharf-iter-p256", "wharf-iter", 0, extra=["--prefetch", "256"], default=False),
     Loader("wharf-map-w2", "wharf-map", 2, default=False),
     Loader("wharf-tar-w2", "wharf-tar", 2, tar=True, default=False),

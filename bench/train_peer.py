@@ -154,8 +154,9 @@ def build_loader(a):
         kw = {} if a.prefetch is None else {"prefetch": a.prefetch}
         ds = IterableDataset.from_prefix(uri, shuffle=True, seed=a.seed,
                                          batch_size_hint=a.batch_size, transform=_wharf_kv, **kw)
+        prefetch = ds._stream_options.get("prefetch")  # the effective value, default included
         cfg = (f"IterableDataset.from_prefix(shuffle, seed={a.seed}, batch_size_hint="
-               f"{a.batch_size}{'' if a.prefetch is None else f', prefetch={a.prefetch}'})")
+               f"{a.batch_size}, prefetch={prefetch}{'' if a.prefetch else ' (default)'})")
         return DataLoader(ds, **common), cfg, len(ds.index)
     if a.loader == "wharf-map":
         from wharf.torch import MapDataset
