@@ -107,7 +107,9 @@ SampleStream::SampleStream(std::shared_ptr<const SampleIndex> index, Shard shard
     : index_(std::move(index)),
       shard_(std::move(shard)),
       scheduler_(std::move(scheduler)),
-      options_(options) {}
+      options_(options) {
+  base_ = added_ = yielded_ = std::min<uint64_t>(options_.skip, shard_.samples.size());
+}
 
 // The batch handle cancels outstanding requests; their buffers are freed as they finish.
 SampleStream::~SampleStream() = default;
@@ -125,7 +127,7 @@ void SampleStream::FillTo(uint64_t required, uint64_t ahead) {
   if (added_ >= ahead) return;
   if (!batch_) batch_ = scheduler_->StartBatch();
   std::vector<FetchItem> items;
-  // Engine indices follow the share's positions: item i of the batch is samples[i].
+  // Engine indices follow the share's positions: item i of the batch is samples[base_ + i].
   for (; added_ < ahead; ++added_) {
     const uint64_t size = SizeAt(added_);
     if (added_ >= required && options_.prefetch_bytes > 0 &&
@@ -153,8 +155,9 @@ absl::StatusOr<Sample> SampleStream::TakeOne() {
   // ones first, which wait in early_ (still charged to the budget, as they would be inside
   // the batch).
   while (auto r = batch_->Next()) {
-    if (r->index == position) return ToSample(*index_, sample, *std::move(r));
-    early_.emplace(r->index, *std::move(r));
+    const uint64_t at = base_ + r->index;
+    if (at == position) return ToSample(*index_, sample, *std::move(r));
+    early_.emplace(at, *std::move(r));
   }
   return absl::InternalError(absl::StrCat("fetch batch ended before ",
                                           SampleContext(sample, (*index_)[sample])));

@@ -85,6 +85,9 @@ struct StreamOptions {
   // ResourceExhausted (the engine cannot tell a budget held by another live batch from a
   // deadlock).
   uint64_t prefetch_bytes = 0;
+  // Samples at the start of the share to pass over without reading them: a DataLoader
+  // worker resuming its own share after yielding that many (clipped to the share's size).
+  uint64_t skip = 0;
 };
 
 // The samples of one Shard, in order, with read-ahead.
@@ -117,7 +120,7 @@ class SampleStream {
   // them); empty at the end. On error, the batch's samples are consumed.
   absl::StatusOr<std::vector<Sample>> NextBatch(size_t n);
 
-  // Samples yielded (or failed) so far, and left.
+  // Positions of the share passed so far (skipped at creation, yielded or failed), and left.
   uint64_t yielded() const { return yielded_; }
   uint64_t remaining() const { return shard_.samples.size() - yielded_; }
   const Shard& shard() const { return shard_; }
@@ -141,6 +144,8 @@ class SampleStream {
   const StreamOptions options_;
 
   std::unique_ptr<FetchScheduler::Batch> batch_;  // created on first use
+  // Engine item i of batch_ is the share's position base_ + i (base_ = options_.skip).
+  uint64_t base_ = 0;
   uint64_t added_ = 0;
   uint64_t yielded_ = 0;
   uint64_t window_bytes_ = 0;  // known sizes of samples added and not yet yielded

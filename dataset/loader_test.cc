@@ -96,6 +96,28 @@ TEST_F(LoaderTest, StreamYieldsTheShareInOrderWithReadAhead) {
   }
 }
 
+// A worker resuming its own share passes over what it yielded without reading it.
+TEST_F(LoaderTest, SkipStartsTheShareLaterWithoutReadingTheSkippedSamples) {
+  for (bool ordered : {true, false}) {
+    const Sampler sampler = *Sampler::Create(kSamples, {.seed = 5});
+    const SamplerState state = sampler.State(1, 0);
+    const Partition partition{.rank = 0, .world_size = 1, .worker = 1, .num_workers = 2};
+    auto shard = sampler.ShardOf(state, partition);
+    ASSERT_TRUE(shard.ok());
+    for (uint64_t skip : {uint64_t{0}, uint64_t{7}, uint64_t{shard->samples.size()}}) {
+      auto stream = SampleStream::Create(index_, sampler, state, partition,
+                                         Scheduler({.max_in_flight = 4, .ordered = ordered}),
+                                         {.prefetch = 3, .skip = skip});
+      ASSERT_TRUE(stream.ok()) << stream.status();
+      EXPECT_EQ((*stream)->yielded(), skip);
+      const std::vector<uint64_t> rest = Drain(**stream);
+      EXPECT_EQ(rest, std::vector<uint64_t>(shard->samples.begin() + skip, shard->samples.end()))
+          << "skip " << skip << " ordered=" << ordered;
+      EXPECT_EQ((*stream)->stats().items, shard->samples.size() - skip);
+    }
+  }
+}
+
 TEST_F(LoaderTest, AllSharesTogetherReadEverySampleOnce) {
   const Sampler sampler = *Sampler::Create(kSamples, {.seed = 9, .drop_last = true});
   auto scheduler = Scheduler();

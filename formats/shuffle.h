@@ -25,6 +25,8 @@ class ShuffleRng {
   uint64_t Next();
   // Uniform in [0, n) without modulo bias. REQUIRES: n > 0.
   uint64_t Uniform(uint64_t n);
+  // The generator's whole state: ShuffleRng(state()) continues the same sequence.
+  uint64_t state() const { return state_; }
 
  private:
   uint64_t state_;
@@ -75,6 +77,16 @@ class ShuffleBuffer {
 
   size_t size() const { return items_.size(); }
   size_t capacity() const { return capacity_; }
+  // What a resumable reader saves: the held items in their slots, and the generator state.
+  // Restore(items(), rng_state()) on a buffer of the same capacity continues exactly where
+  // this one stands. REQUIRES for Restore: items.size() <= capacity().
+  const std::vector<T>& items() const { return items_; }
+  uint64_t rng_state() const { return rng_.state(); }
+  void Restore(std::vector<T> items, uint64_t rng_state) {
+    items_ = std::move(items);
+    items_.reserve(capacity_);
+    rng_ = ShuffleRng(rng_state);
+  }
   bool empty() const { return items_.empty(); }
 
  private:

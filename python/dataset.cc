@@ -297,8 +297,8 @@ class PyStream {
  public:
   PyStream(std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch, bool shuffle,
            bool drop_last, int rank, int world_size, int worker, int num_workers,
-           uint64_t worker_block, uint64_t consumed, size_t prefetch, uint64_t prefetch_bytes,
-           EngineOptions engine)
+           uint64_t worker_block, uint64_t consumed, uint64_t skip, size_t prefetch,
+           uint64_t prefetch_bytes, EngineOptions engine)
       : index_(std::move(index)), generation_(ForkGeneration()) {
     Sampler sampler = Check(Sampler::Create(
         index_->size(), {.seed = seed, .shuffle = shuffle, .drop_last = drop_last},
@@ -311,7 +311,8 @@ class PyStream {
                               .worker_block = worker_block};
     scheduler_ =
         std::make_shared<FetchScheduler>(index_->handle().store(), engine.ToFetchOptions());
-    const StreamOptions options{.prefetch = prefetch, .prefetch_bytes = prefetch_bytes};
+    const StreamOptions options{
+        .prefetch = prefetch, .prefetch_bytes = prefetch_bytes, .skip = skip};
     // The permutation of the whole epoch is computed here: without the GIL.
     stream_ = Check(WithoutGil([&] {
       return SampleStream::Create(index_->index(), sampler, state, partition, scheduler_, options);
@@ -523,17 +524,18 @@ void RegisterDataset(py::module_& m) {
       .def(py::init([](std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch,
                        bool shuffle, bool drop_last, int rank, int world_size, int worker,
                        int num_workers, uint64_t worker_block, uint64_t consumed,
-                       size_t prefetch, uint64_t prefetch_bytes, int max_in_flight,
-                       uint64_t memory_budget) {
+                       uint64_t skip, size_t prefetch, uint64_t prefetch_bytes,
+                       int max_in_flight, uint64_t memory_budget) {
              return std::make_unique<PyStream>(
                  std::move(index), seed, epoch, shuffle, drop_last, rank, world_size, worker,
-                 num_workers, worker_block, consumed, prefetch, prefetch_bytes,
+                 num_workers, worker_block, consumed, skip, prefetch, prefetch_bytes,
                  EngineOptions{max_in_flight, memory_budget});
            }),
            py::arg("index"), py::kw_only(), py::arg("seed") = 0, py::arg("epoch") = 0,
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("worker") = 0, py::arg("num_workers") = 1,
-           py::arg("worker_block") = 1, py::arg("consumed") = 0, py::arg("prefetch") = 64,
+           py::arg("worker_block") = 1, py::arg("consumed") = 0, py::arg("skip") = 0,
+           py::arg("prefetch") = 64,
            py::arg("prefetch_bytes") = 0, py::arg("max_in_flight") = 0,
            py::arg("memory_budget") = uint64_t{1} << 30)
       .def("__iter__", [](py::object self) { return self; })

@@ -260,6 +260,8 @@ class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
         self._epoch = 0
         self._start = 0      # the global cursor this epoch starts (or resumed) from
         self._yielded = 0    # samples this process yielded since the last __iter__
+        self._skipped = 0    # samples of its share the last __iter__ passed over (resume)
+        self._worker_resume = None  # a worker_share to continue at the next __iter__
         self._sampler = None
 
     @classmethod
@@ -301,6 +303,7 @@ class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
         epoch = int(epoch)
         if epoch != self._epoch:
             self._epoch, self._start, self._yielded = epoch, 0, 0
+            self._skipped, self._worker_resume = 0, None
 
     def sampler(self) -> "_wharf.Sampler":
         if self._sampler is None:
@@ -330,27 +333,59 @@ class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
     def state_dict(self, steps: Optional[int] = None,
                    batch_size: Optional[int] = None) -> dict:
         """{"version", "num_samples", "seed", "shuffle", "fingerprint", "epoch", "consumed"}
-        at the global cursor global_consumed(steps, batch_size)."""
+        at the global cursor global_consumed(steps, batch_size).
+
+        Called inside a DataLoader worker without steps (torchdata's StatefulDataLoader does
+        this in every worker), the state is that worker's: the cursor its epoch started from
+        plus "worker_share" {"rank", "world_size", "worker", "num_workers",
+        "batch_size_hint", "yielded"}. Loaded back into the same worker of the same setup,
+        it continues that worker's share exactly."""
+        if steps is None and torch.utils.data.get_worker_info() is not None:
+            rank, world = self._dist()
+            worker, num_workers = _worker_info()
+            state = json.loads(self.sampler().state(self._epoch, self._start))
+            state["worker_share"] = {
+                "rank": rank, "world_size": world, "worker": worker,
+                "num_workers": num_workers, "batch_size_hint": self.batch_size_hint,
+                "yielded": self._skipped + self._yielded}
+            return state
         consumed = self.global_consumed(steps, batch_size)
         return json.loads(self.sampler().state(self._epoch, consumed))
 
     def load_state_dict(self, state: dict) -> None:
-        """Continues the state's epoch at its cursor, with this process's world size. Raises
-        WharfError when the state is for another dataset, seed or shuffle setting."""
+        """Continues the state's epoch at its cursor, with this process's world size (or, for
+        a worker's state, that worker's share). Raises WharfError when the state is for
+        another dataset, seed or shuffle setting."""
+        state = dict(state)
+        share = state.pop("worker_share", None)
         epoch, consumed = self.sampler().restore(json.dumps(state))
-        self._epoch, self._start, self._yielded = epoch, consumed, 0
+        self._epoch, self._start, self._yielded, self._skipped = epoch, consumed, 0, 0
+        self._worker_resume = dict(share) if share is not None else None
 
     # -- reading --
 
     def __iter__(self) -> Iterator[Any]:
         rank, world = self._dist()
         worker, num_workers = _worker_info()
+        skip = 0
+        if self._worker_resume is not None:
+            share, self._worker_resume = self._worker_resume, None
+            here = {"rank": rank, "world_size": world, "worker": worker,
+                    "num_workers": num_workers, "batch_size_hint": self.batch_size_hint}
+            saved = {k: share.get(k) for k in here}
+            if saved != here:
+                raise ValueError(
+                    f"this state continues the share {saved}, but this process reads {here}: "
+                    "a worker's state resumes only with the same world size, num_workers and "
+                    "batch_size_hint (checkpoint with state_dict(steps=...) to resume with "
+                    "any world size)")
+            skip = int(share["yielded"])
         stream = _wharf.SampleStream(
             self._index, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle,
             drop_last=self.drop_last, rank=rank, world_size=world, worker=worker,
             num_workers=num_workers, worker_block=self.batch_size_hint, consumed=self._start,
-            **self._stream_options)
-        self._yielded = 0
+            skip=skip, **self._stream_options)
+        self._yielded, self._skipped = 0, skip
         transform = self.transform
         block = self.batch_size_hint
         while True:
@@ -383,8 +418,17 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
 
     rows_per_item=N (csv/jsonl): yield lists of up to N row Samples (one buffer per list).
     header=True (csv/jsonl): the first row of each shard is its header, not a record.
-    Mid-epoch resume is not supported for record shards: state_dict() holds the seed and the
-    epoch, and a restored epoch starts over."""
+    Resume. state_dict() is exact: it holds where this process's share stands (shards read,
+    the offset of the last record taken, the records held in the shuffle buffer), and
+    load_state_dict() followed by iteration yields exactly the records not yet yielded, in
+    the same order. Record positions live where the records are read, so:
+     - num_workers=0: call ds.state_dict() / ds.load_state_dict() on the dataset;
+     - DataLoader workers: use torchdata's StatefulDataLoader, which calls them in every
+       worker and carries the workers' states in loader.state_dict(). A plain DataLoader's
+       workers keep their positions to themselves: the main process's state_dict() then
+       says only "start of the epoch".
+    A state resumes the same share: the same shards, seed, epoch, world size and workers.
+    """
 
     def __init__(self, uri: str, shards: Union[None, str, Sequence[str]] = None, *,
                  format: str = "tar", shuffle: bool = True, seed: int = 0,
@@ -421,6 +465,8 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
                              chunk_size=chunk_size, read_ahead=read_ahead)
         self._init_dist(rank, world_size)
         self._epoch = 0
+        self._resume = None  # a stream state to continue at the next __iter__
+        self._live = None    # (pid, the stream the current __iter__ reads)
 
     @property
     def shards(self) -> list[str]:
@@ -431,32 +477,53 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        self._epoch = int(epoch)
+        if int(epoch) != self._epoch:
+            self._epoch, self._resume, self._live = int(epoch), None, None
+
+    def _identity(self) -> dict:
+        return {"format": self.format, "shards": len(self._index), "seed": self.seed,
+                "shuffle": self.shuffle, "fingerprint": self._index.fingerprint}
 
     def state_dict(self) -> dict:
-        return {"format": self.format, "shards": len(self._index), "seed": self.seed,
-                "shuffle": self.shuffle, "epoch": self._epoch}
+        """{"format", "shards", "seed", "shuffle", "fingerprint", "epoch", "stream"}: "stream"
+        is where the share read in this process stands (a RecordStream state), or None at
+        the start of the epoch."""
+        stream = None
+        if self._live is not None and self._live[0] == os.getpid():
+            stream = json.loads(self._live[1].state())
+        elif self._resume is not None:
+            stream = self._resume
+        return dict(self._identity(), epoch=self._epoch, stream=stream)
 
     def load_state_dict(self, state: dict) -> None:
-        if (state.get("seed"), state.get("shuffle"), state.get("shards")) != \
-                (self.seed, self.shuffle, len(self._index)):
-            raise ValueError(f"record dataset state {state} does not match this dataset "
-                             f"(seed {self.seed}, shuffle {self.shuffle}, "
-                             f"{len(self._index)} shards)")
+        """Continues from `state` at the next iteration. ValueError when it is for other
+        shards, seed or shuffle setting; a state of another share (rank, worker) is refused
+        when the iteration starts."""
+        mine = self._identity()
+        theirs = {k: state.get(k) for k in mine}
+        if theirs != mine:
+            raise ValueError(f"record dataset state {theirs} does not match this dataset {mine}")
         self._epoch = int(state["epoch"])
+        self._resume = state.get("stream")
+        self._live = None
 
     def stream(self, rank: Optional[int] = None, world_size: Optional[int] = None,
-               worker: int = 0, num_workers: int = 1) -> "_wharf.RecordStream":
-        """The extension's stream for one (rank, worker) share of the current epoch."""
+               worker: int = 0, num_workers: int = 1,
+               state: Optional[dict] = None) -> "_wharf.RecordStream":
+        """The extension's stream for one (rank, worker) share of the current epoch, from its
+        start or from a stream state."""
         r, w = self._dist()
         return _wharf.RecordStream(
             self._index, self.format, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle,
             rank=r if rank is None else rank, world_size=w if world_size is None else world_size,
-            worker=worker, num_workers=num_workers, **self._options)
+            worker=worker, num_workers=num_workers,
+            state=None if state is None else json.dumps(state), **self._options)
 
     def __iter__(self) -> Iterator[Any]:
         worker, num_workers = _worker_info()
-        stream = self.stream(worker=worker, num_workers=num_workers)
+        resume, self._resume = self._resume, None
+        stream = self.stream(worker=worker, num_workers=num_workers, state=resume)
+        self._live = (os.getpid(), stream)
         transform = self.transform
         url_keys = {}
         if self.format != "tar":
@@ -486,4 +553,6 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
                 yield out(Sample(key_of(url, off), data, url=url, offset=off))
 
     def __getstate__(self):
-        return self._snapshot_state()
+        state = self._snapshot_state()
+        state["_live"] = None  # engine objects never travel
+        return state

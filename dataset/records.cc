@@ -1,0 +1,520 @@
+#include "dataset/records.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "formats/lines.h"
+#include "formats/tar.h"
+#include "formats/tfrecord.h"
+#include "nlohmann/json.hpp"
+
+namespace wharf {
+namespace {
+
+constexpr int kStateVersion = 1;
+// Buffered records re-read at once when restoring: each holds one small chunk.
+constexpr size_t kRestoreGroup = 64;
+constexpr uint64_t kSingleRecordChunk = uint64_t{1} << 20;
+constexpr uint64_t kHeaderChunk = uint64_t{64} << 10;
+
+absl::Status StateError(absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat("parsing record stream state: ", message));
+}
+
+}  // namespace
+
+absl::StatusOr<RecordFormat> ParseRecordFormat(absl::string_view name) {
+  if (name == "tar") return RecordFormat::kTar;
+  if (name == "tfrecord") return RecordFormat::kTFRecord;
+  if (name == "csv") return RecordFormat::kCsv;
+  if (name == "jsonl") return RecordFormat::kJsonLines;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "record format \"", name, "\": expected \"tar\", \"tfrecord\", \"csv\" or \"jsonl\""));
+}
+
+const char* RecordFormatName(RecordFormat format) {
+  switch (format) {
+    case RecordFormat::kTar:
+      return "tar";
+    case RecordFormat::kTFRecord:
+      return "tfrecord";
+    case RecordFormat::kCsv:
+      return "csv";
+    case RecordFormat::kJsonLines:
+      return "jsonl";
+  }
+  return "?";
+}
+
+absl::Status RecordStreamOptions::Validate() const {
+  if (world_size < 1 || rank < 0 || rank >= world_size || num_workers < 1 || worker < 0 ||
+      worker >= num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "partition: rank ", rank, " of ", world_size, ", worker ", worker, " of ", num_workers,
+        " (need 0 <= rank < world_size and 0 <= worker < num_workers)"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- RecordStreamState ----
+
+std::string RecordStreamState::ToJson() const {
+  nlohmann::ordered_json j;
+  j["version"] = kStateVersion;
+  j["format"] = RecordFormatName(format);
+  j["num_shards"] = num_shards;
+  j["fingerprint"] = fingerprint;
+  j["seed"] = seed;
+  j["epoch"] = epoch;
+  j["shuffle"] = shuffle;
+  j["shuffle_buffer"] = shuffle_buffer;
+  j["rank"] = rank;
+  j["world_size"] = world_size;
+  j["worker"] = worker;
+  j["num_workers"] = num_workers;
+  j["yielded"] = yielded;
+  j["shards_done"] = shards_done;
+  j["last_offset"] = last_offset ? nlohmann::ordered_json(*last_offset) : nullptr;
+  nlohmann::ordered_json held = nlohmann::ordered_json::array();
+  for (const auto& [shard, offset] : buffered) held.push_back({shard, offset});
+  j["buffered"] = std::move(held);
+  j["rng"] = std::to_string(rng);
+  return j.dump();
+}
+
+absl::StatusOr<RecordStreamState> RecordStreamState::FromJson(absl::string_view json) {
+  using Json = nlohmann::json;
+  Json j = Json::parse(json.begin(), json.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return StateError("not valid JSON");
+  if (!j.is_object()) return StateError("expected a JSON object");
+  auto field = [&j](const char* name) -> absl::StatusOr<const Json*> {
+    auto it = j.find(name);
+    if (it == j.end()) return StateError(absl::StrCat("missing \"", name, "\""));
+    return &*it;
+  };
+  auto uint_field = [&](const char* name, uint64_t* out) -> absl::Status {
+    WHARF_ASSIGN_OR_RETURN(const Json* v, field(name));
+    if (!v->is_number_unsigned()) {
+      return StateError(absl::StrCat("\"", name, "\" must be a non-negative integer"));
+    }
+    *out = v->get<uint64_t>();
+    return absl::OkStatus();
+  };
+  auto int_field = [&](const char* name, int* out) -> absl::Status {
+    uint64_t v = 0;
+    WHARF_RETURN_IF_ERROR(uint_field(name, &v));
+    if (v > (uint64_t{1} << 30)) return StateError(absl::StrCat("\"", name, "\" is too large"));
+    *out = static_cast<int>(v);
+    return absl::OkStatus();
+  };
+  uint64_t version = 0;
+  WHARF_RETURN_IF_ERROR(uint_field("version", &version));
+  if (version != kStateVersion) {
+    return StateError(absl::StrCat("unsupported version ", version, " (this build reads ",
+                                   kStateVersion, ")"));
+  }
+  RecordStreamState s;
+  WHARF_ASSIGN_OR_RETURN(const Json* format, field("format"));
+  if (!format->is_string()) return StateError("\"format\" must be a string");
+  auto parsed = ParseRecordFormat(format->get<std::string>());
+  if (!parsed.ok()) return StateError(parsed.status().message());
+  s.format = *parsed;
+  WHARF_ASSIGN_OR_RETURN(const Json* fingerprint, field("fingerprint"));
+  if (!fingerprint->is_string()) return StateError("\"fingerprint\" must be a string");
+  s.fingerprint = fingerprint->get<std::string>();
+  WHARF_ASSIGN_OR_RETURN(const Json* shuffle, field("shuffle"));
+  if (!shuffle->is_boolean()) return StateError("\"shuffle\" must be true or false");
+  s.shuffle = shuffle->get<bool>();
+  for (auto [name, out] :
+       {std::pair{"num_shards", &s.num_shards}, std::pair{"seed", &s.seed},
+        std::pair{"epoch", &s.epoch}, std::pair{"shuffle_buffer", &s.shuffle_buffer},
+        std::pair{"yielded", &s.yielded}, std::pair{"shards_done", &s.shards_done}}) {
+    WHARF_RETURN_IF_ERROR(uint_field(name, out));
+  }
+  for (auto [name, out] : {std::pair{"rank", &s.rank}, std::pair{"world_size", &s.world_size},
+                           std::pair{"worker", &s.worker},
+                           std::pair{"num_workers", &s.num_workers}}) {
+    WHARF_RETURN_IF_ERROR(int_field(name, out));
+  }
+  WHARF_ASSIGN_OR_RETURN(const Json* last, field("last_offset"));
+  if (!last->is_null()) {
+    if (!last->is_number_unsigned()) {
+      return StateError("\"last_offset\" must be null or a non-negative integer");
+    }
+    s.last_offset = last->get<uint64_t>();
+  }
+  WHARF_ASSIGN_OR_RETURN(const Json* held, field("buffered"));
+  if (!held->is_array()) return StateError("\"buffered\" must be an array");
+  for (const Json& e : *held) {
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number_unsigned() ||
+        !e[1].is_number_unsigned()) {
+      return StateError("\"buffered\" entries must be [shard, offset] pairs");
+    }
+    s.buffered.emplace_back(e[0].get<uint64_t>(), e[1].get<uint64_t>());
+  }
+  WHARF_ASSIGN_OR_RETURN(const Json* rng, field("rng"));
+  if (!rng->is_string() || !absl::SimpleAtoi(rng->get<std::string>(), &s.rng)) {
+    return StateError("\"rng\" must be a decimal string");
+  }
+  return s;
+}
+
+// ---- ShardReader: one open shard of any format ----
+
+class RecordStream::ShardReader {
+ public:
+  // Reads `entry` from byte `offset` (a record boundary). With `header` (csv/jsonl), the
+  // header row is read first: from the same reader at offset 0, else by a small separate
+  // read. `io` overrides the stream's read options (single-record reads use small chunks).
+  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(std::shared_ptr<ObjectStore> store,
+                                                           const SampleEntry& entry,
+                                                           const RecordStreamOptions& options,
+                                                           ObjectReaderOptions io,
+                                                           bool header) {
+    auto open = [&](ObjectReaderOptions o) -> absl::StatusOr<std::unique_ptr<ObjectReader>> {
+      if (entry.size.has_value()) {  // from a listing: no HEAD
+        ObjectMeta meta{.key = entry.key, .size = *entry.size, .etag = entry.etag};
+        return ObjectReader::Open(store, std::move(meta), o);
+      }
+      return ObjectReader::Open(store, entry.key, o);
+    };
+    auto out = std::unique_ptr<ShardReader>(new ShardReader);
+    if (header && io.offset > 0) {
+      ObjectReaderOptions o = io;
+      o.offset = 0;
+      o.length.reset();
+      o.chunk_size = kHeaderChunk;
+      o.read_ahead = 0;
+      WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> r, open(o));
+      WHARF_ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines,
+                             LineReader::Create(std::move(r), LineOptions(options, true)));
+      out->header_ = lines->header();
+      header = false;
+    }
+    WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, open(io));
+    switch (options.format) {
+      case RecordFormat::kTar:
+        out->tar_ =
+            std::make_unique<TarSampleReader>(std::make_unique<TarReader>(std::move(reader)));
+        break;
+      case RecordFormat::kTFRecord:
+        out->tfrecord_ = std::make_unique<TFRecordReader>(std::move(reader));
+        break;
+      case RecordFormat::kCsv:
+      case RecordFormat::kJsonLines:
+        WHARF_ASSIGN_OR_RETURN(out->lines_,
+                               LineReader::Create(std::move(reader), LineOptions(options, header)));
+        if (header) out->header_ = out->lines_->header();
+        break;
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::optional<Record>> Next() {
+    Record r;
+    if (tar_) {
+      WHARF_ASSIGN_OR_RETURN(std::optional<TarSample> s, tar_->Next());
+      if (!s) return std::nullopt;
+      r.offset = s->offset;
+      r.key = std::move(s->key);
+      r.fields = std::move(s->fields);
+    } else if (tfrecord_) {
+      WHARF_ASSIGN_OR_RETURN(std::optional<TFRecord> t, tfrecord_->Next());
+      if (!t) return std::nullopt;
+      r.offset = t->offset;
+      r.data = std::move(t->data);
+    } else {
+      WHARF_ASSIGN_OR_RETURN(std::optional<Row> row, lines_->Next());
+      if (!row) return std::nullopt;
+      r.offset = row->offset;
+      r.data = absl::Cord(std::move(row->text));
+    }
+    return r;
+  }
+
+  // Rows only: up to n rows as slices of one shared buffer (zero-copy).
+  absl::StatusOr<std::vector<Record>> NextRows(size_t n) {
+    WHARF_ASSIGN_OR_RETURN(RowBatch batch, lines_->NextBatch(n));
+    std::vector<Record> out;
+    out.reserve(batch.size());
+    auto shared = std::make_shared<RowBatch>(std::move(batch));
+    for (size_t i = 0; i < shared->size(); ++i) {
+      Record r;
+      r.offset = shared->offsets[i];
+      r.data = absl::MakeCordFromExternal(shared->row(i), [shared] {});
+      out.push_back(std::move(r));
+    }
+    return out;
+  }
+
+  bool lines() const { return lines_ != nullptr; }
+  const std::optional<std::string>& header() const { return header_; }
+
+ private:
+  ShardReader() = default;
+
+  static LineReaderOptions LineOptions(const RecordStreamOptions& options, bool header) {
+    LineReaderOptions lo;
+    lo.format = options.format == RecordFormat::kCsv ? LineFormat::kCsv : LineFormat::kJsonLines;
+    lo.header = header;
+    lo.delimiter = options.delimiter;
+    lo.quote = options.quote;
+    lo.skip_empty_rows = options.skip_empty_rows;
+    return lo;
+  }
+
+  std::unique_ptr<TarSampleReader> tar_;
+  std::unique_ptr<TFRecordReader> tfrecord_;
+  std::unique_ptr<LineReader> lines_;
+  std::optional<std::string> header_;
+};
+
+// ---- RecordStream ----
+
+absl::StatusOr<std::unique_ptr<RecordStream>> RecordStream::Create(
+    std::shared_ptr<ObjectStore> store, std::shared_ptr<const SampleIndex> shards,
+    RecordStreamOptions options, const RecordStreamState* resume) {
+  WHARF_RETURN_IF_ERROR(options.Validate());
+  auto stream = std::unique_ptr<RecordStream>(
+      new RecordStream(std::move(store), std::move(shards), std::move(options)));
+  if (resume != nullptr) WHARF_RETURN_IF_ERROR(stream->Restore(*resume));
+  return stream;
+}
+
+RecordStream::RecordStream(std::shared_ptr<ObjectStore> store,
+                           std::shared_ptr<const SampleIndex> shards, RecordStreamOptions options)
+    : store_(std::move(store)),
+      shards_(std::move(shards)),
+      options_(std::move(options)),
+      fingerprint_(shards_->Fingerprint()),
+      buffer_(options_.shuffle_buffer,
+              DeriveSeed(DeriveSeed(options_.seed, options_.epoch),
+                         static_cast<uint64_t>(options_.rank) *
+                                 static_cast<uint64_t>(options_.num_workers) +
+                             static_cast<uint64_t>(options_.worker))) {
+  std::vector<size_t> order;
+  if (options_.shuffle) {
+    order = ShardPermutation(shards_->size(), options_.seed, options_.epoch);
+  } else {
+    order.resize(shards_->size());
+    std::iota(order.begin(), order.end(), size_t{0});
+  }
+  const size_t w = static_cast<size_t>(options_.world_size);
+  const size_t k = static_cast<size_t>(options_.num_workers);
+  for (size_t p = static_cast<size_t>(options_.rank), j = 0; p < order.size(); p += w, ++j) {
+    if (j % k == static_cast<size_t>(options_.worker)) assigned_.push_back(order[p]);
+  }
+}
+
+RecordStream::~RecordStream() = default;
+
+RecordStreamState RecordStream::State() const {
+  RecordStreamState s;
+  s.format = options_.format;
+  s.num_shards = shards_->size();
+  s.fingerprint = fingerprint_;
+  s.seed = options_.seed;
+  s.epoch = options_.epoch;
+  s.shuffle = options_.shuffle;
+  s.shuffle_buffer = options_.shuffle_buffer;
+  s.rank = options_.rank;
+  s.world_size = options_.world_size;
+  s.worker = options_.worker;
+  s.num_workers = options_.num_workers;
+  s.yielded = yielded_;
+  s.shards_done = next_ - (current_ ? 1 : 0);
+  if (current_) s.last_offset = last_offset_;
+  for (const Record& r : buffer_.items()) s.buffered.emplace_back(r.shard, r.offset);
+  s.rng = buffer_.rng_state();
+  return s;
+}
+
+absl::Status RecordStream::Restore(const RecordStreamState& state) {
+  // Everything that decides the share's records and order must match.
+  std::string differs;
+  auto check = [&differs](const char* name, auto saved, auto here) {
+    if (saved != here && differs.empty()) {
+      differs = absl::StrCat(name, " ", saved, " in the state, ", here, " here");
+    }
+  };
+  check("format", RecordFormatName(state.format), RecordFormatName(options_.format));
+  check("shard count", state.num_shards, shards_->size());
+  check("shard list fingerprint", state.fingerprint, fingerprint_);
+  check("seed", state.seed, options_.seed);
+  check("epoch", state.epoch, options_.epoch);
+  check("shuffle", state.shuffle, options_.shuffle);
+  check("shuffle_buffer", state.shuffle_buffer, options_.shuffle_buffer);
+  check("rank", state.rank, options_.rank);
+  check("world_size", state.world_size, options_.world_size);
+  check("worker", state.worker, options_.worker);
+  check("num_workers", state.num_workers, options_.num_workers);
+  if (!differs.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "record stream state is for another share: ", differs,
+        " (resume with the same shards, seed, epoch, world size and number of workers)"));
+  }
+  const uint64_t open_shards = state.shards_done + (state.last_offset ? 1 : 0);
+  if (open_shards > assigned_.size() || state.buffered.size() > options_.shuffle_buffer) {
+    return absl::FailedPreconditionError(
+        "record stream state is inconsistent with its share (more shards or buffered "
+        "records than the share has)");
+  }
+  for (const auto& [shard, offset] : state.buffered) {
+    if (shard >= shards_->size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("record stream state: buffered shard ", shard, " out of range"));
+    }
+  }
+  // Reads one record at `offset` of `shard` from `reader`: it must be there.
+  auto expect_record = [this](ShardReader& reader, size_t shard,
+                              uint64_t offset) -> absl::StatusOr<Record> {
+    WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, reader.Next());
+    if (!r || r->offset != offset) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resuming: ", store_->Uri((*shards_)[shard].key), " has no ",
+          RecordFormatName(options_.format), " record at byte offset ", offset,
+          " (the shard changed since the checkpoint)"));
+    }
+    r->shard = shard;
+    return *std::move(r);
+  };
+
+  // The held records, a group of reads in flight at a time.
+  std::vector<Record> held;
+  held.reserve(state.buffered.size());
+  for (size_t begin = 0; begin < state.buffered.size(); begin += kRestoreGroup) {
+    const size_t end = std::min(state.buffered.size(), begin + kRestoreGroup);
+    std::vector<std::unique_ptr<ShardReader>> readers;
+    for (size_t i = begin; i < end; ++i) {
+      const auto [shard, offset] = state.buffered[i];
+      WHARF_ASSIGN_OR_RETURN(auto reader, OpenShard(shard, offset, /*single_record=*/true));
+      readers.push_back(std::move(reader));
+    }
+    for (size_t i = begin; i < end; ++i) {
+      const auto [shard, offset] = state.buffered[i];
+      WHARF_ASSIGN_OR_RETURN(Record r, expect_record(*readers[i - begin], shard, offset));
+      held.push_back(std::move(r));
+    }
+  }
+  buffer_.Restore(std::move(held), state.rng);
+
+  next_ = state.shards_done;
+  if (state.last_offset) {
+    const size_t shard = assigned_[next_];
+    WHARF_ASSIGN_OR_RETURN(current_, OpenShard(shard, *state.last_offset));
+    WHARF_RETURN_IF_ERROR(expect_record(*current_, shard, *state.last_offset).status());
+    current_shard_ = shard;
+    last_offset_ = state.last_offset;
+    if (current_->lines()) last_header_ = current_->header();
+    ++next_;
+    OpenAhead();
+  }
+  yielded_ = state.yielded;
+  return absl::OkStatus();
+}
+
+std::optional<std::string> RecordStream::header() const {
+  return current_ ? current_->header() : last_header_;
+}
+
+bool RecordStream::IsLines() const {
+  return options_.format == RecordFormat::kCsv || options_.format == RecordFormat::kJsonLines;
+}
+
+absl::StatusOr<std::unique_ptr<RecordStream::ShardReader>> RecordStream::OpenShard(
+    size_t shard, uint64_t offset, bool single_record) {
+  ObjectReaderOptions io = options_.io;
+  io.offset = offset;
+  if (single_record) {
+    io.chunk_size = std::min(io.chunk_size, kSingleRecordChunk);
+    io.read_ahead = 0;
+    io.max_buffered_bytes = 0;
+  }
+  return ShardReader::Open(store_, (*shards_)[shard], options_, io,
+                           IsLines() && options_.header && !single_record);
+}
+
+void RecordStream::OpenAhead() {
+  if (next_ >= assigned_.size()) return;
+  auto ahead = OpenShard(assigned_[next_]);
+  if (ahead.ok()) ahead_ = *std::move(ahead);
+}
+
+absl::StatusOr<bool> RecordStream::EnsureCurrent() {
+  if (current_) return true;
+  if (next_ >= assigned_.size()) return false;
+  if (ahead_) {
+    current_ = std::move(ahead_);
+  } else {
+    WHARF_ASSIGN_OR_RETURN(current_, OpenShard(assigned_[next_]));
+  }
+  current_shard_ = assigned_[next_++];
+  last_offset_.reset();
+  if (current_->lines()) last_header_ = current_->header();
+  OpenAhead();
+  return true;
+}
+
+absl::StatusOr<std::optional<Record>> RecordStream::NextInOrder() {
+  while (true) {
+    WHARF_ASSIGN_OR_RETURN(bool open, EnsureCurrent());
+    if (!open) return std::nullopt;
+    WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, current_->Next());
+    if (r) {
+      r->shard = current_shard_;
+      last_offset_ = r->offset;
+      return r;
+    }
+    current_.reset();
+  }
+}
+
+absl::StatusOr<std::optional<Record>> RecordStream::Next() {
+  std::optional<Record> out;
+  if (options_.shuffle_buffer == 0) {
+    WHARF_ASSIGN_OR_RETURN(out, NextInOrder());
+  } else {
+    while (true) {
+      WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, NextInOrder());
+      if (!r) {
+        out = buffer_.Pop();  // the stream ended: drain
+        break;
+      }
+      if ((out = buffer_.Push(*std::move(r)))) break;
+    }
+  }
+  if (out) ++yielded_;
+  return out;
+}
+
+absl::StatusOr<std::vector<Record>> RecordStream::NextBatch(size_t n) {
+  std::vector<Record> out;
+  while (out.size() < n) {
+    if (options_.shuffle_buffer == 0 && IsLines()) {
+      WHARF_ASSIGN_OR_RETURN(bool open, EnsureCurrent());
+      if (!open) break;
+      WHARF_ASSIGN_OR_RETURN(std::vector<Record> rows, current_->NextRows(n - out.size()));
+      if (rows.empty()) {
+        current_.reset();
+        continue;
+      }
+      last_offset_ = rows.back().offset;
+      yielded_ += rows.size();
+      for (Record& r : rows) {
+        r.shard = current_shard_;
+        out.push_back(std::move(r));
+      }
+      continue;
+    }
+    WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, Next());
+    if (!r) break;
+    out.push_back(*std::move(r));
+  }
+  return out;
+}
+
+}  // namespace wharf

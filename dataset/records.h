@@ -1,0 +1,180 @@
+// Record streams: the records (tar samples, TFRecords, CSV / JSON-lines rows) of one
+// (rank, worker) share of an epoch's shards, resumable mid-epoch.
+//
+// Order:
+//  - the shard order of epoch e is ShardPermutation(n, seed, e) (formats/shuffle.h), the
+//    identity without shuffle; the same on every rank, so ranks agree without talking;
+//  - position p of that order goes to rank p % world_size, and the rank's j-th shard to
+//    worker j % num_workers (shards are partitioned across ranks, then workers);
+//  - records are read shard after shard, the next shard opened (its first chunks requested)
+//    while the current one is read, and optionally mixed by a bounded ShuffleBuffer seeded
+//    from (seed, epoch, rank, worker).
+// Counts per rank depend on the shards' sizes: give every rank the same number of records by
+// making the shards equal and their number a multiple of world_size * num_workers.
+//
+// Resume: State() says where the share stands after the records yielded so far:
+//  - how many of its shards were read to the end;
+//  - in the shard being read, the byte offset of the last record taken from it;
+//  - the (shard, offset) of each record held in the shuffle buffer, and the buffer's
+//    generator state.
+// Create() with that state continues exactly: it reopens the current shard at the saved
+// offset (re-reading one record, which must still be there), re-reads the buffered records
+// by offset (ranged GETs, a group of them in flight at a time), and restores the generator.
+// The rest of the share is then the same records in the same order as without the stop.
+// The state is a small JSON object whatever the shard sizes: O(shuffle_buffer) entries.
+// A state only continues the share it was taken from (same shards, seed, epoch, partition).
+//
+// Thread-safety: a RecordStream is not thread-safe (one thread at a time); calls block.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
+#include "dataset/index.h"
+#include "formats/object_reader.h"
+#include "formats/shuffle.h"
+#include "store/object_store.h"
+
+namespace wharf {
+
+enum class RecordFormat { kTar, kTFRecord, kCsv, kJsonLines };
+
+// "tar", "tfrecord", "csv", "jsonl"; InvalidArgument listing them otherwise.
+absl::StatusOr<RecordFormat> ParseRecordFormat(absl::string_view name);
+const char* RecordFormatName(RecordFormat format);
+
+struct RecordStreamOptions {
+  RecordFormat format = RecordFormat::kTar;
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+  bool shuffle = true;
+  // Records held to mix neighbouring shards' records; 0 keeps shard order.
+  size_t shuffle_buffer = 0;
+  int rank = 0;
+  int world_size = 1;
+  int worker = 0;
+  int num_workers = 1;
+  ObjectReaderOptions io;
+  // csv / jsonl.
+  bool header = false;
+  char delimiter = ',';
+  char quote = '"';
+  bool skip_empty_rows = false;
+
+  // InvalidArgument unless 0 <= rank < world_size and 0 <= worker < num_workers.
+  absl::Status Validate() const;
+};
+
+// One record of any format.
+struct Record {
+  size_t shard = 0;     // position in the shard list
+  uint64_t offset = 0;  // byte offset of the record (tar: its first header; rows: the row)
+  std::string key;      // tar: the WebDataset sample key
+  std::vector<std::pair<std::string, absl::Cord>> fields;  // tar: extension -> bytes
+  absl::Cord data;                                          // tfrecord payload, row text
+};
+
+// Where a share stands (see the file comment).
+struct RecordStreamState {
+  // Which share: checked against the stream's options and shard list on restore.
+  RecordFormat format = RecordFormat::kTar;
+  uint64_t num_shards = 0;
+  std::string fingerprint;  // SampleIndex::Fingerprint() of the shard list
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+  bool shuffle = true;
+  uint64_t shuffle_buffer = 0;
+  int rank = 0;
+  int world_size = 1;
+  int worker = 0;
+  int num_workers = 1;
+  // The position.
+  uint64_t yielded = 0;      // records yielded so far
+  uint64_t shards_done = 0;  // assigned shards read to the end
+  // The last record taken from the next assigned shard; nullopt: none taken from it.
+  std::optional<uint64_t> last_offset;
+  std::vector<std::pair<uint64_t, uint64_t>> buffered;  // (shard, offset), in buffer order
+  uint64_t rng = 0;                                     // the shuffle buffer's generator
+
+  // A JSON object, e.g. {"version":1,"format":"tar","num_shards":64,...,"yielded":1000,
+  // "shards_done":3,"last_offset":81920,"buffered":[[17,0],[17,10240]],"rng":"123..."}.
+  // (rng is a decimal string: JSON readers differ on integers above 2^53.)
+  std::string ToJson() const;
+  // InvalidArgument naming the field for malformed JSON or a missing or mistyped field.
+  static absl::StatusOr<RecordStreamState> FromJson(absl::string_view json);
+};
+
+class RecordStream {
+ public:
+  // The share `options` names of `shards` (keys of `store`, in canonical order), from the
+  // start of the epoch, or from `resume` when given. InvalidArgument for a bad partition;
+  // FailedPrecondition when `resume` is for another share (naming what differs) or a shard
+  // changed since (its record at the saved offset is gone). Restoring reads the buffered
+  // records and the current shard's next chunks before returning.
+  // REQUIRES: store != nullptr, shards != nullptr.
+  static absl::StatusOr<std::unique_ptr<RecordStream>> Create(
+      std::shared_ptr<ObjectStore> store, std::shared_ptr<const SampleIndex> shards,
+      RecordStreamOptions options, const RecordStreamState* resume = nullptr);
+  ~RecordStream();
+  RecordStream(const RecordStream&) = delete;
+  RecordStream& operator=(const RecordStream&) = delete;
+
+  // The next record; nullopt at the end of the share.
+  absl::StatusOr<std::optional<Record>> Next();
+  // Up to n records (fewer only at the end). Rows without a shuffle buffer come as slices of
+  // the shard's row batches (zero-copy).
+  absl::StatusOr<std::vector<Record>> NextBatch(size_t n);
+
+  // Where the share stands after the records yielded so far.
+  RecordStreamState State() const;
+
+  // The shard positions this share reads, in order.
+  const std::vector<size_t>& assigned() const { return assigned_; }
+  const SampleIndex& shards() const { return *shards_; }
+  // csv / jsonl with header: the current (or last read) shard's header row.
+  std::optional<std::string> header() const;
+  uint64_t yielded() const { return yielded_; }
+
+ private:
+  class ShardReader;
+
+  RecordStream(std::shared_ptr<ObjectStore> store, std::shared_ptr<const SampleIndex> shards,
+               RecordStreamOptions options);
+
+  absl::Status Restore(const RecordStreamState& state);
+  bool IsLines() const;
+  // Opens the next assigned shard when none is open; false when all were read.
+  absl::StatusOr<bool> EnsureCurrent();
+  // Starts reading the assigned shard after the current one (read-ahead across the
+  // boundary); an error opening it is reported when its turn comes.
+  void OpenAhead();
+  absl::StatusOr<std::unique_ptr<ShardReader>> OpenShard(size_t shard, uint64_t offset = 0,
+                                                         bool single_record = false);
+  // The next record in shard order (before the shuffle buffer).
+  absl::StatusOr<std::optional<Record>> NextInOrder();
+
+  const std::shared_ptr<ObjectStore> store_;
+  const std::shared_ptr<const SampleIndex> shards_;
+  const RecordStreamOptions options_;
+  const std::string fingerprint_;
+  std::vector<size_t> assigned_;  // shard positions this share reads, in order
+  size_t next_ = 0;               // next position in assigned_ to open
+  size_t current_shard_ = 0;
+  std::optional<uint64_t> last_offset_;  // last record taken from current_
+  std::unique_ptr<ShardReader> current_;
+  std::unique_ptr<ShardReader> ahead_;
+  std::optional<std::string> last_header_;
+  ShuffleBuffer<Record> buffer_;
+  uint64_t yielded_ = 0;
+};
+
+}  // namespace wharf

@@ -1,0 +1,287 @@
+// RecordStream over shards of every format on file://: partitions cover every record once,
+// and a stream restored from State() after any number of records yields exactly the rest.
+#include "dataset/records.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "formats/test_store.h"
+#include "formats/tfrecord.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace wharf {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int kShards = 8;
+
+// Records per shard vary (3..10) so that shares differ in length.
+int RecordsIn(int shard) { return 3 + (shard * 5) % 8; }
+
+std::string Payload(int shard, int i) {
+  return absl::StrCat("s", shard, "r", i, "-", std::string((shard * 31 + i * 17) % 700, 'x'));
+}
+
+// One record as a comparable string: where it came from and what it holds.
+std::string Describe(const Record& r) {
+  std::string out = absl::StrCat(r.shard, "@", r.offset, ":", r.key, ":");
+  for (const auto& [ext, bytes] : r.fields) absl::StrAppend(&out, ext, "=", bytes.size(), ";");
+  absl::StrAppend(&out, std::string(r.data));
+  return out;
+}
+
+struct FormatCase {
+  RecordFormat format;
+  bool header;
+};
+
+class RecordStreamTest : public testing::TestWithParam<FormatCase> {
+ protected:
+  void SetUp() override {
+    const FormatCase c = GetParam();
+    std::vector<std::string> keys;
+    for (int s = 0; s < kShards; ++s) {
+      const std::string key = absl::StrCat("shards/", 100 + s, ".", RecordFormatName(c.format));
+      keys.push_back(key);
+      switch (c.format) {
+        case RecordFormat::kTar:
+          WriteTar(s, key);
+          break;
+        case RecordFormat::kTFRecord: {
+          absl::Cord out;
+          for (int i = 0; i < RecordsIn(s); ++i) AppendTFRecord(absl::Cord(Payload(s, i)), &out);
+          ASSERT_TRUE(temp_.store()->Put(key, out).ok());
+          break;
+        }
+        case RecordFormat::kCsv:
+        case RecordFormat::kJsonLines: {
+          std::string text = c.header ? "name,value\n" : "";
+          for (int i = 0; i < RecordsIn(s); ++i) {
+            if (c.format == RecordFormat::kCsv) {
+              absl::StrAppend(&text, "\"", Payload(s, i), "\nmore\",", i, "\n");
+            } else {
+              absl::StrAppend(&text, "{\"v\":\"", Payload(s, i), "\"}\n");
+            }
+          }
+          ASSERT_TRUE(temp_.store()->Put(key, absl::Cord(text)).ok());
+          break;
+        }
+      }
+    }
+    shards_ = std::make_shared<const SampleIndex>(SampleIndex::FromKeys(keys));
+  }
+
+  void WriteTar(int shard, const std::string& key) {
+    const fs::path src = fs::path(temp_.root()) / absl::StrCat("src", shard);
+    fs::create_directories(src);
+    std::vector<std::string> names;
+    for (int i = 0; i < RecordsIn(shard); ++i) {
+      for (const char* ext : {"cls", "txt"}) {
+        const std::string name = absl::StrCat("sample", shard, "_", i, ".", ext);
+        std::ofstream(src / name) << Payload(shard, i) << ext;
+        names.push_back(name);
+      }
+    }
+    fs::create_directories(fs::path(temp_.PathOf(key)).parent_path());
+    const std::string cmd = absl::StrCat("tar --format=ustar -C '", src.string(), "' -cf '",
+                                         temp_.PathOf(key), "' ", absl::StrJoin(names, " "));
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+
+  RecordStreamOptions Options(int rank, int world, int worker, int workers, size_t buffer) {
+    RecordStreamOptions o;
+    o.format = GetParam().format;
+    o.header = GetParam().header;
+    o.seed = 7;
+    o.epoch = 3;
+    o.shuffle_buffer = buffer;
+    o.rank = rank;
+    o.world_size = world;
+    o.worker = worker;
+    o.num_workers = workers;
+    o.io.chunk_size = 1000;  // many chunks per shard: records straddle chunk boundaries
+    return o;
+  }
+
+  std::unique_ptr<RecordStream> Open(const RecordStreamOptions& o,
+                                     const RecordStreamState* resume = nullptr) {
+    auto s = RecordStream::Create(temp_.store(), shards_, o, resume);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *std::move(s) : nullptr;
+  }
+
+  // Up to n records (all when n < 0), by Next() or by NextBatch(batch).
+  static std::vector<std::string> Read(RecordStream& s, int n, size_t batch = 0) {
+    std::vector<std::string> out;
+    while (n < 0 || static_cast<int>(out.size()) < n) {
+      if (batch > 0) {
+        size_t want = batch;
+        if (n >= 0) want = std::min(want, static_cast<size_t>(n) - out.size());
+        auto got = s.NextBatch(want);
+        EXPECT_TRUE(got.ok()) << got.status();
+        if (!got.ok() || got->empty()) break;
+        for (const Record& r : *got) out.push_back(Describe(r));
+        continue;
+      }
+      auto r = s.Next();
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (!r.ok() || !r->has_value()) break;
+      out.push_back(Describe(**r));
+    }
+    return out;
+  }
+
+  TempStore temp_;
+  std::shared_ptr<const SampleIndex> shards_;
+};
+
+TEST_P(RecordStreamTest, SharesCoverEveryRecordOnce) {
+  int total = 0;
+  for (int s = 0; s < kShards; ++s) total += RecordsIn(s);
+  for (size_t buffer : {size_t{0}, size_t{5}}) {
+    std::map<std::string, int> seen;
+    for (int rank = 0; rank < 2; ++rank) {
+      for (int worker = 0; worker < 2; ++worker) {
+        auto s = Open(Options(rank, 2, worker, 2, buffer));
+        ASSERT_NE(s, nullptr);
+        for (const std::string& r : Read(*s, -1)) ++seen[r];
+        EXPECT_EQ(s->State().shards_done, s->assigned().size());
+      }
+    }
+    EXPECT_EQ(static_cast<int>(seen.size()), total) << "buffer " << buffer;
+    for (const auto& [r, n] : seen) EXPECT_EQ(n, 1) << r;
+  }
+}
+
+// The heart of resume: stop after k records, save, restore in a new stream, read the rest.
+TEST_P(RecordStreamTest, ResumeAfterAnyRecordYieldsExactlyTheRest) {
+  for (size_t buffer : {size_t{0}, size_t{5}}) {
+    for (size_t batch : {size_t{0}, size_t{4}}) {
+      const RecordStreamOptions o = Options(1, 2, 0, 2, buffer);
+      auto full_stream = Open(o);
+      ASSERT_NE(full_stream, nullptr);
+      const std::vector<std::string> full = Read(*full_stream, -1, batch);
+      ASSERT_GT(full.size(), 6u);
+      for (size_t k = 0; k <= full.size(); ++k) {
+        SCOPED_TRACE(absl::StrCat("buffer ", buffer, " batch ", batch, " stop after ", k));
+        auto first = Open(o);
+        ASSERT_NE(first, nullptr);
+        std::vector<std::string> got = Read(*first, static_cast<int>(k), batch);
+        ASSERT_EQ(got.size(), k);
+        // Through JSON, as a checkpoint would carry it.
+        auto state = RecordStreamState::FromJson(first->State().ToJson());
+        ASSERT_TRUE(state.ok()) << state.status();
+        EXPECT_EQ(state->yielded, k);
+        first.reset();
+        auto second = Open(o, &*state);
+        ASSERT_NE(second, nullptr);
+        for (std::string& r : Read(*second, -1, batch)) got.push_back(std::move(r));
+        EXPECT_EQ(got, full);
+        EXPECT_EQ(second->yielded(), full.size());
+      }
+    }
+  }
+}
+
+class RecordHeaderTest : public RecordStreamTest {};
+
+TEST_P(RecordHeaderTest, HeaderSurvivesAResumeMidShard) {
+  const RecordStreamOptions o = Options(0, 1, 0, 1, 0);
+  auto first = Open(o);
+  ASSERT_NE(first, nullptr);
+  Read(*first, 2);
+  const RecordStreamState state = first->State();
+  ASSERT_TRUE(state.last_offset.has_value());
+  ASSERT_GT(*state.last_offset, 0u);
+  auto second = Open(o, &state);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->header(), std::optional<std::string>("name,value"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, RecordStreamTest,
+                         testing::Values(FormatCase{RecordFormat::kTar, false},
+                                         FormatCase{RecordFormat::kTFRecord, false},
+                                         FormatCase{RecordFormat::kCsv, true},
+                                         FormatCase{RecordFormat::kJsonLines, false}),
+                         [](const testing::TestParamInfo<FormatCase>& info) {
+                           return std::string(RecordFormatName(info.param.format));
+                         });
+
+INSTANTIATE_TEST_SUITE_P(Csv, RecordHeaderTest,
+                         testing::Values(FormatCase{RecordFormat::kCsv, true}));
+
+class RecordStreamStateTest : public RecordStreamTest {};
+
+TEST_P(RecordStreamStateTest, AStateForAnotherShareIsRefusedNamingTheDifference) {
+  auto first = Open(Options(0, 2, 0, 1, 3));
+  ASSERT_NE(first, nullptr);
+  Read(*first, 2);
+  const RecordStreamState state = first->State();
+  RecordStreamOptions other = Options(0, 2, 0, 1, 3);
+  other.epoch = 4;
+  auto s = RecordStream::Create(temp_.store(), shards_, other, &state);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("epoch 3 in the state, 4 here"));
+  s = RecordStream::Create(temp_.store(), shards_, Options(1, 2, 0, 1, 3), &state);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("rank 0 in the state, 1 here"));
+}
+
+TEST_P(RecordStreamStateTest, AShardRewrittenSinceTheCheckpointIsAnError) {
+  const RecordStreamOptions o = Options(0, 1, 0, 1, 0);
+  auto first = Open(o);
+  ASSERT_NE(first, nullptr);
+  Read(*first, 2);
+  const RecordStreamState state = first->State();
+  ASSERT_TRUE(state.last_offset.has_value());
+  const std::string key = (*shards_)[first->assigned()[state.shards_done]].key;
+  first.reset();
+  ASSERT_TRUE(temp_.store()->Put(key, absl::Cord(std::string(3000, '\0'))).ok());
+  auto s = RecordStream::Create(temp_.store(), shards_, o, &state);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr(key));
+}
+
+TEST_P(RecordStreamStateTest, MalformedStatesAreInvalidArgument) {
+  for (const char* json :
+       {"", "[]", "{\"version\":1}", "{\"version\":2}",
+        R"({"version":1,"format":"zip","num_shards":1,"fingerprint":"","seed":0,"epoch":0,
+            "shuffle":true,"shuffle_buffer":0,"rank":0,"world_size":1,"worker":0,
+            "num_workers":1,"yielded":0,"shards_done":0,"last_offset":null,"buffered":[],
+            "rng":"0"})"}) {
+    auto s = RecordStreamState::FromJson(json);
+    ASSERT_FALSE(s.ok()) << json;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.status().message(), HasSubstr("record stream state"));
+  }
+  auto first = Open(Options(0, 1, 0, 1, 4));
+  ASSERT_NE(first, nullptr);
+  Read(*first, 6);
+  const RecordStreamState state = first->State();
+  EXPECT_EQ(state.buffered.size(), 4u);
+  auto back = RecordStreamState::FromJson(state.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ToJson(), state.ToJson());
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, RecordStreamStateTest,
+                         testing::Values(FormatCase{RecordFormat::kTFRecord, false}),
+                         [](const testing::TestParamInfo<FormatCase>& info) {
+                           return std::string(RecordFormatName(info.param.format));
+                         });
+
+}  // namespace
+}  // namespace wharf
