@@ -17,7 +17,8 @@ def _identity(batch):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", default=".wharf/demo", help="data set directory (wharf demo)")
+    parser.add_argument("--dir", default=".wharf/demo",
+                        help="where `wharf demo` wrote the data set: a folder or a URI")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--compute-ms", type=float, default=20.0,
                         help="simulated accelerator time per batch")
@@ -29,11 +30,20 @@ def main(argv=None) -> int:
     import torch
     from wharf.torch import IterableDataset
 
-    root = os.path.abspath(args.dir)
-    if not os.path.isdir(os.path.join(root, "train")):
-        print(f"wharf.demo: no data set in {root}: run `wharf demo` first", file=sys.stderr)
+    import wharf
+    if "://" in args.dir:
+        uri = args.dir.rstrip("/") + "/train/"
+    else:
+        uri = f"file://{os.path.abspath(args.dir)}/train/"
+    try:
+        dataset = IterableDataset.from_prefix(uri, shuffle=True, seed=0)
+    except wharf.WharfError as e:
+        print(f"wharf.demo: {e}", file=sys.stderr)
         return 1
-    dataset = IterableDataset.from_prefix(f"file://{root}/train/", shuffle=True, seed=0)
+    if len(dataset) == 0:
+        print(f"wharf.demo: no data set at {uri}: run `wharf demo --dir {args.dir}` first",
+              file=sys.stderr)
+        return 1
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size,
                                          num_workers=args.workers, collate_fn=_identity)
     compute = args.compute_ms / 1000.0

@@ -1,8 +1,9 @@
 """PyTorch datasets over wharf: samples straight from object storage, zero-copy.
 
-    from wharf.torch import MapDataset, IterableDataset
+    from wharf.torch import DistributedSampler, MapDataset, IterableDataset
 
     # Map-style: one object per sample; a DataLoader batch is ONE engine batch (__getitems__).
+    # wharf's DistributedSampler (torch's works too) adds the global order and resume.
     ds = MapDataset.from_prefix("s3://bucket/train/", transform=decode)
     loader = DataLoader(ds, batch_size=64, sampler=DistributedSampler(ds), num_workers=8)
 
@@ -14,8 +15,11 @@
         for step, batch in enumerate(loader): ...
             ckpt["data"] = ds.state_dict(steps=step + 1)   # the same on every rank
 
-    # Record shards: tar (WebDataset), tfrecord, csv, jsonl.
+    # Record shards: tar (WebDataset), tfrecord, csv, jsonl. Exact resume per worker through
+    # torchdata's StatefulDataLoader (or ds.state_dict() with num_workers=0).
     ds = IterableDataset.from_shards("s3://bucket/shards/", format="tar", shuffle_buffer=1000)
+    loader = StatefulDataLoader(ds, batch_size=64, num_workers=8)
+    ...  ckpt["loader"] = loader.state_dict()
 
 Every sample is a `Sample` with `.key` and `.data`: a `wharf.Buffer` sharing the engine's
 memory (numpy.frombuffer / torch.frombuffer / memoryview read it without a copy; it is
@@ -44,7 +48,11 @@ exactly this; `state_dict()` without steps uses the samples this process yielded
 num_workers=0; with DataLoader workers, pass steps, since workers yield in other processes).
 `load_state_dict()` with any world size then yields exactly the positions not yet consumed,
 re-dealt over the new ranks. Values past the end of the epoch (the padded tail) mean the epoch
-is complete.
+is complete. DistributedSampler (map-style) keeps the same cursor. Inside a DataLoader worker,
+state_dict() without steps is that worker's own position, which is what torchdata's
+StatefulDataLoader collects; it resumes the same world size and worker count.
+
+Resume (RecordDataset): exact, per (rank, worker) share; see RecordDataset.
 """
 from __future__ import annotations
 
@@ -57,8 +65,8 @@ import torch.utils.data
 
 from wharf import _wharf
 
-__all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "distributed_info",
-           "consumed_after"]
+__all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "DistributedSampler",
+           "distributed_info", "consumed_after"]
 
 consumed_after = _wharf.consumed_after
 
@@ -144,6 +152,103 @@ def _index_for(uri: str, keys=None, suffixes: Sequence[str] = (), list_workers: 
     return _wharf.SampleIndex.from_keys(uri, list(keys))
 
 
+class _GlobalOrder(_Distributed):
+    """wharf's global order of a dataset's epochs and a cursor in it, shared by
+    IterableDataset and DistributedSampler: the permutation of epoch e depends only on
+    (seed, e); global position p goes to rank p % world_size; the cursor `consumed` counts
+    the positions all ranks consumed, so a checkpoint is one integer valid for any world
+    size."""
+
+    def _init_order(self, index: "_wharf.SampleIndex", shuffle: bool, seed: int,
+                    drop_last: bool, rank: Optional[int], world_size: Optional[int]) -> None:
+        self._index = index
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.drop_last = drop_last
+        self._init_dist(rank, world_size)
+        self._epoch = 0
+        self._start = 0      # the global cursor this epoch starts (or resumed) from
+        self._sampler = None
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch's order. A resumed epoch keeps its cursor; another starts at 0."""
+        if int(epoch) != self._epoch:
+            self._epoch, self._start = int(epoch), 0
+            self._epoch_changed()
+
+    def _epoch_changed(self) -> None:
+        pass
+
+    def sampler(self) -> "_wharf.Sampler":
+        if self._sampler is None:
+            self._sampler = _wharf.Sampler(len(self._index), seed=self.seed, shuffle=self.shuffle,
+                                           drop_last=self.drop_last,
+                                           fingerprint=self._index.fingerprint)
+        return self._sampler
+
+    def __len__(self) -> int:
+        """Samples this rank takes in the current epoch from its cursor (all workers)."""
+        _, world = self._dist()
+        end = self.sampler().end_of_epoch(self._start, world)
+        return max(0, end - self._start) // world
+
+    def _state_at(self, consumed: int) -> dict:
+        return json.loads(self.sampler().state(self._epoch, consumed))
+
+    def _restore(self, state: dict) -> None:
+        epoch, consumed = self.sampler().restore(json.dumps(state))
+        self._epoch, self._start = epoch, consumed
+
+    def __getstate__(self):
+        state = self._snapshot_state()
+        state["_sampler"] = None
+        return state
+
+
+class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
+    """A drop-in for torch's DistributedSampler that follows wharf's global order and resumes
+    mid-epoch, also with another world size:
+
+        sampler = DistributedSampler(ds, seed=0)          # ds: a MapDataset (or its length)
+        loader = DataLoader(ds, batch_size=64, sampler=sampler, num_workers=8)
+        sampler.set_epoch(epoch)
+        ...  ckpt["data"] = sampler.state_dict(steps=step + 1, batch_size=64)
+        ...  sampler.load_state_dict(ckpt["data"])        # then iterate: the unseen samples
+
+    It yields this rank's share of the epoch's permutation from the cursor: the same indices
+    as IterableDataset over the same index, seed and epoch. Every rank yields the same
+    count (padded by repeating samples, or the tail dropped with drop_last). The DataLoader
+    draws indices ahead of the batches it returns, so the position comes from the steps the
+    training loop completed: state_dict(steps, batch_size) gives the global cursor
+    start + steps * batch_size * world_size, which every rank computes alike."""
+
+    def __init__(self, dataset: Union["MapDataset", "_wharf.SampleIndex"], *,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                 rank: Optional[int] = None, world_size: Optional[int] = None):
+        index = dataset.index if isinstance(dataset, MapDataset) else dataset
+        self._init_order(index, shuffle, seed, drop_last, rank, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        rank, world = self._dist()
+        return iter(self.sampler().shard(self._epoch, self._start, rank=rank, world_size=world))
+
+    def state_dict(self, steps: int, batch_size: int) -> dict:
+        """The state after `steps` batches of `batch_size` on every rank since the epoch
+        started (or resumed): {"version", "num_samples", "seed", "shuffle", "fingerprint",
+        "epoch", "consumed"}."""
+        _, world = self._dist()
+        return self._state_at(consumed_after(self._start, int(steps) * int(batch_size), world))
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues the state's epoch at its cursor with this process's world size. Raises
+        WharfError when it is for another dataset, seed or shuffle setting."""
+        self._restore(state)
+
+
 class MapDataset(torch.utils.data.Dataset):
     """Map-style dataset: sample i is object i of the index (listing order, manifest order or
     the keys given). `ds[i]` is one Sample; `ds.__getitems__(indices)`, which the DataLoader
@@ -226,7 +331,7 @@ class MapDataset(torch.utils.data.Dataset):
         return state
 
 
-class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
+class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
     """Iterable dataset over one object per sample, in wharf's global order: the permutation
     of epoch e depends only on (seed, e), ranks take interleaved shares (equal counts: padded
     by repeating samples, or the tail dropped with drop_last), and a rank's share is cut into
@@ -248,21 +353,14 @@ class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
                  max_in_flight: int = 0, memory_budget: int = 1 << 30):
         if batch_size_hint < 1:
             raise ValueError("batch_size_hint must be >= 1")
-        self._index = index
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.drop_last = drop_last
+        self._init_order(index, shuffle, seed, drop_last, rank, world_size)
         self.transform = transform
         self.batch_size_hint = int(batch_size_hint)
         self._stream_options = dict(prefetch=prefetch, prefetch_bytes=prefetch_bytes,
                                     max_in_flight=max_in_flight, memory_budget=memory_budget)
-        self._init_dist(rank, world_size)
-        self._epoch = 0
-        self._start = 0      # the global cursor this epoch starts (or resumed) from
         self._yielded = 0    # samples this process yielded since the last __iter__
         self._skipped = 0    # samples of its share the last __iter__ passed over (resume)
         self._worker_resume = None  # a worker_share to continue at the next __iter__
-        self._sampler = None
 
     @classmethod
     def from_prefix(cls, uri: str, suffixes: Sequence[str] = (), list_workers: int = 16,
@@ -294,29 +392,8 @@ class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
     def index(self) -> "_wharf.SampleIndex":
         return self._index
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch's order. A resumed epoch keeps its cursor; another starts at 0."""
-        epoch = int(epoch)
-        if epoch != self._epoch:
-            self._epoch, self._start, self._yielded = epoch, 0, 0
-            self._skipped, self._worker_resume = 0, None
-
-    def sampler(self) -> "_wharf.Sampler":
-        if self._sampler is None:
-            self._sampler = _wharf.Sampler(len(self._index), seed=self.seed, shuffle=self.shuffle,
-                                           drop_last=self.drop_last,
-                                           fingerprint=self._index.fingerprint)
-        return self._sampler
-
-    def __len__(self) -> int:
-        """Samples this rank yields in the current epoch from its cursor (all workers)."""
-        _, world = self._dist()
-        end = self.sampler().end_of_epoch(self._start, world)
-        return max(0, end - self._start) // world
+    def _epoch_changed(self) -> None:
+        self._yielded, self._skipped, self._worker_resume = 0, 0, None
 
     def global_consumed(self, steps: Optional[int] = None,
                         batch_size: Optional[int] = None) -> int:
@@ -343,14 +420,13 @@ class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
         if steps is None and torch.utils.data.get_worker_info() is not None:
             rank, world = self._dist()
             worker, num_workers = _worker_info()
-            state = json.loads(self.sampler().state(self._epoch, self._start))
+            state = self._state_at(self._start)
             state["worker_share"] = {
                 "rank": rank, "world_size": world, "worker": worker,
                 "num_workers": num_workers, "batch_size_hint": self.batch_size_hint,
                 "yielded": self._skipped + self._yielded}
             return state
-        consumed = self.global_consumed(steps, batch_size)
-        return json.loads(self.sampler().state(self._epoch, consumed))
+        return self._state_at(self.global_consumed(steps, batch_size))
 
     def load_state_dict(self, state: dict) -> None:
         """Continues the state's epoch at its cursor, with this process's world size (or, for
@@ -358,8 +434,8 @@ class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
         another dataset, seed or shuffle setting."""
         state = dict(state)
         share = state.pop("worker_share", None)
-        epoch, consumed = self.sampler().restore(json.dumps(state))
-        self._epoch, self._start, self._yielded, self._skipped = epoch, consumed, 0, 0
+        self._restore(state)
+        self._yielded, self._skipped = 0, 0
         self._worker_resume = dict(share) if share is not None else None
 
     # -- reading --
@@ -396,11 +472,6 @@ class IterableDataset(_Distributed, torch.utils.data.IterableDataset):
                 s = Sample(key, data, index=index)
                 self._yielded += 1
                 yield transform(s) if transform is not None else s
-
-    def __getstate__(self):
-        state = self._snapshot_state()
-        state["_sampler"] = None
-        return state
 
 
 class RecordDataset(_Distributed, torch.utils.data.IterableDataset):

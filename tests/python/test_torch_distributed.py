@@ -1,7 +1,8 @@
 """wharf.torch.IterableDataset across 2 ranks (spawned processes, gloo on 127.0.0.1), each with
 a DataLoader of 2 workers: every sample once per epoch, the same order for the same seed and
 epoch, another order next epoch, the same global order as one rank, and mid-epoch resume on
-2 ranks and on 1 rank. On file:// and on the real S3 server."""
+2 ranks and on 1 rank; tar shards through torchdata's StatefulDataLoader, stopped and resumed
+per worker. On file:// and on the real S3 server."""
 import collections
 import json
 
@@ -10,8 +11,11 @@ from torch.utils.data import DataLoader
 import torch_helpers as h
 from torch_helpers import target  # noqa: F401 - the fixture
 from wharf.torch import IterableDataset
+from test_torch_records import tar_bytes
 
 N = 100
+SHARDS = 8
+PER_SHARD = 5
 BATCH = 4
 RESUME_STEPS = 3
 
@@ -34,7 +38,11 @@ def test_two_ranks_with_two_workers_each(target, tmp_path):
     uri, store = target
     keys = h.write_objects(store, "s/", N)
     uri += "s/"
-    h.run_ranks(h.rank_main, (2, h.free_port(), uri, str(tmp_path), RESUME_STEPS), nprocs=2)
+    for s in range(SHARDS):
+        store.put(f"shards/{s:02d}.tar", tar_bytes(
+            [(f"t{s}/x{i}.bin", b"%d-%d" % (s, i)) for i in range(PER_SHARD)]))
+    h.run_ranks(h.rank_main, (2, h.free_port(), uri, str(tmp_path), RESUME_STEPS,
+                              uri[:-len("s/")] + "shards/"), nprocs=2)
     r = json.loads((tmp_path / "results.json").read_text())
     all_keys = sorted(k[2:] for k in keys)
 
@@ -66,3 +74,10 @@ def test_two_ranks_with_two_workers_each(target, tmp_path):
     rest1 = one_rank_order(uri, 2, state=states[0])
     assert rest1 == order2[len(consumed):]
     assert collections.Counter(consumed + rest1) == collections.Counter(all_keys)
+
+    # Record shards, 2 ranks x 2 workers (StatefulDataLoader): every record exactly once
+    # across ranks, and each rank's stopped-and-resumed run equals its uninterrupted one.
+    full = r["records_full"]
+    assert sorted(full[0] + full[1]) == sorted(f"t{s}/x{i}" for s in range(SHARDS)
+                                               for i in range(PER_SHARD))
+    assert r["records_resumed"] == full

@@ -120,3 +120,49 @@ def test_pickles_as_configuration(dataset):
     assert copy._reader is None and copy.keys() == ds.keys()
     assert copy.index.fingerprint == ds.index.fingerprint
     assert bytes(copy[1].data) == bytes(ds[1].data)
+
+
+def test_wharf_sampler_follows_the_global_order_and_resumes_with_another_world_size(dataset):
+    from wharf.torch import DistributedSampler as WharfSampler, IterableDataset
+    ds = MapDataset.from_prefix(dataset + "m/")
+    batch, steps = 4, 2
+
+    def run(rank, world, epoch, state=None, stop=None):
+        sampler = WharfSampler(ds, seed=9, rank=rank, world_size=world)
+        sampler.set_epoch(epoch)
+        if state is not None:
+            sampler.load_state_dict(state)
+        loader = DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=2,
+                            collate_fn=h.sample_keys, timeout=60)
+        out = []
+        for i, keys in enumerate(loader):
+            if stop is not None and i == stop:
+                return out, sampler.state_dict(steps=stop, batch_size=batch)
+            out += keys
+        return out, None
+
+    # Two ranks: equal shares, every sample once, the same global order as one rank and as
+    # the iterable dataset (position p is rank p % 2's item p // 2).
+    shares = [run(r, 2, 1)[0] for r in range(2)]
+    assert [len(s) for s in shares] == [N // 2] * 2
+    assert sorted(shares[0] + shares[1]) == ds.keys()
+    one_rank = run(0, 1, 1)[0]
+    assert [shares[p % 2][p // 2] for p in range(N)] == one_rank
+    it = IterableDataset(ds.index, seed=9, rank=0, world_size=1)
+    it.set_epoch(1)
+    assert [s.key for s in it] == one_rank
+    assert run(0, 1, 2)[0] != one_rank  # another epoch, another order
+
+    # Stop both ranks after `steps` batches; resume the epoch on ONE rank: exactly the rest.
+    consumed, states = [], []
+    for r in range(2):
+        got, state = run(r, 2, 1, stop=steps)
+        consumed += got
+        states.append(state)
+    assert states[0] == states[1] and states[0]["consumed"] == steps * batch * 2
+    rest, _ = run(0, 1, 1, state=states[0])
+    assert len(consumed) + len(rest) == N
+    assert sorted(consumed + rest) == ds.keys()
+    assert rest == one_rank[steps * batch * 2:]
+    with pytest.raises(wharf.WharfError):
+        WharfSampler(ds, seed=10).load_state_dict(states[0])  # another seed

@@ -47,6 +47,11 @@ def sample_keys(batch) -> list:
     return out
 
 
+def record_keys(batch) -> list:
+    """collate_fn: the keys of a batch of record Samples."""
+    return [s.key for s in batch]
+
+
 def as_list(batch):
     """collate_fn: the Samples themselves (they travel from workers pickled)."""
     return batch
@@ -117,9 +122,11 @@ def run_ranks(fn, args, nprocs: int, timeout: float = 180):
             raise AssertionError(f"ranks did not finish within {timeout} s")
 
 
-def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, resume_steps: int):
-    """One rank of the distributed test: DataLoaders with 2 workers over an IterableDataset.
-    Gathers every rank's keys with all_gather_object; rank 0 writes them to out_dir."""
+def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, resume_steps: int,
+              shards_uri: str):
+    """One rank of the distributed test: DataLoaders with 2 workers over an IterableDataset,
+    then a StatefulDataLoader with 2 workers over tar shards (stopped and resumed). Gathers
+    every rank's keys with all_gather_object; rank 0 writes them to out_dir."""
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
@@ -161,6 +168,28 @@ def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, res
     results["consumed"] = gather(consumed)
     results["state"] = gather(state)
     results["rest"] = gather(rest)
+
+    # Record shards: each rank's share through 2 workers, whole, then stopped after
+    # resume_steps batches and continued from the loader's state in new processes.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def shards_loader(state=None):
+        ds = IterableDataset.from_shards(shards_uri, format="tar", seed=11, shuffle_buffer=5)
+        out = StatefulDataLoader(ds, batch_size=batch, num_workers=2, timeout=60,
+                                 collate_fn=record_keys)
+        if state is not None:
+            out.load_state_dict(state)
+        return out
+
+    full = [k for b in shards_loader() for k in b]
+    first = shards_loader()
+    it = iter(first)
+    before = [k for _ in range(resume_steps) for k in next(it)]
+    state = first.state_dict()
+    del it, first
+    after = [k for b in shards_loader(state) for k in b]
+    results["records_full"] = gather(full)
+    results["records_resumed"] = gather(before + after)
 
     if rank == 0:
         with open(os.path.join(out_dir, "results.json"), "w") as f:
