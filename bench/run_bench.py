@@ -1105,6 +1105,29 @@ def tool_versions(a) -> dict:
     return v
 
 
+
+def machine_line() -> str:
+    """'N cores, M GiB RAM, load L' for report headers."""
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GiB
+    return f"{os.cpu_count()} cores, {ram:.0f} GiB RAM, load {os.getloadavg()[0]:.2f}"
+
+
+def write_report(out_dir: Path, name: str, header: str, versions: dict | None,
+                 sections: list[str], payload: dict) -> None:
+    """Writes <name>.md (header, versions, sections) and <name>.json (payload)."""
+    if versions:
+        header += "- versions: " + "; ".join(f"{k} {v}" for k, v in versions.items()) + "\n"
+    md = out_dir / f"{name}.md"
+    md.write_text(header + "\n" + "\n".join(sections))
+    md.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str))
+    log(f"wrote {md} and {md.with_suffix('.json')}")
+
+
+def raise_open_files_limit() -> None:
+    """Thousands of connections in flight need descriptors: soft limit up to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(65536, hard)), hard))
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -1174,6 +1197,7 @@ def main() -> int:
     server = Server(keep=a.keep_server)
     results: list[dict] = []
     sections: list[str] = []
+    versions: dict | None = None
     failed = False
     try:
         a._scratch = scratch_root(a.scratch)
@@ -1257,9 +1281,7 @@ def main() -> int:
         if results or sections:
             header = (f"# wharf benchmark {stamp}\n\n"
                       f"- command: `{' '.join(sys.argv)}`\n"
-                      f"- machine: {os.cpu_count()} cores, "
-                      f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / GiB:.0f} GiB RAM"
-                      f", load {os.getloadavg()[0]:.2f}; server objectstore "
+                      f"- machine: {machine_line()}; server objectstore "
                       f"{server.objectstore()}; proxy {' '.join(a.proxy_arg) or 'defaults'}\n"
                       f"- wall s: process lifetime for CLIs, timed section after imports for "
                       f"Python peers; MB = 10^6 B; CPU = user+sys of the client tree "
@@ -1268,19 +1290,11 @@ def main() -> int:
                       f"- ratios use obj/s (S1, S3) or MB/s (S2): '% of curl' = X / curl "
                       f"(curl = the native ceiling); 'wharf / X' = wharf / X (>1: wharf "
                       f"faster); server CPU = radosgw + ceph-osd during the run\n")
-            try:
-                header += "- versions: " + "; ".join(f"{k} {v}" for k, v in versions.items()) + "\n"
-            except NameError:
-                pass
-            md = out_dir / f"bench-{stamp}.md"
-            md.write_text(header + "\n" + "\n".join(sections))
-            (out_dir / f"bench-{stamp}.json").write_text(json.dumps(
-                {"argv": sys.argv, "stamp": stamp, "results": results}, indent=1))
-            log(f"wrote {md} and {md.with_suffix('.json')}")
+            write_report(out_dir, f"bench-{stamp}", header, versions, sections,
+                         {"argv": sys.argv, "stamp": stamp, "results": results})
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(
-        resource.RLIMIT_NOFILE)[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    raise_open_files_limit()
     sys.exit(main())

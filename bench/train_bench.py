@@ -80,7 +80,6 @@ import io
 import json
 import math
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -499,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = []
     sections: list[str] = []
     raw = None
+    versions: dict | None = None
     failed = False
     objectstore = "?"
     t_start = time.time()
@@ -564,9 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         if results or raw:
             header = (f"# wharf training-loop benchmark {stamp}\n\n"
                       f"- command: `{' '.join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))}`\n"
-                      f"- machine: {os.cpu_count()} cores, "
-                      f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / rb.GiB:.0f} "
-                      f"GiB RAM, load {os.getloadavg()[0]:.2f}; server objectstore "
+                      f"- machine: {rb.machine_line()}; server objectstore "
                       f"{objectstore}; latency proxy {a.delay_ms:g} ms each way; "
                       f"total wall {time.time() - t_start:.0f} s\n"
                       f"- data: {getattr(a, '_objects', 0):,} "
@@ -582,21 +580,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"- CPU = user+sys of the loader's process tree (imports excluded, "
                       f"listing included); RSS = ru_maxrss of its largest process; tree PSS = "
                       f"sampled peak of the tree's summed PSS\n")
-            try:
-                header += "- versions: " + "; ".join(f"{k} {v}" for k, v in versions.items()) + "\n"
-            except NameError:
-                pass
-            md = out_dir / f"train-{stamp}.md"
-            md.write_text(header + "\n" + "\n".join(sections))
-            (out_dir / f"train-{stamp}.json").write_text(json.dumps(
-                {"argv": sys.argv, "stamp": stamp, "delay_ms": a.delay_ms,
-                 "batch_size": a.batch_size, "au_target": a.au_target, "quick": a.quick,
-                 "grid_ms": a._grid, "raw": raw, "loaders": results}, indent=1, default=str))
-            log(f"wrote {md} and {md.with_suffix('.json')}")
+            rb.write_report(out_dir, f"train-{stamp}", header, versions, sections,
+                            {"argv": sys.argv, "stamp": stamp, "delay_ms": a.delay_ms,
+                             "batch_size": a.batch_size, "au_target": a.au_target,
+                             "quick": a.quick, "grid_ms": a._grid, "raw": raw,
+                             "loaders": results})
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, resource.getrlimit(
-        resource.RLIMIT_NOFILE)[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    rb.raise_open_files_limit()
     sys.exit(main())

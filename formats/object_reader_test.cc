@@ -10,6 +10,7 @@
 #include "base/timer.h"
 #include "formats/test_store.h"
 #include "gtest/gtest.h"
+#include "store/testing/forwarding_store.h"
 
 namespace wharf {
 namespace {
@@ -22,67 +23,11 @@ std::string Pattern(size_t n, uint32_t seed) {
 }
 
 // Wraps a store: delays every GET (as a network would) and records the peak in flight.
-class SlowStore : public ObjectStore {
+class SlowStore : public store_testing::DelayedGetStore {
  public:
-  SlowStore(std::shared_ptr<ObjectStore> inner, absl::Duration delay)
-      : inner_(std::move(inner)), delay_(delay) {}
-  std::string Uri(absl::string_view key) const override { return inner_->Uri(key); }
-  const Capabilities& capabilities() const override { return inner_->capabilities(); }
-  void ListAsync(ListOptions o, std::string c, Callback<ListPage> d) override {
-    inner_->ListAsync(std::move(o), std::move(c), std::move(d));
-  }
-  void HeadAsync(std::string k, Callback<ObjectMeta> d) override {
-    inner_->HeadAsync(std::move(k), std::move(d));
-  }
-  void GetAsync(GetRequest r, Callback<GetResult> d) override {
-    {
-      absl::MutexLock lock(&mu_);
-      peak_ = std::max(peak_, ++in_flight_);
-    }
-    Timer::Global().After(delay_, [this, r = std::move(r), d = std::move(d)]() mutable {
-      inner_->GetAsync(std::move(r),
-                       [this, d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
-                         {
-                           absl::MutexLock lock(&mu_);
-                           --in_flight_;
-                         }
-                         std::move(d)(std::move(res));
-                       });
-    });
-  }
-  void PutAsync(std::string k, absl::Cord c, Callback<ObjectMeta> d) override {
-    inner_->PutAsync(std::move(k), std::move(c), std::move(d));
-  }
-  void DeleteAsync(std::string k, StatusCallback d) override {
-    inner_->DeleteAsync(std::move(k), std::move(d));
-  }
-  void DeleteManyAsync(std::vector<std::string> k, StatusCallback d) override {
-    inner_->DeleteManyAsync(std::move(k), std::move(d));
-  }
-  void CopyAsync(std::string s, std::string t, Callback<ObjectMeta> d) override {
-    inner_->CopyAsync(std::move(s), std::move(t), std::move(d));
-  }
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string k) override {
-    return inner_->NewWriter(std::move(k));
-  }
+  using DelayedGetStore::DelayedGetStore;
   // The blocking Head must not go through the (default) async wrapper of this class only.
-  absl::StatusOr<ObjectMeta> Head(const std::string& key) override { return inner_->Head(key); }
-
-  int peak_in_flight() {
-    absl::MutexLock lock(&mu_);
-    return peak_;
-  }
-  int in_flight() {
-    absl::MutexLock lock(&mu_);
-    return in_flight_;
-  }
-
- private:
-  std::shared_ptr<ObjectStore> inner_;
-  absl::Duration delay_;
-  absl::Mutex mu_;
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  int peak_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::StatusOr<ObjectMeta> Head(const std::string& key) override { return inner().Head(key); }
 };
 
 std::string ReadAllByPeek(ObjectReader& reader) {

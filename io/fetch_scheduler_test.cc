@@ -11,6 +11,7 @@
 #include "base/timer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "store/testing/forwarding_store.h"
 #include "store/local/local_store.h"
 
 namespace wharf {
@@ -26,50 +27,13 @@ std::string Pattern(size_t n, uint32_t seed) {
 }
 
 
-// Wraps a store: delays every GET by `delay` and records concurrency and requests.
-class Recorder : public ObjectStore {
+// Wraps a store: delays every GET by `delay` and records concurrency, GETs and HEADs.
+class Recorder : public store_testing::DelayedGetStore {
  public:
-  Recorder(std::shared_ptr<ObjectStore> inner, absl::Duration delay)
-      : inner_(std::move(inner)), delay_(delay) {}
-  std::string Uri(absl::string_view key) const override { return inner_->Uri(key); }
-  const Capabilities& capabilities() const override { return inner_->capabilities(); }
-  void ListAsync(ListOptions o, std::string c, Callback<ListPage> d) override {
-    inner_->ListAsync(std::move(o), std::move(c), std::move(d));
-  }
+  using DelayedGetStore::DelayedGetStore;
   void HeadAsync(std::string k, Callback<ObjectMeta> d) override {
     heads_++;
-    inner_->HeadAsync(std::move(k), std::move(d));
-  }
-  void GetAsync(GetRequest r, Callback<GetResult> d) override {
-    {
-      absl::MutexLock lock(&mu_);
-      gets_.push_back({r.key, r.range.offset, r.range.length.value_or(0)});
-      peak_ = std::max(peak_, ++in_flight_);
-    }
-    Timer::Global().After(delay_, [this, r = std::move(r), d = std::move(d)]() mutable {
-      inner_->GetAsync(std::move(r), [this, d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
-        {
-          absl::MutexLock lock(&mu_);
-          --in_flight_;
-        }
-        std::move(d)(std::move(res));
-      });
-    });
-  }
-  void PutAsync(std::string k, absl::Cord c, Callback<ObjectMeta> d) override {
-    inner_->PutAsync(std::move(k), std::move(c), std::move(d));
-  }
-  void DeleteAsync(std::string k, StatusCallback d) override {
-    inner_->DeleteAsync(std::move(k), std::move(d));
-  }
-  void DeleteManyAsync(std::vector<std::string> k, StatusCallback d) override {
-    inner_->DeleteManyAsync(std::move(k), std::move(d));
-  }
-  void CopyAsync(std::string a, std::string b, Callback<ObjectMeta> d) override {
-    inner_->CopyAsync(std::move(a), std::move(b), std::move(d));
-  }
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string k) override {
-    return inner_->NewWriter(std::move(k));
+    DelayedGetStore::HeadAsync(std::move(k), std::move(d));
   }
 
   struct Get {
@@ -80,18 +44,14 @@ class Recorder : public ObjectStore {
     absl::MutexLock lock(&mu_);
     return gets_;
   }
-  int peak() {
-    absl::MutexLock lock(&mu_);
-    return peak_;
-  }
+  int peak() { return peak_in_flight(); }
   std::atomic<int> heads_{0};
 
  private:
-  std::shared_ptr<ObjectStore> inner_;
-  absl::Duration delay_;
-  absl::Mutex mu_;
-  std::vector<Get> gets_;
-  int in_flight_ = 0, peak_ = 0;
+  void OnGetLocked(const GetRequest& r) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    gets_.push_back({r.key, r.range.offset, r.range.length.value_or(0)});
+  }
+  std::vector<Get> gets_ ABSL_GUARDED_BY(mu_);
 };
 
 class FetchSchedulerTest : public testing::Test {

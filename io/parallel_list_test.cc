@@ -20,6 +20,7 @@
 #include "base/timer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "store/testing/forwarding_store.h"
 #include "http/curl_transport.h"
 #include "store/local/local_store.h"
 #include "store/s3/aws_config.h"
@@ -665,9 +666,10 @@ TEST(ParallelListPropertyTest, MatchesTheSequentialListingOnS3) {
 
 // Delays every list page by `delay` (on the shared timer: no thread sleeps) and counts the
 // calls in flight; optionally fails call number `fail_call` (1-based).
-class SlowListStore : public ObjectStore {
+class SlowListStore : public store_testing::ForwardingStore {
  public:
-  SlowListStore(ObjectStore& inner, absl::Duration delay) : inner_(inner), delay_(delay) {}
+  SlowListStore(ObjectStore& inner, absl::Duration delay)
+      : ForwardingStore(inner), delay_(delay) {}
 
   void FailCall(int n, absl::Status status) {
     absl::MutexLock lock(&mu_);
@@ -687,9 +689,6 @@ class SlowListStore : public ObjectStore {
     return calls_;
   }
 
-  std::string Uri(absl::string_view key) const override { return inner_.Uri(key); }
-  const Capabilities& capabilities() const override { return inner_.capabilities(); }
-
   void ListAsync(ListOptions options, std::string continuation,
                  Callback<ListPage> done) override {
     bool fail;
@@ -701,7 +700,7 @@ class SlowListStore : public ObjectStore {
       fail = calls_ == fail_call_;
       fail_status = fail_status_;
     }
-    inner_.ListAsync(std::move(options), std::move(continuation),
+    inner().ListAsync(std::move(options), std::move(continuation),
                      [this, fail, fail_status = std::move(fail_status),
                       done = std::move(done)](absl::StatusOr<ListPage> page) mutable {
                        if (fail) page = fail_status;
@@ -715,30 +714,8 @@ class SlowListStore : public ObjectStore {
                        });
                      });
   }
-  void HeadAsync(std::string key, Callback<ObjectMeta> done) override {
-    inner_.HeadAsync(std::move(key), std::move(done));
-  }
-  void GetAsync(GetRequest request, Callback<GetResult> done) override {
-    inner_.GetAsync(std::move(request), std::move(done));
-  }
-  void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) override {
-    inner_.PutAsync(std::move(key), std::move(data), std::move(done));
-  }
-  void DeleteAsync(std::string key, StatusCallback done) override {
-    inner_.DeleteAsync(std::move(key), std::move(done));
-  }
-  void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) override {
-    inner_.DeleteManyAsync(std::move(keys), std::move(done));
-  }
-  void CopyAsync(std::string src, std::string dst, Callback<ObjectMeta> done) override {
-    inner_.CopyAsync(std::move(src), std::move(dst), std::move(done));
-  }
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) override {
-    return inner_.NewWriter(std::move(key));
-  }
 
  private:
-  ObjectStore& inner_;
   const absl::Duration delay_;
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
