@@ -7,7 +7,9 @@
 //    per request: the store's event loop or blocking pool does the work);
 //  - never lets the bytes it holds (buffers in flight + results delivered but not yet
 //    released by the consumer) exceed `memory_budget`: a request starts only when its
-//    buffer fits, and releasing a result lets the next one start;
+//    buffer fits, and releasing a result lets the next one start; released large buffers
+//    stay mapped for the next large objects while held + pooled fit the budget, so the
+//    kernel zero-fills them once, not per object;
 //  - splits objects above `split_threshold` into `part_size` ranged parts fetched
 //    concurrently into one buffer; every request of an item with a known ETag carries
 //    If-Match, so parts and ranges of two versions are never mixed;
@@ -141,6 +143,9 @@ class FetchScheduler {
   std::unique_ptr<Batch> StartBatch();
 
   const FetchOptions& options() const { return options_; }
+  // Large blocks (>= 4 MiB) served from the pool of released, already-populated mappings
+  // instead of a new mapping (see the .cc).
+  uint64_t large_blocks_reused() const;
 
   // Memory accounting shared by all batches (defined in the .cc).
   struct State;

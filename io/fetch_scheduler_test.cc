@@ -214,6 +214,66 @@ TEST_F(FetchSchedulerTest, NearbyRangesAreCoalescedIntoOneRequest) {
   EXPECT_EQ(slow->gets().size(), 2u);
 }
 
+// Released large buffers are reused for the next large objects (no new zero-filled mapping),
+// and a reused buffer never shows bytes of the object it held before.
+TEST_F(FetchSchedulerTest, LargeBlocksAreReusedWithinTheBudgetAndShowOnlyTheirObject) {
+  const size_t kMiB = size_t{1} << 20;
+  const std::vector<std::pair<std::string, size_t>> objects = {
+      {"big/a", 6 * kMiB}, {"big/b", 5 * kMiB + 123}, {"big/c", 6 * kMiB}, {"big/d", 6 * kMiB}};
+  std::vector<FetchItem> items;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    const auto& [key, size] = objects[i];
+    ASSERT_TRUE(local_->Put(key, absl::Cord(Pattern(size, static_cast<uint32_t>(i)))).ok());
+    items.push_back({.key = key, .size = size});
+  }
+  // The budget holds one object at a time: each starts once the previous one is dropped.
+  FetchScheduler scheduler(local_, {.max_in_flight = 8, .memory_budget = 8 * kMiB,
+                                    .ordered = true});
+  auto batch = scheduler.Fetch(items);
+  size_t n = 0;
+  while (auto r = batch->Next()) {
+    ASSERT_TRUE(r->data.ok()) << r->data.status();
+    EXPECT_EQ(r->data->size(), objects[r->index].second);
+    EXPECT_TRUE(r->data->view() ==
+                Pattern(objects[r->index].second, static_cast<uint32_t>(r->index)))
+        << objects[r->index].first;
+    ++n;
+  }
+  EXPECT_EQ(n, objects.size());
+  EXPECT_EQ(scheduler.large_blocks_reused(), objects.size() - 1);
+  EXPECT_LE(batch->stats().peak_bytes_held, 8 * kMiB);
+}
+
+// A store that delivers one byte less than asked: the scheduler must not hand out the
+// unfilled byte as data.
+class ShortReads : public store_testing::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  void GetAsync(GetRequest r, Callback<GetResult> d) override {
+    ForwardingStore::GetAsync(std::move(r), [d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
+      if (res.ok() && res->bytes > 0) --res->bytes;
+      std::move(d)(std::move(res));
+    });
+  }
+};
+
+TEST_F(FetchSchedulerTest, ShortReadsAreDataLossNamingTheObject) {
+  auto listed = PutObjects(3, 5000);
+  FetchScheduler scheduler(std::make_shared<ShortReads>(local_), {.max_in_flight = 4});
+  std::vector<FetchItem> items;
+  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
+  auto batch = scheduler.Fetch(items);
+  int n = 0;
+  while (auto r = batch->Next()) {
+    ASSERT_FALSE(r->data.ok());
+    EXPECT_EQ(r->data.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(r->data.status().message()), testing::HasSubstr("received 4999 of the 5000"));
+    EXPECT_THAT(std::string(r->data.status().message()), testing::HasSubstr(items[r->index].key));
+    ++n;
+  }
+  EXPECT_EQ(n, 3);
+}
+
 TEST_F(FetchSchedulerTest, ErrorsNameTheObjectAndOthersStillArrive) {
   auto listed = PutObjects(3, 10);
   FetchScheduler scheduler(local_);
