@@ -29,6 +29,11 @@ void AddFetch(CLI::App& app, FetchArgs& args) {
   cmd->add_option("--budget-mb", args.budget_mb, "Memory budget for buffered bytes, MiB")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  cmd->add_option("--part-size-mb", args.part_size_mb,
+                  "Objects over twice this size are read as ranged parts of this size, up to "
+                  "16 at once per object")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--list-workers", args.list_workers, "Parallel listing workers")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -41,6 +46,8 @@ absl::Status RunFetch(const FetchArgs& args) {
   FetchOptions options;
   options.max_in_flight = args.inflight;
   options.memory_budget = static_cast<uint64_t>(args.budget_mb) << 20;
+  options.part_size = static_cast<uint64_t>(args.part_size_mb) << 20;
+  options.split_threshold = 2 * options.part_size;
   FetchScheduler scheduler(store, options);
 
   const absl::Time start = absl::Now();

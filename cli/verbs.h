@@ -68,13 +68,14 @@ struct RmArgs {
 void AddRm(CLI::App& app, RmArgs& args);
 absl::Status RunRm(const RmArgs& args);
 
-// wharf fetch [-r] [--json] [--inflight N] [--budget-mb M] [--list-workers N] URI
+// wharf fetch [-r] [--json] [--inflight N] [--budget-mb M] [--part-size-mb P] [--list-workers N] URI
 struct FetchArgs {
   std::string uri;
   bool recursive = false;
   bool json = false;
   int inflight = 0;
   int budget_mb = 1024;
+  int part_size_mb = 8;
   int list_workers = 16;
 };
 void AddFetch(CLI::App& app, FetchArgs& args);

@@ -216,6 +216,11 @@ def test_fetch_reads_every_object(bucket, s3_env, s3_client):
     assert stats["bytes"] == 300 * 5000 + (20 << 20)
     assert stats["requests"] >= 301 + 2  # the big object was split into parts
     assert stats["peak_in_flight"] > 1
+    # 1 MiB parts: the 20 MiB object alone takes a HEAD (its size) and 20 ranged GETs.
+    proc = run_wharf("fetch", "--json", "--part-size-mb", "1", f"s3://{bucket}/f/big",
+                     env=s3_env, check=True)
+    stats = json.loads(proc.stdout)
+    assert stats["objects"] == 1 and stats["bytes"] == 20 << 20 and stats["requests"] == 1 + 20
 
 
 def test_parallel_ls_matches_sequential(bucket, s3_env, s3_client):
