@@ -77,7 +77,7 @@ Notes from bringing it up on this machine
 -----------------------------------------
 - Server: by default the shared instance of scripts/s3-server (127.0.0.1:17080). Other
   engineers' test runs restart that one (memstore data is lost, runs FAIL), so on a shared
-  machine give the benchmark its own instance: WHARF_S3_PORT=37080 WHARF_S3_BASE=/tmp/wharf-bench-s3
+  machine give the benchmark its own instance: WHARF_S3_PORT=27080 WHARF_S3_BASE=/tmp/wharf-bench-s3
   (it uses ports PORT-80..PORT). Full S1+S2+S3 data is ~5.4 GiB: ~10 GB of OSD RSS.
 - awscli 2.9's CRT transfer client (s3.preferred_transfer_client = crt) ignores --endpoint-url
   (AWS_IO_SOCKET_CONNECTION_REFUSED), so `aws` uses the classic client, 50 concurrent requests.

@@ -36,7 +36,7 @@ Data: the I/O benchmark's S1 set (10,000 x 100 KiB, s3://wharf-bench/s1/, genera
 boto3 when missing) and tar shards of exactly those samples (--tar-shards 100 shards of 100
 members <stem>.bin under s1-tar/, built once from the S1 objects and rebuilt when S1 changes:
 s1-tar/source.json holds a digest of S1's keys and ETags). Server: scripts/s3-server with
-WHARF_S3_PORT=37080 and WHARF_S3_BASE=<repo>/.wharf/bench-s3 unless the environment says
+WHARF_S3_PORT=27080 and WHARF_S3_BASE=<repo>/.wharf/bench-s3 unless the environment says
 otherwise (what ./run bench uses); started if not running and then stopped at the end
 (--keep-server leaves it). Every client goes through wharf-latency-proxy at --delay-ms each way.
 
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     # The benchmark's own server, as ./run bench uses it.
-    os.environ.setdefault("WHARF_S3_PORT", "37080")
+    os.environ.setdefault("WHARF_S3_PORT", "27080")
     os.environ.setdefault("WHARF_S3_BASE", str(REPO / ".wharf" / "bench-s3"))
     signal.signal(signal.SIGTERM, rb._on_signal)
     signal.signal(signal.SIGHUP, rb._on_signal)

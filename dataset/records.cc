@@ -1,6 +1,7 @@
 #include "dataset/records.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <utility>
 
@@ -83,6 +84,9 @@ std::string RecordStreamState::ToJson() const {
   for (const auto& [shard, offset] : buffered) held.push_back({shard, offset});
   j["buffered"] = std::move(held);
   j["rng"] = std::to_string(rng);
+  nlohmann::ordered_json tags = nlohmann::ordered_json::array();
+  for (const auto& [shard, etag] : etags) tags.push_back({shard, etag});
+  j["etags"] = std::move(tags);
   return j.dump();
 }
 
@@ -160,6 +164,14 @@ absl::StatusOr<RecordStreamState> RecordStreamState::FromJson(absl::string_view 
   if (!rng->is_string() || !absl::SimpleAtoi(rng->get<std::string>(), &s.rng)) {
     return StateError("\"rng\" must be a decimal string");
   }
+  WHARF_ASSIGN_OR_RETURN(const Json* tags, field("etags"));
+  if (!tags->is_array()) return StateError("\"etags\" must be an array");
+  for (const Json& e : *tags) {
+    if (!e.is_array() || e.size() != 2 || !e[0].is_number_unsigned() || !e[1].is_string()) {
+      return StateError("\"etags\" entries must be [shard, etag] pairs");
+    }
+    s.etags.emplace_back(e[0].get<uint64_t>(), e[1].get<std::string>());
+  }
   return s;
 }
 
@@ -196,6 +208,7 @@ class RecordStream::ShardReader {
       header = false;
     }
     WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, open(io));
+    out->etag_ = reader->meta().etag;
     switch (options.format) {
       case RecordFormat::kTar:
         out->tar_ =
@@ -253,6 +266,8 @@ class RecordStream::ShardReader {
 
   bool lines() const { return lines_ != nullptr; }
   const std::optional<std::string>& header() const { return header_; }
+  // The shard's ETag as opened (from the listing, or a HEAD); empty when the store has none.
+  const std::string& etag() const { return etag_; }
 
  private:
   ShardReader() = default;
@@ -271,6 +286,7 @@ class RecordStream::ShardReader {
   std::unique_ptr<TFRecordReader> tfrecord_;
   std::unique_ptr<LineReader> lines_;
   std::optional<std::string> header_;
+  std::string etag_;
 };
 
 // ---- RecordStream ----
@@ -330,6 +346,14 @@ RecordStreamState RecordStream::State() const {
   if (current_) s.last_offset = last_offset_;
   for (const Record& r : buffer_.items()) s.buffered.emplace_back(r.shard, r.offset);
   s.rng = buffer_.rng_state();
+  std::map<size_t, std::string> tags;
+  if (current_) tags[current_shard_] = etags_.count(current_shard_) ? etags_.at(current_shard_) : "";
+  for (const Record& r : buffer_.items()) {
+    if (auto it = etags_.find(r.shard); it != etags_.end()) tags[r.shard] = it->second;
+  }
+  for (auto& [shard, etag] : tags) {
+    if (!etag.empty()) s.etags.emplace_back(shard, std::move(etag));
+  }
   return s;
 }
 
@@ -341,7 +365,10 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
       differs = absl::StrCat(name, " ", saved, " in the state, ", here, " here");
     }
   };
-  check("format", RecordFormatName(state.format), RecordFormatName(options_.format));
+  if (state.format != options_.format) {
+    check("format", std::string(RecordFormatName(state.format)),
+          std::string(RecordFormatName(options_.format)));
+  }
   check("shard count", state.num_shards, shards_->size());
   check("shard list fingerprint", state.fingerprint, fingerprint_);
   check("seed", state.seed, options_.seed);
@@ -369,9 +396,19 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
           absl::StrCat("record stream state: buffered shard ", shard, " out of range"));
     }
   }
-  // Reads one record at `offset` of `shard` from `reader`: it must be there.
-  auto expect_record = [this](ShardReader& reader, size_t shard,
-                              uint64_t offset) -> absl::StatusOr<Record> {
+  std::map<size_t, std::string> saved_etags(state.etags.begin(), state.etags.end());
+  // Reads one record at `offset` of `shard` from `reader`: the shard must be the version the
+  // state was taken from, and the record must be there.
+  auto expect_record = [this, &saved_etags](ShardReader& reader, size_t shard,
+                                            uint64_t offset) -> absl::StatusOr<Record> {
+    if (auto it = saved_etags.find(shard);
+        it != saved_etags.end() && !reader.etag().empty() && reader.etag() != it->second) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "resuming: ", store_->Uri((*shards_)[shard].key),
+          " changed since the checkpoint (ETag ", it->second, " then, ", reader.etag(),
+          " now)"));
+    }
+    etags_[shard] = reader.etag();
     WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, reader.Next());
     if (!r || r->offset != offset) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -453,6 +490,7 @@ absl::StatusOr<bool> RecordStream::EnsureCurrent() {
     WHARF_ASSIGN_OR_RETURN(current_, OpenShard(assigned_[next_]));
   }
   current_shard_ = assigned_[next_++];
+  etags_[current_shard_] = current_->etag();
   last_offset_.reset();
   if (current_->lines()) last_header_ = current_->header();
   OpenAhead();
@@ -474,6 +512,7 @@ absl::StatusOr<std::optional<Record>> RecordStream::NextInOrder() {
 }
 
 absl::StatusOr<std::optional<Record>> RecordStream::Next() {
+  if (!pending_.ok()) return std::exchange(pending_, absl::OkStatus());
   std::optional<Record> out;
   if (options_.shuffle_buffer == 0) {
     WHARF_ASSIGN_OR_RETURN(out, NextInOrder());
@@ -492,12 +531,21 @@ absl::StatusOr<std::optional<Record>> RecordStream::Next() {
 }
 
 absl::StatusOr<std::vector<Record>> RecordStream::NextBatch(size_t n) {
+  if (!pending_.ok()) return std::exchange(pending_, absl::OkStatus());
   std::vector<Record> out;
-  while (out.size() < n) {
+  absl::Status status = FillBatch(n, &out);
+  if (status.ok()) return out;
+  if (out.empty()) return status;
+  pending_ = std::move(status);  // the records taken are returned; the error comes next
+  return out;
+}
+
+absl::Status RecordStream::FillBatch(size_t n, std::vector<Record>* out) {
+  while (out->size() < n) {
     if (options_.shuffle_buffer == 0 && IsLines()) {
       WHARF_ASSIGN_OR_RETURN(bool open, EnsureCurrent());
       if (!open) break;
-      WHARF_ASSIGN_OR_RETURN(std::vector<Record> rows, current_->NextRows(n - out.size()));
+      WHARF_ASSIGN_OR_RETURN(std::vector<Record> rows, current_->NextRows(n - out->size()));
       if (rows.empty()) {
         current_.reset();
         continue;
@@ -506,15 +554,15 @@ absl::StatusOr<std::vector<Record>> RecordStream::NextBatch(size_t n) {
       yielded_ += rows.size();
       for (Record& r : rows) {
         r.shard = current_shard_;
-        out.push_back(std::move(r));
+        out->push_back(std::move(r));
       }
       continue;
     }
     WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, Next());
     if (!r) break;
-    out.push_back(*std::move(r));
+    out->push_back(*std::move(r));
   }
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace wharf

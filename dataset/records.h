@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -104,9 +105,13 @@ struct RecordStreamState {
   std::optional<uint64_t> last_offset;
   std::vector<std::pair<uint64_t, uint64_t>> buffered;  // (shard, offset), in buffer order
   uint64_t rng = 0;                                     // the shuffle buffer's generator
+  // The ETag each shard above (the current one, the buffered records' ones) had when it was
+  // read: a shard rewritten since is refused on restore, even with the same layout.
+  std::vector<std::pair<uint64_t, std::string>> etags;
 
   // A JSON object, e.g. {"version":1,"format":"tar","num_shards":64,...,"yielded":1000,
-  // "shards_done":3,"last_offset":81920,"buffered":[[17,0],[17,10240]],"rng":"123..."}.
+  // "shards_done":3,"last_offset":81920,"buffered":[[17,0],[17,10240]],"rng":"123...",
+  // "etags":[[17,"9b2c..."]]}.
   // (rng is a decimal string: JSON readers differ on integers above 2^53.)
   std::string ToJson() const;
   // InvalidArgument naming the field for malformed JSON or a missing or mistyped field.
@@ -131,7 +136,8 @@ class RecordStream {
   // The next record; nullopt at the end of the share.
   absl::StatusOr<std::optional<Record>> Next();
   // Up to n records (fewer only at the end). Rows without a shuffle buffer come as slices of
-  // the shard's row batches (zero-copy).
+  // the shard's row batches (zero-copy). When an error stops a batch after some records were
+  // taken, those are returned and the error comes with the next call: nothing taken is lost.
   absl::StatusOr<std::vector<Record>> NextBatch(size_t n);
 
   // Where the share stands after the records yielded so far.
@@ -161,6 +167,8 @@ class RecordStream {
                                                          bool single_record = false);
   // The next record in shard order (before the shuffle buffer).
   absl::StatusOr<std::optional<Record>> NextInOrder();
+  // NextBatch's loop: appends up to n records to *out, stopping at the first error.
+  absl::Status FillBatch(size_t n, std::vector<Record>* out);
 
   const std::shared_ptr<ObjectStore> store_;
   const std::shared_ptr<const SampleIndex> shards_;
@@ -173,8 +181,10 @@ class RecordStream {
   std::unique_ptr<ShardReader> current_;
   std::unique_ptr<ShardReader> ahead_;
   std::optional<std::string> last_header_;
+  std::map<size_t, std::string> etags_;  // shard -> ETag when this stream opened it
   ShuffleBuffer<Record> buffer_;
   uint64_t yielded_ = 0;
+  absl::Status pending_;  // an error that stopped a partly returned batch
 };
 
 }  // namespace wharf

@@ -255,13 +255,67 @@ TEST_P(RecordStreamStateTest, AShardRewrittenSinceTheCheckpointIsAnError) {
   EXPECT_THAT(s.status().message(), HasSubstr(key));
 }
 
+// Rewritten with the same layout (same sizes, same record boundaries), so only the ETag in
+// the state can tell.
+TEST_P(RecordStreamStateTest, AShardRewrittenWithTheSameLayoutIsRefusedByItsETag) {
+  for (size_t buffer : {size_t{0}, size_t{4}}) {
+    const RecordStreamOptions o = Options(0, 1, 0, 1, buffer);
+    auto first = Open(o);
+    ASSERT_NE(first, nullptr);
+    Read(*first, 6);
+    const RecordStreamState state = first->State();
+    ASSERT_FALSE(state.etags.empty());
+    const size_t shard = state.etags.front().first;
+    const std::string key = (*shards_)[shard].key;
+    first.reset();
+    auto data = temp_.store()->Read(key);
+    ASSERT_TRUE(data.ok()) << data.status();
+    const std::string original = *data;
+    absl::Cord out;
+    for (int i = 0; i < RecordsIn(static_cast<int>(shard)); ++i) {
+      std::string payload = Payload(static_cast<int>(shard), i);
+      payload[1] = 'X';  // same length, other bytes
+      AppendTFRecord(absl::Cord(payload), &out);
+    }
+    ASSERT_EQ(out.size(), original.size());
+    ASSERT_TRUE(temp_.store()->Put(key, out).ok());
+    auto s = RecordStream::Create(temp_.store(), shards_, o, &state);
+    ASSERT_FALSE(s.ok()) << "buffer " << buffer;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.status().message(), HasSubstr("changed since the checkpoint"));
+    EXPECT_THAT(s.status().message(), HasSubstr(key));
+    ASSERT_TRUE(temp_.store()->Put(key, absl::Cord(original)).ok());
+  }
+}
+
+// An error in the middle of a batch: the records taken before it come back, the error with
+// the next call, and the state still counts exactly what was returned.
+TEST_P(RecordStreamStateTest, ABatchStoppedByAnErrorReturnsWhatItTook) {
+  RecordStreamOptions o = Options(0, 1, 0, 1, 0);
+  o.shuffle = false;
+  auto probe = Open(o);
+  ASSERT_NE(probe, nullptr);
+  const std::string second = (*shards_)[probe->assigned()[1]].key;
+  probe.reset();
+  ASSERT_TRUE(temp_.store()->Delete(second).ok());
+  auto s = Open(o);
+  ASSERT_NE(s, nullptr);
+  auto batch = s->NextBatch(1000);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->size(), static_cast<size_t>(RecordsIn(0)));  // all of the first shard
+  EXPECT_EQ(s->State().yielded, batch->size());
+  auto next = s->NextBatch(1000);
+  ASSERT_FALSE(next.ok());
+  EXPECT_THAT(next.status().message(), HasSubstr(second));
+}
+
 TEST_P(RecordStreamStateTest, MalformedStatesAreInvalidArgument) {
   for (const char* json :
        {"", "[]", "{\"version\":1}", "{\"version\":2}",
         R"({"version":1,"format":"zip","num_shards":1,"fingerprint":"","seed":0,"epoch":0,
             "shuffle":true,"shuffle_buffer":0,"rank":0,"world_size":1,"worker":0,
             "num_workers":1,"yielded":0,"shards_done":0,"last_offset":null,"buffered":[],
-            "rng":"0"})"}) {
+            "rng":"0","etags":[]})"}) {
     auto s = RecordStreamState::FromJson(json);
     ASSERT_FALSE(s.ok()) << json;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);

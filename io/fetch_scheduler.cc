@@ -24,17 +24,28 @@ int FetchOptions::EffectiveMaxInFlight() const {
   return static_cast<int>(std::clamp(n, 8.0, 4096.0));
 }
 
+// Blocks from this size on are mappings (see State).
+constexpr uint64_t kLargeBlock = uint64_t{4} << 20;
+
 // Memory held by every batch of one scheduler, and its pool of large blocks.
 //
 // Large blocks (>= kLargeBlock) are mappings populated up front: the kernel zero-fills every
 // page of a fresh mapping (~0.2 s per GiB even with MAP_POPULATE, over 1 s with a fault per
 // page). A released large block is therefore kept mapped in `pool` and handed to the next
-// large object of a similar size, while the blocks held plus the blocks pooled stay within
-// the memory budget, so reading many large objects pays the zero-fill once.
+// large object of a similar size, so reading many large objects pays the zero-fill once.
+// The bound: held + pooled <= budget at all times. Reserving evicts pooled blocks to keep it,
+// a block is charged its whole mapping (a reused one may be up to a quarter larger than
+// asked), and a released block is pooled only if it fits. Once the scheduler is destroyed
+// (Close), nothing more is pooled: buffers still alive then are unmapped when released.
 struct FetchScheduler::State {
+  using Mappings = std::vector<std::pair<uint64_t, char*>>;  // (size, address)
+
   explicit State(uint64_t budget) : budget(budget) {}
   ~State() {
     for (auto& [size, p] : pool) munmap(p, size);
+  }
+  static void Unmap(const Mappings& mappings) {
+    for (const auto& [size, p] : mappings) munmap(p, size);
   }
 
   const uint64_t budget;
@@ -44,12 +55,41 @@ struct FetchScheduler::State {
   std::multimap<uint64_t, char*> pool ABSL_GUARDED_BY(mu);  // mapping size -> address
   uint64_t pooled ABSL_GUARDED_BY(mu) = 0;
   uint64_t reused ABSL_GUARDED_BY(mu) = 0;  // blocks served from the pool
+  bool closed ABSL_GUARDED_BY(mu) = false;
 
-  bool TryReserve(uint64_t bytes) {
+  // A pooled mapping taken by TryReserve for a large block.
+  struct Taken {
+    char* block = nullptr;
+    uint64_t size = 0;
+  };
+
+  // Charges `bytes` unless that would pass the budget (one block is always allowed). For a
+  // large block, takes a pooled mapping at most a quarter larger into *taken when its whole
+  // size can be charged. Pooled blocks that no longer fit beside what is held move to
+  // *evicted, for the caller to unmap outside its locks.
+  bool TryReserve(uint64_t bytes, Taken* taken, Mappings* evicted) {
     absl::MutexLock lock(&mu);
     if (held > 0 && held + bytes > budget) return false;
-    held += bytes;
+    uint64_t charge = bytes;
+    if (bytes >= kLargeBlock) {
+      auto it = pool.lower_bound(bytes);
+      if (it != pool.end() && it->first <= bytes + bytes / 4 &&
+          (held == 0 || held + it->first <= budget)) {
+        *taken = {.block = it->second, .size = it->first};
+        charge = it->first;
+        pooled -= it->first;
+        pool.erase(it);
+        ++reused;
+      }
+    }
+    held += charge;
     peak = std::max(peak, held);
+    while (!pool.empty() && held + pooled > budget) {
+      auto largest = std::prev(pool.end());
+      pooled -= largest->first;
+      evicted->push_back(*largest);
+      pool.erase(largest);
+    }
     return true;
   }
   void Release(uint64_t bytes) {
@@ -60,48 +100,19 @@ struct FetchScheduler::State {
     absl::MutexLock lock(&mu);
     return held;
   }
-  uint64_t Reused() {
+  FetchScheduler::PoolStats Stats() {
     absl::MutexLock lock(&mu);
-    return reused;
+    return {.reused = reused, .pooled_bytes = pooled};
   }
 
-  // A mapping of at least `bytes` (already charged to `held`): a pooled one at most a quarter
-  // larger, else a new populated one (after unmapping pooled blocks that no longer fit the
-  // budget beside what is held). Sets *size to the mapping's size; null when mmap fails.
-  char* MapLarge(uint64_t bytes, uint64_t* size) {
-    std::vector<std::pair<uint64_t, char*>> evicted;
+  // Releases a large block's charge and takes the mapping back, in one step: pooled when it
+  // fits the budget beside what is held and pooled (and the scheduler still exists), else
+  // unmapped.
+  void ReleaseLarge(char* p, uint64_t size) {
     {
       absl::MutexLock lock(&mu);
-      auto it = pool.lower_bound(bytes);
-      if (it != pool.end() && it->first <= bytes + bytes / 4) {
-        *size = it->first;
-        char* p = it->second;
-        pooled -= it->first;
-        pool.erase(it);
-        ++reused;
-        return p;
-      }
-      while (!pool.empty() && held + pooled > budget) {
-        auto largest = std::prev(pool.end());
-        pooled -= largest->first;
-        evicted.push_back(*largest);
-        pool.erase(largest);
-      }
-    }
-    for (auto& [n, p] : evicted) munmap(p, n);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) return nullptr;
-    *size = bytes;
-    return static_cast<char*>(p);
-  }
-
-  // Takes back a large block (already released from `held`): pooled when it fits the budget
-  // beside what is held and pooled, else unmapped.
-  void UnmapLarge(char* p, uint64_t size) {
-    {
-      absl::MutexLock lock(&mu);
-      if (held + pooled + size <= budget) {
+      held -= size;
+      if (!closed && held + pooled + size <= budget) {
         pool.emplace(size, p);
         pooled += size;
         return;
@@ -109,27 +120,48 @@ struct FetchScheduler::State {
     }
     munmap(p, size);
   }
+
+  // The scheduler is gone: unmap the pool and pool nothing more.
+  void Close() {
+    Mappings mappings;
+    {
+      absl::MutexLock lock(&mu);
+      closed = true;
+      mappings.assign(pool.begin(), pool.end());
+      pool.clear();
+      pooled = 0;
+    }
+    Unmap(mappings);
+  }
 };
 
 namespace {
 
-constexpr uint64_t kLargeBlock = uint64_t{4} << 20;
-
-// A block for `bytes` of fetched data, charged to `state`'s budget until released: large
-// ones from the state's pool of populated mappings (see State), small ones from the heap.
+// A block for `bytes` of fetched data, already charged to `state` by TryReserve (which may
+// have taken a pooled mapping), charged until released: large ones are mappings returned to
+// the state's pool (see State), small ones come from the heap. `own` tracks what one batch
+// holds.
 std::shared_ptr<char> AllocateBlock(const std::shared_ptr<FetchScheduler::State>& state,
-                                    uint64_t bytes, std::shared_ptr<std::atomic<uint64_t>> own) {
-  own->fetch_add(bytes);
-  if (bytes >= kLargeBlock) {
-    uint64_t size = 0;
-    if (char* p = state->MapLarge(bytes, &size)) {
-      return std::shared_ptr<char>(p, [state, own, bytes, size](char* q) {
-        own->fetch_sub(bytes);
-        state->Release(bytes);
-        state->UnmapLarge(q, size);
-      });
+                                    uint64_t bytes, FetchScheduler::State::Taken taken,
+                                    std::shared_ptr<std::atomic<uint64_t>> own) {
+  char* p = taken.block;
+  uint64_t size = taken.size;
+  if (p == nullptr && bytes >= kLargeBlock) {
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (m != MAP_FAILED) {
+      p = static_cast<char*>(m);
+      size = bytes;
     }
   }
+  if (p != nullptr) {
+    own->fetch_add(size);
+    return std::shared_ptr<char>(p, [state, own, size](char* q) {
+      own->fetch_sub(size);
+      state->ReleaseLarge(q, size);
+    });
+  }
+  own->fetch_add(bytes);
   return std::shared_ptr<char>(new char[bytes], [state, own, bytes](char* q) {
     delete[] q;
     own->fetch_sub(bytes);
@@ -404,10 +436,17 @@ class BatchImpl : public FetchScheduler::Batch,
       }
       if (!front.block) {
         const uint64_t bytes = front.end - front.begin;
-        if (!state_->TryReserve(bytes)) break;
-        peak_held_ = std::max(peak_held_, state_->Held());
+        FetchScheduler::State::Taken taken;
+        FetchScheduler::State::Mappings evicted;
+        if (!state_->TryReserve(bytes, &taken, &evicted)) break;
+        if (!evicted.empty()) {  // unmapped after the lock is released
+          starts.push_back([evicted = std::move(evicted)]() mutable {
+            FetchScheduler::State::Unmap(evicted);
+          });
+        }
         // The block releases its budget charge when its last slice is dropped.
-        front.block = AllocateBlock(state_, bytes, own_held_);
+        front.block = AllocateBlock(state_, bytes, taken, own_held_);
+        peak_held_ = std::max(peak_held_, state_->Held());
         const uint64_t part = front.end - front.begin > options_.split_threshold
                                   ? options_.part_size
                                   : front.end - front.begin;
@@ -608,9 +647,9 @@ class BatchImpl : public FetchScheduler::Batch,
 FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions options)
     : store_(std::move(store)), options_(options), state_(std::make_shared<State>(options.memory_budget)) {}
 
-FetchScheduler::~FetchScheduler() = default;
+FetchScheduler::~FetchScheduler() { state_->Close(); }
 
-uint64_t FetchScheduler::large_blocks_reused() const { return state_->Reused(); }
+FetchScheduler::PoolStats FetchScheduler::pool_stats() const { return state_->Stats(); }
 
 std::unique_ptr<FetchScheduler::Batch> FetchScheduler::StartBatch() {
   return std::make_unique<BatchImpl::Handle>(

@@ -143,9 +143,13 @@ class FetchScheduler {
   std::unique_ptr<Batch> StartBatch();
 
   const FetchOptions& options() const { return options_; }
-  // Large blocks (>= 4 MiB) served from the pool of released, already-populated mappings
-  // instead of a new mapping (see the .cc).
-  uint64_t large_blocks_reused() const;
+  // The pool of released large blocks (>= 4 MiB, already populated) kept for reuse within
+  // the memory budget (see the .cc).
+  struct PoolStats {
+    uint64_t reused = 0;        // blocks served from the pool instead of a new mapping
+    uint64_t pooled_bytes = 0;  // bytes mapped in the pool now
+  };
+  PoolStats pool_stats() const;
 
   // Memory accounting shared by all batches (defined in the .cc).
   struct State;

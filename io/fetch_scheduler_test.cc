@@ -240,8 +240,23 @@ TEST_F(FetchSchedulerTest, LargeBlocksAreReusedWithinTheBudgetAndShowOnlyTheirOb
     ++n;
   }
   EXPECT_EQ(n, objects.size());
-  EXPECT_EQ(scheduler.large_blocks_reused(), objects.size() - 1);
+  EXPECT_EQ(scheduler.pool_stats().reused, objects.size() - 1);
   EXPECT_LE(batch->stats().peak_bytes_held, 8 * kMiB);
+  EXPECT_EQ(scheduler.pool_stats().pooled_bytes, 6 * kMiB);  // d's block, kept for reuse
+
+  // Small objects held together need the room: the pooled block goes, so held + pooled stays
+  // within the budget.
+  auto listed = PutObjects(3, kMiB);
+  std::vector<FetchItem> small;
+  for (const auto& o : listed) small.push_back({.key = o.key, .size = o.size});
+  auto second = scheduler.Fetch(small);
+  std::vector<FetchResult> held;
+  while (auto r = second->Next()) {
+    ASSERT_TRUE(r->data.ok()) << r->data.status();
+    held.push_back(*std::move(r));
+  }
+  EXPECT_EQ(held.size(), 3u);
+  EXPECT_EQ(scheduler.pool_stats().pooled_bytes, 0u);
 }
 
 // A store that delivers one byte less than asked: the scheduler must not hand out the

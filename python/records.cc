@@ -64,12 +64,19 @@ class PyRecordStream {
     for (size_t i : stream().assigned()) out.push_back(Relative(stream().shards()[i].key));
     return out;
   }
+  // Both read what next() changes without the GIL: refused while another thread reads.
   py::object Header() {
-    auto h = stream().header();
+    RecordStream& s = stream();
+    OneThread guard(busy_);
+    auto h = s.header();
     return h ? py::object(py::str(*h)) : py::object(py::none());
   }
   std::string format_name() const { return RecordFormatName(format_); }
-  std::string State() { return stream().State().ToJson(); }
+  std::string State() {
+    RecordStream& s = stream();
+    OneThread guard(busy_);
+    return s.State().ToJson();
+  }
 
  private:
   RecordStream& stream() {

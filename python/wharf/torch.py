@@ -213,7 +213,7 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
     """A drop-in for torch's DistributedSampler that follows wharf's global order and resumes
     mid-epoch, also with another world size:
 
-        sampler = DistributedSampler(ds, seed=0)          # ds: a MapDataset (or its length)
+        sampler = DistributedSampler(ds, seed=0)          # ds: a MapDataset (or a SampleIndex)
         loader = DataLoader(ds, batch_size=64, sampler=sampler, num_workers=8)
         sampler.set_epoch(epoch)
         ...  ckpt["data"] = sampler.state_dict(steps=step + 1, batch_size=64)
@@ -231,22 +231,42 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
                  rank: Optional[int] = None, world_size: Optional[int] = None):
         index = dataset.index if isinstance(dataset, MapDataset) else dataset
         self._init_order(index, shuffle, seed, drop_last, rank, world_size)
+        self._yielded = 0  # indices handed out since the last __iter__
 
     def __iter__(self) -> Iterator[int]:
         rank, world = self._dist()
-        return iter(self.sampler().shard(self._epoch, self._start, rank=rank, world_size=world))
+        indices = self.sampler().shard(self._epoch, self._start, rank=rank, world_size=world)
+        self._yielded = 0  # now, not at the first next(): a state taken in between is exact
 
-    def state_dict(self, steps: int, batch_size: int) -> dict:
-        """The state after `steps` batches of `batch_size` on every rank since the epoch
-        started (or resumed): {"version", "num_samples", "seed", "shuffle", "fingerprint",
-        "epoch", "consumed"}."""
+        def share():
+            for i in indices:
+                self._yielded += 1
+                yield i
+        return share()
+
+    def state_dict(self, steps: Optional[int] = None, batch_size: Optional[int] = None) -> dict:
+        """{"version", "num_samples", "seed", "shuffle", "fingerprint", "epoch", "consumed"}:
+        the state after `steps` batches of `batch_size` on every rank since the epoch started
+        (or resumed). Without them, after the indices this sampler has handed out, which is
+        what torchdata's StatefulDataLoader records for each batch it returns (a plain
+        DataLoader draws indices ahead of its batches: pass steps and batch_size there)."""
         _, world = self._dist()
-        return self._state_at(consumed_after(self._start, int(steps) * int(batch_size), world))
+        if steps is None:
+            per_rank = self._yielded
+        else:
+            if batch_size is None:
+                raise ValueError("state_dict(steps=...) needs batch_size too")
+            per_rank = int(steps) * int(batch_size)
+        return self._state_at(consumed_after(self._start, per_rank, world))
 
     def load_state_dict(self, state: dict) -> None:
         """Continues the state's epoch at its cursor with this process's world size. Raises
         WharfError when it is for another dataset, seed or shuffle setting."""
         self._restore(state)
+        self._yielded = 0
+
+    def _epoch_changed(self) -> None:
+        self._yielded = 0
 
 
 class MapDataset(torch.utils.data.Dataset):
@@ -441,11 +461,13 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
     # -- reading --
 
     def __iter__(self) -> Iterator[Any]:
+        # Not a generator: the stream, the counters and the resume state change here, at
+        # iter(), so a state taken before the first next() describes this pass.
         rank, world = self._dist()
         worker, num_workers = _worker_info()
         skip = 0
-        if self._worker_resume is not None:
-            share, self._worker_resume = self._worker_resume, None
+        share = self._worker_resume
+        if share is not None:
             here = {"rank": rank, "world_size": world, "worker": worker,
                     "num_workers": num_workers, "batch_size_hint": self.batch_size_hint}
             saved = {k: share.get(k) for k in here}
@@ -461,7 +483,11 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
             drop_last=self.drop_last, rank=rank, world_size=world, worker=worker,
             num_workers=num_workers, worker_block=self.batch_size_hint, consumed=self._start,
             skip=skip, **self._stream_options)
+        self._worker_resume = None  # used only once the stream exists
         self._yielded, self._skipped = 0, skip
+        return self._samples(stream)
+
+    def _samples(self, stream) -> Iterator[Any]:
         transform = self.transform
         block = self.batch_size_hint
         while True:
@@ -497,8 +523,11 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
      - DataLoader workers: use torchdata's StatefulDataLoader, which calls them in every
        worker and carries the workers' states in loader.state_dict(). A plain DataLoader's
        workers keep their positions to themselves: the main process's state_dict() then
-       says only "start of the epoch".
-    A state resumes the same share: the same shards, seed, epoch, world size and workers.
+       says only "start of the epoch" (or repeats the state it was loaded with), and a state
+       loaded into the main process reaches every worker, where all but its own share
+       refuse it.
+    A state resumes the same share: the same shards, seed, epoch, world size and workers. The
+    shards' ETags are part of it: a shard rewritten since is an error, not a silent mix.
     """
 
     def __init__(self, uri: str, shards: Union[None, str, Sequence[str]] = None, *,
@@ -591,10 +620,16 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
             state=None if state is None else json.dumps(state), **self._options)
 
     def __iter__(self) -> Iterator[Any]:
+        # Not a generator: the stream is created (and a saved position restored) at iter(), so
+        # a state taken before the first next() describes this pass, and a failed restore
+        # keeps the saved position for the next attempt.
         worker, num_workers = _worker_info()
-        resume, self._resume = self._resume, None
-        stream = self.stream(worker=worker, num_workers=num_workers, state=resume)
+        stream = self.stream(worker=worker, num_workers=num_workers, state=self._resume)
+        self._resume = None
         self._live = (os.getpid(), stream)
+        return self._records(stream)
+
+    def _records(self, stream) -> Iterator[Any]:
         transform = self.transform
         url_keys = {}
         if self.format != "tar":

@@ -141,3 +141,44 @@ def test_record_states_of_another_dataset_or_share_are_refused(target):
     as_rank1.load_state_dict(state)
     with pytest.raises(wharf.WharfError, match="rank 0 in the state, 1 here"):
         next(iter(as_rank1))
+
+
+def test_wharf_sampler_resumes_under_stateful_dataloader(target):
+    from wharf.torch import DistributedSampler, MapDataset
+    uri, store = target
+    h.write_objects(store, "m/", 50)
+
+    def run(state=None, stop=None):
+        ds = MapDataset.from_prefix(uri + "m/")
+        loader = StatefulDataLoader(ds, batch_size=4, num_workers=2, timeout=60,
+                                    sampler=DistributedSampler(ds, seed=5, rank=0, world_size=1),
+                                    collate_fn=h.sample_keys)
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for batch in loader:
+            out.append(batch)
+            if stop is not None and len(out) == stop:
+                return out, loader.state_dict()
+        return out, None
+
+    full, _ = run()
+    assert sorted(k for b in full for k in b) == [f"{i:03d}.bin" for i in range(50)]
+    for stop in (1, 6, len(full) - 1):
+        before, state = run(stop=stop)
+        after, _ = run(state=state)
+        assert before + after == full, f"stop after {stop} batches"
+
+
+def test_a_state_taken_before_the_first_next_is_the_start_of_that_pass(target):
+    uri, store = target
+    write_tars(store)
+    ds = tar_dataset(uri)
+    full = [s.key for s in ds]
+    it = iter(ds)  # a second pass: nothing read from it yet
+    state = ds.state_dict()
+    assert state["stream"]["yielded"] == 0
+    resumed = tar_dataset(uri)
+    resumed.load_state_dict(state)
+    assert [s.key for s in resumed] == full
+    assert [s.key for s in it] == full
