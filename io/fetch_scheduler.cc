@@ -478,7 +478,13 @@ class BatchImpl : public FetchScheduler::Batch,
       stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
       GetRequest request;
       request.key = g->key;
-      request.range = ByteRange::Of(g->begin + off, len);
+      // A whole object in one request goes without a Range header: servers work harder for
+      // a ranged read (RGW: ~80 us more CPU per GET, 8% of small-object throughput when it
+      // is the bottleneck). An object grown past the buffer then fails (OutOfRange) instead
+      // of passing a prefix off as the object.
+      const bool whole_object = g->parts == 1 && g->begin == 0 && g->object_size.has_value() &&
+                                g->end >= *g->object_size;
+      request.range = whole_object ? ByteRange::All() : ByteRange::Of(g->begin + off, len);
       request.buffer = absl::Span<char>(g->block.get() + off, len);
       request.if_match = g->etag;  // every range of one object from the same version
       starts.push_back([self = shared_from_this(), g, request = std::move(request)]() mutable {

@@ -289,6 +289,36 @@ TEST_F(FetchSchedulerTest, ShortReadsAreDataLossNamingTheObject) {
   EXPECT_EQ(n, 3);
 }
 
+// Whole objects are read without a Range header (cheaper for servers); parts of a split
+// object and ranges asked for keep theirs.
+TEST_F(FetchSchedulerTest, WholeObjectsAreReadWithoutARange) {
+  auto listed = PutObjects(3, 5000);
+  ASSERT_TRUE(local_->Put("big/x", absl::Cord(Pattern(40 << 20, 7))).ok());
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(1));
+  FetchScheduler scheduler(slow, {.max_in_flight = 8});
+  std::vector<FetchItem> items;
+  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
+  items.push_back({.key = listed[0].key, .range = ByteRange::Of(100, 50), .size = 5000});
+  items.push_back({.key = "big/x", .size = uint64_t{40} << 20});
+  auto batch = scheduler.Fetch(items);
+  while (auto r = batch->Next()) ASSERT_TRUE(r->data.ok()) << r->data.status();
+  int whole = 0, ranged = 0;
+  for (const auto& g : slow->gets()) {
+    if (g.key == "big/x") {
+      EXPECT_GT(g.length, 0u);  // a part: ranged
+      ++ranged;
+    } else if (g.length == 0) {
+      EXPECT_EQ(g.offset, 0u);
+      ++whole;
+    } else {
+      EXPECT_EQ(g.offset, 100u);
+      EXPECT_EQ(g.length, 50u);
+    }
+  }
+  EXPECT_EQ(whole, 3);
+  EXPECT_EQ(ranged, 5);  // 40 MiB in 8 MiB parts
+}
+
 TEST_F(FetchSchedulerTest, ErrorsNameTheObjectAndOthersStillArrive) {
   auto listed = PutObjects(3, 10);
   FetchScheduler scheduler(local_);
