@@ -1112,6 +1112,15 @@ def machine_line() -> str:
     return f"{os.cpu_count()} cores, {ram:.0f} GiB RAM, load {os.getloadavg()[0]:.2f}"
 
 
+def shut_down(server: "Server") -> None:
+    """Kills the clients still running and stops the server (if this run started it)."""
+    kill_active()
+    try:
+        server.stop()
+    except Exception as e:  # noqa: BLE001 - report, do not mask the original error
+        log(f"stopping the server failed: {e}")
+
+
 def write_report(out_dir: Path, name: str, header: str, versions: dict | None,
                  sections: list[str], payload: dict) -> None:
     """Writes <name>.md (header, versions, sections) and <name>.json (payload)."""
@@ -1273,11 +1282,7 @@ def main() -> int:
         log("interrupted")
         failed = True
     finally:
-        kill_active()
-        try:
-            server.stop()
-        except Exception as e:  # noqa: BLE001 - report, do not mask the original error
-            log(f"stopping the server failed: {e}")
+        shut_down(server)
         if results or sections:
             header = (f"# wharf benchmark {stamp}\n\n"
                       f"- command: `{' '.join(sys.argv)}`\n"

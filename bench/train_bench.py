@@ -556,11 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         log("interrupted")
         failed = True
     finally:
-        rb.kill_active()
-        try:
-            server.stop()
-        except Exception as e:  # noqa: BLE001 - report, do not mask the original error
-            log(f"stopping the server failed: {e}")
+        rb.shut_down(server)
         if results or raw:
             header = (f"# wharf training-loop benchmark {stamp}\n\n"
                       f"- command: `{' '.join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))}`\n"

@@ -1,8 +1,5 @@
 #include "dataset/index.h"
 
-#include <stdlib.h>
-
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -10,11 +7,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/local/local_store.h"
+#include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -105,18 +102,8 @@ TEST(FingerprintTest, DependsOnKeysAndOrderOnly) {
 
 class LocalIndexTest : public testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "wharf-index-test-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
-    auto store = LocalStore::Open(root_, Context::Default());
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = *std::move(store);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
-  std::string root_;
-  std::unique_ptr<LocalStore> store_;
+  store_testing::TempStore temp_;
+  const std::shared_ptr<LocalStore> store_ = temp_.store();
 };
 
 TEST_F(LocalIndexTest, ListingIsSortedAndIndependentOfParallelism) {

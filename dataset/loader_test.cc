@@ -1,8 +1,5 @@
 #include "dataset/loader.h"
 
-#include <stdlib.h>
-
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -12,12 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/local/local_store.h"
+#include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 // Distinct content per object, of varying size.
@@ -31,12 +27,6 @@ class LoaderTest : public testing::Test {
   static constexpr int kSamples = 60;
 
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "wharf-loader-test-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
-    auto store = LocalStore::Open(root_, Context::Default());
-    ASSERT_TRUE(store.ok()) << store.status();
-    store_ = std::shared_ptr<ObjectStore>(*std::move(store));
     for (int i = 0; i < kSamples; ++i) {
       ASSERT_TRUE(
           store_->Put(absl::StrCat("ds/", 1000 + i, ".bin"), absl::Cord(Content(i))).ok());
@@ -46,8 +36,6 @@ class LoaderTest : public testing::Test {
     ASSERT_EQ(index->size(), static_cast<size_t>(kSamples));
     index_ = std::make_shared<const SampleIndex>(*std::move(index));
   }
-  void TearDown() override { fs::remove_all(root_); }
-
   std::shared_ptr<FetchScheduler> Scheduler(FetchOptions options = {.ordered = true}) {
     return std::make_shared<FetchScheduler>(store_, options);
   }
@@ -67,8 +55,8 @@ class LoaderTest : public testing::Test {
     return out;
   }
 
-  std::string root_;
-  std::shared_ptr<ObjectStore> store_;
+  store_testing::TempStore temp_;
+  const std::shared_ptr<ObjectStore> store_ = temp_.store();
   std::shared_ptr<const SampleIndex> index_;
 };
 

@@ -346,14 +346,16 @@ RecordStreamState RecordStream::State() const {
   if (current_) s.last_offset = last_offset_;
   for (const Record& r : buffer_.items()) s.buffered.emplace_back(r.shard, r.offset);
   s.rng = buffer_.rng_state();
+  // The ETags of the shards the state names, once each, in shard order.
   std::map<size_t, std::string> tags;
-  if (current_) tags[current_shard_] = etags_.count(current_shard_) ? etags_.at(current_shard_) : "";
-  for (const Record& r : buffer_.items()) {
-    if (auto it = etags_.find(r.shard); it != etags_.end()) tags[r.shard] = it->second;
-  }
-  for (auto& [shard, etag] : tags) {
-    if (!etag.empty()) s.etags.emplace_back(shard, std::move(etag));
-  }
+  auto tag = [&](size_t shard) {
+    if (auto it = etags_.find(shard); it != etags_.end() && !it->second.empty()) {
+      tags.emplace(shard, it->second);
+    }
+  };
+  if (current_) tag(current_shard_);
+  for (const Record& r : buffer_.items()) tag(r.shard);
+  s.etags.assign(tags.begin(), tags.end());
   return s;
 }
 

@@ -14,13 +14,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "formats/test_store.h"
+#include "store/testing/temp_store.h"
 #include "formats/tfrecord.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace wharf {
 namespace {
+
+using store_testing::TempStore;
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;

@@ -6,12 +6,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "formats/test_store.h"
+#include "store/testing/temp_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace wharf {
 namespace {
+
+using store_testing::TempStore;
 
 using testing::ElementsAre;
 

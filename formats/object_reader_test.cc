@@ -8,19 +8,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/timer.h"
-#include "formats/test_store.h"
+#include "store/testing/random_bytes.h"
+#include "store/testing/temp_store.h"
 #include "gtest/gtest.h"
 #include "store/testing/forwarding_store.h"
 
 namespace wharf {
 namespace {
 
-std::string Pattern(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  std::mt19937 rng(seed);
-  for (auto& c : s) c = static_cast<char>(rng());
-  return s;
-}
+using store_testing::TempStore;
+
+using store_testing::RandomBytes;
 
 // Wraps a store: delays every GET (as a network would) and records the peak in flight.
 class SlowStore : public store_testing::DelayedGetStore {
@@ -44,7 +42,7 @@ std::string ReadAllByPeek(ObjectReader& reader) {
 
 TEST(ObjectReaderTest, ReadsEveryByteInOrderForManyChunkSizes) {
   TempStore tmp;
-  const std::string data = Pattern(30'011, 1);
+  const std::string data = RandomBytes(30'011, 1);
   ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
   for (uint64_t chunk : {1ul, 7ul, 512ul, 4096ul, 30'011ul, 1ul << 20}) {
     for (int read_ahead : {0, 1, 4}) {
@@ -64,7 +62,7 @@ TEST(ObjectReaderTest, ReadsEveryByteInOrderForManyChunkSizes) {
 
 TEST(ObjectReaderTest, KeepsReadAheadChunksInFlightUnderTheByteBound) {
   TempStore tmp;
-  const std::string data = Pattern(64 << 10, 2);
+  const std::string data = RandomBytes(64 << 10, 2);
   ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
   auto slow = std::make_shared<SlowStore>(tmp.store(), absl::Milliseconds(5));
   {
@@ -88,7 +86,7 @@ TEST(ObjectReaderTest, KeepsReadAheadChunksInFlightUnderTheByteBound) {
 
 TEST(ObjectReaderTest, ReadCordSharesLargePiecesAndCopiesSmallOnes) {
   TempStore tmp;
-  const std::string data = Pattern(10'000, 3);
+  const std::string data = RandomBytes(10'000, 3);
   ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
   auto reader = ObjectReader::Open(tmp.store(), "obj", {.chunk_size = 1000});
   ASSERT_TRUE(reader.ok());
@@ -111,7 +109,7 @@ TEST(ObjectReaderTest, ReadCordSharesLargePiecesAndCopiesSmallOnes) {
 
 TEST(ObjectReaderTest, SkipDoesNotFetchSkippedChunks) {
   TempStore tmp;
-  const std::string data = Pattern(100'000, 4);
+  const std::string data = RandomBytes(100'000, 4);
   ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
   auto reader = ObjectReader::Open(tmp.store(), "obj", {.chunk_size = 1000, .read_ahead = 1});
   ASSERT_TRUE(reader.ok());
@@ -126,7 +124,7 @@ TEST(ObjectReaderTest, SkipDoesNotFetchSkippedChunks) {
 
 TEST(ObjectReaderTest, ReadsARangeAndKnownMetaSkipsTheHead) {
   TempStore tmp;
-  const std::string data = Pattern(5000, 5);
+  const std::string data = RandomBytes(5000, 5);
   auto meta = tmp.store()->Put("obj", absl::Cord(data));
   ASSERT_TRUE(meta.ok());
   auto reader = ObjectReader::Open(tmp.store(), *meta,
@@ -158,12 +156,12 @@ TEST(ObjectReaderTest, EmptyAndMissingObjects) {
 
 TEST(ObjectReaderTest, AnObjectRewrittenWhileReadIsAnErrorNotAMix) {
   TempStore tmp;
-  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(Pattern(4000, 6))).ok());
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(4000, 6))).ok());
   auto reader = ObjectReader::Open(tmp.store(), "obj", {.chunk_size = 1000, .read_ahead = 0});
   ASSERT_TRUE(reader.ok());
   std::string first(1000, '\0');
   ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(first)).ok());
-  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(Pattern(4000, 7))).ok());
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(4000, 7))).ok());
   absl::Status status;
   while (status.ok() && (*reader)->remaining() > 0) {
     status = (*reader)->Skip(std::min<uint64_t>(1, (*reader)->remaining()));
@@ -177,7 +175,7 @@ TEST(ObjectReaderTest, AnObjectRewrittenWhileReadIsAnErrorNotAMix) {
 
 TEST(ObjectReaderTest, DestroyingAReaderWithRequestsInFlightIsSafe) {
   TempStore tmp;
-  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(Pattern(64 << 10, 8))).ok());
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(64 << 10, 8))).ok());
   auto slow = std::make_shared<SlowStore>(tmp.store(), absl::Milliseconds(20));
   for (int i = 0; i < 3; ++i) {
     auto reader = ObjectReader::Open(slow, "obj", {.chunk_size = 4096, .read_ahead = 6});

@@ -11,12 +11,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "formats/test_store.h"
+#include "store/testing/temp_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace wharf {
 namespace {
+
+using store_testing::TempStore;
 
 namespace fs = std::filesystem;
 
@@ -242,6 +244,18 @@ int RunShell(const std::string& command) {
   return rc;
 }
 
+// Reads `key` at each chunk size and expects exactly `tree`.
+void ExpectShardHoldsTree(const TempStore& tmp, const std::string& key, const Tree& tree,
+                          std::initializer_list<uint64_t> chunk_sizes) {
+  for (uint64_t chunk : chunk_sizes) {
+    TarOptions options;
+    options.io.chunk_size = chunk;
+    auto flat = ReadSamples(tmp.store(), key, options);
+    ASSERT_TRUE(flat.ok()) << key << " (chunk " << chunk << "): " << flat.status();
+    ExpectTree(*flat, tree);
+  }
+}
+
 TEST(TarTest, ReadsShardsWrittenByGnuTar) {
   TempStore tmp;
   const std::string src = tmp.root() + "-src";
@@ -251,13 +265,7 @@ TEST(TarTest, ReadsShardsWrittenByGnuTar) {
     ASSERT_EQ(RunShell(absl::StrCat("tar --sort=name --format=", format, " -C '", src, "' -cf '",
                                tmp.PathOf(key), "' .")),
               0);
-    for (uint64_t chunk : {1000ul, 65536ul}) {
-      TarOptions options;
-      options.io.chunk_size = chunk;
-      auto flat = ReadSamples(tmp.store(), key, options);
-      ASSERT_TRUE(flat.ok()) << format << ": " << flat.status();
-      ExpectTree(*flat, tree);
-    }
+    ExpectShardHoldsTree(tmp, key, tree, {1000, 65536});
   }
   fs::remove_all(src);
 }
@@ -284,13 +292,7 @@ with tarfile.open(out, "w", format=fmt) as tf:
     ASSERT_EQ(RunShell(absl::StrCat("python3 '", script, "' '", src, "' '", tmp.PathOf(key), "' ",
                                format)),
               0);
-    for (uint64_t chunk : {4096ul, uint64_t{8} << 20}) {
-      TarOptions options;
-      options.io.chunk_size = chunk;
-      auto flat = ReadSamples(tmp.store(), key, options);
-      ASSERT_TRUE(flat.ok()) << format << ": " << flat.status();
-      ExpectTree(*flat, tree);
-    }
+    ExpectShardHoldsTree(tmp, key, tree, {4096, uint64_t{8} << 20});
   }
   fs::remove_all(src);
   fs::remove(script);

@@ -7,11 +7,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "formats/crc32c.h"
-#include "formats/test_store.h"
+#include "store/testing/temp_store.h"
 #include "gtest/gtest.h"
 
 namespace wharf {
 namespace {
+
+using store_testing::TempStore;
 
 std::vector<std::string> SomeRecords() {
   std::mt19937 rng(3);

@@ -1,8 +1,6 @@
 #include "io/fetch_scheduler.h"
 
 #include <atomic>
-#include <filesystem>
-#include <random>
 #include <set>
 #include <thread>
 
@@ -12,20 +10,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/testing/forwarding_store.h"
-#include "store/local/local_store.h"
+#include "store/testing/random_bytes.h"
+#include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::string Pattern(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  std::mt19937 rng(seed);
-  for (auto& c : s) c = static_cast<char>(rng());
-  return s;
-}
-
+using store_testing::RandomBytes;
 
 // Wraps a store: delays every GET by `delay` and records concurrency, GETs and HEADs.
 class Recorder : public store_testing::DelayedGetStore {
@@ -48,34 +39,26 @@ class Recorder : public store_testing::DelayedGetStore {
   std::atomic<int> heads_{0};
 
  private:
-  void OnGetLocked(const GetRequest& r) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void OnGet(const GetRequest& r) override {
+    absl::MutexLock lock(&mu_);
     gets_.push_back({r.key, r.range.offset, r.range.length.value_or(0)});
   }
+  absl::Mutex mu_;
   std::vector<Get> gets_ ABSL_GUARDED_BY(mu_);
 };
 
 class FetchSchedulerTest : public testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "wharf-fetch-test-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
-    auto store = LocalStore::Open(root_, Context::Default());
-    ASSERT_TRUE(store.ok());
-    local_ = std::shared_ptr<ObjectStore>(*std::move(store));
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
   // Puts n objects; returns their listing.
   std::vector<ObjectMeta> PutObjects(int n, size_t size) {
     for (int i = 0; i < n; ++i) {
-      EXPECT_TRUE(local_->Put(absl::StrCat("o/", 100000 + i), absl::Cord(Pattern(size, i))).ok());
+      EXPECT_TRUE(local_->Put(absl::StrCat("o/", 100000 + i), absl::Cord(RandomBytes(size, i))).ok());
     }
     return local_->ListAll({.prefix = "o/"})->objects;
   }
 
-  std::string root_;
-  std::shared_ptr<ObjectStore> local_;
+  store_testing::TempStore temp_;
+  const std::shared_ptr<ObjectStore> local_ = temp_.store();
 };
 
 TEST_F(FetchSchedulerTest, FetchesEverythingWithManyInFlight) {
@@ -88,7 +71,7 @@ TEST_F(FetchSchedulerTest, FetchesEverythingWithManyInFlight) {
   std::set<size_t> seen;
   while (auto r = batch->Next()) {
     ASSERT_TRUE(r->data.ok()) << r->data.status();
-    EXPECT_EQ(r->data->view(), Pattern(5000, static_cast<uint32_t>(r->index)));
+    EXPECT_EQ(r->data->view(), RandomBytes(5000, static_cast<uint32_t>(r->index)));
     EXPECT_TRUE(seen.insert(r->index).second);
   }
   EXPECT_EQ(seen.size(), 300u);
@@ -151,7 +134,7 @@ TEST_F(FetchSchedulerTest, HoldingEveryResultReportsExhaustedBudgetInsteadOfHang
 }
 
 TEST_F(FetchSchedulerTest, LargeObjectsAreSplitIntoParallelParts) {
-  const std::string big = Pattern(1 << 20, 77);
+  const std::string big = RandomBytes(1 << 20, 77);
   ASSERT_TRUE(local_->Put("big", absl::Cord(big)).ok());
   auto meta = *local_->Head("big");
   auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(10));
@@ -169,7 +152,7 @@ TEST_F(FetchSchedulerTest, LargeObjectsAreSplitIntoParallelParts) {
 }
 
 TEST_F(FetchSchedulerTest, PartsOfOneObjectAreCappedWhileOthersProceed) {
-  const std::string big = Pattern(1 << 20, 78);
+  const std::string big = RandomBytes(1 << 20, 78);
   ASSERT_TRUE(local_->Put("big", absl::Cord(big)).ok());
   auto small = PutObjects(10, 100);
   auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(10));
@@ -192,7 +175,7 @@ TEST_F(FetchSchedulerTest, PartsOfOneObjectAreCappedWhileOthersProceed) {
 }
 
 TEST_F(FetchSchedulerTest, NearbyRangesAreCoalescedIntoOneRequest) {
-  const std::string data = Pattern(100000, 5);
+  const std::string data = RandomBytes(100000, 5);
   ASSERT_TRUE(local_->Put("shard.tar", absl::Cord(data)).ok());
   auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(1));
   FetchScheduler scheduler(slow, {.coalesce_gap = 1000});
@@ -223,7 +206,7 @@ TEST_F(FetchSchedulerTest, LargeBlocksAreReusedWithinTheBudgetAndShowOnlyTheirOb
   std::vector<FetchItem> items;
   for (size_t i = 0; i < objects.size(); ++i) {
     const auto& [key, size] = objects[i];
-    ASSERT_TRUE(local_->Put(key, absl::Cord(Pattern(size, static_cast<uint32_t>(i)))).ok());
+    ASSERT_TRUE(local_->Put(key, absl::Cord(RandomBytes(size, static_cast<uint32_t>(i)))).ok());
     items.push_back({.key = key, .size = size});
   }
   // The budget holds one object at a time: each starts once the previous one is dropped.
@@ -235,7 +218,7 @@ TEST_F(FetchSchedulerTest, LargeBlocksAreReusedWithinTheBudgetAndShowOnlyTheirOb
     ASSERT_TRUE(r->data.ok()) << r->data.status();
     EXPECT_EQ(r->data->size(), objects[r->index].second);
     EXPECT_TRUE(r->data->view() ==
-                Pattern(objects[r->index].second, static_cast<uint32_t>(r->index)))
+                RandomBytes(objects[r->index].second, static_cast<uint32_t>(r->index)))
         << objects[r->index].first;
     ++n;
   }
@@ -293,30 +276,33 @@ TEST_F(FetchSchedulerTest, ShortReadsAreDataLossNamingTheObject) {
 // object and ranges asked for keep theirs.
 TEST_F(FetchSchedulerTest, WholeObjectsAreReadWithoutARange) {
   auto listed = PutObjects(3, 5000);
-  ASSERT_TRUE(local_->Put("big/x", absl::Cord(Pattern(40 << 20, 7))).ok());
+  ASSERT_TRUE(local_->Put("part/x", absl::Cord(RandomBytes(5000, 3))).ok());
+  ASSERT_TRUE(local_->Put("big/x", absl::Cord(RandomBytes(40 << 20, 7))).ok());
   auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(1));
   FetchScheduler scheduler(slow, {.max_in_flight = 8});
   std::vector<FetchItem> items;
   for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
-  items.push_back({.key = listed[0].key, .range = ByteRange::Of(100, 50), .size = 5000});
+  items.push_back({.key = "part/x", .range = ByteRange::Of(100, 50), .size = 5000});
   items.push_back({.key = "big/x", .size = uint64_t{40} << 20});
   auto batch = scheduler.Fetch(items);
   while (auto r = batch->Next()) ASSERT_TRUE(r->data.ok()) << r->data.status();
-  int whole = 0, ranged = 0;
+  int whole = 0, parts = 0, ranges = 0;
   for (const auto& g : slow->gets()) {
     if (g.key == "big/x") {
       EXPECT_GT(g.length, 0u);  // a part: ranged
-      ++ranged;
-    } else if (g.length == 0) {
-      EXPECT_EQ(g.offset, 0u);
-      ++whole;
-    } else {
+      ++parts;
+    } else if (g.key == "part/x") {
       EXPECT_EQ(g.offset, 100u);
       EXPECT_EQ(g.length, 50u);
+      ++ranges;
+    } else {
+      EXPECT_EQ(g.length, 0u) << g.key;  // no Range header
+      ++whole;
     }
   }
   EXPECT_EQ(whole, 3);
-  EXPECT_EQ(ranged, 5);  // 40 MiB in 8 MiB parts
+  EXPECT_EQ(parts, 5);  // 40 MiB in 8 MiB parts
+  EXPECT_EQ(ranges, 1);
 }
 
 TEST_F(FetchSchedulerTest, ErrorsNameTheObjectAndOthersStillArrive) {

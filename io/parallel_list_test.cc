@@ -676,51 +676,34 @@ class SlowListStore : public store_testing::ForwardingStore {
     fail_call_ = n;
     fail_status_ = std::move(status);
   }
-  int peak_in_flight() {
-    absl::MutexLock lock(&mu_);
-    return peak_;
-  }
-  int in_flight() {
-    absl::MutexLock lock(&mu_);
-    return in_flight_;
-  }
-  int calls() {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
+  int peak_in_flight() { return lists_.peak(); }
+  int in_flight() { return lists_.in_flight(); }
+  int calls() { return lists_.calls(); }
 
   void ListAsync(ListOptions options, std::string continuation,
                  Callback<ListPage> done) override {
-    bool fail;
+    const int call = lists_.Enter();
     absl::Status fail_status;
     {
       absl::MutexLock lock(&mu_);
-      ++calls_;
-      peak_ = std::max(peak_, ++in_flight_);
-      fail = calls_ == fail_call_;
-      fail_status = fail_status_;
+      if (call == fail_call_) fail_status = fail_status_;
     }
     inner().ListAsync(std::move(options), std::move(continuation),
-                     [this, fail, fail_status = std::move(fail_status),
-                      done = std::move(done)](absl::StatusOr<ListPage> page) mutable {
-                       if (fail) page = fail_status;
-                       Timer::Global().After(delay_, [this, page = std::move(page),
-                                                      done = std::move(done)]() mutable {
-                         {
-                           absl::MutexLock lock(&mu_);
-                           --in_flight_;
-                         }
-                         std::move(done)(std::move(page));
-                       });
-                     });
+                      [this, fail_status = std::move(fail_status),
+                       done = std::move(done)](absl::StatusOr<ListPage> page) mutable {
+                        if (!fail_status.ok()) page = fail_status;
+                        Timer::Global().After(delay_, [this, page = std::move(page),
+                                                       done = std::move(done)]() mutable {
+                          lists_.Leave();
+                          std::move(done)(std::move(page));
+                        });
+                      });
   }
 
  private:
   const absl::Duration delay_;
+  store_testing::InFlightCounter lists_;
   absl::Mutex mu_;
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  int peak_ ABSL_GUARDED_BY(mu_) = 0;
-  int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_call_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
 };

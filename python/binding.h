@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "base/fork.h"
 #include "dataset/index.h"
 #include "io/fetch_scheduler.h"
@@ -150,6 +151,57 @@ class OneThread {
 
  private:
   bool& busy_;
+};
+
+// What the stream bindings (SampleStream, RecordStream) share: an engine stream owned by the
+// process that created it (a forked child gets FailedPrecondition: the stream's read-ahead is
+// in flight in the parent), read by one thread at a time with the GIL released. Derived sets
+// stream_ in its constructor and provides py::object ToPython(Item&) for the stream's items.
+template <typename Derived, typename Stream>
+class StreamBinding {
+ public:
+  StreamBinding(const StreamBinding&) = delete;
+  StreamBinding& operator=(const StreamBinding&) = delete;
+
+  py::object Next() {
+    Stream& s = stream();
+    OneThread guard(busy_);
+    auto item = Check(WithoutGil([&] { return s.Next(); }));
+    if (!item) throw py::stop_iteration();
+    return self().ToPython(*item);
+  }
+
+  py::list NextBatch(size_t n) {
+    Stream& s = stream();
+    OneThread guard(busy_);
+    auto items = Check(WithoutGil([&] { return s.NextBatch(n); }));
+    py::list out;
+    for (auto& item : items) out.append(self().ToPython(item));
+    return out;
+  }
+
+ protected:
+  // `name`: the Python class, for messages.
+  explicit StreamBinding(const char* name) : name_(name), generation_(ForkGeneration()) {}
+  ~StreamBinding() { LeakOrDestroy(stream_, generation_); }
+
+  Stream& stream() {
+    if (generation_ != ForkGeneration()) {
+      Raise(absl::FailedPreconditionError(absl::StrCat(
+          "this ", name_, " was created in another process (before a fork): its read-ahead "
+          "is in flight there; create streams in the process that reads them (each "
+          "DataLoader worker creates its own in __iter__)")));
+    }
+    return *stream_;
+  }
+
+  const char* const name_;
+  const uint64_t generation_;
+  std::unique_ptr<Stream> stream_;
+  bool busy_ = false;  // read and written with the GIL held
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
 };
 
 // The engine options the Python classes accept (FetchOptions subset).

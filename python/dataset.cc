@@ -293,13 +293,13 @@ class PyReader {
 
 // ---- SampleStream ----
 
-class PyStream {
+class PyStream : public StreamBinding<PyStream, SampleStream> {
  public:
   PyStream(std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch, bool shuffle,
            bool drop_last, int rank, int world_size, int worker, int num_workers,
            uint64_t worker_block, uint64_t consumed, uint64_t skip, size_t prefetch,
            uint64_t prefetch_bytes, EngineOptions engine)
-      : index_(std::move(index)), generation_(ForkGeneration()) {
+      : StreamBinding("SampleStream"), index_(std::move(index)) {
     Sampler sampler = Check(Sampler::Create(
         index_->size(), {.seed = seed, .shuffle = shuffle, .drop_last = drop_last},
         index_->Fingerprint()));
@@ -318,29 +318,7 @@ class PyStream {
       return SampleStream::Create(index_->index(), sampler, state, partition, scheduler_, options);
     }));
   }
-  ~PyStream() {
-    LeakOrDestroy(stream_, generation_);
-    LeakOrDestroy(scheduler_, generation_);
-  }
-  PyStream(const PyStream&) = delete;
-  PyStream& operator=(const PyStream&) = delete;
-
-  py::tuple Next() {
-    SampleStream& s = stream();
-    OneThread guard(busy_);
-    auto next = Check(WithoutGil([&] { return s.Next(); }));
-    if (!next) throw py::stop_iteration();
-    return ToPython(*next);
-  }
-
-  py::list NextBatch(size_t n) {
-    SampleStream& s = stream();
-    OneThread guard(busy_);
-    std::vector<Sample> got = Check(WithoutGil([&] { return s.NextBatch(n); }));
-    py::list out;
-    for (Sample& sample : got) out.append(ToPython(sample));
-    return out;
-  }
+  ~PyStream() { LeakOrDestroy(scheduler_, generation_); }
 
   uint64_t yielded() { return stream().yielded(); }
   uint64_t remaining() { return stream().remaining(); }
@@ -367,24 +345,14 @@ class PyStream {
   }
 
  private:
-  SampleStream& stream() {
-    if (generation_ != ForkGeneration()) {
-      Raise(absl::FailedPreconditionError(
-          "this SampleStream was created in another process (before a fork): its read-ahead "
-          "is in flight there; create streams in the process that reads them (each DataLoader "
-          "worker creates its own in __iter__)"));
-    }
-    return *stream_;
-  }
+  friend class StreamBinding<PyStream, SampleStream>;
+
   py::tuple ToPython(Sample& s) {
     return py::make_tuple(s.index, index_->handle().Relative(s.key), Buffer::FromFetch(s.data));
   }
 
   const std::shared_ptr<PyIndex> index_;
-  const uint64_t generation_;
   std::shared_ptr<FetchScheduler> scheduler_;
-  std::unique_ptr<SampleStream> stream_;
-  bool busy_ = false;  // read and written with the GIL held
 };
 
 SamplerState ParseState(const std::string& json) { return Check(SamplerState::FromJson(json)); }

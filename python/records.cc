@@ -22,12 +22,12 @@ namespace {
 
 // The binding. The shard list is a SampleIndex binding object (from_keys, from_prefix, ...),
 // handled through the functions below to keep dataset.cc's class private to it.
-class PyRecordStream {
+class PyRecordStream : public StreamBinding<PyRecordStream, RecordStream> {
  public:
   // `state`: a RecordStreamState JSON to continue from, or empty for the epoch's start.
   PyRecordStream(std::shared_ptr<const SampleIndex> shards, std::shared_ptr<ObjectStore> store,
                  std::string prefix, RecordStreamOptions options, const std::string& state)
-      : prefix_(std::move(prefix)), format_(options.format), generation_(ForkGeneration()) {
+      : StreamBinding("RecordStream"), prefix_(std::move(prefix)), format_(options.format) {
     for (const SampleEntry& e : shards->entries()) shard_uris_.push_back(store->Uri(e.key));
     std::optional<RecordStreamState> resume;
     if (!state.empty()) resume = Check(RecordStreamState::FromJson(state));
@@ -37,27 +37,6 @@ class PyRecordStream {
                                   resume ? &*resume : nullptr);
     }));
   }
-  ~PyRecordStream() { LeakOrDestroy(stream_, generation_); }
-  PyRecordStream(const PyRecordStream&) = delete;
-  PyRecordStream& operator=(const PyRecordStream&) = delete;
-
-  py::object Next() {
-    RecordStream& s = stream();
-    OneThread guard(busy_);
-    auto r = Check(WithoutGil([&] { return s.Next(); }));
-    if (!r) throw py::stop_iteration();
-    return ToPython(*r);
-  }
-
-  py::list NextBatch(size_t n) {
-    RecordStream& s = stream();
-    OneThread guard(busy_);
-    std::vector<Record> got = Check(WithoutGil([&] { return s.NextBatch(n); }));
-    py::list out;
-    for (Record& r : got) out.append(ToPython(r));
-    return out;
-  }
-
   uint64_t yielded() { return stream().yielded(); }
   std::vector<std::string> Shards() {
     std::vector<std::string> out;
@@ -79,15 +58,8 @@ class PyRecordStream {
   }
 
  private:
-  RecordStream& stream() {
-    if (generation_ != ForkGeneration()) {
-      Raise(absl::FailedPreconditionError(
-          "this RecordStream was created in another process (before a fork); create streams "
-          "in the process that reads them (each DataLoader worker creates its own in "
-          "__iter__)"));
-    }
-    return *stream_;
-  }
+  friend class StreamBinding<PyRecordStream, RecordStream>;
+
   std::string Relative(const std::string& key) const {
     if (key.compare(0, prefix_.size(), prefix_) == 0) return key.substr(prefix_.size());
     return key;
@@ -110,10 +82,7 @@ class PyRecordStream {
 
   const std::string prefix_;
   const RecordFormat format_;
-  const uint64_t generation_;
   std::vector<std::string> shard_uris_;
-  std::unique_ptr<RecordStream> stream_;
-  bool busy_ = false;  // read and written with the GIL held
 };
 
 py::list SplitCsv(absl::string_view row, char delimiter, char quote) {

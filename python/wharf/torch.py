@@ -415,6 +415,13 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
     def _epoch_changed(self) -> None:
         self._yielded, self._skipped, self._worker_resume = 0, 0, None
 
+    def _share(self) -> dict:
+        """Which share this process reads: what a worker's state must match to resume."""
+        rank, world = self._dist()
+        worker, num_workers = _worker_info()
+        return {"rank": rank, "world_size": world, "worker": worker,
+                "num_workers": num_workers, "batch_size_hint": self.batch_size_hint}
+
     def global_consumed(self, steps: Optional[int] = None,
                         batch_size: Optional[int] = None) -> int:
         """The global cursor: start + samples_per_rank * world_size, where samples_per_rank is
@@ -438,13 +445,8 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
         "batch_size_hint", "yielded"}. Loaded back into the same worker of the same setup,
         it continues that worker's share exactly."""
         if steps is None and torch.utils.data.get_worker_info() is not None:
-            rank, world = self._dist()
-            worker, num_workers = _worker_info()
             state = self._state_at(self._start)
-            state["worker_share"] = {
-                "rank": rank, "world_size": world, "worker": worker,
-                "num_workers": num_workers, "batch_size_hint": self.batch_size_hint,
-                "yielded": self._skipped + self._yielded}
+            state["worker_share"] = dict(self._share(), yielded=self._skipped + self._yielded)
             return state
         return self._state_at(self.global_consumed(steps, batch_size))
 
@@ -463,13 +465,10 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         # Not a generator: the stream, the counters and the resume state change here, at
         # iter(), so a state taken before the first next() describes this pass.
-        rank, world = self._dist()
-        worker, num_workers = _worker_info()
+        here = self._share()
         skip = 0
         share = self._worker_resume
         if share is not None:
-            here = {"rank": rank, "world_size": world, "worker": worker,
-                    "num_workers": num_workers, "batch_size_hint": self.batch_size_hint}
             saved = {k: share.get(k) for k in here}
             if saved != here:
                 raise ValueError(
@@ -480,9 +479,10 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
             skip = int(share["yielded"])
         stream = _wharf.SampleStream(
             self._index, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle,
-            drop_last=self.drop_last, rank=rank, world_size=world, worker=worker,
-            num_workers=num_workers, worker_block=self.batch_size_hint, consumed=self._start,
-            skip=skip, **self._stream_options)
+            drop_last=self.drop_last, rank=here["rank"], world_size=here["world_size"],
+            worker=here["worker"], num_workers=here["num_workers"],
+            worker_block=self.batch_size_hint, consumed=self._start, skip=skip,
+            **self._stream_options)
         self._worker_resume = None  # used only once the stream exists
         self._yielded, self._skipped = 0, skip
         return self._samples(stream)

@@ -12,6 +12,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
+#include "store/testing/random_bytes.h"
 
 namespace wharf {
 namespace {
@@ -19,12 +20,7 @@ namespace {
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-std::string Pattern(size_t n, uint32_t seed = 1) {
-  std::string s(n, '\0');
-  std::mt19937 rng(seed);
-  for (auto& c : s) c = static_cast<char>(rng());
-  return s;
-}
+std::string Pattern(size_t n, uint32_t seed = 1) { return store_testing::RandomBytes(n, seed); }
 
 // Awkward but valid on every backend: none is a "directory" of another.
 std::vector<std::string> AwkwardKeys() {

@@ -67,29 +67,20 @@ class ForwardingStore : public ObjectStore {
   ObjectStore* inner_;
 };
 
-class DelayedGetStore : public ForwardingStore {
+// Counts calls in flight, their peak and their total. Thread-safe.
+class InFlightCounter {
  public:
-  DelayedGetStore(std::shared_ptr<ObjectStore> inner, absl::Duration delay)
-      : ForwardingStore(std::move(inner)), delay_(delay) {}
-
-  void GetAsync(GetRequest request, Callback<GetResult> done) override {
-    {
-      absl::MutexLock lock(&mu_);
-      OnGetLocked(request);
-      peak_ = std::max(peak_, ++in_flight_);
-    }
-    Timer::Global().After(delay_, [this, r = std::move(request), d = std::move(done)]() mutable {
-      inner().GetAsync(std::move(r), [this, d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
-        {
-          absl::MutexLock lock(&mu_);
-          --in_flight_;
-        }
-        std::move(d)(std::move(res));
-      });
-    });
+  // A call starts; returns its number (1-based).
+  int Enter() {
+    absl::MutexLock lock(&mu_);
+    peak_ = std::max(peak_, ++in_flight_);
+    return ++calls_;
   }
-
-  int peak_in_flight() {
+  void Leave() {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+  }
+  int peak() {
     absl::MutexLock lock(&mu_);
     return peak_;
   }
@@ -97,17 +88,44 @@ class DelayedGetStore : public ForwardingStore {
     absl::MutexLock lock(&mu_);
     return in_flight_;
   }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int peak_ ABSL_GUARDED_BY(mu_) = 0;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class DelayedGetStore : public ForwardingStore {
+ public:
+  DelayedGetStore(std::shared_ptr<ObjectStore> inner, absl::Duration delay)
+      : ForwardingStore(std::move(inner)), delay_(delay) {}
+
+  void GetAsync(GetRequest request, Callback<GetResult> done) override {
+    OnGet(request);
+    gets_.Enter();
+    Timer::Global().After(delay_, [this, r = std::move(request), d = std::move(done)]() mutable {
+      inner().GetAsync(std::move(r), [this, d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
+        gets_.Leave();
+        std::move(d)(std::move(res));
+      });
+    });
+  }
+
+  int peak_in_flight() { return gets_.peak(); }
+  int in_flight() { return gets_.in_flight(); }
 
  protected:
-  // Called for every GET as it is issued, under the counters' mutex.
-  virtual void OnGetLocked(const GetRequest& /*request*/) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {}
-
-  absl::Mutex mu_;
+  // Called for every GET as it is issued.
+  virtual void OnGet(const GetRequest& /*request*/) {}
 
  private:
   const absl::Duration delay_;
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  int peak_ ABSL_GUARDED_BY(mu_) = 0;
+  InFlightCounter gets_;
 };
 
 }  // namespace wharf::store_testing

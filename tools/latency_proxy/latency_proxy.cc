@@ -23,6 +23,7 @@
 #include <memory>
 #include <queue>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace wharf::tools {
@@ -728,34 +729,40 @@ class LatencyProxy::Impl {
   }
 
   std::string WriteStats() {
+    const std::pair<const char*, uint64_t> counters[] = {
+        {"connections_accepted", stats_.connections_accepted},
+        {"connections_peak", stats_.connections_peak},
+        {"connections_reset", stats_.connections_reset},
+        {"upstream_connect_failures", stats_.upstream_connect_failures},
+        {"bytes_client_to_upstream", stats_.bytes_client_to_upstream},
+        {"bytes_upstream_to_client", stats_.bytes_upstream_to_client},
+        {"wakeups", stats_.wakeups}};
     std::fprintf(stderr,
                  "wharf-latency-proxy: %llu connections (peak %llu, %llu reset, %llu upstream "
                  "connect failures), %llu bytes to upstream, %llu bytes to clients, %llu "
                  "wakeups\n",
-                 static_cast<unsigned long long>(stats_.connections_accepted),
-                 static_cast<unsigned long long>(stats_.connections_peak),
-                 static_cast<unsigned long long>(stats_.connections_reset),
-                 static_cast<unsigned long long>(stats_.upstream_connect_failures),
-                 static_cast<unsigned long long>(stats_.bytes_client_to_upstream),
-                 static_cast<unsigned long long>(stats_.bytes_upstream_to_client),
-                 static_cast<unsigned long long>(stats_.wakeups));
+                 static_cast<unsigned long long>(counters[0].second),
+                 static_cast<unsigned long long>(counters[1].second),
+                 static_cast<unsigned long long>(counters[2].second),
+                 static_cast<unsigned long long>(counters[3].second),
+                 static_cast<unsigned long long>(counters[4].second),
+                 static_cast<unsigned long long>(counters[5].second),
+                 static_cast<unsigned long long>(counters[6].second));
     if (options_.stats_file.empty()) return "";
+    std::string json = "{";
+    for (const auto& [name, value] : counters) {
+      json += "\"" + std::string(name) + "\": " + std::to_string(value) + ", ";
+    }
+    char tail[96];
+    std::snprintf(tail, sizeof tail, "\"delay_ms\": %g, \"bandwidth_mbps\": %g}\n",
+                  options_.delay_ms, options_.bandwidth_mbps);
+    json += tail;
     FILE* f = std::fopen(options_.stats_file.c_str(), "w");
     if (f == nullptr) return Errno(("writing stats file " + options_.stats_file).c_str());
-    std::fprintf(f,
-                 "{\"connections_accepted\": %llu, \"connections_peak\": %llu, "
-                 "\"connections_reset\": %llu, \"upstream_connect_failures\": %llu, "
-                 "\"bytes_client_to_upstream\": %llu, \"bytes_upstream_to_client\": %llu, "
-                 "\"wakeups\": %llu, \"delay_ms\": %g, \"bandwidth_mbps\": %g}\n",
-                 static_cast<unsigned long long>(stats_.connections_accepted),
-                 static_cast<unsigned long long>(stats_.connections_peak),
-                 static_cast<unsigned long long>(stats_.connections_reset),
-                 static_cast<unsigned long long>(stats_.upstream_connect_failures),
-                 static_cast<unsigned long long>(stats_.bytes_client_to_upstream),
-                 static_cast<unsigned long long>(stats_.bytes_upstream_to_client),
-                 static_cast<unsigned long long>(stats_.wakeups), options_.delay_ms,
-                 options_.bandwidth_mbps);
-    if (std::fclose(f) != 0) return Errno(("writing stats file " + options_.stats_file).c_str());
+    const bool written = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+    if (std::fclose(f) != 0 || !written) {
+      return Errno(("writing stats file " + options_.stats_file).c_str());
+    }
     return "";
   }
 

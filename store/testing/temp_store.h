@@ -12,13 +12,12 @@
 #include "gtest/gtest.h"
 #include "store/local/local_store.h"
 
-namespace wharf {
+namespace wharf::store_testing {
 
 class TempStore {
  public:
   TempStore() {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "wharf-formats-test-XXXXXX").string();
+    std::string tmpl = (std::filesystem::temp_directory_path() / "wharf-test-XXXXXX").string();
     EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
     root_ = tmpl;
     auto store = LocalStore::Open(root_, Context::Default());
@@ -42,4 +41,4 @@ class TempStore {
   std::shared_ptr<LocalStore> store_;
 };
 
-}  // namespace wharf
+}  // namespace wharf::store_testing
