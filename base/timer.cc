@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "base/fork.h"
+#include "base/runtime.h"
 
 namespace wharf {
 
@@ -16,18 +16,7 @@ Timer::~Timer() {
   thread_.join();
 }
 
-Timer& Timer::Global() {
-  // Never destroyed: closures may run at exit. Rebuilt in a forked child (base/fork.h).
-  static absl::Mutex mu(absl::kConstInit);
-  static Timer* timer = nullptr;
-  static uint64_t generation = 0;
-  absl::MutexLock lock(&mu);
-  if (timer == nullptr || generation != ForkGeneration()) {
-    generation = ForkGeneration();
-    timer = new Timer;
-  }
-  return *timer;
-}
+Timer& Timer::Global() { return Runtime::Default()->timer(); }
 
 void Timer::After(absl::Duration delay, absl::AnyInvocable<void() &&> fn) {
   absl::MutexLock lock(&mu_);

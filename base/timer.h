@@ -1,6 +1,7 @@
 // Timer: runs closures after a delay on one shared thread (retry backoff, deadlines), so no
 // event-loop or pool thread ever sleeps. Closures must be short: hand real work elsewhere.
-// Thread-safety: thread-safe. The global timer lives for the whole process.
+// Thread-safety: thread-safe. The runtime owns the timer (Runtime::timer()); the default
+// runtime's lives for the whole process.
 #pragma once
 
 #include <queue>
@@ -21,6 +22,7 @@ class Timer {
   Timer(const Timer&) = delete;
   Timer& operator=(const Timer&) = delete;
 
+  // The default runtime's timer (base/runtime.h).
   static Timer& Global();
 
   // Runs `fn` on the timer thread no earlier than `delay` from now.

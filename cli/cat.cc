@@ -53,6 +53,9 @@ void AddCat(CLI::App& app, CatArgs& args) {
         auto range = ParseRange(text);
         return range.ok() ? "" : std::string(range.status().message());
       });
+  cat->add_option("--inflight", args.inflight, "Requests in flight (the runtime's setting)")
+      ->check(CLI::Range(1, 65536));
+  AddEngineFlags(cat, args.engine, /*budget_mb_alias=*/false);
   cat->add_option("URI", args.uri, "The object: a URI or a local path")->required();
 }
 
@@ -61,6 +64,7 @@ absl::Status RunCat(const CatArgs& args) {
   if (!args.range.empty()) {
     WHARF_ASSIGN_OR_RETURN(range, ParseRange(args.range));
   }
+  WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.inflight));
   WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
   // Whatever else was printed must precede the bytes written with write(2).
   WHARF_RETURN_IF_ERROR(FlushStdout());

@@ -19,28 +19,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "store/keys.h"
 #include "store/object_store.h"
 
 namespace wharf::cli {
 
 // ---- Keys ----
 
-// True when `rel`, a key relative to a destination prefix, names something strictly below
-// that prefix once joined to it, on a POSIX file system as well as on Windows. A listing of
-// a hostile bucket can return keys such as "p/../../etc/x" or "p//x"; copying those under a
-// destination directory must never write outside it. Refused: the empty string; a leading
-// '/' or '\'; an empty, "." or ".." path component (split on '/'); a "." or ".." component
-// when also splitting on '\' (so "a\..\b" is refused too); a NUL byte anywhere.
-bool IsSafeRelativeKey(absl::string_view rel);
-
-// `key` with a '/' appended, unless it is empty or already ends in '/'.
-std::string AsPrefix(absl::string_view key);
-
-// prefix + rel, with exactly one '/' between them (none when `prefix` is empty).
-std::string JoinKey(absl::string_view prefix, absl::string_view rel);
-
-// The last path component of `key` (the part after the last '/').
-absl::string_view Basename(absl::string_view key);
+// IsSafeRelativeKey, AsPrefix, JoinKey, Basename: store/keys.h.
 
 // ---- Parsing and formatting ----
 

@@ -147,7 +147,7 @@ class CpHostileKeysTest : public testing::Test {
         {"other/x", "not listed"},
     });
     StoreRegistry::Global().Register(
-        "mem", [store = store_](const ObjectUri&, std::shared_ptr<Context>)
+        "mem", [store = store_](const ObjectUri&, std::shared_ptr<Runtime>)
                    -> absl::StatusOr<std::shared_ptr<ObjectStore>> { return store; });
     char tmpl[] = "/tmp/wharf-cp-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -182,10 +182,10 @@ TEST_F(CpHostileKeysTest, ToLocalRefusesEscapingKeysAndCopiesTheRest) {
   EXPECT_EQ(lines.size(), 6u) << err;
   for (const std::string& line : lines) {
     EXPECT_THAT(line, HasSubstr("refusing key that would escape the destination"));
-    EXPECT_TRUE(absl::StartsWith(line, "wharf: cp mem://bkt/p/")) << line;
+    EXPECT_TRUE(absl::StartsWith(line, "wharf: download mem://bkt/p/")) << line;
   }
-  EXPECT_THAT(err, HasSubstr("wharf: cp mem://bkt/p/../escape: refusing key"));
-  EXPECT_THAT(err, HasSubstr("wharf: cp mem://bkt/p/nul\\x00x: refusing key"));
+  EXPECT_THAT(err, HasSubstr("wharf: download mem://bkt/p/../escape: refusing key"));
+  EXPECT_THAT(err, HasSubstr("wharf: download mem://bkt/p/nul\\x00x: refusing key"));
 }
 
 TEST_F(CpHostileKeysTest, WithinAStoreUsesServerSideCopyAndKeepsMarkers) {

@@ -26,9 +26,7 @@ void AddFetch(CLI::App& app, FetchArgs& args) {
                   "Requests in flight (0: derived from latency x throughput)")
       ->check(CLI::Range(0, 65536))
       ->capture_default_str();
-  cmd->add_option("--budget-mb", args.budget_mb, "Memory budget for buffered bytes, MiB")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
+  AddEngineFlags(cmd, args.engine, /*budget_mb_alias=*/true);
   cmd->add_option("--part-size-mb", args.part_size_mb,
                   "Objects over twice this size are read as ranged parts of this size, up to "
                   "16 at once per object")
@@ -41,11 +39,11 @@ void AddFetch(CLI::App& app, FetchArgs& args) {
 }
 
 absl::Status RunFetch(const FetchArgs& args) {
+  WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.inflight));
   WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
   std::shared_ptr<ObjectStore> store = opened.store;
   FetchOptions options;
   options.max_in_flight = args.inflight;
-  options.memory_budget = static_cast<uint64_t>(args.budget_mb) << 20;
   options.part_size = static_cast<uint64_t>(args.part_size_mb) << 20;
   options.split_threshold = 2 * options.part_size;
   FetchScheduler scheduler(store, options);

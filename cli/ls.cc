@@ -1,9 +1,12 @@
-// wharf ls: lists objects and common prefixes, streaming page by page.
+// wharf ls: lists objects and common prefixes, streaming page by page; `wharf ls s3://`
+// lists the endpoint's buckets.
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "base/status.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
@@ -53,6 +56,36 @@ class Printer {
   uint64_t count_ = 0;
 };
 
+// The scheme of a URI that names no bucket ("s3://"), whose listing is the endpoint's buckets.
+std::optional<std::string> BucketlessScheme(absl::string_view uri) {
+  const size_t sep = uri.find("://");
+  if (sep == absl::string_view::npos || sep == 0 || sep + 3 != uri.size()) return std::nullopt;
+  return std::string(uri.substr(0, sep));
+}
+
+// As `aws s3 ls`: "<creation date, local time> <name>", or one JSON object per line.
+absl::Status ListBuckets(const std::string& scheme, bool json) {
+  WHARF_ASSIGN_OR_RETURN(std::vector<BucketInfo> buckets,
+                         StoreRegistry::Global().ListBuckets(scheme));
+  for (const BucketInfo& bucket : buckets) {
+    const std::string uri = absl::StrCat(scheme, "://", bucket.name, "/");
+    if (json) {
+      Print(JsonLine({{"uri", uri},
+                      {"bucket", bucket.name},
+                      {"created", FormatMtime(bucket.creation_time)}}));
+    } else {
+      const std::string created =
+          bucket.creation_time == absl::InfinitePast()
+              ? std::string(19, '-')
+              : absl::FormatTime("%Y-%m-%d %H:%M:%S", bucket.creation_time,
+                                 absl::LocalTimeZone());
+      Print(absl::StrCat(created, " ", OneLine(bucket.name), "\n"));
+    }
+  }
+  WHARF_RETURN_IF_ERROR(FlushStdout());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void AddLs(CLI::App& app, LsArgs& args) {
@@ -60,7 +93,8 @@ void AddLs(CLI::App& app, LsArgs& args) {
   ls->add_flag("-r,--recursive", args.recursive,
                "List every object below the prefix (no '/' roll-up)");
   ls->add_flag("--json", args.json,
-               "One JSON object per line: {uri,key,size,etag,mtime} or {uri,prefix}");
+               "One JSON object per line: {uri,key,size,etag,mtime} or {uri,prefix}; "
+               "{uri,bucket,created} for buckets");
   ls->add_option("--parallel", args.parallel,
                  "With -r: list with N work-stealing workers; output sorted at the end")
       ->check(CLI::Range(0, 1024));
@@ -68,10 +102,14 @@ void AddLs(CLI::App& app, LsArgs& args) {
       ->required();
   ls->footer(
       "A key naming an existing object lists just that object; otherwise it is taken as a\n"
-      "prefix ('/' appended). Entries come in byte-wise key order.");
+      "prefix ('/' appended). Entries come in byte-wise key order. A URI without a bucket\n"
+      "(s3://, gs://) lists the endpoint's buckets: \"<created> <name>\", as aws s3 ls.");
 }
 
 absl::Status RunLs(const LsArgs& args) {
+  if (std::optional<std::string> scheme = BucketlessScheme(args.uri)) {
+    return ListBuckets(*scheme, args.json);
+  }
   WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
   ObjectStore& store = *opened.store;
   Printer printer(store, args.json);

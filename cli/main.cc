@@ -3,11 +3,14 @@
 //   0  success (also when the reader of stdout went away, as in `wharf cat x | head`);
 //   1  an operation failed: one line "wharf: <message>" on stderr;
 //   2  a usage error: the parser's message and a pointer to --help on stderr.
+#include <stdlib.h>
+
 #include <csignal>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -47,11 +50,21 @@ int Main(int argc, char** argv) {
       "wharf");
   app.set_version_flag("--version", kVersion, "Print the version and exit");
   app.require_subcommand(0, 1);
+  // Global flags, accepted before or after the verb; they set what the stores read.
+  bool no_sign_request = false;
+  std::string endpoint_url, region, profile;
+  app.add_flag("--no-sign-request", no_sign_request,
+               "Send requests unsigned (public buckets); no credentials are looked up");
+  app.add_option("--endpoint-url", endpoint_url, "S3 endpoint (default: AWS_ENDPOINT_URL)");
+  app.add_option("--region", region, "S3 region (default: AWS_REGION, the profile's)");
+  app.add_option("--profile", profile, "AWS profile (default: AWS_PROFILE)");
+  app.fallthrough();
 
   LsArgs ls;
   StatArgs stat;
   CatArgs cat;
   CpArgs cp;
+  CpArgs sync;
   RmArgs rm;
   DemoArgs demo;
   FetchArgs fetch;
@@ -59,6 +72,7 @@ int Main(int argc, char** argv) {
   AddStat(app, stat);
   AddCat(app, cat);
   AddCp(app, cp);
+  AddSync(app, sync);
   AddRm(app, rm);
   AddFetch(app, fetch);
   AddDemo(app, demo);
@@ -82,6 +96,12 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   const std::string verb = app.get_subcommands().front()->get_name();
+  if (no_sign_request) setenv("WHARF_NO_SIGN_REQUEST", "1", 1);
+  if (!endpoint_url.empty()) setenv("AWS_ENDPOINT_URL", endpoint_url.c_str(), 1);
+  if (!region.empty()) setenv("AWS_REGION", region.c_str(), 1);
+  if (!profile.empty()) setenv("AWS_PROFILE", profile.c_str(), 1);
+  const std::vector<TransferFilter> filters = FiltersInOrder(argc, argv);
+  cp.filters = sync.filters = rm.filters = filters;
 
   absl::Status status;
   try {
@@ -93,6 +113,8 @@ int Main(int argc, char** argv) {
       status = RunCat(cat);
     } else if (verb == "cp") {
       status = RunCp(cp);
+    } else if (verb == "sync") {
+      status = RunCp(sync);
     } else if (verb == "rm") {
       status = RunRm(rm);
     } else if (verb == "fetch") {

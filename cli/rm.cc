@@ -21,7 +21,8 @@ void PrintDeleted(uint64_t n, bool quiet) {
 }
 
 absl::Status RemovePrefix(ObjectStore& store, const ObjectUri& uri, const std::string& prefix,
-                          bool quiet) {
+                          const RmArgs& args) {
+  const bool quiet = args.quiet;
   const std::string what = absl::StrCat("rm ", store.Uri(prefix));
   // On file:// the bucket is the file system root: "rm -r /" must never mean everything.
   if (prefix.empty() && uri.scheme == "file") {
@@ -41,8 +42,23 @@ absl::Status RemovePrefix(ObjectStore& store, const ObjectUri& uri, const std::s
     if (page.objects.empty()) break;
     std::vector<std::string> keys;
     keys.reserve(page.objects.size());
-    for (ObjectMeta& meta : page.objects) keys.push_back(std::move(meta.key));
-    options.start_after = keys.back();
+    options.start_after = page.objects.back().key;
+    for (ObjectMeta& meta : page.objects) {
+      // --include/--exclude: patterns on the key relative to the prefix.
+      if (!PassesFilters(args.filters, absl::string_view(meta.key).substr(prefix.size()))) {
+        continue;
+      }
+      if (args.dryrun) {
+        Print(absl::StrCat("(dryrun) delete ", OneLine(store.Uri(meta.key)), "\n"));
+        ++deleted;
+        continue;
+      }
+      keys.push_back(std::move(meta.key));
+    }
+    if (keys.empty()) {
+      if (page.continuation.empty()) break;
+      continue;
+    }
     const size_t n = keys.size();
     absl::Status status = store.DeleteMany(std::move(keys));
     if (status.ok()) {
@@ -55,7 +71,7 @@ absl::Status RemovePrefix(ObjectStore& store, const ObjectUri& uri, const std::s
   if (deleted == 0 && failed_batches == 0) {
     return absl::NotFoundError(absl::StrCat(what, ": no objects match"));
   }
-  PrintDeleted(deleted, quiet);
+  if (!args.dryrun) PrintDeleted(deleted, quiet);
   return Annotate(first_error, what);
 }
 
@@ -66,6 +82,16 @@ void AddRm(CLI::App& app, RmArgs& args) {
   rm->add_flag("-r,--recursive", args.recursive,
                "Delete every object below the prefix (in batches of 1000)");
   rm->add_flag("-q,--quiet", args.quiet, "Do not print how many objects were deleted");
+  rm->add_flag("--dryrun", args.dryrun,
+               "Print '(dryrun) delete URI' for each object that would be deleted; delete none");
+  rm->add_option("--include", args.include,
+                 "With -r: include keys matching PATTERN (relative to the prefix; '*' matches "
+                 "across '/'); rules apply in order, the last match wins")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  rm->add_option("--exclude", args.exclude, "With -r: exclude keys matching PATTERN")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   rm->add_option("URI", args.uri, "The object or prefix: a URI or a local path")->required();
 }
 
@@ -77,7 +103,7 @@ absl::Status RunRm(const RmArgs& args) {
 
   if (args.recursive) {
     WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(store, key));
-    if (!target.is_object) return RemovePrefix(store, opened.uri, target.prefix, args.quiet);
+    if (!target.is_object) return RemovePrefix(store, opened.uri, target.prefix, args);
   } else {
     // Deleting a missing key succeeds on object stores; a CLI user who typed a name wants to
     // hear that it did not exist.
@@ -89,6 +115,10 @@ absl::Status RunRm(const RmArgs& args) {
           "rm ", uri, is_prefix ? ": a prefix, not an object; use -r" : ": no such object"));
     }
     WHARF_RETURN_IF_ERROR(meta.status());
+  }
+  if (args.dryrun) {
+    Print(absl::StrCat("(dryrun) delete ", OneLine(uri), "\n"));
+    return absl::OkStatus();
   }
   WHARF_RETURN_IF_ERROR(store.Delete(key));
   if (args.recursive) PrintDeleted(1, args.quiet);  // a plain rm is silent, as rm(1)

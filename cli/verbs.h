@@ -12,14 +12,31 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "io/transfer.h"
 
 namespace CLI {
 class App;
 }  // namespace CLI
 
 namespace wharf::cli {
+
+// The runtime settings of one run, on every verb that moves bytes (base/runtime.h):
+// --memory-budget SIZE and --inflight N (aliases: --budget-mb M, -j/--jobs N).
+struct EngineArgs {
+  std::string memory_budget;  // empty: WHARF_MEMORY_BUDGET, else 1 GiB
+  int budget_mb = 0;          // alias; 0: unset
+};
+// Registers --memory-budget (and, where `budget_mb_alias`, --budget-mb) on `cmd`.
+void AddEngineFlags(CLI::App* cmd, EngineArgs& args, bool budget_mb_alias);
+// Applies the settings to the process's runtime. `inflight` 0 leaves it as it is.
+absl::Status ApplyEngineArgs(const EngineArgs& args, int inflight);
+
+// The include/exclude rules of a command line, in the order given (the last match wins):
+// CLI11 collects each option separately, so main() scans argv for their order.
+std::vector<TransferFilter> FiltersInOrder(int argc, const char* const* argv);
 
 // wharf ls [-r] [--json] [--parallel N] URI
 struct LsArgs {
@@ -43,27 +60,42 @@ absl::Status RunStat(const StatArgs& args);
 struct CatArgs {
   std::string uri;
   std::string range;  // validated by ParseRange at parse time; empty: the whole object
+  int inflight = 0;
+  EngineArgs engine;
 };
 void AddCat(CLI::App& app, CatArgs& args);
 absl::Status RunCat(const CatArgs& args);
 
-// wharf cp [-r] [--jobs N] [--quiet] SRC DST
+// wharf cp [-r] [--inflight N] [--memory-budget SIZE] [--quiet] [--dryrun]
+//          [--include P] [--exclude P] [upload options] SRC DST      (SRC or DST may be -)
+// wharf sync [--delete] [same flags] SRC DST
 struct CpArgs {
   std::string src;
   std::string dst;
   bool recursive = false;
-  int jobs = 256;
+  int jobs = 0;  // --inflight (alias -j/--jobs); 0: the runtime's setting
   int list_workers = 16;
   bool quiet = false;
+  bool dryrun = false;
+  bool sync = false;          // the sync verb
+  bool delete_extra = false;  // sync --delete
+  std::vector<std::string> include, exclude;  // for --help; the order comes from `filters`
+  std::vector<TransferFilter> filters;
+  std::string content_type, storage_class, sse, sse_kms_key_id;
+  EngineArgs engine;
 };
 void AddCp(CLI::App& app, CpArgs& args);
+void AddSync(CLI::App& app, CpArgs& args);
 absl::Status RunCp(const CpArgs& args);
 
-// wharf rm [-r] [--quiet] URI
+// wharf rm [-r] [--quiet] [--dryrun] [--include P] [--exclude P] URI
 struct RmArgs {
   std::string uri;
   bool recursive = false;
   bool quiet = false;
+  bool dryrun = false;
+  std::vector<std::string> include, exclude;
+  std::vector<TransferFilter> filters;
 };
 void AddRm(CLI::App& app, RmArgs& args);
 absl::Status RunRm(const RmArgs& args);
@@ -74,7 +106,7 @@ struct FetchArgs {
   bool recursive = false;
   bool json = false;
   int inflight = 0;
-  int budget_mb = 1024;
+  EngineArgs engine;  // --memory-budget, --budget-mb
   int part_size_mb = 8;
   int list_workers = 16;
 };

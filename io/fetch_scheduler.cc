@@ -1,7 +1,5 @@
 #include "io/fetch_scheduler.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -24,150 +22,44 @@ int FetchOptions::EffectiveMaxInFlight() const {
   return static_cast<int>(std::clamp(n, 8.0, 4096.0));
 }
 
-// Blocks from this size on are mappings (see State).
-constexpr uint64_t kLargeBlock = uint64_t{4} << 20;
-
-// Memory held by every batch of one scheduler, and its pool of large blocks.
-//
-// Large blocks (>= kLargeBlock) are mappings populated up front: the kernel zero-fills every
-// page of a fresh mapping (~0.2 s per GiB even with MAP_POPULATE, over 1 s with a fault per
-// page). A released large block is therefore kept mapped in `pool` and handed to the next
-// large object of a similar size, so reading many large objects pays the zero-fill once.
-// The bound: held + pooled <= budget at all times. Reserving evicts pooled blocks to keep it,
-// a block is charged its whole mapping (a reused one may be up to a quarter larger than
-// asked), and a released block is pooled only if it fits. Once the scheduler is destroyed
-// (Close), nothing more is pooled: buffers still alive then are unmapped when released.
-struct FetchScheduler::State {
-  using Mappings = std::vector<std::pair<uint64_t, char*>>;  // (size, address)
-
-  explicit State(uint64_t budget) : budget(budget) {}
-  ~State() {
-    for (auto& [size, p] : pool) munmap(p, size);
-  }
-  static void Unmap(const Mappings& mappings) {
-    for (const auto& [size, p] : mappings) munmap(p, size);
-  }
-
-  const uint64_t budget;
-  absl::Mutex mu;
-  uint64_t held ABSL_GUARDED_BY(mu) = 0;
-  uint64_t peak ABSL_GUARDED_BY(mu) = 0;
-  std::multimap<uint64_t, char*> pool ABSL_GUARDED_BY(mu);  // mapping size -> address
-  uint64_t pooled ABSL_GUARDED_BY(mu) = 0;
-  uint64_t reused ABSL_GUARDED_BY(mu) = 0;  // blocks served from the pool
-  bool closed ABSL_GUARDED_BY(mu) = false;
-
-  // A pooled mapping taken by TryReserve for a large block.
-  struct Taken {
-    char* block = nullptr;
-    uint64_t size = 0;
-  };
-
-  // Charges `bytes` unless that would pass the budget (one block is always allowed). For a
-  // large block, takes a pooled mapping at most a quarter larger into *taken when its whole
-  // size can be charged. Pooled blocks that no longer fit beside what is held move to
-  // *evicted, for the caller to unmap outside its locks.
-  bool TryReserve(uint64_t bytes, Taken* taken, Mappings* evicted) {
-    absl::MutexLock lock(&mu);
-    if (held > 0 && held + bytes > budget) return false;
-    uint64_t charge = bytes;
-    if (bytes >= kLargeBlock) {
-      auto it = pool.lower_bound(bytes);
-      if (it != pool.end() && it->first <= bytes + bytes / 4 &&
-          (held == 0 || held + it->first <= budget)) {
-        *taken = {.block = it->second, .size = it->first};
-        charge = it->first;
-        pooled -= it->first;
-        pool.erase(it);
-        ++reused;
-      }
-    }
-    held += charge;
-    peak = std::max(peak, held);
-    while (!pool.empty() && held + pooled > budget) {
-      auto largest = std::prev(pool.end());
-      pooled -= largest->first;
-      evicted->push_back(*largest);
-      pool.erase(largest);
-    }
-    return true;
-  }
-  void Release(uint64_t bytes) {
-    absl::MutexLock lock(&mu);
-    held -= bytes;
-  }
-  uint64_t Held() {
-    absl::MutexLock lock(&mu);
-    return held;
-  }
-  FetchScheduler::PoolStats Stats() {
-    absl::MutexLock lock(&mu);
-    return {.reused = reused, .pooled_bytes = pooled};
-  }
-
-  // Releases a large block's charge and takes the mapping back, in one step: pooled when it
-  // fits the budget beside what is held and pooled (and the scheduler still exists), else
-  // unmapped.
-  void ReleaseLarge(char* p, uint64_t size) {
-    {
-      absl::MutexLock lock(&mu);
-      held -= size;
-      if (!closed && held + pooled + size <= budget) {
-        pool.emplace(size, p);
-        pooled += size;
-        return;
-      }
-    }
-    munmap(p, size);
-  }
-
-  // The scheduler is gone: unmap the pool and pool nothing more.
-  void Close() {
-    Mappings mappings;
-    {
-      absl::MutexLock lock(&mu);
-      closed = true;
-      mappings.assign(pool.begin(), pool.end());
-      pool.clear();
-      pooled = 0;
-    }
-    Unmap(mappings);
-  }
+// What every batch of one scheduler shares: the runtime, the account its buffers are
+// charged to, and where completed requests are recorded.
+struct FetchScheduler::Common {
+  std::shared_ptr<Runtime> runtime;
+  std::shared_ptr<MemoryBudget> budget;
+  std::shared_ptr<MemoryBudget::Account> account;
+  LinkEstimator* link = nullptr;
+  Counter* requests = nullptr;
+  Counter* bytes = nullptr;
+  Counter* retries = nullptr;
+  Counter* errors = nullptr;
+  Histogram* ttfb = nullptr;
+  Gauge* in_flight = nullptr;
 };
 
 namespace {
 
-// A block for `bytes` of fetched data, already charged to `state` by TryReserve (which may
-// have taken a pooled mapping), charged until released: large ones are mappings returned to
-// the state's pool (see State), small ones come from the heap. `own` tracks what one batch
-// holds.
-std::shared_ptr<char> AllocateBlock(const std::shared_ptr<FetchScheduler::State>& state,
-                                    uint64_t bytes, FetchScheduler::State::Taken taken,
-                                    std::shared_ptr<std::atomic<uint64_t>> own) {
-  char* p = taken.block;
-  uint64_t size = taken.size;
-  if (p == nullptr && bytes >= kLargeBlock) {
-    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (m != MAP_FAILED) {
-      p = static_cast<char*>(m);
-      size = bytes;
-    }
+// Wakes a batch's consumer. Its lock is a leaf: it is never held while a buffer is released,
+// so the budget may signal it from any release (MemoryBudget listeners).
+class Waker {
+ public:
+  void Signal() {
+    absl::MutexLock lock(&mu_);
+    signaled_ = true;
   }
-  if (p != nullptr) {
-    own->fetch_add(size);
-    return std::shared_ptr<char>(p, [state, own, size](char* q) {
-      own->fetch_sub(size);
-      state->ReleaseLarge(q, size);
-    });
+  // Returns once signalled since the last Wait (or after `timeout`, a safety net).
+  void Wait(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&signaled_), timeout);
+    signaled_ = false;
   }
-  own->fetch_add(bytes);
-  return std::shared_ptr<char>(new char[bytes], [state, own, bytes](char* q) {
-    delete[] q;
-    own->fetch_sub(bytes);
-    state->Release(bytes);
-  });
-}
+  // The budget listener signals only while the consumer waits for a release.
+  std::atomic<bool> wants_release{false};
+
+ private:
+  absl::Mutex mu_;
+  bool signaled_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 // Which bytes of a group's buffer one item receives.
 struct Slice {
@@ -182,11 +74,12 @@ struct Group {
   std::optional<uint64_t> object_size;
   uint64_t begin = 0, end = 0;  // extent fetched (end may exceed the object: clipped)
   std::vector<Slice> slices;
-  bool needs_head = false;
+  // Set when the size must be asked first (HEAD): the item, planned again from its answer.
+  std::optional<FetchItem> head_item;
   size_t first_item = 0;
 
   // Filled while running.
-  std::shared_ptr<char> block;
+  Block block;
   int parts = 0, next_part = 0, parts_done = 0;
   uint64_t bytes_received = 0;
   absl::Status status;
@@ -196,21 +89,34 @@ struct Group {
 };
 
 // Store calls gathered under the batch's lock and made after releasing it: a store may
-// complete a call inline, and its callback takes the lock again.
-using Starts = std::vector<absl::AnyInvocable<void() &&>>;
-
-void RunStarts(Starts& starts) {
-  for (auto& start : starts) std::move(start)();
-  starts.clear();
-}
+// complete a call inline, and its callback takes the lock again. Buffers dropped under the
+// lock are parked here too, so no release (which runs budget listeners) happens under it.
+struct Deferred {
+  std::vector<absl::AnyInvocable<void() &&>> calls;
+  std::vector<Block> garbage;
+  std::vector<FetchResult> dropped;
+  bool empty() const { return calls.empty(); }
+  void Run() {
+    for (auto& call : calls) std::move(call)();
+    calls.clear();
+    garbage.clear();
+    dropped.clear();
+  }
+};
 
 class BatchImpl : public FetchScheduler::Batch,
                   public std::enable_shared_from_this<BatchImpl> {
  public:
-  BatchImpl(std::shared_ptr<ObjectStore> store, const FetchOptions& options,
-            std::shared_ptr<FetchScheduler::State> state)
-      : store_(std::move(store)), options_(options), state_(std::move(state)),
-        max_in_flight_(options.EffectiveMaxInFlight()) {}
+  BatchImpl(std::shared_ptr<ObjectStore> store, const FetchOptions& options, int max_in_flight,
+            std::shared_ptr<FetchScheduler::Common> common)
+      : store_(std::move(store)), options_(options), common_(std::move(common)),
+        max_in_flight_(max_in_flight) {
+    // Releases anywhere in the process may let this batch go on.
+    listener_ = common_->budget->AddListener([waker = waker_] {
+      if (waker->wants_release.exchange(false, std::memory_order_relaxed)) waker->Signal();
+    });
+  }
+  ~BatchImpl() override { common_->budget->RemoveListener(listener_); }
 
   // The public handle owns the core through a shared_ptr so that callbacks can keep the
   // core alive after the handle is gone.
@@ -229,35 +135,41 @@ class BatchImpl : public FetchScheduler::Batch,
   };
 
   void Close() {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-    news_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+    }
+    waker_->Signal();
   }
 
   void Add(std::vector<FetchItem> items) {
-    Starts starts;
+    Deferred deferred;
     {
       absl::MutexLock lock(&mu_);
-      AddLocked(std::move(items), starts);
+      AddLocked(std::move(items), deferred);
     }
-    RunStarts(starts);
+    deferred.Run();
+    waker_->Signal();
   }
 
-  void AddLocked(std::vector<FetchItem> items, Starts& starts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const size_t first_new = items_.size();
-    for (auto& item : items) items_.push_back(std::move(item));
-    stats_.items = items_.size();
+  void AddLocked(std::vector<FetchItem> items, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t first_new = added_;
+    added_ += items.size();
+    stats_.items = added_;
     const size_t first_group = queue_.size();
     // Items of the same key with known extents may share a request.
     absl::flat_hash_map<std::string, std::vector<std::pair<Slice, const FetchItem*>>> ranged;
-    for (size_t i = first_new; i < items_.size(); ++i) {
-      const FetchItem& item = items_[i];
+    for (size_t n = 0; n < items.size(); ++n) {
+      const size_t i = first_new + n;
+      FetchItem& item = items[n];
       std::optional<std::pair<uint64_t, uint64_t>> extent;
       if (item.size.has_value()) {
         auto resolved = item.range.Resolve(*item.size);
         if (!resolved.ok()) {
-          Deliver(ErrorResult(i, Annotate(resolved.status(),
-                                          absl::StrCat("get ", store_->Uri(item.key)))));
+          Deliver(ErrorResult(i, item.key,
+                              Annotate(resolved.status(), absl::StrCat("get ", store_->Uri(item.key)))),
+                  deferred);
           continue;
         }
         extent = *resolved;
@@ -266,13 +178,15 @@ class BatchImpl : public FetchScheduler::Batch,
           r.index = i;
           r.key = item.key;
           r.data = FetchBuffer();
-          Deliver(std::move(r));
+          Deliver(std::move(r), deferred);
           continue;
         }
       } else if (!item.range.suffix && item.range.length.has_value()) {
         if (*item.range.length == 0) {
-          Deliver(ErrorResult(i, absl::OutOfRangeError(absl::StrCat(
-                                     "get ", store_->Uri(item.key), ": empty range"))));
+          Deliver(ErrorResult(i, item.key,
+                              absl::OutOfRangeError(absl::StrCat(
+                                  "get ", store_->Uri(item.key), ": empty range"))),
+                  deferred);
           continue;
         }
         extent = {item.range.offset, item.range.offset + *item.range.length};
@@ -280,9 +194,9 @@ class BatchImpl : public FetchScheduler::Batch,
       if (!extent.has_value()) {  // size needed first
         Group g;
         g.key = item.key;
-        g.needs_head = true;
         g.first_item = i;
         g.slices.push_back({i, 0, 0});
+        g.head_item = std::move(item);
         queue_.push_back(std::move(g));
         continue;
       }
@@ -319,44 +233,79 @@ class BatchImpl : public FetchScheduler::Batch,
     // Dispatch in submission order (the order ordered delivery needs).
     std::stable_sort(queue_.begin() + first_group, queue_.end(),
                      [](const Group& a, const Group& b) { return a.first_item < b.first_item; });
-    news_ = true;
-    PumpLocked(starts);
+    PumpLocked(deferred);
   }
 
   std::optional<FetchResult> Next() {
-    Starts starts;
     while (true) {
+      Deferred deferred;
       std::optional<FetchResult> result;
       bool finished = false;
       {
         absl::MutexLock lock(&mu_);
         if (cancelled_) return std::nullopt;
-        PumpLocked(starts);
+        // Armed before pumping: a release after a failed reservation below signals.
+        waker_->wants_release.store(true, std::memory_order_relaxed);
+        PumpLocked(deferred);
         result = TakeReadyLocked();
-        finished = !result && closed_ && delivered_ == items_.size();
-        // Only this batch's own results count: budget held by another batch's consumer is
-        // waited for, since that consumer may release it.
-        if (!result && !finished && in_flight_ == 0 && starts.empty() && !queue_.empty() &&
-            own_held_->load() >= state_->Held()) {
-          // Nothing running and nothing can start: the budget is held by results the caller
-          // still owns. Say so rather than wait forever.
+        finished = !result && closed_ && delivered_ == added_;
+        if (!result && !finished && in_flight_ == 0 && deferred.empty() && !queue_.empty() &&
+            !options_.wait_for_release && OwnResultsFillLocked(queue_.front())) {
+          // Nothing running and nothing can start: this batch's cap (or the budget) is held
+          // by results the caller still owns. Say so rather than wait forever.
           Group g = std::move(queue_.front());
           queue_.pop_front();
           FailGroupLocked(g, absl::ResourceExhaustedError(absl::StrCat(
                                  "get ", store_->Uri(g.key), ": the fetch memory budget (",
-                                 options_.memory_budget,
-                                 " bytes) is held by results not yet released")));
+                                 FormatSize(CapLocked()),
+                                 ") is held by results not yet released")),
+                          deferred);
           continue;
         }
       }
-      RunStarts(starts);
+      deferred.Run();
       if (result) return result;
       if (finished) return std::nullopt;
-      // Completions set news_; budget released by another batch is seen on the next poll.
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(this, &BatchImpl::HasNewsLocked),
-                           absl::Milliseconds(20));
+      // Completions and Add/Close/Cancel signal; so does any release in the budget while
+      // a reservation is wanted. The timeout is only a safety net.
+      waker_->Wait(absl::Seconds(1));
     }
+  }
+
+  void Cancel() {
+    Deferred deferred;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      queue_.clear();
+      for (auto& r : ready_) deferred.dropped.push_back(std::move(r));
+      for (auto& [i, r] : ready_by_index_) deferred.dropped.push_back(std::move(r));
+      ready_.clear();
+      ready_by_index_.clear();
+    }
+    deferred.Run();
+    waker_->Signal();
+  }
+
+  FetchStats stats() const {
+    absl::MutexLock lock(&mu_);
+    FetchStats s = stats_;
+    s.peak_bytes_held = peak_held_;
+    return s;
+  }
+
+ private:
+  uint64_t CapLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return options_.memory_budget > 0 ? options_.memory_budget : common_->budget->limit();
+  }
+
+  // True when what blocks `g` is bytes this scheduler's consumer holds: its account is at
+  // the cap, or it holds everything the budget holds.
+  bool OwnResultsFillLocked(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t own = common_->account->held();
+    if (own == 0) return false;
+    const uint64_t bytes = g.end - g.begin;
+    return own + bytes > CapLocked() || own >= common_->budget->held();
   }
 
   std::optional<FetchResult> TakeReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -374,39 +323,25 @@ class BatchImpl : public FetchScheduler::Batch,
     return r;
   }
 
-  void Cancel() {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    queue_.clear();
-    ready_.clear();
-    ready_by_index_.clear();
-  }
-
-  FetchStats stats() const {
-    absl::MutexLock lock(&mu_);
-    FetchStats s = stats_;
-    s.peak_bytes_held = peak_held_;
-    return s;
-  }
-
- private:
-  bool HasNewsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return cancelled_ || news_;
-  }
-
-  FetchResult ErrorResult(size_t index, absl::Status status) {
+  FetchResult ErrorResult(size_t index, std::string key, absl::Status status) {
     FetchResult r;
     r.index = index;
-    r.key = items_[index].key;
+    r.key = std::move(key);
     r.data = std::move(status);
     return r;
   }
 
-  void Deliver(FetchResult r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void Deliver(FetchResult r, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++delivered_;
-    news_ = true;
-    if (r.data.ok()) stats_.bytes += r.data->size();
-    if (cancelled_) return;
+    if (r.data.ok()) {
+      stats_.bytes += r.data->size();
+    } else {
+      common_->errors->Add();
+    }
+    if (cancelled_) {
+      deferred.dropped.push_back(std::move(r));
+      return;
+    }
     if (options_.ordered) {
       ready_by_index_.emplace(r.index, std::move(r));
     } else {
@@ -414,57 +349,45 @@ class BatchImpl : public FetchScheduler::Batch,
     }
   }
 
-  void FailGroupLocked(Group& g, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const Slice& s : g.slices) Deliver(ErrorResult(s.item, status));
+  void FailGroupLocked(Group& g, const absl::Status& status, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const Slice& s : g.slices) Deliver(ErrorResult(s.item, g.key, status), deferred);
   }
 
   // Starts requests while the in-flight limit and the memory budget allow.
-  void PumpLocked(Starts& starts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    news_ = false;
+  void PumpLocked(Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // Objects already started first (their parts left over from the in-flight limits), so
     // earlier objects finish first.
     for (auto& g : running_) {
       if (in_flight_ >= max_in_flight_) break;
-      if (g->next_part < g->parts) StartPartsLocked(g, starts);
+      if (g->next_part < g->parts) StartPartsLocked(g, deferred);
     }
     while (!cancelled_ && !queue_.empty() && in_flight_ < max_in_flight_) {
       Group& front = queue_.front();
-      if (front.needs_head) {
-        StartHeadLocked(std::move(front), starts);
+      if (front.head_item.has_value()) {
+        StartHeadLocked(std::move(front), deferred);
         queue_.pop_front();
         continue;
       }
-      if (!front.block) {
-        const uint64_t bytes = front.end - front.begin;
-        FetchScheduler::State::Taken taken;
-        FetchScheduler::State::Mappings evicted;
-        if (!state_->TryReserve(bytes, &taken, &evicted)) break;
-        if (!evicted.empty()) {  // unmapped after the lock is released
-          starts.push_back([evicted = std::move(evicted)]() mutable {
-            FetchScheduler::State::Unmap(evicted);
-          });
-        }
-        // The block releases its budget charge when its last slice is dropped.
-        front.block = AllocateBlock(state_, bytes, taken, own_held_);
-        peak_held_ = std::max(peak_held_, state_->Held());
-        const uint64_t part = front.end - front.begin > options_.split_threshold
-                                  ? options_.part_size
-                                  : front.end - front.begin;
-        front.parts = static_cast<int>((bytes + part - 1) / part);
-        front.started = absl::Now();
-        running_.push_back(std::make_shared<Group>(std::move(front)));
-        queue_.pop_front();
-        StartPartsLocked(running_.back(), starts);
-        continue;
-      }
-      break;
+      const uint64_t bytes = front.end - front.begin;
+      // The ticket: the request's buffer, reserved before the request is scheduled.
+      Block block = common_->budget->TryAllocate(common_->account, bytes);
+      if (!block) break;
+      front.block = std::move(block);
+      peak_held_ = std::max(peak_held_, common_->account->held());
+      const uint64_t part = bytes > options_.split_threshold ? options_.part_size : bytes;
+      front.parts = static_cast<int>((bytes + part - 1) / part);
+      front.started = absl::Now();
+      running_.push_back(std::make_shared<Group>(std::move(front)));
+      queue_.pop_front();
+      StartPartsLocked(running_.back(), deferred);
     }
     running_.erase(std::remove_if(running_.begin(), running_.end(),
                                   [](const auto& g) { return g->next_part == g->parts; }),
                    running_.end());
   }
 
-  void StartPartsLocked(const std::shared_ptr<Group>& g, Starts& starts)
+  void StartPartsLocked(const std::shared_ptr<Group>& g, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint64_t total = g->end - g->begin;
     const uint64_t part = total > options_.split_threshold ? options_.part_size : total;
@@ -475,6 +398,8 @@ class BatchImpl : public FetchScheduler::Batch,
       ++g->next_part;
       ++in_flight_;
       ++stats_.requests;
+      common_->requests->Add();
+      common_->in_flight->Add(1);
       stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
       GetRequest request;
       request.key = g->key;
@@ -485,29 +410,39 @@ class BatchImpl : public FetchScheduler::Batch,
       const bool whole_object = g->parts == 1 && g->begin == 0 && g->object_size.has_value() &&
                                 g->end >= *g->object_size;
       request.range = whole_object ? ByteRange::All() : ByteRange::Of(g->begin + off, len);
-      request.buffer = absl::Span<char>(g->block.get() + off, len);
+      request.buffer = absl::Span<char>(g->block.data() + off, len);
       request.if_match = g->etag;  // every range of one object from the same version
-      starts.push_back([self = shared_from_this(), g, request = std::move(request)]() mutable {
-        self->store_->GetAsync(std::move(request), [self, g](absl::StatusOr<GetResult> r) {
-          self->OnPart(g, std::move(r));
+      deferred.calls.push_back([self = shared_from_this(), g, request = std::move(request),
+                                sent = absl::Now()]() mutable {
+        self->store_->GetAsync(std::move(request), [self, g, sent](absl::StatusOr<GetResult> r) {
+          self->OnPart(g, std::move(r), sent);
         });
       });
     }
   }
 
-  void OnPart(const std::shared_ptr<Group>& g, absl::StatusOr<GetResult> r) {
-    Starts starts;
+  void OnPart(const std::shared_ptr<Group>& g, absl::StatusOr<GetResult> r, absl::Time sent) {
+    common_->in_flight->Add(-1);
+    if (r.ok()) {
+      common_->bytes->Add(r->bytes);
+      if (r->attempts > 1) common_->retries->Add(r->attempts - 1);
+      if (r->time_to_first_byte > absl::ZeroDuration()) {
+        common_->ttfb->Observe(absl::ToDoubleSeconds(r->time_to_first_byte));
+        common_->link->Record(r->time_to_first_byte, r->bytes, absl::Now() - sent);
+      }
+    }
+    Deferred deferred;
     {
       absl::MutexLock lock(&mu_);
-      OnPartLocked(g, std::move(r), starts);
+      OnPartLocked(g, std::move(r), deferred);
     }
-    RunStarts(starts);
+    deferred.Run();
+    waker_->Signal();
   }
 
-  void OnPartLocked(const std::shared_ptr<Group>& g, absl::StatusOr<GetResult> r, Starts& starts)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void OnPartLocked(const std::shared_ptr<Group>& g, absl::StatusOr<GetResult> r,
+                    Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     --in_flight_;
-    news_ = true;
     if (!r.ok()) {
       if (g->status.ok()) g->status = r.status();
     } else {
@@ -518,7 +453,7 @@ class BatchImpl : public FetchScheduler::Batch,
       g->object_size = r->meta.size;
     }
     if (++g->parts_done < g->parts) {
-      PumpLocked(starts);
+      PumpLocked(deferred);
       return;
     }
     if (g->status.ok()) {
@@ -535,11 +470,11 @@ class BatchImpl : public FetchScheduler::Batch,
     if (!g->status.ok()) {
       // Stop the other parts' buffer from pinning budget, then report.
       g->next_part = g->parts;
-      FailGroupLocked(*g, g->status);
-      g->block.reset();
+      FailGroupLocked(*g, g->status, deferred);
     } else {
       const absl::Duration latency = absl::Now() - g->started;
       const uint64_t size = g->object_size.value_or(g->end);
+      const std::shared_ptr<const char> owner = g->block.owner();
       bool first = true;
       for (const Slice& s : g->slices) {
         FetchResult out;
@@ -559,81 +494,79 @@ class BatchImpl : public FetchScheduler::Batch,
                                                         " of a ", size, "-byte object"));
         } else {
           const uint64_t end = std::min(s.end, size);
-          out.data = FetchBuffer(g->block, g->block.get() + (s.begin - g->begin), end - s.begin);
+          out.data = FetchBuffer(owner, owner.get() + (s.begin - g->begin), end - s.begin);
         }
-        Deliver(std::move(out));
+        Deliver(std::move(out), deferred);
       }
-      g->block.reset();
     }
-    PumpLocked(starts);
+    deferred.garbage.push_back(std::move(g->block));
+    PumpLocked(deferred);
   }
 
-  void StartHeadLocked(Group g, Starts& starts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void StartHeadLocked(Group g, Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++in_flight_;
     ++stats_.requests;
+    common_->requests->Add();
     stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
     const size_t index = g.first_item;
-    starts.push_back([self = shared_from_this(), index, key = g.key]() mutable {
-      self->store_->HeadAsync(std::move(key), [self, index](absl::StatusOr<ObjectMeta> m) {
-        Starts more;
+    deferred.calls.push_back([self = shared_from_this(), index,
+                              item = *std::move(g.head_item)]() mutable {
+      std::string key = item.key;
+      self->store_->HeadAsync(std::move(key), [self, index, item = std::move(item)](
+                                                  absl::StatusOr<ObjectMeta> m) mutable {
+        Deferred more;
         {
           absl::MutexLock lock(&self->mu_);
-          self->OnHeadLocked(index, std::move(m), more);
+          self->OnHeadLocked(index, std::move(item), std::move(m), more);
         }
-        RunStarts(more);
+        more.Run();
+        self->waker_->Signal();
       });
     });
   }
 
-  void OnHeadLocked(size_t index, absl::StatusOr<ObjectMeta> m, Starts& starts)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    BatchImpl* self = this;
-    {
-      --self->in_flight_;
-      self->news_ = true;
-      if (!m.ok()) {
-        self->Deliver(self->ErrorResult(index, m.status()));
+  void OnHeadLocked(size_t index, FetchItem item, absl::StatusOr<ObjectMeta> m,
+                    Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    --in_flight_;
+    if (!m.ok()) {
+      Deliver(ErrorResult(index, item.key, m.status()), deferred);
+    } else {
+      // Now that the size is known, plan the item again at the front of the queue.
+      auto extent = item.range.Resolve(m->size);
+      if (!extent.ok()) {
+        Deliver(ErrorResult(index, item.key,
+                            Annotate(extent.status(), absl::StrCat("get ", store_->Uri(item.key)))),
+                deferred);
+      } else if (extent->first == extent->second) {
+        FetchResult r;
+        r.index = index;
+        r.key = item.key;
+        r.data = FetchBuffer();
+        Deliver(std::move(r), deferred);
       } else {
-        // Now that the size is known, plan the item again at the front of the queue.
-        FetchItem& item = self->items_[index];
-        item.size = m->size;
-        item.etag = m->etag;
-        auto extent = item.range.Resolve(m->size);
-        if (!extent.ok()) {
-          self->Deliver(self->ErrorResult(
-              index, Annotate(extent.status(), absl::StrCat("get ", self->store_->Uri(item.key)))));
-        } else if (extent->first == extent->second) {
-          FetchResult r;
-          r.index = index;
-          r.key = item.key;
-          r.data = FetchBuffer();
-          self->Deliver(std::move(r));
-        } else {
-          Group g;
-          g.key = item.key;
-          g.etag = m->etag;
-          g.object_size = m->size;
-          g.begin = extent->first;
-          g.end = extent->second;
-          g.first_item = index;
-          g.slices.push_back({index, extent->first, extent->second});
-          self->queue_.push_front(std::move(g));
-        }
+        Group g;
+        g.key = item.key;
+        g.etag = m->etag;
+        g.object_size = m->size;
+        g.begin = extent->first;
+        g.end = extent->second;
+        g.first_item = index;
+        g.slices.push_back({index, extent->first, extent->second});
+        queue_.push_front(std::move(g));
       }
-      self->PumpLocked(starts);
     }
+    PumpLocked(deferred);
   }
 
   const std::shared_ptr<ObjectStore> store_;
   const FetchOptions options_;
-  const std::shared_ptr<FetchScheduler::State> state_;
+  const std::shared_ptr<FetchScheduler::Common> common_;
   const int max_in_flight_;
-  // Budget bytes held by this batch's blocks (in flight or delivered, not yet released).
-  const std::shared_ptr<std::atomic<uint64_t>> own_held_ =
-      std::make_shared<std::atomic<uint64_t>>(0);
+  const std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
+  uint64_t listener_ = 0;
 
   mutable absl::Mutex mu_;
-  std::vector<FetchItem> items_ ABSL_GUARDED_BY(mu_);
+  size_t added_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Group> queue_ ABSL_GUARDED_BY(mu_);                  // not started
   std::vector<std::shared_ptr<Group>> running_ ABSL_GUARDED_BY(mu_);  // parts left to start
   std::deque<FetchResult> ready_ ABSL_GUARDED_BY(mu_);
@@ -643,7 +576,6 @@ class BatchImpl : public FetchScheduler::Batch,
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool news_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t peak_held_ ABSL_GUARDED_BY(mu_) = 0;
   FetchStats stats_ ABSL_GUARDED_BY(mu_);
 };
@@ -651,15 +583,54 @@ class BatchImpl : public FetchScheduler::Batch,
 }  // namespace
 
 FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions options)
-    : store_(std::move(store)), options_(options), state_(std::make_shared<State>(options.memory_budget)) {}
+    : store_(std::move(store)), options_(std::move(options)) {
+  if (!options_.runtime) options_.runtime = Runtime::Default();
+  Runtime& rt = *options_.runtime;
+  common_ = std::make_shared<Common>();
+  common_->runtime = options_.runtime;
+  common_->budget = rt.shared_budget();
+  account_ = common_->account =
+      common_->budget->NewAccount(options_.memory_budget, "fetch " + store_->Uri(""));
+  common_->link = &rt.link(store_->Uri(""));
+  const std::string scheme = store_->Uri("").substr(0, store_->Uri("").find(':'));
+  const MetricLabels labels = {{"scheme", scheme}};
+  MetricsRegistry& m = rt.metrics();
+  common_->requests = m.GetCounter("wharf_fetch_requests_total",
+                                   "Store requests (GET and HEAD) issued by fetch engines", labels);
+  common_->bytes = m.GetCounter("wharf_fetch_bytes_total", "Payload bytes fetched", labels);
+  common_->retries = m.GetCounter("wharf_fetch_retries_total",
+                                  "Request attempts beyond the first", labels);
+  common_->errors = m.GetCounter("wharf_fetch_errors_total",
+                                 "Items delivered with an error", labels);
+  common_->ttfb = m.GetHistogram("wharf_fetch_time_to_first_byte_seconds",
+                                 "Time from sending a GET to its first response byte",
+                                 Histogram::LatencyBounds(), labels);
+  common_->in_flight = m.GetGauge("wharf_fetch_requests_in_flight",
+                                  "GET requests outstanding", labels);
+  if (options_.max_in_flight > 0) {
+    max_in_flight_ = options_.max_in_flight;
+  } else if (rt.inflight() > 0) {
+    max_in_flight_ = rt.inflight();
+  } else {
+    // A measured link slower to answer than the prior asks for more requests in flight.
+    max_in_flight_ = options_.EffectiveMaxInFlight();
+    if (common_->link->samples() >= LinkEstimator::kWarmup) {
+      max_in_flight_ = std::max(max_in_flight_,
+                                common_->link->InFlightFor(options_.target_bytes_per_second,
+                                                           options_.typical_object_bytes));
+    }
+  }
+}
 
-FetchScheduler::~FetchScheduler() { state_->Close(); }
+FetchScheduler::~FetchScheduler() = default;
 
-FetchScheduler::PoolStats FetchScheduler::pool_stats() const { return state_->Stats(); }
+FetchScheduler::PoolStats FetchScheduler::pool_stats() const {
+  return {.reused = common_->budget->reused(), .pooled_bytes = common_->budget->pooled()};
+}
 
 std::unique_ptr<FetchScheduler::Batch> FetchScheduler::StartBatch() {
   return std::make_unique<BatchImpl::Handle>(
-      std::make_shared<BatchImpl>(store_, options_, state_));
+      std::make_shared<BatchImpl>(store_, options_, max_in_flight_, common_));
 }
 
 std::unique_ptr<FetchScheduler::Batch> FetchScheduler::Fetch(std::vector<FetchItem> items) {

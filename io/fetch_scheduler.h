@@ -5,11 +5,11 @@
 // concurrency (Little's law: in flight = rate x latency), not from the wire. The scheduler
 //  - keeps up to `max_in_flight` store requests outstanding, all asynchronous (no thread
 //    per request: the store's event loop or blocking pool does the work);
-//  - never lets the bytes it holds (buffers in flight + results delivered but not yet
-//    released by the consumer) exceed `memory_budget`: a request starts only when its
-//    buffer fits, and releasing a result lets the next one start; released large buffers
-//    stay mapped for the next large objects while held + pooled fit the budget, so the
-//    kernel zero-fills them once, not per object;
+//  - takes every buffer from the runtime's one memory budget (base/runtime.h) through an
+//    account capped at `memory_budget` (buffers in flight + results delivered but not yet
+//    released by the consumer): a request starts only when its buffer fits both, and
+//    releasing a result lets the next one start; large buffers come from the budget's pool
+//    of populated mappings, so the kernel zero-fills them once, not per object;
 //  - splits objects above `split_threshold` into `part_size` ranged parts fetched
 //    concurrently into one buffer; every request of an item with a known ETag carries
 //    If-Match, so parts and ranges of two versions are never mixed;
@@ -31,12 +31,17 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/runtime.h"
 #include "store/object_store.h"
 
 namespace wharf {
 
 struct FetchOptions {
-  // Most store requests outstanding at once. 0 derives it from the three numbers below.
+  // The runtime whose budget, metrics and link estimates are used; null: Runtime::Default().
+  std::shared_ptr<Runtime> runtime;
+  // Most store requests outstanding at once. 0: the runtime's `inflight` setting
+  // (--inflight, WHARF_INFLIGHT) if set, else derived from the three numbers below and the
+  // store's measured time to first byte (whichever asks for more).
   int max_in_flight = 0;
   // What max_in_flight is derived from: Little's law, in flight = target rate x latency,
   // with the rate in objects (target_bytes_per_second / typical_object_bytes). The defaults
@@ -45,9 +50,15 @@ struct FetchOptions {
   double target_bytes_per_second = 2e9;
   uint64_t typical_object_bytes = 256 << 10;
 
-  // Bytes in flight plus bytes delivered and not yet released. One request larger than the
-  // whole budget still runs, alone, so progress is always possible.
-  uint64_t memory_budget = uint64_t{1} << 30;
+  // This scheduler's cap on bytes in flight plus bytes delivered and not yet released, inside
+  // the runtime's budget; 0: the whole budget. One request larger than the cap still runs,
+  // alone, so progress is always possible.
+  uint64_t memory_budget = 0;
+  // What Next() does when nothing can start because this scheduler's own delivered results
+  // fill the cap: false (a consumer that keeps results) fails the next item with
+  // ResourceExhausted instead of waiting for itself; true (results are released elsewhere,
+  // e.g. by uploads in flight) waits for releases.
+  bool wait_for_release = false;
   // Objects larger than split_threshold are fetched as part_size ranges in parallel.
   uint64_t part_size = uint64_t{8} << 20;
   uint64_t split_threshold = uint64_t{16} << 20;
@@ -60,6 +71,8 @@ struct FetchOptions {
   // Deliver results in submission order instead of completion order.
   bool ordered = false;
 
+  // The depth derived from the expected latency and rates above (the prior, before any
+  // measurement).
   int EffectiveMaxInFlight() const;
 };
 
@@ -72,7 +85,7 @@ struct FetchItem {
   std::string etag;
 };
 
-// An owned, read-only byte buffer charged against the scheduler's memory budget until it
+// An owned, read-only byte buffer charged against the runtime's memory budget until it
 // (and every slice sharing its block) is destroyed.
 class FetchBuffer {
  public:
@@ -143,21 +156,26 @@ class FetchScheduler {
   std::unique_ptr<Batch> StartBatch();
 
   const FetchOptions& options() const { return options_; }
-  // The pool of released large blocks (>= 4 MiB, already populated) kept for reuse within
-  // the memory budget (see the .cc).
+  // Requests in flight this scheduler allows (options or runtime, see FetchOptions).
+  int max_in_flight() const { return max_in_flight_; }
+  // The runtime budget's pool of released large blocks (>= 4 MiB, already populated).
   struct PoolStats {
     uint64_t reused = 0;        // blocks served from the pool instead of a new mapping
     uint64_t pooled_bytes = 0;  // bytes mapped in the pool now
   };
   PoolStats pool_stats() const;
+  // Bytes this scheduler's batches hold now (in flight + delivered, not yet released).
+  uint64_t bytes_held() const { return account_->held(); }
 
-  // Memory accounting shared by all batches (defined in the .cc).
-  struct State;
+  // Shared by the scheduler's batches (defined in the .cc).
+  struct Common;
 
  private:
   std::shared_ptr<ObjectStore> store_;
   FetchOptions options_;
-  std::shared_ptr<State> state_;
+  int max_in_flight_;
+  std::shared_ptr<MemoryBudget::Account> account_;
+  std::shared_ptr<Common> common_;
 };
 
 }  // namespace wharf

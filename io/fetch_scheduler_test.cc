@@ -210,8 +210,10 @@ TEST_F(FetchSchedulerTest, LargeBlocksAreReusedWithinTheBudgetAndShowOnlyTheirOb
     items.push_back({.key = key, .size = size});
   }
   // The budget holds one object at a time: each starts once the previous one is dropped.
-  FetchScheduler scheduler(local_, {.max_in_flight = 8, .memory_budget = 8 * kMiB,
-                                    .ordered = true});
+  // A runtime of its own: the pool belongs to the runtime's budget.
+  auto runtime = std::make_shared<Runtime>(RuntimeOptions{.memory_budget = 8 * kMiB});
+  FetchScheduler scheduler(local_, {.runtime = runtime, .max_in_flight = 8,
+                                    .memory_budget = 8 * kMiB, .ordered = true});
   auto batch = scheduler.Fetch(items);
   size_t n = 0;
   while (auto r = batch->Next()) {

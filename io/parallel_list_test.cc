@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
-#include "base/context.h"
+#include "base/runtime.h"
 #include "base/thread_pool.h"
 #include "base/timer.h"
 #include "gmock/gmock.h"
@@ -588,7 +588,7 @@ TEST(ParallelListPropertyTest, MatchesTheSequentialListingOnLocalStore) {
     SCOPED_TRACE(absl::StrCat("seed ", seed));
     std::mt19937_64 rng(seed);
     const std::string root = MakeTempDir();
-    auto store = LocalStore::Open(root, Context::Default());
+    auto store = LocalStore::Open(root, Runtime::Default());
     ASSERT_TRUE(store.ok()) << store.status();
     const std::vector<std::string> keys =
         RandomKeySet(rng, seed == 1 ? 2000 : RandomCount(rng), KeyKind::kLocal);
@@ -723,7 +723,7 @@ class LocalListTest : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     root_ = new std::string(MakeTempDir());
-    auto store = LocalStore::Open(*root_, Context::Default());
+    auto store = LocalStore::Open(*root_, Runtime::Default());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = store->release();
     keys_ = new std::vector<std::string>(NumberedKeys(5000));
@@ -854,7 +854,7 @@ TEST_F(LocalListTest, RefusesDelimitersAndBadOptions) {
 
 TEST(ParallelListTest, EmptyStoreAndEmptyRanges) {
   const std::string root = MakeTempDir();
-  auto store = LocalStore::Open(root, Context::Default());
+  auto store = LocalStore::Open(root, Runtime::Default());
   ASSERT_TRUE(store.ok()) << store.status();
   ParallelListStats stats;
   auto listed = ParallelListAll(**store, {}, {}, &stats);

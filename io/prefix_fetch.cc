@@ -16,15 +16,21 @@ PrefixFetch::PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& sch
           std::vector<FetchItem> items;
           {
             absl::MutexLock lock(&mu_);
+            // Back-pressure: the listing waits while too many objects are listed and not
+            // yet delivered, so memory stays flat however many objects there are.
+            auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return cancelled_ || pending_.size() < kMaxAhead;
+            };
+            mu_.Await(absl::Condition(&room));
             if (cancelled_) return absl::CancelledError("the fetch was cancelled");
             listed_ += page.size();
             for (ObjectMeta& meta : page) {
               if (select && !select(meta)) continue;
               items.push_back({.key = meta.key, .size = meta.size, .etag = meta.etag});
-              selected_.push_back(std::move(meta));
+              pending_.emplace(next_index_++, std::move(meta));
             }
           }
-          // Indices match selected_: items are added in the same order, under one thread.
+          // Indices match pending_: items are added in the same order, under one thread.
           if (!items.empty()) batch_->Add(std::move(items));
           return absl::OkStatus();
         },
@@ -48,11 +54,24 @@ PrefixFetch::~PrefixFetch() {
   if (lister_.joinable()) lister_.join();
 }
 
-std::optional<FetchResult> PrefixFetch::Next() { return batch_->Next(); }
+std::optional<FetchResult> PrefixFetch::Next() {
+  std::optional<FetchResult> r = batch_->Next();
+  if (r) {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(r->index);
+    if (it != pending_.end()) {
+      last_.emplace(it->first, std::move(it->second));
+      pending_.erase(it);
+    }
+  }
+  return r;
+}
 
 ObjectMeta PrefixFetch::meta(size_t index) const {
   absl::MutexLock lock(&mu_);
-  return selected_[index];
+  if (last_ && last_->first == index) return last_->second;
+  auto it = pending_.find(index);
+  return it != pending_.end() ? it->second : ObjectMeta{};
 }
 
 bool PrefixFetch::listing_done() const {

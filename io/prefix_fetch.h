@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "io/fetch_scheduler.h"
 #include "io/parallel_list.h"
@@ -28,11 +29,13 @@ class PrefixFetch {
   PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& scheduler, ListOptions range,
               ParallelListOptions list_options, Select select);
   ~PrefixFetch();  // cancels and joins the listing thread
+  static constexpr size_t kMaxAhead = 16384;
   PrefixFetch(const PrefixFetch&) = delete;
   PrefixFetch& operator=(const PrefixFetch&) = delete;
 
   // The next fetched object (completion order); nullopt when everything selected was
-  // delivered. `meta(result.index)` is its listing entry.
+  // delivered. `meta(result.index)` is its listing entry (valid until the next call).
+  // The listing stays at most kMaxAhead objects ahead of the results taken.
   std::optional<FetchResult> Next();
   ObjectMeta meta(size_t index) const;
 
@@ -47,7 +50,11 @@ class PrefixFetch {
  private:
   std::unique_ptr<FetchScheduler::Batch> batch_;
   mutable absl::Mutex mu_;
-  std::vector<ObjectMeta> selected_ ABSL_GUARDED_BY(mu_);  // by batch index
+  // Listing entries of items added and not yet delivered, by batch index, and the one
+  // delivered last: memory stays flat in the number of objects.
+  absl::flat_hash_map<size_t, ObjectMeta> pending_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::pair<size_t, ObjectMeta>> last_ ABSL_GUARDED_BY(mu_);
+  size_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status listing_ ABSL_GUARDED_BY(mu_);
   ParallelListStats list_stats_ ABSL_GUARDED_BY(mu_);
   uint64_t listed_ ABSL_GUARDED_BY(mu_) = 0;

@@ -32,6 +32,30 @@ std::string ByteRange::ToHttp() const {
   return absl::StrCat(offset, "-", offset + *length - 1);
 }
 
+absl::Status ValidatePutOptions(const PutOptions& options) {
+  if (!options.sse.empty() && options.sse != "AES256" && options.sse != "aws:kms") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server-side encryption '", options.sse, "' is neither AES256 nor aws:kms"));
+  }
+  if (!options.sse_kms_key_id.empty() && options.sse != "aws:kms") {
+    return absl::InvalidArgumentError(
+        "a KMS key id needs server-side encryption aws:kms");
+  }
+  // Each text field travels as a header value.
+  for (const auto& [name, value] :
+       {std::pair<absl::string_view, absl::string_view>{"content type", options.content_type},
+        {"storage class", options.storage_class},
+        {"KMS key id", options.sse_kms_key_id}}) {
+    for (unsigned char c : value) {
+      if (c < 0x20 || c == 0x7f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the ", name, " contains a control character"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WaitForStatus(absl::AnyInvocable<void(StatusCallback) &&> start) {
   absl::Notification done;
   absl::Status result;
@@ -48,6 +72,35 @@ void ObjectStore::ComposeAsync(std::vector<std::string> sources, std::string dst
   (void)sources;
   std::move(done)(absl::UnimplementedError(
       absl::StrCat("compose ", Uri(dst_key), ": this store has no server-side compose")));
+}
+
+namespace {
+
+// For a store without capabilities().put_options, given options other than the defaults:
+// InvalidArgument for options no store takes, else Unimplemented.
+absl::Status NoPutOptions(const ObjectStore& store, absl::string_view key,
+                          const PutOptions& options) {
+  if (absl::Status valid = ValidatePutOptions(options); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("put ", store.Uri(key), ": ", valid.message()));
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "put ", store.Uri(key),
+      ": this store takes no upload options (content type, storage class, encryption, mtime)"));
+}
+
+}  // namespace
+
+void ObjectStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                           Callback<ObjectMeta> done) {
+  if (!options.is_default()) return std::move(done)(NoPutOptions(*this, key, options));
+  PutAsync(std::move(key), std::move(data), std::move(done));
+}
+
+absl::StatusOr<std::unique_ptr<ObjectWriter>> ObjectStore::NewWriter(std::string key,
+                                                                     const PutOptions& options) {
+  if (!options.is_default()) return NoPutOptions(*this, key, options);
+  return NewWriter(std::move(key));
 }
 
 absl::StatusOr<ListPage> ObjectStore::List(const ListOptions& options,
@@ -67,6 +120,12 @@ absl::StatusOr<GetResult> ObjectStore::Get(const GetRequest& request) {
 absl::StatusOr<ObjectMeta> ObjectStore::Put(const std::string& key, absl::Cord data) {
   return WaitFor<ObjectMeta>(
       [&](Callback<ObjectMeta> cb) { PutAsync(key, std::move(data), std::move(cb)); });
+}
+
+absl::StatusOr<ObjectMeta> ObjectStore::Put(const std::string& key, absl::Cord data,
+                                             const PutOptions& options) {
+  return WaitFor<ObjectMeta>(
+      [&](Callback<ObjectMeta> cb) { PutAsync(key, std::move(data), options, std::move(cb)); });
 }
 
 absl::Status ObjectStore::Delete(const std::string& key) {

@@ -50,6 +50,44 @@ struct ObjectMeta {
   absl::Time mtime = absl::InfinitePast();
 };
 
+// One bucket of an endpoint, as a bucket listing (S3 ListBuckets) returns it.
+struct BucketInfo {
+  std::string name;
+  absl::Time creation_time = absl::InfinitePast();  // InfinitePast when the server omits it
+};
+
+// How an uploaded object is stored and described (per call, as leveldb's WriteOptions). A
+// backend with capabilities().put_options honours the fields it has a use for and ignores the
+// others, as noted on each; the defaults leave every choice to the store.
+struct PutOptions {
+  // The object's Content-Type (S3). Empty: the server's default (binary/octet-stream).
+  // Ignored by the local store.
+  std::string content_type;
+  // The S3 storage class, e.g. "STANDARD", "STANDARD_IA", "INTELLIGENT_TIERING"; which ones a
+  // server accepts is up to it (InvalidArgument from the server otherwise). Empty: the
+  // bucket's default. Ignored by the local store.
+  std::string storage_class;
+  // Server-side encryption: "" (the bucket's default), "AES256" (SSE-S3) or "aws:kms"
+  // (SSE-KMS). Ignored by the local store.
+  std::string sse;
+  // The KMS key of SSE-KMS (id, ARN or alias); empty: the account's default key.
+  // REQUIRES: empty unless sse == "aws:kms".
+  std::string sse_kms_key_id;
+  // Local store: the file's modification time. Ignored by S3 (the server sets Last-Modified).
+  std::optional<absl::Time> mtime;
+
+  // True when every field has its default: the same as not passing options at all.
+  bool is_default() const {
+    return content_type.empty() && storage_class.empty() && sse.empty() &&
+           sse_kms_key_id.empty() && !mtime.has_value();
+  }
+};
+
+// OK, or InvalidArgument naming the field: sse other than "", "AES256" or "aws:kms"; a KMS key
+// without sse "aws:kms"; a text field with a control character (it travels as a header).
+// Backends call it before anything is sent, so every backend refuses the same options.
+absl::Status ValidatePutOptions(const PutOptions& options);
+
 struct ListOptions {
   // Only keys starting with `prefix`.
   std::string prefix;
@@ -150,6 +188,9 @@ struct Capabilities {
   bool trailing_slash_keys = true;
   // Largest page ListAsync returns.
   int max_page_size = 1000;
+  // PutAsync and NewWriter take PutOptions (each backend documents which fields it uses);
+  // otherwise options other than the defaults fail with Unimplemented.
+  bool put_options = false;
 };
 
 template <typename T>
@@ -172,6 +213,13 @@ class ObjectStore {
   // REQUIRES: the request's buffer/sink stays valid until `done` runs.
   virtual void GetAsync(GetRequest request, Callback<GetResult> done) = 0;
   virtual void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) = 0;
+  // The same with upload options. The default runs the form above when `options` are the
+  // defaults and fails with Unimplemented otherwise; a store with capabilities().put_options
+  // overrides it (and forwards the form above to it with PutOptions{}). A decorator that
+  // changes puts overrides this form and NewWriter(key, options) (see ForwardingStore).
+  // InvalidArgument (nothing sent) unless ValidatePutOptions(options) is OK.
+  virtual void PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                        Callback<ObjectMeta> done);
   virtual void DeleteAsync(std::string key, StatusCallback done) = 0;
   // Deletes many keys (in batches where the store has a batch call). OK only if every key
   // is gone; otherwise the first failure, annotated with how many failed.
@@ -184,6 +232,9 @@ class ObjectStore {
 
   // Opens a writer for one (possibly very large) object.
   virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) = 0;
+  // The same with upload options; the default is as for PutAsync with options.
+  virtual absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key,
+                                                                  const PutOptions& options);
 
   // ---- Blocking forms: wait for the asynchronous form. Backends whose work is blocking
   // anyway override these to run inline. ----
@@ -192,6 +243,8 @@ class ObjectStore {
   virtual absl::StatusOr<ObjectMeta> Head(const std::string& key);
   virtual absl::StatusOr<GetResult> Get(const GetRequest& request);
   virtual absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data);
+  virtual absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data,
+                                         const PutOptions& options);
   virtual absl::Status Delete(const std::string& key);
   virtual absl::Status DeleteMany(std::vector<std::string> keys);
   virtual absl::StatusOr<ObjectMeta> Copy(const std::string& src_key, const std::string& dst_key);

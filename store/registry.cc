@@ -24,7 +24,7 @@ void StoreRegistry::Register(std::string scheme, StoreFactory factory) {
 }
 
 absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(
-    const ObjectUri& uri, std::shared_ptr<Context> context) {
+    const ObjectUri& uri, std::shared_ptr<Runtime> runtime) {
   StoreFactory factory;
   {
     absl::MutexLock lock(&mu_);
@@ -37,7 +37,32 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(
                                                    "://' (known: ", absl::StrJoin(known, ", "),
                                                    ")"));
   }
-  return factory(uri, std::move(context));
+  return factory(uri, std::move(runtime));
+}
+
+void StoreRegistry::RegisterBucketLister(std::string scheme, BucketLister lister) {
+  absl::MutexLock lock(&mu_);
+  bucket_listers_[std::move(scheme)] = std::move(lister);
+}
+
+absl::StatusOr<std::vector<BucketInfo>> StoreRegistry::ListBuckets(
+    absl::string_view scheme, std::shared_ptr<Runtime> runtime) {
+  BucketLister lister;
+  bool known;
+  {
+    absl::MutexLock lock(&mu_);
+    known = factories_.contains(scheme);
+    auto it = bucket_listers_.find(scheme);
+    if (it != bucket_listers_.end()) lister = it->second;
+  }
+  if (lister) return lister(std::move(runtime));
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", scheme,
+                                                   "://' (known: ", absl::StrJoin(schemes(), ", "),
+                                                   ")"));
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("list buckets: ", scheme, ":// has no buckets to list"));
 }
 
 std::vector<std::string> StoreRegistry::schemes() const {
@@ -48,10 +73,10 @@ std::vector<std::string> StoreRegistry::schemes() const {
   return out;
 }
 
-absl::StatusOr<OpenedUri> OpenUri(absl::string_view uri_or_path, std::shared_ptr<Context> context) {
+absl::StatusOr<OpenedUri> OpenUri(absl::string_view uri_or_path, std::shared_ptr<Runtime> runtime) {
   auto uri = ParseUriOrPath(uri_or_path);
   if (!uri.ok()) return uri.status();
-  auto store = StoreRegistry::Global().Open(*uri, std::move(context));
+  auto store = StoreRegistry::Global().Open(*uri, std::move(runtime));
   if (!store.ok()) return store.status();
   return OpenedUri{*std::move(store), *std::move(uri)};
 }

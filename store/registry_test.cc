@@ -21,13 +21,31 @@ TEST(RegistryTest, UnknownSchemeNamesTheKnownOnes) {
 
 TEST(RegistryTest, RegisteredFactoryIsUsed) {
   int calls = 0;
-  StoreRegistry::Global().Register("test", [&](const ObjectUri&, std::shared_ptr<Context>)
+  StoreRegistry::Global().Register("test", [&](const ObjectUri&, std::shared_ptr<Runtime>)
                                                -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
     ++calls;
     return absl::UnavailableError("test factory");
   });
   EXPECT_EQ(OpenUri("test://bucket/x").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(calls, 1);
+}
+
+TEST(RegistryTest, BucketListersByScheme) {
+  StoreRegistry& registry = StoreRegistry::Global();
+  registry.RegisterBucketLister("listed", [](std::shared_ptr<Runtime>)
+                                              -> absl::StatusOr<std::vector<BucketInfo>> {
+    return std::vector<BucketInfo>{{"one", absl::FromUnixSeconds(1)}, {"two"}};
+  });
+  auto buckets = registry.ListBuckets("listed");
+  ASSERT_TRUE(buckets.ok()) << buckets.status();
+  ASSERT_EQ(buckets->size(), 2u);
+  EXPECT_EQ((*buckets)[0].name, "one");
+  EXPECT_EQ((*buckets)[0].creation_time, absl::FromUnixSeconds(1));
+  // file:// opens stores but has no buckets; an unknown scheme is refused as by OpenUri.
+  EXPECT_EQ(registry.ListBuckets("file").status().code(), absl::StatusCode::kUnimplemented);
+  auto unknown = registry.ListBuckets("ftp");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()), testing::HasSubstr("s3://"));
 }
 
 }  // namespace

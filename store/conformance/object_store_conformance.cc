@@ -397,4 +397,39 @@ TEST_P(ObjectStoreConformance, ComposeFollowsDeclaredCapability) {
   }
 }
 
+TEST_P(ObjectStoreConformance, PutOptionsFollowDeclaredCapability) {
+  PutOptions typed;
+  typed.content_type = "text/plain";
+  // Options left at their defaults are the same as none, for every store.
+  auto plain = store().Put("o/plain", absl::Cord("plain"), PutOptions{});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto put = store().Put("o/typed", absl::Cord("typed"), typed);
+  auto writer = store().NewWriter("o/written", typed);
+  if (!store().capabilities().put_options) {
+    EXPECT_EQ(put.status().code(), absl::StatusCode::kUnimplemented) << put.status();
+    EXPECT_EQ(writer.status().code(), absl::StatusCode::kUnimplemented) << writer.status();
+    return;
+  }
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(*store().Read("o/typed"), "typed");
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Write(absl::Cord("written")).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  EXPECT_EQ(*store().Read("o/written"), "written");
+  // Options no store accepts are refused before anything is written.
+  PutOptions bad_sse;
+  bad_sse.sse = "aes256";
+  PutOptions kms_key_without_kms;
+  kms_key_without_kms.sse = "AES256";
+  kms_key_without_kms.sse_kms_key_id = "key";
+  for (const PutOptions& bad : {bad_sse, kms_key_without_kms}) {
+    auto refused = store().Put("o/bad", absl::Cord("x"), bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()), testing::HasSubstr("o/bad"));
+    EXPECT_EQ(store().NewWriter("o/bad", bad).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(store().Head("o/bad").status().code(), absl::StatusCode::kNotFound);
+  }
+}
+
 }  // namespace wharf

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -196,8 +197,15 @@ class TempObject {
   }
 
   // Renames the finished file over the target and returns its metadata (key left empty).
-  absl::StatusOr<ObjectMeta> Commit() {
+  // `mtime`, when set, becomes the file's modification time before the rename, so the object
+  // never appears with another one (and the cached ETag stamp names the final mtime).
+  absl::StatusOr<ObjectMeta> Commit(std::optional<absl::Time> mtime = std::nullopt) {
     if (fchmod(fd_, 0666 & ~ProcessUmask()) != 0) return ErrnoToStatus(errno, "chmod");
+    if (mtime.has_value()) {
+      // atime stays as it is; only the modification time is the object's.
+      const struct timespec times[2] = {{0, UTIME_OMIT}, absl::ToTimespec(*mtime)};
+      if (futimens(fd_, times) != 0) return ErrnoToStatus(errno, "setting mtime");
+    }
     if (fsync_ && fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync");
     struct stat st;
     if (fstat(fd_, &st) != 0) return ErrnoToStatus(errno, "stat");
@@ -243,8 +251,9 @@ class TempObject {
 
 class LocalWriter : public ObjectWriter {
  public:
-  LocalWriter(std::unique_ptr<TempObject> temp, std::string key, std::string uri)
-      : temp_(std::move(temp)), key_(std::move(key)), uri_(std::move(uri)) {}
+  LocalWriter(std::unique_ptr<TempObject> temp, std::string key, std::string uri,
+              std::optional<absl::Time> mtime)
+      : temp_(std::move(temp)), key_(std::move(key)), uri_(std::move(uri)), mtime_(mtime) {}
 
   absl::Status Write(absl::Cord data) override {
     if (!temp_) return absl::FailedPreconditionError(absl::StrCat("write ", uri_, ": closed"));
@@ -255,7 +264,7 @@ class LocalWriter : public ObjectWriter {
 
   absl::StatusOr<ObjectMeta> Close() override {
     if (!temp_) return absl::FailedPreconditionError(absl::StrCat("close ", uri_, ": closed"));
-    auto meta = temp_->Commit();
+    auto meta = temp_->Commit(mtime_);
     temp_.reset();
     if (!meta.ok()) return Annotate(meta.status(), absl::StrCat("put ", uri_));
     meta->key = key_;
@@ -268,6 +277,7 @@ class LocalWriter : public ObjectWriter {
   std::unique_ptr<TempObject> temp_;
   const std::string key_;
   const std::string uri_;
+  const std::optional<absl::Time> mtime_;
 };
 
 // Lists a tree in S3 order (see ListPage in object_store.h). Within one directory, entries
@@ -457,7 +467,7 @@ absl::Status LocalStore::ValidateKey(absl::string_view key) {
 }
 
 absl::StatusOr<std::unique_ptr<LocalStore>> LocalStore::Open(std::string root,
-                                                             std::shared_ptr<Context> context,
+                                                             std::shared_ptr<Runtime> runtime,
                                                              LocalStoreOptions options) {
   if (root.empty() || root.front() != '/') {
     return absl::InvalidArgumentError(
@@ -465,12 +475,12 @@ absl::StatusOr<std::unique_ptr<LocalStore>> LocalStore::Open(std::string root,
   }
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   WHARF_RETURN_IF_ERROR(Annotate(MakeDirs(root), absl::StrCat("open file://", root)));
-  return std::unique_ptr<LocalStore>(new LocalStore(std::move(root), std::move(context), options));
+  return std::unique_ptr<LocalStore>(new LocalStore(std::move(root), std::move(runtime), options));
 }
 
-LocalStore::LocalStore(std::string root, std::shared_ptr<Context> context,
+LocalStore::LocalStore(std::string root, std::shared_ptr<Runtime> runtime,
                        LocalStoreOptions options)
-    : root_(std::move(root)), context_(std::move(context)), options_(options) {}
+    : root_(std::move(root)), runtime_(std::move(runtime)), options_(options) {}
 
 std::string LocalStore::Uri(absl::string_view key) const {
   return root_ == "/" ? absl::StrCat("file:///", key) : absl::StrCat("file://", root_, "/", key);
@@ -487,6 +497,7 @@ const Capabilities& LocalStore::capabilities() const {
     c.nested_keys_conflict = true;
     c.trailing_slash_keys = false;
     c.max_page_size = 100000;
+    c.put_options = true;
     return c;
   }();
   return caps;
@@ -583,23 +594,36 @@ absl::StatusOr<GetResult> LocalStore::Get(const GetRequest& request) {
 }
 
 absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord data) {
+  return Put(key, std::move(data), PutOptions{});
+}
+
+absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord data,
+                                           const PutOptions& put_options) {
   const std::string op = absl::StrCat("put ", Uri(key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
+  WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), op));
   auto temp = TempObject::Create(PathOf(key), options_.fsync);
   if (!temp.ok()) return Annotate(temp.status(), op);
   WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
-  auto meta = (*temp)->Commit();
+  auto meta = (*temp)->Commit(put_options.mtime);
   if (!meta.ok()) return Annotate(meta.status(), op);
   meta->key = key;
   return meta;
 }
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string key) {
+  return NewWriter(std::move(key), PutOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(
+    std::string key, const PutOptions& put_options) {
   const std::string uri = Uri(key);
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), absl::StrCat("put ", uri)));
+  WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), absl::StrCat("put ", uri)));
   auto temp = TempObject::Create(PathOf(key), options_.fsync);
   if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
-  return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri);
+  return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri,
+                                       put_options.mtime);
 }
 
 void LocalStore::PruneEmptyParents(absl::string_view key) const {
@@ -664,48 +688,53 @@ absl::StatusOr<ObjectMeta> LocalStore::Copy(const std::string& src_key,
 // Asynchronous forms: the work is blocking syscalls, so it runs on the blocking pool.
 void LocalStore::ListAsync(ListOptions options, std::string continuation,
                            Callback<ListPage> done) {
-  context_->blocking_pool().Schedule(
+  runtime_->blocking_pool().Schedule(
       [this, options = std::move(options), continuation = std::move(continuation),
        done = std::move(done)]() mutable { std::move(done)(List(options, continuation)); });
 }
 
 void LocalStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
-  context_->blocking_pool().Schedule(
+  runtime_->blocking_pool().Schedule(
       [this, key = std::move(key), done = std::move(done)]() mutable {
         std::move(done)(Head(key));
       });
 }
 
 void LocalStore::GetAsync(GetRequest request, Callback<GetResult> done) {
-  context_->blocking_pool().Schedule(
+  runtime_->blocking_pool().Schedule(
       [this, request = std::move(request), done = std::move(done)]() mutable {
         std::move(done)(Get(request));
       });
 }
 
 void LocalStore::PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) {
-  context_->blocking_pool().Schedule(
-      [this, key = std::move(key), data = std::move(data), done = std::move(done)]() mutable {
-        std::move(done)(Put(key, std::move(data)));
-      });
+  PutAsync(std::move(key), std::move(data), PutOptions{}, std::move(done));
+}
+
+void LocalStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                          Callback<ObjectMeta> done) {
+  runtime_->blocking_pool().Schedule([this, key = std::move(key), data = std::move(data),
+                                      options, done = std::move(done)]() mutable {
+    std::move(done)(Put(key, std::move(data), options));
+  });
 }
 
 void LocalStore::DeleteAsync(std::string key, StatusCallback done) {
-  context_->blocking_pool().Schedule(
+  runtime_->blocking_pool().Schedule(
       [this, key = std::move(key), done = std::move(done)]() mutable {
         std::move(done)(Delete(key));
       });
 }
 
 void LocalStore::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) {
-  context_->blocking_pool().Schedule(
+  runtime_->blocking_pool().Schedule(
       [this, keys = std::move(keys), done = std::move(done)]() mutable {
         std::move(done)(DeleteMany(std::move(keys)));
       });
 }
 
 void LocalStore::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
-  context_->blocking_pool().Schedule([this, src_key = std::move(src_key),
+  runtime_->blocking_pool().Schedule([this, src_key = std::move(src_key),
                                       dst_key = std::move(dst_key),
                                       done = std::move(done)]() mutable {
     std::move(done)(Copy(src_key, dst_key));

@@ -9,12 +9,14 @@
 //  - keys are validated so no key can name a path outside the root: no empty, "." or ".."
 //    components, no leading or trailing '/', no NUL, valid UTF-8;
 //  - deleting the last object of a directory removes the empty directories above it, so a
-//    listing never shows an empty "directory" as a common prefix.
+//    listing never shows an empty "directory" as a common prefix;
+//  - PutOptions::mtime sets the file's modification time before the rename (so the object
+//    appears with it); the other PutOptions fields are ignored.
 // File-system limits surface as FailedPrecondition: "a" and "a/b" cannot both be objects
 // (capabilities().nested_keys_conflict), and keys cannot end in '/'.
 //
 // Thread-safety: thread-safe; every method may be called concurrently. Asynchronous calls
-// run on the Context's blocking pool; blocking calls run inline on the caller's thread.
+// run on the runtime's blocking pool; blocking calls run inline on the caller's thread.
 #pragma once
 
 #include <memory>
@@ -22,7 +24,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/context.h"
+#include "base/runtime.h"
 #include "store/object_store.h"
 
 namespace wharf {
@@ -36,9 +38,9 @@ struct LocalStoreOptions {
 
 class LocalStore : public ObjectStore {
  public:
-  // `root` is an absolute directory path (created if missing). REQUIRES: context != nullptr.
+  // `root` is an absolute directory path (created if missing). REQUIRES: runtime != nullptr.
   static absl::StatusOr<std::unique_ptr<LocalStore>> Open(std::string root,
-                                                          std::shared_ptr<Context> context,
+                                                          std::shared_ptr<Runtime> runtime,
                                                           LocalStoreOptions options = {});
 
   // InvalidArgument (naming the key and the rule) unless `key` is a valid file:// key.
@@ -51,16 +53,22 @@ class LocalStore : public ObjectStore {
   void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
   void GetAsync(GetRequest request, Callback<GetResult> done) override;
   void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) override;
+  void PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                Callback<ObjectMeta> done) override;
   void DeleteAsync(std::string key, StatusCallback done) override;
   void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) override;
   void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) override;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key,
+                                                          const PutOptions& options) override;
 
   absl::StatusOr<ListPage> List(const ListOptions& options,
                                 const std::string& continuation = "") override;
   absl::StatusOr<ObjectMeta> Head(const std::string& key) override;
   absl::StatusOr<GetResult> Get(const GetRequest& request) override;
   absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data) override;
+  absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data,
+                                 const PutOptions& options) override;
   absl::Status Delete(const std::string& key) override;
   absl::Status DeleteMany(std::vector<std::string> keys) override;
   absl::StatusOr<ObjectMeta> Copy(const std::string& src_key, const std::string& dst_key) override;
@@ -68,14 +76,14 @@ class LocalStore : public ObjectStore {
   const std::string& root() const { return root_; }
 
  private:
-  LocalStore(std::string root, std::shared_ptr<Context> context, LocalStoreOptions options);
+  LocalStore(std::string root, std::shared_ptr<Runtime> runtime, LocalStoreOptions options);
 
   std::string PathOf(absl::string_view key) const;
   // Removes now-empty directories from `key`'s parent up to (not including) the root.
   void PruneEmptyParents(absl::string_view key) const;
 
   const std::string root_;  // absolute, no trailing '/' (except the file system root "/")
-  const std::shared_ptr<Context> context_;
+  const std::shared_ptr<Runtime> runtime_;
   const LocalStoreOptions options_;
 };
 

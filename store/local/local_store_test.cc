@@ -29,7 +29,7 @@ std::string MakeTempDir() {
 }
 
 absl::StatusOr<std::shared_ptr<ObjectStore>> MakeFreshStore() {
-  auto store = LocalStore::Open(MakeTempDir(), Context::Default());
+  auto store = LocalStore::Open(MakeTempDir(), Runtime::Default());
   if (!store.ok()) return store.status();
   return std::shared_ptr<ObjectStore>(*std::move(store));
 }
@@ -47,7 +47,7 @@ class LocalStoreTest : public testing::Test {
  protected:
   void SetUp() override {
     root_ = MakeTempDir();
-    auto store = LocalStore::Open(root_, Context::Default());
+    auto store = LocalStore::Open(root_, Runtime::Default());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
   }
@@ -115,8 +115,42 @@ TEST_F(LocalStoreTest, UriNamesTheRoot) {
               testing::HasSubstr(absl::StrCat("file://", root_, "/nope")));
 }
 
+TEST_F(LocalStoreTest, PutOptionsMtimeIsTheFilesMtimeFromTheStart) {
+  const absl::Time mtime = absl::FromUnixNanos(1'500'000'000'123'456'789);
+  PutOptions options;
+  options.mtime = mtime;
+  options.content_type = "text/plain";  // ignored here
+  auto put = store_->Put("m/put", absl::Cord("one"), options);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->mtime, mtime);
+  auto writer = store_->NewWriter("m/written", options);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Write(absl::Cord("two")).ok());
+  auto closed = (*writer)->Close();
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ(closed->mtime, mtime);
+  auto async = WaitFor<ObjectMeta>([&](Callback<ObjectMeta> cb) {
+    store_->PutAsync("m/async", absl::Cord("three"), options, std::move(cb));
+  });
+  ASSERT_TRUE(async.ok()) << async.status();
+  for (const char* key : {"m/put", "m/written", "m/async"}) {
+    struct stat st;
+    ASSERT_EQ(stat((fs::path(root_) / key).c_str(), &st), 0) << key;
+    EXPECT_EQ(absl::TimeFromTimespec(st.st_mtim), mtime) << key;
+    // The cached ETag was stamped with the final mtime, so it is still used.
+    auto head = store_->Head(key);
+    ASSERT_TRUE(head.ok()) << head.status();
+    EXPECT_EQ(head->mtime, mtime);
+  }
+  EXPECT_EQ(store_->Head("m/put")->etag, Md5Hex("one"));
+  // Without an mtime the file gets the time of writing.
+  auto now = store_->Put("m/now", absl::Cord("x"));
+  ASSERT_TRUE(now.ok());
+  EXPECT_LT(absl::AbsDuration(now->mtime - absl::Now()), absl::Minutes(1));
+}
+
 TEST_F(LocalStoreTest, RelativeRootIsRefused) {
-  EXPECT_EQ(LocalStore::Open("relative/dir", Context::Default()).status().code(),
+  EXPECT_EQ(LocalStore::Open("relative/dir", Runtime::Default()).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/status.h"
+#include "store/s3/aws_credentials.h"
 
 namespace wharf::s3 {
 namespace {
@@ -81,16 +82,7 @@ std::optional<std::string> NonEmpty(std::optional<std::string> value) {
   return value;
 }
 
-// One of the two shared files.
-struct SharedFile {
-  std::string path;             // empty when it cannot be located (no HOME)
-  std::optional<IniFile> data;  // nullopt when the file does not exist
-
-  std::string Describe() const {
-    if (path.empty()) return "(unknown path: HOME is not set)";
-    return data.has_value() ? path : absl::StrCat(path, " (does not exist)");
-  }
-};
+using SharedFile = AwsSharedFile;
 
 absl::StatusOr<SharedFile> LoadSharedFile(const EnvLookup& env, absl::string_view path_variable,
                                           absl::string_view default_name) {
@@ -121,20 +113,6 @@ const IniSection* FindSection(const SharedFile& file, absl::string_view name) {
   return it == file.data->end() ? nullptr : &it->second;
 }
 
-// In the config file a profile is "[profile NAME]"; the default one may also be "[default]"
-// ("[profile default]" wins when both exist, as in the SDKs).
-const IniSection* FindConfigProfile(const SharedFile& file, absl::string_view profile) {
-  if (!file.data.has_value()) return nullptr;
-  for (const auto& [name, section] : *file.data) {
-    absl::string_view rest = name;
-    if (!absl::ConsumePrefix(&rest, "profile") || rest.empty() || !IsBlank(rest.front())) {
-      continue;
-    }
-    if (absl::StripAsciiWhitespace(rest) == profile) return &section;
-  }
-  return profile == "default" ? FindSection(file, "default") : nullptr;
-}
-
 std::optional<std::string> Value(const IniSection* section, absl::string_view key) {
   if (section == nullptr) return std::nullopt;
   auto it = section->values.find(std::string(key));
@@ -150,66 +128,6 @@ std::optional<std::string> SubValue(const IniSection* section, absl::string_view
   auto it = sub->second.find(std::string(key));
   if (it == sub->second.end()) return std::nullopt;
   return NonEmpty(it->second);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Credentials
-
-// A key pair found in one source, with the names its fields have there (for messages).
-struct CredentialCandidate {
-  std::optional<std::string> id, secret, token;
-  absl::string_view id_name, secret_name;
-  std::string source;  // "environment (AWS_ACCESS_KEY_ID)", ...
-};
-
-// nullopt when the source has neither key; InvalidArgument when it has only one.
-absl::StatusOr<std::optional<Credentials>> TakeCredentials(CredentialCandidate c) {
-  if (!c.id.has_value() && !c.secret.has_value()) return std::optional<Credentials>();
-  if (!c.id.has_value() || !c.secret.has_value()) {
-    const bool has_id = c.id.has_value();
-    return absl::InvalidArgumentError(absl::StrCat(
-        c.source, ": ", has_id ? c.id_name : c.secret_name, " is set but ",
-        has_id ? c.secret_name : c.id_name, " is missing; set both or neither"));
-  }
-  Credentials credentials;
-  credentials.access_key_id = *std::move(c.id);
-  credentials.secret_access_key = *std::move(c.secret);
-  credentials.session_token = std::move(c.token).value_or("");
-  return std::optional<Credentials>(std::move(credentials));
-}
-
-CredentialCandidate FromProfile(const IniSection* section, absl::string_view profile,
-                                const SharedFile& file) {
-  CredentialCandidate c;
-  c.id = Value(section, "aws_access_key_id");
-  c.secret = Value(section, "aws_secret_access_key");
-  c.token = Value(section, "aws_session_token");
-  c.id_name = "aws_access_key_id";
-  c.secret_name = "aws_secret_access_key";
-  c.source = absl::StrCat("profile '", profile, "' in ", file.path);
-  return c;
-}
-
-// The profile keys of credential providers wharf does not implement.
-constexpr absl::string_view kUnsupportedProviderKeys[] = {
-    "role_arn", "credential_process", "sso_session", "sso_start_url", "web_identity_token_file"};
-
-absl::Status NoCredentialsError(absl::string_view profile, const IniSection* credentials_section,
-                                const IniSection* config_section) {
-  for (const IniSection* section : {credentials_section, config_section}) {
-    for (absl::string_view key : kUnsupportedProviderKeys) {
-      if (Value(section, key).has_value()) {
-        return absl::UnimplementedError(absl::StrCat(
-            "AWS profile '", profile, "' gets its credentials through ", key,
-            ", which wharf does not support; export static credentials instead, e.g. "
-            "eval \"$(aws configure export-credentials --profile ",
-            profile, " --format env)\""));
-      }
-    }
-  }
-  return absl::UnauthenticatedError(
-      "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
-      "or ~/.aws/credentials");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,6 +210,37 @@ std::optional<Sourced> FirstOf(
 }  // namespace
 
 // -----------------------------------------------------------------------------------------------
+
+std::string AwsSharedFile::Describe() const {
+  if (path.empty()) return "(unknown path: HOME is not set)";
+  return data.has_value() ? path : absl::StrCat(path, " (does not exist)");
+}
+
+absl::StatusOr<AwsSharedFile> LoadAwsSharedFile(const EnvLookup& env,
+                                                absl::string_view path_variable,
+                                                absl::string_view default_name) {
+  return LoadSharedFile(env, path_variable, default_name);
+}
+
+absl::StatusOr<std::string> NormalizeAwsEndpoint(absl::string_view raw, absl::string_view source) {
+  return NormalizeEndpoint(raw, source);
+}
+
+const IniSection* FindIniSection(const AwsSharedFile& file, absl::string_view name) {
+  return FindSection(file, name);
+}
+
+const IniSection* FindConfigProfile(const AwsSharedFile& file, absl::string_view profile) {
+  if (!file.data.has_value()) return nullptr;
+  for (const auto& [name, section] : *file.data) {
+    absl::string_view rest = name;
+    if (!absl::ConsumePrefix(&rest, "profile") || rest.empty() || !IsBlank(rest.front())) {
+      continue;
+    }
+    if (absl::StripAsciiWhitespace(rest) == profile) return &section;
+  }
+  return profile == "default" ? FindSection(file, "default") : nullptr;
+}
 
 absl::StatusOr<IniFile> ParseAwsIni(absl::string_view text) {
   absl::ConsumePrefix(&text, "\xEF\xBB\xBF");  // UTF-8 byte order mark
@@ -389,53 +338,6 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
         credentials_file.Describe(), " or ", config_file.Describe(), hint));
   }
 
-  // Credentials.
-  if (config.anonymous) {
-    config.credentials_source = "anonymous (requests are not signed)";
-  } else {
-    std::vector<CredentialCandidate> sources;
-    {
-      CredentialCandidate c;
-      c.id = NonEmpty(overrides.access_key_id);
-      c.secret = NonEmpty(overrides.secret_access_key);
-      c.token = NonEmpty(overrides.session_token);
-      c.id_name = "access_key_id";
-      c.secret_name = "secret_access_key";
-      c.source = "explicit options";
-      if (c.token.has_value() && !c.id.has_value() && !c.secret.has_value()) {
-        return absl::InvalidArgumentError(
-            "explicit options: session_token is set without access_key_id and "
-            "secret_access_key");
-      }
-      sources.push_back(std::move(c));
-    }
-    {
-      CredentialCandidate c;
-      c.id = getenv("AWS_ACCESS_KEY_ID");
-      c.secret = getenv("AWS_SECRET_ACCESS_KEY");
-      c.token = getenv("AWS_SESSION_TOKEN");
-      c.id_name = "AWS_ACCESS_KEY_ID";
-      c.secret_name = "AWS_SECRET_ACCESS_KEY";
-      c.source = "environment (AWS_ACCESS_KEY_ID)";
-      sources.push_back(std::move(c));
-    }
-    sources.push_back(FromProfile(credentials_section, config.profile, credentials_file));
-    sources.push_back(FromProfile(config_section, config.profile, config_file));
-    for (CredentialCandidate& candidate : sources) {
-      std::string source = candidate.source;
-      WHARF_ASSIGN_OR_RETURN(std::optional<Credentials> credentials,
-                             TakeCredentials(std::move(candidate)));
-      if (credentials.has_value()) {
-        config.credentials = *std::move(credentials);
-        config.credentials_source = std::move(source);
-        break;
-      }
-    }
-    if (config.credentials.empty()) {
-      return NoCredentialsError(config.profile, credentials_section, config_section);
-    }
-  }
-
   // Region.
   const std::string profile_source =
       absl::StrCat("profile '", config.profile, "' in ", config_file.path);
@@ -497,6 +399,49 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
                {Value(config_section, "ca_bundle"), profile_source}});
   if (ca_bundle.has_value()) config.ca_bundle = ca_bundle->value;
 
+  // Credentials: last, because the sources that call STS need the region and CA bundle.
+  if (config.anonymous) {
+    config.credentials_source = "anonymous (requests are not signed)";
+    return config;
+  }
+  {
+    std::optional<std::string> id = NonEmpty(overrides.access_key_id);
+    std::optional<std::string> secret = NonEmpty(overrides.secret_access_key);
+    std::optional<std::string> token = NonEmpty(overrides.session_token);
+    if (id.has_value() != secret.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "explicit options: ", id.has_value() ? "access_key_id" : "secret_access_key",
+          " is set but ", id.has_value() ? "secret_access_key" : "access_key_id",
+          " is missing; set both or neither"));
+    }
+    if (token.has_value() && !id.has_value()) {
+      return absl::InvalidArgumentError(
+          "explicit options: session_token is set without access_key_id and "
+          "secret_access_key");
+    }
+    if (id.has_value()) {
+      config.credentials.access_key_id = *std::move(id);
+      config.credentials.secret_access_key = *std::move(secret);
+      config.credentials.session_token = std::move(token).value_or("");
+      config.credentials_source = "explicit options";
+      config.credentials_provider = std::make_shared<StaticCredentialsProvider>(
+          config.credentials, config.credentials_source);
+      return config;
+    }
+  }
+  AwsCredentialsOptions credentials_options;
+  credentials_options.env = env;
+  credentials_options.region = config.region;
+  credentials_options.ca_bundle = config.ca_bundle;
+  WHARF_ASSIGN_OR_RETURN(
+      config.credentials_provider,
+      ResolveAwsCredentialsChain(config.profile, credentials_file, config_file,
+                                 credentials_options));
+  config.credentials_source = config.credentials_provider->Describe();
+  // Static keys are known now, without a fetch: the store signs with them directly.
+  if (auto* keys = dynamic_cast<StaticCredentialsProvider*>(config.credentials_provider.get())) {
+    WHARF_ASSIGN_OR_RETURN(config.credentials, keys->Fetch());
+  }
   return config;
 }
 

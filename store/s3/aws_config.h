@@ -1,9 +1,9 @@
 // Resolution of what an S3 client needs (credentials, region, endpoint, addressing style, CA
 // bundle) from explicit options, the environment and the shared AWS files (~/.aws/credentials,
 // ~/.aws/config), in the order the AWS SDKs and CLI use, so that a setup that works for
-// `aws s3 ls` works for wharf. Only static credentials are supported: profiles that use
-// role_arn, credential_process, SSO or web identity fail with a hint, and neither the EC2
-// instance metadata service nor container credentials are consulted.
+// `aws s3 ls` works for wharf. Credentials come from the chain in store/s3/aws_credentials.h
+// (static keys, assume-role profiles, web identity, credential_process, container credentials,
+// instance metadata); SSO profiles fail with a hint.
 //
 // Secrets never appear in error messages, in S3ClientConfig::credentials_source, or in
 // S3ClientConfig::DebugString(); the INI parser quotes line numbers, not lines.
@@ -15,11 +15,13 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/credentials.h"
 #include "store/s3/sigv4.h"
 
 namespace wharf::s3 {
@@ -47,11 +49,18 @@ struct S3ClientOverrides {
 };
 
 struct S3ClientConfig {
-  // Empty when `anonymous`.
+  // Static keys, when the source has them (explicit options, the environment, a profile's
+  // aws_access_key_id): a store signs with these when they are set. Empty when `anonymous` or
+  // when the credentials come from a source that fetches them (see credentials_provider).
   Credentials credentials;
-  // Where the credentials came from, for error hints; never contains a secret. E.g.
-  // "explicit options", "environment (AWS_ACCESS_KEY_ID)",
-  // "profile 'dev' in /root/.aws/credentials", "anonymous (requests are not signed)".
+  // The source of the credentials; null only when `anonymous`. For static keys it hands out
+  // `credentials`; otherwise a store fetches through it (behind a CredentialsCache that
+  // refreshes before expiry). Shared: every store opened with this config uses it.
+  std::shared_ptr<CredentialsProvider> credentials_provider;
+  // Where the credentials came from (credentials_provider->Describe()), for error hints; never
+  // contains a secret. E.g. "explicit options", "environment (AWS_ACCESS_KEY_ID)",
+  // "profile 'dev' in /root/.aws/credentials", "IMDS at http://169.254.169.254",
+  // "anonymous (requests are not signed)".
   std::string credentials_source;
   std::string region;
   // "scheme://host[:port]" without a trailing '/', e.g. "https://s3.us-east-1.amazonaws.com"
@@ -71,11 +80,16 @@ struct S3ClientConfig {
 };
 
 // Resolves each setting from the first source that has it:
-//  - credentials: overrides; AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN);
-//    the profile in the credentials file (AWS_SHARED_CREDENTIALS_FILE, default
-//    ~/.aws/credentials, section [NAME]); the profile in the config file (AWS_CONFIG_FILE,
+//  - credentials: overrides (static keys); else the chain of ResolveAwsCredentialsChain
+//    (store/s3/aws_credentials.h) in botocore's order: AWS_ACCESS_KEY_ID +
+//    AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN); the profile's role_arn with source_profile
+//    or credential_source; web identity (profile or AWS_WEB_IDENTITY_TOKEN_FILE); the profile
+//    in the credentials file (AWS_SHARED_CREDENTIALS_FILE, default ~/.aws/credentials, section
+//    [NAME]); the profile's credential_process; the profile in the config file (AWS_CONFIG_FILE,
 //    default ~/.aws/config, section [profile NAME], or [default]): aws_access_key_id,
-//    aws_secret_access_key, aws_session_token. Skipped when `anonymous`.
+//    aws_secret_access_key, aws_session_token; container credentials; instance metadata
+//    (unless AWS_EC2_METADATA_DISABLED=true). Nothing is fetched here: a source that needs
+//    the network or a subprocess is only chosen. Skipped when `anonymous`.
 //  - profile: overrides, AWS_PROFILE, "default".
 //  - region: overrides, AWS_REGION, AWS_DEFAULT_REGION, profile `region`, "us-east-1".
 //  - endpoint: overrides, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's services
@@ -89,12 +103,12 @@ struct S3ClientConfig {
 //
 // Errors (each names the setting and its source, never a secret):
 //  - NotFound: a profile named by the overrides or AWS_PROFILE is in neither file.
-//  - Unauthenticated: no credentials anywhere and not anonymous.
+//  - Unauthenticated: no credentials anywhere, instance metadata disabled, and not anonymous.
 //  - InvalidArgument: only one of key id / secret set in a source; a session token without
 //    keys in the overrides; an endpoint that is not http(s)://host[:port]; a malformed region
-//    or addressing_style; a file that does not parse (with its path and line number).
-//  - Unimplemented: the profile has no static keys but uses role_arn, credential_process,
-//    SSO or web identity.
+//    or addressing_style; a file that does not parse (with its path and line number); an
+//    incomplete role or container setup (see ResolveAwsCredentialsChain).
+//  - Unimplemented: the profile gets its credentials through SSO (or needs an MFA code).
 //  - errno-derived codes when a file exists but cannot be read.
 absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& overrides,
                                                      const EnvLookup& env = GetEnv);
@@ -122,5 +136,31 @@ using IniFile = std::map<std::string, IniSection>;
 // are accepted. InvalidArgument "line N: ..." for a property outside any section, a line
 // without '=', an empty name, or an unterminated '['. Messages never quote the line.
 absl::StatusOr<IniFile> ParseAwsIni(absl::string_view text);
+
+// One of the two shared files, as read for one resolution.
+struct AwsSharedFile {
+  std::string path;             // empty when it cannot be located (no HOME)
+  std::optional<IniFile> data;  // nullopt when the file does not exist
+
+  // The path, "(unknown path: HOME is not set)" or "PATH (does not exist)", for messages.
+  std::string Describe() const;
+};
+
+// Reads the file named by the variable `path_variable` (AWS_SHARED_CREDENTIALS_FILE,
+// AWS_CONFIG_FILE; a leading "~/" expanded with HOME), else ~/.aws/<default_name>. A missing
+// file is not an error; one that cannot be read or parsed is (naming its path).
+absl::StatusOr<AwsSharedFile> LoadAwsSharedFile(const EnvLookup& env,
+                                                absl::string_view path_variable,
+                                                absl::string_view default_name);
+
+// "scheme://host[:port]" from an endpoint URL (scheme lowercased, trailing '/' dropped);
+// InvalidArgument naming `source` for anything else (a path, a query, a user name).
+absl::StatusOr<std::string> NormalizeAwsEndpoint(absl::string_view raw, absl::string_view source);
+
+// Section `name` ("default", "services local"); nullptr when absent.
+const IniSection* FindIniSection(const AwsSharedFile& file, absl::string_view name);
+// A profile of the config file: "[profile NAME]", or "[default]" for the default profile
+// ("[profile default]" wins when both exist, as in the SDKs); nullptr when absent.
+const IniSection* FindConfigProfile(const AwsSharedFile& file, absl::string_view profile);
 
 }  // namespace wharf::s3

@@ -355,11 +355,83 @@ TEST_F(AwsConfigTest, MissingDefaultProfileIsFine) {
 
 TEST_F(AwsConfigTest, NoCredentialsIsUnauthenticated) {
   WriteConfig("[default]\nregion = us-west-2\n");
+  // Instance metadata is the last resort (NoCredentialsFallsBackToInstanceMetadata).
+  env_["AWS_EC2_METADATA_DISABLED"] = "true";
   absl::StatusOr<S3ClientConfig> config = Resolve();
   EXPECT_EQ(config.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(config.status().message(),
             "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
             "AWS_PROFILE, or ~/.aws/credentials");
+}
+
+TEST_F(AwsConfigTest, NoCredentialsFallsBackToInstanceMetadata) {
+  WriteConfig("[default]\nregion = us-west-2\n");
+  // Chosen, not fetched: resolving never contacts the address.
+  absl::StatusOr<S3ClientConfig> config = Resolve();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->credentials.empty());
+  ASSERT_NE(config->credentials_provider, nullptr);
+  EXPECT_EQ(config->credentials_source, "IMDS at http://169.254.169.254");
+  EXPECT_EQ(config->credentials_provider->Describe(), config->credentials_source);
+}
+
+TEST_F(AwsConfigTest, StaticKeysComeWithAProviderThatHandsThemOut) {
+  SetEnvCredentials();
+  absl::StatusOr<S3ClientConfig> config = Resolve();
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_NE(config->credentials_provider, nullptr);
+  EXPECT_EQ(config->credentials_provider->Describe(), "environment (AWS_ACCESS_KEY_ID)");
+  absl::StatusOr<Credentials> fetched = config->credentials_provider->Fetch();
+  ASSERT_TRUE(fetched.ok());
+  EXPECT_EQ(fetched->access_key_id, "AKIAENV");
+
+  S3ClientOverrides overrides;
+  overrides.access_key_id = "AKIAOVERRIDE";
+  overrides.secret_access_key = kOverrideSecret;
+  config = Resolve(overrides);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->credentials_provider->Describe(), "explicit options");
+  EXPECT_EQ(config->credentials_provider->Fetch()->access_key_id, "AKIAOVERRIDE");
+
+  overrides.anonymous = true;
+  config = Resolve(overrides);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->credentials_provider, nullptr);
+}
+
+TEST_F(AwsConfigTest, ProfilesThatFetchCredentialsResolveToAProvider) {
+  WriteCredentials(absl::StrCat("[base]\naws_access_key_id = AKIABASE\n",
+                                "aws_secret_access_key = ", kFileSecret, "\n"));
+  WriteConfig(
+      "[profile role]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = base\n"
+      "region = eu-west-1\n"
+      "[profile proc]\ncredential_process = /bin/false\n"
+      "[profile web]\nrole_arn = arn:aws:iam::1:role/w\n"
+      "web_identity_token_file = /var/run/secrets/token\n");
+  S3ClientOverrides overrides;
+  overrides.profile = "role";
+  absl::StatusOr<S3ClientConfig> config = Resolve(overrides);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->credentials.empty());
+  // STS is regional, in the profile's region.
+  EXPECT_EQ(config->credentials_source,
+            absl::StrCat("role arn:aws:iam::1:role/r via STS at "
+                         "https://sts.eu-west-1.amazonaws.com with profile 'base' in ",
+                         credentials_path()));
+  overrides.profile = "proc";
+  config = Resolve(overrides);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->credentials_source,
+            absl::StrCat("credential_process of profile 'proc' in ", config_path()));
+  overrides.profile = "web";
+  env_["AWS_ENDPOINT_URL_STS"] = "http://127.0.0.1:4566/";
+  config = Resolve(overrides);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->credentials_source,
+            "web identity token /var/run/secrets/token for role arn:aws:iam::1:role/w via STS "
+            "at http://127.0.0.1:4566");
+  // The S3 endpoint is not STS's.
+  EXPECT_EQ(config->endpoint, "https://s3.us-east-1.amazonaws.com");
 }
 
 TEST_F(AwsConfigTest, UnsupportedCredentialProviderGivesHint) {

@@ -1,7 +1,11 @@
 // The conformance suite and live tests against the real S3 server that ./run test starts
 // (scripts/s3-server: a single-node Ceph RGW on 127.0.0.1 that verifies SigV4 signatures).
 // Without a server every test here fails: a missing server is never a silent skip.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -123,6 +127,58 @@ TEST_F(S3LiveTest, WrongAccessKeyIsPermissionDenied) {
   auto listed = (*store)->List({});
   EXPECT_EQ(listed.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(listed.status().message()), HasSubstr("AWS_ACCESS_KEY_ID"));
+}
+
+// End to end: the credentials come from a credential_process script (printing the server's
+// keys), through the chain, the store's credentials cache and SigV4.
+TEST_F(S3LiveTest, CredentialProcessCredentialsListTheBucket) {
+  ASSERT_TRUE(store_->Put("from-process", absl::Cord("x")).ok());
+  const Credentials keys = store_->config().credentials;
+  ASSERT_FALSE(keys.empty());
+  const std::string home = absl::StrCat(testing::TempDir(), "/wharf_credential_process_",
+                                        getpid());
+  ASSERT_EQ(mkdir(home.c_str(), 0700), 0) << home;
+  ASSERT_EQ(mkdir((home + "/.aws").c_str(), 0700), 0);
+  const std::string script = home + "/creds.sh";
+  const std::string config_path = home + "/.aws/config";
+  {
+    std::ofstream out(script);
+    out << "#!/bin/sh\nprintf '{\"Version\": 1, \"AccessKeyId\": \"%s\", "
+           "\"SecretAccessKey\": \"%s\", \"Expiration\": \"%s\"}' '"
+        << keys.access_key_id << "' '" << keys.secret_access_key << "' '"
+        << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now() + absl::Hours(1),
+                            absl::UTCTimeZone())
+        << "'\n";
+  }
+  chmod(script.c_str(), 0700);
+  {
+    std::ofstream out(config_path);
+    out << "[default]\ncredential_process = " << script << "\n";
+  }
+  // Only HOME: no keys in the environment, so the chain reaches credential_process.
+  const EnvLookup env = [&](absl::string_view name) -> std::optional<std::string> {
+    if (name == "HOME") return home;
+    return std::nullopt;
+  };
+  S3ClientOverrides overrides;
+  overrides.endpoint_url = std::getenv("WHARF_S3_ENDPOINT");
+  overrides.region = store_->config().region;
+  auto config = ResolveS3ClientConfig(overrides, env);
+  unlink(config_path.c_str());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->credentials.empty());
+  EXPECT_EQ(config->credentials_source,
+            absl::StrCat("credential_process of profile 'default' in ", config_path));
+
+  auto store = S3Store::Open(store_->bucket(), *config, SharedTransport());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto listed = (*store)->List({});
+  unlink(script.c_str());
+  rmdir((home + "/.aws").c_str());
+  rmdir(home.c_str());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->objects.size(), 1u);
+  EXPECT_EQ(listed->objects[0].key, "from-process");
 }
 
 TEST_F(S3LiveTest, MissingBucketIsNotFound) {

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -15,7 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
-#include "base/fork.h"
+#include "base/runtime.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "base/timer.h"
@@ -44,6 +45,8 @@ struct S3Store::Call {
 
   int attempt = 0;
   absl::Time first_attempt = absl::InfinitePast();
+  // Set once the call dropped cached credentials the server called expired (retried once).
+  bool refreshed_credentials = false;
 };
 
 namespace {
@@ -126,6 +129,14 @@ S3Error ParseError(const HttpResponse& r) {
   return e;
 }
 
+// The server refused temporary credentials as expired or unknown: fresh ones may work.
+bool IsExpiredCredentialsResponse(const HttpResponse& response) {
+  if (response.status != 400 && response.status != 403) return false;
+  const std::string code = ParseError(response).code;
+  return code == "ExpiredToken" || code == "InvalidToken" || code == "TokenRefreshRequired" ||
+         code == "ExpiredTokenException";
+}
+
 // ETag of a part or single PUT as S3 computes it: the hex MD5 of the bytes.
 std::pair<std::string, std::string> Md5HexAndBase64(const absl::Cord& data) {
   Md5 md5;
@@ -133,6 +144,20 @@ std::pair<std::string, std::string> Md5HexAndBase64(const absl::Cord& data) {
   auto digest = md5.Finish();
   std::string raw(reinterpret_cast<const char*>(digest.data()), digest.size());
   return {HexLower(raw), Base64(raw)};
+}
+
+// The headers of PutOptions on PutObject and CreateMultipartUpload (all signed).
+std::vector<std::pair<std::string, std::string>> PutOptionHeaders(const PutOptions& options) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (!options.content_type.empty()) headers.emplace_back("content-type", options.content_type);
+  if (!options.storage_class.empty()) {
+    headers.emplace_back("x-amz-storage-class", options.storage_class);
+  }
+  if (!options.sse.empty()) headers.emplace_back("x-amz-server-side-encryption", options.sse);
+  if (!options.sse_kms_key_id.empty()) {
+    headers.emplace_back("x-amz-server-side-encryption-aws-kms-key-id", options.sse_kms_key_id);
+  }
+  return headers;
 }
 
 // "bytes 0-9/1000" -> 0, 9, 1000.
@@ -183,6 +208,10 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
   } else if (e.code == "InvalidAccessKeyId") {
     code = absl::StatusCode::kPermissionDenied;
     hint = absl::StrCat("check AWS_ACCESS_KEY_ID; ", creds);
+  } else if ((e.code == "AccessDenied" || response.status == 403) && config.anonymous) {
+    code = absl::StatusCode::kPermissionDenied;
+    hint = "the request was sent unsigned (--no-sign-request, WHARF_NO_SIGN_REQUEST): only "
+           "public buckets and objects can be read that way";
   } else if (e.code == "AccessDenied" || response.status == 403) {
     code = absl::StatusCode::kPermissionDenied;
     hint = absl::StrCat("check the credentials and their permissions; ", creds);
@@ -232,17 +261,42 @@ S3Store::S3Store(std::string bucket, S3ClientConfig config,
   if (scheme_ == "https" && absl::EndsWith(authority, ":443")) {
     authority.resize(authority.size() - 4);
   }
-  if (config_.path_style) {
+  if (bucket_.empty()) {  // the endpoint itself (ListBuckets): GET / on its host
+    host_ = authority;
+  } else if (config_.path_style) {
     host_ = authority;
     base_path_ = absl::StrCat("/", bucket_);
   } else {
     host_ = absl::StrCat(bucket_, ".", authority);
+  }
+  if (!config_.anonymous && config_.credentials.empty() &&
+      config_.credentials_provider != nullptr) {
+    // One cache per source in the runtime, so stores on the same role share its fetches.
+    runtime_ = Runtime::Default();
+    std::shared_ptr<CredentialsProvider> provider = config_.credentials_provider;
+    ThreadPool* pool = &runtime_->blocking_pool();  // not inside Shared(): it holds the lock
+    credentials_cache_ = runtime_->Shared<CredentialsCache>(
+        absl::StrCat("aws-credentials:", provider->Describe()), [&] {
+          // The cache owns a provider; this one forwards to the shared source.
+          class Forwarding : public CredentialsProvider {
+           public:
+            explicit Forwarding(std::shared_ptr<CredentialsProvider> p) : p_(std::move(p)) {}
+            absl::StatusOr<Credentials> Fetch() override { return p_->Fetch(); }
+            std::string Describe() const override { return p_->Describe(); }
+
+           private:
+            const std::shared_ptr<CredentialsProvider> p_;
+          };
+          return std::make_shared<CredentialsCache>(std::make_unique<Forwarding>(provider), pool);
+        });
   }
 }
 
 S3Store::~S3Store() = default;
 
 std::string S3Store::Uri(absl::string_view key) const {
+  // A store without a bucket (for ListBuckets) names the endpoint: "s3://".
+  if (bucket_.empty()) return absl::StrCat(options_.scheme, "://", key);
   return absl::StrCat(options_.scheme, "://", bucket_, "/", key);
 }
 
@@ -251,6 +305,7 @@ const Capabilities& S3Store::capabilities() const {
     Capabilities c;
     c.multipart_upload = true;
     c.max_page_size = 1000;
+    c.put_options = true;
     return c;
   }();
   return caps;
@@ -271,6 +326,24 @@ void S3Store::Execute(std::shared_ptr<Call> call, ResponseCallback done) {
 
 void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
   ++call->attempt;
+  if (config_.anonymous) return SendAttempt(std::move(call), std::move(done), nullptr);
+  if (credentials_cache_ == nullptr) {
+    return SendAttempt(std::move(call), std::move(done), &config_.credentials);
+  }
+  // Runs inline while the cached credentials are valid, else on the blocking pool once a
+  // fetch completes: never blocks the calling (possibly transport) thread.
+  credentials_cache_->GetAsync([this, call = std::move(call), done = std::move(done)](
+                                   absl::StatusOr<Credentials> credentials) mutable {
+    if (!credentials.ok()) {
+      std::move(done)(Annotate(credentials.status(), absl::StrCat(call->op, " ", Uri(call->key))));
+      return;
+    }
+    SendAttempt(std::move(call), std::move(done), &*credentials);
+  });
+}
+
+void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
+                          const Credentials* credentials) {
   const std::string uri = call->key.empty() ? Uri("") : Uri(call->key);
 
   SigningRequest sr;
@@ -289,13 +362,13 @@ void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
   request.body = call->body;
   if (call->make_response_body) request.response = call->make_response_body();
   if (call->on_headers) request.on_headers = call->on_headers;
-  if (config_.anonymous) {
+  if (credentials == nullptr) {
     request.url = absl::StrCat(scheme_, "://", host_, UriEncode(sr.path, false));
     std::string query = CanonicalQueryString(sr.query);
     if (!query.empty()) absl::StrAppend(&request.url, "?", query);
     request.headers = sr.headers;
   } else {
-    auto signed_request = SignV4(sr, config_.credentials, config_.region, options_.service,
+    auto signed_request = SignV4(sr, *credentials, config_.region, options_.service,
                                  absl::Now());
     if (!signed_request.ok()) {
       std::move(done)(Annotate(signed_request.status(), absl::StrCat(call->op, " ", uri)));
@@ -314,6 +387,15 @@ void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
       retry = failure.code() == absl::StatusCode::kUnavailable;
       if (call->on_transport_failure) retry = call->on_transport_failure(failure) && retry;
     } else if (response->status / 100 != 2) {
+      if (credentials_cache_ != nullptr && !call->refreshed_credentials &&
+          IsExpiredCredentialsResponse(*response)) {
+        // Temporary credentials that expired early or were revoked: fetch fresh ones and
+        // retry once (the fetch runs on the blocking pool, not on this transport thread).
+        call->refreshed_credentials = true;
+        credentials_cache_->Invalidate();
+        Attempt(std::move(call), std::move(done));
+        return;
+      }
       failure = ErrorFromResponse(*response, call->op, uri, config_);
       retry = IsRetryableResponse(*response);
     } else {
@@ -525,12 +607,21 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
 }
 
 void S3Store::PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) {
+  PutAsync(std::move(key), std::move(data), PutOptions{}, std::move(done));
+}
+
+void S3Store::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                       Callback<ObjectMeta> done) {
+  if (absl::Status valid = ValidatePutOptions(options); !valid.ok()) {
+    return std::move(done)(Annotate(valid, absl::StrCat("put ", Uri(key))));
+  }
   auto call = std::make_shared<Call>();
   call->op = "put";
   call->method = "PUT";
   call->key = key;
   auto [md5_hex, md5_b64] = Md5HexAndBase64(data);
-  call->headers = {{"content-md5", md5_b64}};
+  call->headers = PutOptionHeaders(options);
+  call->headers.emplace_back("content-md5", md5_b64);
   const uint64_t size = data.size();
   call->body = std::move(data);
   const std::string uri = Uri(key);
@@ -663,6 +754,37 @@ void S3Store::CopyAsync(std::string src_key, std::string dst_key, Callback<Objec
   });
 }
 
+absl::StatusOr<std::vector<BucketInfo>> S3Store::ListBuckets() {
+  if (!bucket_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "list buckets of ", config_.endpoint, ": this store is opened on bucket ", bucket_,
+        "; open one with an empty bucket name"));
+  }
+  std::vector<BucketInfo> buckets;
+  std::string continuation;  // AWS pages with max-buckets; others answer in one reply
+  do {
+    auto call = std::make_shared<Call>();
+    call->op = "list buckets";
+    if (!continuation.empty()) call->query = {{"continuation-token", continuation}};
+    auto r = WaitFor<HttpResponse>(
+        [&](Callback<HttpResponse> cb) { Execute(std::move(call), std::move(cb)); });
+    if (!r.ok()) return r.status();
+    pugi::xml_document doc;
+    if (!doc.load_buffer(r->body.data(), r->body.size())) {
+      return absl::DataLossError(
+          absl::StrCat("list buckets ", Uri(""), ": unparseable ListAllMyBuckets reply"));
+    }
+    pugi::xml_node root = doc.child("ListAllMyBucketsResult");
+    for (pugi::xml_node b : root.child("Buckets").children("Bucket")) {
+      buckets.push_back({b.child_value("Name"), ParseIsoDate(b.child_value("CreationDate"))});
+    }
+    const std::string next = root.child_value("ContinuationToken");
+    if (next == continuation) break;  // never loop on a server that repeats itself
+    continuation = next;
+  } while (!continuation.empty());
+  return buckets;
+}
+
 absl::Status S3Store::CreateBucket() {
   auto call = std::make_shared<Call>();
   call->op = "create bucket";
@@ -689,51 +811,93 @@ absl::Status S3Store::DeleteBucket() {
 
 // ---- Multipart writer ----
 
+namespace {
+
+// Margins around the window in which this writer's creates reached the server, when an
+// upload's Initiated time (server clock) is matched against it (our clock): beyond the
+// offset measured from the listing's Date header, which has whole seconds and is stamped a
+// network hop before it is read; and without a Date header to measure from.
+constexpr absl::Duration kSkewMargin = absl::Seconds(5);
+constexpr absl::Duration kUnmeasuredSkewMargin = absl::Minutes(2);
+
+// The ETag S3 gives a completed multipart upload: the MD5 of the parts' binary MD5s, then
+// "-" and the part count.
+std::string MultipartEtag(const std::map<int, std::string>& part_md5_hex) {
+  Md5 md5;
+  for (const auto& [number, hex] : part_md5_hex) md5.Update(absl::HexStringToBytes(hex));
+  return absl::StrCat(HexLower(md5.Finish()), "-", part_md5_hex.size());
+}
+
+}  // namespace
+
+// Uploads one object as a multipart upload once it outgrows a part (else one PutObject).
+//
+// Nothing is left behind on failure: every failing path (a part, the create, the complete, a
+// Write or Close after an error, Abort, destruction) aborts the upload. A create that needed
+// more than one attempt, or failed, may have started uploads whose ids never arrived (the
+// server created one, then the connection dropped): those are found by listing the key's
+// uploads and aborted, right after such a create (keeping the one in use) and again on
+// failure if that listing did not succeed.
 class S3Writer : public ObjectWriter {
  public:
-  S3Writer(S3Store* store, std::string key) : store_(store), key_(std::move(key)) {}
+  S3Writer(S3Store* store, std::string key, PutOptions options)
+      : store_(store), key_(std::move(key)), options_(std::move(options)) {}
   ~S3Writer() override { Abort(); }
 
   absl::Status Write(absl::Cord data) override {
+    if (!failure_.ok()) return failure_;
     if (closed_) return absl::FailedPreconditionError(absl::StrCat("write ", Uri(), ": closed"));
+    bytes_ += data.size();
     buffer_.Append(std::move(data));
     while (buffer_.size() >= PartSize(next_part_)) {
-      WHARF_RETURN_IF_ERROR(UploadPart(buffer_.Subcord(0, PartSize(next_part_))));
-      buffer_.RemovePrefix(PartSize(next_part_ - 1));
+      const uint64_t n = PartSize(next_part_);
+      if (absl::Status s = UploadPart(buffer_.Subcord(0, n)); !s.ok()) return Fail(s);
+      buffer_.RemovePrefix(n);
     }
-    return FirstError();
+    if (absl::Status s = FirstError(); !s.ok()) return Fail(s);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<ObjectMeta> Close() override {
+    if (!failure_.ok()) return failure_;
     if (closed_) return absl::FailedPreconditionError(absl::StrCat("close ", Uri(), ": closed"));
     closed_ = true;
     if (upload_id_.empty()) {  // smaller than one part: a single PUT
       const uint64_t size = buffer_.size();
-      auto meta = store_->Put(key_, std::move(buffer_));
+      auto meta = store_->Put(key_, std::move(buffer_), options_);
       if (meta.ok()) meta->size = size;
       return meta;
     }
-    if (!buffer_.empty() || next_part_ == 1) {
-      absl::Status s = UploadPart(std::move(buffer_));
-      if (!s.ok()) return AbortWith(s);
+    if (!buffer_.empty()) {
+      if (absl::Status s = UploadPart(std::move(buffer_)); !s.ok()) return Fail(s);
     }
     WaitForParts();
-    if (absl::Status s = FirstError(); !s.ok()) return AbortWith(s);
-    return Complete();
+    if (absl::Status s = FirstError(); !s.ok()) return Fail(s);
+    auto meta = Complete();
+    if (!meta.ok()) return Fail(meta.status());
+    completed_ = true;
+    // Our upload is complete, so no longer listed: whatever the key still has from our
+    // creates is an orphan.
+    if (sweep_pending_) (void)AbortOrphans(/*keep=*/"");
+    return meta;
   }
 
   void Abort() override {
-    if (aborted_ || (closed_ && completed_)) return;
+    if (aborted_ || completed_) return;
     aborted_ = closed_ = true;
     WaitForParts();
-    if (upload_id_.empty()) return;
-    auto call = std::make_shared<S3Store::Call>();
-    call->op = "abort upload";
-    call->method = "DELETE";
-    call->key = key_;
-    call->query = {{"uploadId", upload_id_}};
-    (void)WaitFor<HttpResponse>(
-        [&](Callback<HttpResponse> cb) { store_->Execute(std::move(call), std::move(cb)); });
+    if (!upload_id_.empty()) {
+      auto call = std::make_shared<S3Store::Call>();
+      call->op = "abort upload";
+      call->method = "DELETE";
+      call->key = key_;
+      call->query = {{"uploadId", upload_id_}};
+      auto r = WaitFor<HttpResponse>(
+          [&](Callback<HttpResponse> cb) { store_->Execute(std::move(call), std::move(cb)); });
+      // NoSuchUpload: gone already. Otherwise the listing below finds it and tries again.
+      if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) sweep_pending_ = true;
+    }
+    if (sweep_pending_) (void)AbortOrphans(/*keep=*/"");
   }
 
  private:
@@ -751,9 +915,9 @@ class S3Writer : public ObjectWriter {
     return error_;
   }
 
-  absl::StatusOr<ObjectMeta> AbortWith(absl::Status s) {
-    completed_ = false;
-    aborted_ = false;
+  // The writer failed: every later call returns `s`, and the upload is aborted now.
+  absl::Status Fail(absl::Status s) {
+    failure_ = s;
     Abort();
     return s;
   }
@@ -764,16 +928,89 @@ class S3Writer : public ObjectWriter {
     call->method = "POST";
     call->key = key_;
     call->query = {{"uploads", ""}};
+    call->headers = PutOptionHeaders(options_);
+    first_create_ = absl::Now();
     auto r = WaitFor<HttpResponse>(
-        [&](Callback<HttpResponse> cb) { store_->Execute(std::move(call), std::move(cb)); });
+        [&](Callback<HttpResponse> cb) { store_->Execute(call, std::move(cb)); });
+    create_done_ = absl::Now();
+    // Only a create that was answered on its first attempt is known to have started exactly
+    // the upload its reply names.
+    if (!r.ok() || call->attempt > 1) sweep_pending_ = true;
     if (!r.ok()) return r.status();
     pugi::xml_document doc;
     doc.load_buffer(r->body.data(), r->body.size());
     upload_id_ = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
     if (upload_id_.empty()) {
+      sweep_pending_ = true;
       return absl::DataLossError(absl::StrCat("start upload ", Uri(), ": no UploadId in reply"));
     }
+    if (sweep_pending_) (void)AbortOrphans(/*keep=*/upload_id_);
     return absl::OkStatus();
+  }
+
+  // Aborts the key's in-progress uploads that this writer's creates started, except `keep`:
+  // those initiated (server clock) between the first create attempt and the create's reply,
+  // within the measured clock offset and kSkewMargin. S3 has no tag that tells them from
+  // another client's uploads of the same key started in that same window; such an upload
+  // would be aborted too, failing that client's upload rather than leaving ours behind.
+  // Clears sweep_pending_ once a whole listing was processed.
+  absl::Status AbortOrphans(absl::string_view keep) {
+    const std::string what = absl::StrCat("aborting the leftover uploads of ", Uri());
+    std::string key_marker, upload_id_marker;
+    absl::Status first_error;
+    while (true) {
+      auto call = std::make_shared<S3Store::Call>();
+      call->op = "list uploads";
+      call->query = {{"uploads", ""}, {"prefix", key_}, {"encoding-type", "url"}};
+      if (!key_marker.empty()) {
+        call->query.emplace_back("key-marker", key_marker);
+        call->query.emplace_back("upload-id-marker", upload_id_marker);
+      }
+      auto r = WaitFor<HttpResponse>(
+          [&](Callback<HttpResponse> cb) { store_->Execute(std::move(call), std::move(cb)); });
+      const absl::Time received = absl::Now();
+      if (!r.ok()) return Annotate(r.status(), what);
+      pugi::xml_document doc;
+      if (!doc.load_buffer(r->body.data(), r->body.size(),
+                           pugi::parse_default | pugi::parse_ws_pcdata)) {
+        return absl::DataLossError(
+            absl::StrCat(what, ": unparseable ListMultipartUploads reply"));
+      }
+      // The server's clock minus ours, measured on this reply.
+      absl::Duration offset = absl::ZeroDuration(), margin = kUnmeasuredSkewMargin;
+      if (const absl::Time date = ParseHttpDate(Header(*r, "date")); date != absl::InfinitePast()) {
+        offset = date - received;
+        margin = kSkewMargin;
+      }
+      const absl::Time earliest = first_create_ + offset - margin;
+      const absl::Time latest = create_done_ + offset + margin;
+      pugi::xml_node root = doc.child("ListMultipartUploadsResult");
+      const bool url_encoded = std::string_view(root.child_value("EncodingType")) == "url";
+      auto decode = [&](const char* s) { return url_encoded ? UrlDecode(s) : std::string(s); };
+      for (pugi::xml_node upload : root.children("Upload")) {
+        if (decode(upload.child_value("Key")) != key_) continue;  // the prefix matches more
+        const std::string id = upload.child_value("UploadId");
+        const absl::Time initiated = ParseIsoDate(upload.child_value("Initiated"));
+        if (id.empty() || id == keep || initiated < earliest || initiated > latest) continue;
+        auto abort = std::make_shared<S3Store::Call>();
+        abort->op = "abort upload";
+        abort->method = "DELETE";
+        abort->key = key_;
+        abort->query = {{"uploadId", id}};
+        auto aborted = WaitFor<HttpResponse>(
+            [&](Callback<HttpResponse> cb) { store_->Execute(std::move(abort), std::move(cb)); });
+        if (!aborted.ok() && aborted.status().code() != absl::StatusCode::kNotFound &&
+            first_error.ok()) {
+          first_error = Annotate(aborted.status(), what);
+        }
+      }
+      if (std::string_view(root.child_value("IsTruncated")) != "true") break;
+      key_marker = decode(root.child_value("NextKeyMarker"));
+      upload_id_marker = root.child_value("NextUploadIdMarker");
+      if (key_marker.empty() || key_marker > key_) break;  // past every upload of the key
+    }
+    if (first_error.ok()) sweep_pending_ = false;
+    return first_error;
   }
 
   absl::Status UploadPart(absl::Cord part) {
@@ -820,11 +1057,12 @@ class S3Writer : public ObjectWriter {
     mu_.Await(absl::Condition(&idle));
   }
 
+  // REQUIRES: every part uploaded (WaitForParts) without error.
   absl::StatusOr<ObjectMeta> Complete() {
     pugi::xml_document doc;
     pugi::xml_node root = doc.append_child("CompleteMultipartUpload");
     root.append_attribute("xmlns") = std::string(kXmlNs).c_str();
-    uint64_t size = 0;
+    std::string expected_etag;
     {
       absl::MutexLock lock(&mu_);
       for (const auto& [number, etag] : parts_) {
@@ -832,8 +1070,8 @@ class S3Writer : public ObjectWriter {
         p.append_child("PartNumber").text() = number;
         p.append_child("ETag").text() = absl::StrCat("\"", etag, "\"").c_str();
       }
+      expected_etag = MultipartEtag(parts_);
     }
-    (void)size;
     std::ostringstream xml;
     doc.save(xml, "", pugi::format_raw);
     auto call = std::make_shared<S3Store::Call>();
@@ -845,29 +1083,49 @@ class S3Writer : public ObjectWriter {
     call->sign_payload = true;
     call->headers = {{"content-type", "application/xml"}};
     auto r = WaitFor<HttpResponse>(
-        [&](Callback<HttpResponse> cb) { store_->Execute(std::move(call), std::move(cb)); });
-    if (!r.ok()) return AbortWith(r.status());
+        [&](Callback<HttpResponse> cb) { store_->Execute(call, std::move(cb)); });
+    ObjectMeta meta;
+    meta.key = key_;
+    meta.size = bytes_;
+    meta.mtime = absl::Now();
+    if (!r.ok()) {
+      // A complete whose reply was lost is retried and then finds its upload gone
+      // (NoSuchUpload): it succeeded if the key now holds what these parts make.
+      if (r.status().code() == absl::StatusCode::kNotFound && call->attempt > 1) {
+        auto head = store_->Head(key_);
+        if (head.ok() && head->etag == expected_etag && head->size == bytes_) return head;
+      }
+      return r.status();
+    }
     pugi::xml_document reply;
     reply.load_buffer(r->body.data(), r->body.size());
     if (reply.child("Error")) {  // a 200 that failed
       HttpResponse as_error = *r;
       as_error.status = 500;
-      return AbortWith(ErrorFromResponse(as_error, "complete upload", Uri(), store_->config_));
+      return ErrorFromResponse(as_error, "complete upload", Uri(), store_->config_);
     }
-    completed_ = true;
-    auto head = store_->Head(key_);
-    if (!head.ok()) return head.status();
-    return head;
+    meta.etag = Unquote(reply.child("CompleteMultipartUploadResult").child_value("ETag"));
+    if (meta.etag.empty()) meta.etag = expected_etag;
+    return meta;
   }
 
   S3Store* const store_;
   const std::string key_;
+  const PutOptions options_;
   absl::Cord buffer_;
+  uint64_t bytes_ = 0;  // written so far
   std::string upload_id_;
   int next_part_ = 1;
   bool closed_ = false;
   bool aborted_ = false;
   bool completed_ = false;
+  absl::Status failure_;  // sticky, once a Write or Close failed
+  // The window of the create's attempts on our clock (set by Start), and whether uploads
+  // they may have started (or ours, if aborting it failed) still need to be listed and
+  // aborted.
+  absl::Time first_create_ = absl::InfiniteFuture();
+  absl::Time create_done_ = absl::InfinitePast();
+  bool sweep_pending_ = false;
 
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
@@ -876,16 +1134,41 @@ class S3Writer : public ObjectWriter {
 };
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> S3Store::NewWriter(std::string key) {
-  return std::make_unique<S3Writer>(this, std::move(key));
+  return NewWriter(std::move(key), PutOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<ObjectWriter>> S3Store::NewWriter(std::string key,
+                                                                 const PutOptions& options) {
+  WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(options), absl::StrCat("put ", Uri(key))));
+  return std::make_unique<S3Writer>(this, std::move(key), options);
 }
 
 // ---- Opening from URIs ----
 
-absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Uri(absl::string_view scheme,
-                                                       const std::string& bucket) {
+namespace {
+
+// WHARF_NO_SIGN_REQUEST: 1/true/yes/on or 0/false/no/off (any case); unset or empty is off.
+absl::StatusOr<bool> NoSignRequestFromEnv() {
+  const std::optional<std::string> value = GetEnv("WHARF_NO_SIGN_REQUEST");
+  if (!value.has_value() || value->empty()) return false;
+  const std::string v = absl::AsciiStrToLower(absl::StripAsciiWhitespace(*value));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "WHARF_NO_SIGN_REQUEST='", *value, "' is not one of 1, true, yes, on, 0, false, no, off"));
+}
+
+// The store for `bucket` ("" for the endpoint itself), configured from the environment and
+// the shared AWS files as the scheme asks.
+absl::StatusOr<std::unique_ptr<S3Store>> OpenFromEnvironment(absl::string_view scheme,
+                                                             const std::string& bucket) {
+  const std::string what = absl::StrCat(scheme, "://", bucket);
   S3ClientOverrides overrides;
   S3StoreOptions options;
   options.scheme = std::string(scheme);
+  auto anonymous = NoSignRequestFromEnv();
+  if (!anonymous.ok()) return Annotate(anonymous.status(), what);
+  overrides.anonymous = *anonymous;
   if (scheme == "gs") {
     // GCS's XML API speaks SigV4 with HMAC keys.
     overrides.endpoint_url = GetEnv("WHARF_GS_ENDPOINT").value_or("https://storage.googleapis.com");
@@ -893,33 +1176,38 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Uri(absl::string_view scheme,
     overrides.path_style = true;
     if (auto id = GetEnv("WHARF_GS_ACCESS_KEY_ID")) overrides.access_key_id = *id;
     if (auto secret = GetEnv("WHARF_GS_SECRET_ACCESS_KEY")) overrides.secret_access_key = *secret;
-    if (!overrides.access_key_id) {
+    if (!overrides.access_key_id && !overrides.anonymous) {
       return absl::UnauthenticatedError(
-          absl::StrCat("gs://", bucket, ": no GCS HMAC key found (set WHARF_GS_ACCESS_KEY_ID "
+          absl::StrCat(what, ": no GCS HMAC key found (set WHARF_GS_ACCESS_KEY_ID "
                        "and WHARF_GS_SECRET_ACCESS_KEY)"));
     }
   }
   auto config = ResolveS3ClientConfig(overrides);
-  if (!config.ok()) return Annotate(config.status(), absl::StrCat(scheme, "://", bucket));
-  // One transport per process and CA bundle: connections are shared by every store. A forked
-  // child gets its own (the parent's event-loop thread does not exist there; base/fork.h).
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* transports =
-      new std::map<std::pair<uint64_t, std::string>, std::shared_ptr<HttpTransport>>;
-  std::shared_ptr<HttpTransport> transport;
-  {
-    absl::MutexLock lock(&mu);
-    auto& t = (*transports)[{ForkGeneration(), config->ca_bundle}];
-    if (!t) {
-      CurlTransportOptions topts;
-      topts.ca_bundle = config->ca_bundle;
-      t = std::shared_ptr<HttpTransport>(NewCurlTransport(topts));
-    }
-    transport = t;
-  }
-  auto store = S3Store::Open(bucket, *std::move(config), std::move(transport), options);
+  if (!config.ok()) return Annotate(config.status(), what);
+  // One transport per runtime and CA bundle: connections are shared by every store. A forked
+  // child has its own runtime, so its own transport (base/runtime.h).
+  const std::string ca_bundle = config->ca_bundle;
+  std::shared_ptr<HttpTransport> transport = Runtime::Default()->Shared<HttpTransport>(
+      absl::StrCat("curl:", ca_bundle), [&ca_bundle] {
+        CurlTransportOptions topts;
+        topts.ca_bundle = ca_bundle;
+        return std::shared_ptr<HttpTransport>(NewCurlTransport(topts));
+      });
+  return S3Store::Open(bucket, *std::move(config), std::move(transport), options);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Uri(absl::string_view scheme,
+                                                       const std::string& bucket) {
+  auto store = OpenFromEnvironment(scheme, bucket);
   if (!store.ok()) return store.status();
   return std::shared_ptr<ObjectStore>(*std::move(store));
+}
+
+absl::StatusOr<std::vector<BucketInfo>> ListS3Buckets(absl::string_view scheme) {
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<S3Store> endpoint, OpenFromEnvironment(scheme, ""));
+  return endpoint->ListBuckets();
 }
 
 }  // namespace wharf::s3

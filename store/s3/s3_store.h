@@ -11,6 +11,11 @@
 // bytes arrived resumes from the next byte with If-Match on the ETag first seen, so the
 // bytes of two versions are never spliced together.
 //
+// Credentials: each attempt is signed with the config's static keys, or with credentials
+// from a CredentialsCache over config.credentials_provider (refreshed in the background
+// before they expire; docs/design/credentials.md). A 400/403 ExpiredToken or InvalidToken
+// drops the cached credentials and retries the call once with fresh ones.
+//
 // Integrity: Content-Length is checked by the transport; a single-part PUT sends
 // Content-MD5 and checks the returned ETag against the MD5 of what was sent; multipart
 // parts send Content-MD5 too.
@@ -18,19 +23,34 @@
 // Large objects: NewWriter() uploads parts in parallel (S3 multipart: part size 8 MiB by
 // default, doubled every 1,000 parts so an object of any size stays under 10,000 parts;
 // at most `upload_concurrency` parts in memory); a writer closed with less than one part
-// becomes a single PutObject; failure or Abort() aborts the upload so nothing is left.
+// becomes a single PutObject; failure or Abort() aborts the upload so nothing is left. A
+// CreateMultipartUpload retried after an ambiguous failure (the connection dropped after the
+// server created an upload) may have started uploads whose ids never arrived: the writer
+// then lists the key's uploads and aborts those its creates started (see
+// docs/design/transfer-uploads.md).
+//
+// Upload options (PutOptions): Content-Type, x-amz-storage-class, x-amz-server-side-encryption
+// and x-amz-server-side-encryption-aws-kms-key-id go, signed, on PutObject and
+// CreateMultipartUpload; PutOptions::mtime is ignored.
+//
+// Anonymous configs (S3ClientConfig::anonymous) send every request unsigned.
 //
 // Thread-safety: thread-safe.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "http/transport.h"
 #include "store/object_store.h"
 #include "store/s3/aws_config.h"
+
+namespace wharf {
+class Runtime;
+}  // namespace wharf
 
 namespace wharf::s3 {
 
@@ -66,10 +86,19 @@ class S3Store : public ObjectStore {
   void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
   void GetAsync(GetRequest request, Callback<GetResult> done) override;
   void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) override;
+  void PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                Callback<ObjectMeta> done) override;
   void DeleteAsync(std::string key, StatusCallback done) override;
   void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) override;
   void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) override;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key,
+                                                          const PutOptions& options) override;
+
+  // The buckets of this store's endpoint that its credentials own (S3 ListBuckets), in the
+  // server's order (by name). FailedPrecondition unless the store was opened with an empty
+  // bucket name, which addresses the endpoint itself (as ListS3Buckets does).
+  absl::StatusOr<std::vector<BucketInfo>> ListBuckets();
 
   // Bucket administration (tests and benchmarks).
   absl::Status CreateBucket();
@@ -90,7 +119,11 @@ class S3Store : public ObjectStore {
   S3Store(std::string bucket, S3ClientConfig config, std::shared_ptr<HttpTransport> transport,
           S3StoreOptions options);
 
+  // Gets credentials for the attempt (static keys, or the credentials cache), then sends.
   void Attempt(std::shared_ptr<Call> call, ResponseCallback done);
+  // Signs the attempt with `credentials` (nullptr: unsigned) and sends it.
+  void SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
+                   const Credentials* credentials);
   absl::Duration Backoff(int attempt);
 
   const std::string bucket_;
@@ -100,6 +133,12 @@ class S3Store : public ObjectStore {
   std::string host_;    // Host header value
   std::string scheme_;  // "http" or "https"
   std::string base_path_;  // "/bucket" (path style) or "" (virtual-hosted)
+  // Credentials from config_.credentials_provider when the config has no static keys: fetched
+  // on the runtime's blocking pool, refreshed before they expire, and shared by the runtime's
+  // stores whose sources have the same Describe(). Null when signing with static keys or not
+  // at all. The runtime is held because its pool runs the fetches.
+  std::shared_ptr<Runtime> runtime_;
+  std::shared_ptr<CredentialsCache> credentials_cache_;
 
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
@@ -118,7 +157,13 @@ bool IsRetryableResponse(const HttpResponse& response);
 // Opens s3:// and gs:// stores from URIs (the scheme registry's factories).
 // gs:// uses GCS's XML API with HMAC keys: endpoint https://storage.googleapis.com (or
 // WHARF_GS_ENDPOINT), keys from WHARF_GS_ACCESS_KEY_ID / WHARF_GS_SECRET_ACCESS_KEY.
+// Anonymous access (unsigned requests, no credential lookup) when WHARF_NO_SIGN_REQUEST is
+// set to 1/true/yes/on (the CLI's --no-sign-request); a gs:// store then needs no HMAC key.
 absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Uri(absl::string_view scheme,
                                                        const std::string& bucket);
+
+// The buckets of the endpoint that s3:// (or gs://) URIs resolve to, configured as OpenS3Uri
+// configures a store: `wharf ls s3://`. The scheme registry's bucket lister.
+absl::StatusOr<std::vector<BucketInfo>> ListS3Buckets(absl::string_view scheme);
 
 }  // namespace wharf::s3

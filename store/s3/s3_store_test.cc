@@ -1,11 +1,19 @@
 // Error paths of the S3 backend against canned responses: retries, error mapping, resumed
-// GETs, integrity checks, multipart abort. The live behaviour is in s3_conformance_test.cc.
+// GETs, integrity checks, multipart abort and the uploads a retried create leaves behind,
+// upload options, bucket listing, unsigned requests. The live behaviour is in
+// s3_conformance_test.cc.
 #include "store/s3/s3_store.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <map>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "base/hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -288,6 +296,476 @@ TEST(S3StoreTest, CompleteThatFailsInsideA200IsAnError) {
   auto closed = (*writer)->Close();
   EXPECT_FALSE(closed.ok());
   EXPECT_THAT(std::string(closed.status().message()), HasSubstr("InternalError"));
+}
+
+// ---- Credentials from a provider ----
+
+// Temporary credentials "ASIA<n>" with session token "token-<n>" at the n-th fetch.
+class CountingProvider : public CredentialsProvider {
+ public:
+  explicit CountingProvider(std::string name) : name_(std::move(name)) {}
+  absl::StatusOr<Credentials> Fetch() override {
+    const int n = ++fetches_;
+    if (fail_) return absl::UnavailableError("the source is down");
+    Credentials c;
+    c.access_key_id = absl::StrCat("ASIA", n);
+    c.secret_access_key = kSecret;
+    c.session_token = absl::StrCat("token-", n);
+    c.expiration = absl::Now() + absl::Hours(1);
+    return c;
+  }
+  std::string Describe() const override { return name_; }
+  std::atomic<int> fetches_{0};
+  std::atomic<bool> fail_{false};
+
+ private:
+  const std::string name_;
+};
+
+// A config whose credentials come only from `provider` (no static keys). Each test names its
+// provider uniquely: stores of one runtime share a cache per source description.
+std::unique_ptr<S3Store> MakeStoreWithProvider(std::shared_ptr<HttpTransport> transport,
+                                               std::shared_ptr<CredentialsProvider> provider) {
+  S3ClientConfig config = TestConfig();
+  config.credentials = {};
+  config.credentials_source = provider->Describe();
+  config.credentials_provider = std::move(provider);
+  S3StoreOptions options;
+  options.retry.initial_backoff = absl::Milliseconds(1);
+  options.retry.max_attempts = 4;
+  return *S3Store::Open("bkt", std::move(config), std::move(transport), options);
+}
+
+std::string HeaderOf(const HttpRequest& req, absl::string_view name) {
+  for (const auto& [k, v] : req.headers) {
+    if (absl::EqualsIgnoreCase(k, name)) return v;
+  }
+  return "";
+}
+
+TEST(S3StoreTest, SignsWithFetchedCredentialsAndTheirSessionToken) {
+  auto provider = std::make_shared<CountingProvider>("test provider: session token");
+  std::vector<std::string> authorizations, tokens;
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
+    authorizations.push_back(HeaderOf(req, "authorization"));
+    tokens.push_back(HeaderOf(req, "x-amz-security-token"));
+    return Ok("payload", {{"etag", "\"e\""}});
+  });
+  auto store = MakeStoreWithProvider(transport, provider);
+  ASSERT_TRUE(store->Read("a").ok());
+  ASSERT_TRUE(store->Read("b").ok());
+  EXPECT_EQ(provider->fetches_.load(), 1);  // cached between requests
+  ASSERT_EQ(authorizations.size(), 2u);
+  EXPECT_THAT(authorizations[1], HasSubstr("Credential=ASIA1/"));
+  EXPECT_THAT(authorizations[1], HasSubstr("x-amz-security-token"));
+  EXPECT_EQ(tokens[1], "token-1");
+}
+
+TEST(S3StoreTest, ExpiredTokenRefreshesTheCredentialsAndRetriesOnce) {
+  auto provider = std::make_shared<CountingProvider>("test provider: expired token");
+  std::vector<std::string> authorizations;
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
+    authorizations.push_back(HeaderOf(req, "authorization"));
+    if (absl::StrContains(authorizations.back(), "Credential=ASIA1/")) {
+      return Err(400, "ExpiredToken");
+    }
+    return Ok("payload", {{"etag", "\"e\""}});
+  });
+  auto store = MakeStoreWithProvider(transport, provider);
+  auto read = store->Read("k");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "payload");
+  EXPECT_EQ(provider->fetches_.load(), 2);
+  ASSERT_EQ(authorizations.size(), 2u);
+  EXPECT_THAT(authorizations[1], HasSubstr("Credential=ASIA2/"));
+
+  // A server that keeps refusing: one refresh per call, then the error.
+  auto refusing = std::make_shared<CannedTransport>(
+      [&](const HttpRequest&) { return Err(403, "InvalidToken"); });
+  auto provider2 = std::make_shared<CountingProvider>("test provider: always refused");
+  auto store2 = MakeStoreWithProvider(refusing, provider2);
+  read = store2->Read("k");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr("InvalidToken"));
+  EXPECT_THAT(std::string(read.status().message()),
+              HasSubstr("credentials from test provider: always refused"));
+  EXPECT_EQ(provider2->fetches_.load(), 2);
+}
+
+TEST(S3StoreTest, CredentialFailuresNameTheSourceAndTheObject) {
+  auto provider = std::make_shared<CountingProvider>("test provider: down");
+  provider->fail_ = true;
+  std::atomic<int> calls{0};
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
+    ++calls;
+    return Ok("payload");
+  });
+  auto store = MakeStoreWithProvider(transport, provider);
+  auto read = store->Read("k");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(read.status().message(),
+            "get s3://bkt/k: credentials from test provider: down: the source is down");
+  EXPECT_EQ(calls.load(), 0);
+}
+
+// ---- Upload options ----
+
+// The names in the Authorization header's SignedHeaders=.
+std::vector<std::string> SignedHeaders(const HttpRequest& req) {
+  const std::string auth = HeaderOf(req, "authorization");
+  const size_t at = auth.find("SignedHeaders=");
+  if (at == std::string::npos) return {};
+  const size_t from = at + std::strlen("SignedHeaders=");
+  return absl::StrSplit(auth.substr(from, auth.find(',', from) - from), ';');
+}
+
+TEST(S3StoreTest, UploadOptionsAreSentAndSigned) {
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
+    if (req.method == "POST") {
+      return Ok("<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
+                "</InitiateMultipartUploadResult>");
+    }
+    if (req.method == "PUT") {
+      return Ok("", {{"etag", absl::StrCat("\"", Md5Hex(std::string(req.body)), "\"")}});
+    }
+    return Err(500, "Unexpected");
+  });
+  auto store = MakeStore(transport);
+  PutOptions options;
+  options.content_type = "text/html; charset=utf-8";
+  options.storage_class = "STANDARD_IA";
+  options.sse = "aws:kms";
+  options.sse_kms_key_id = "arn:aws:kms:us-east-1:123456789012:key/abc";
+  ASSERT_TRUE(store->Put("k", absl::Cord("hello"), options).ok());
+  // A writer sends them on the create, not on the parts.
+  auto writer = store->NewWriter("big", options);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Write(absl::Cord(std::string(5 << 20, 'x'))).ok());
+  (*writer)->Abort();
+
+  const auto requests = transport->requests();
+  ASSERT_GE(requests.size(), 3u);
+  for (int i : {0, 1}) {
+    const HttpRequest& req = requests[i];
+    EXPECT_EQ(req.method, i == 0 ? "PUT" : "POST");
+    EXPECT_EQ(HeaderOf(req, "content-type"), "text/html; charset=utf-8");
+    EXPECT_EQ(HeaderOf(req, "x-amz-storage-class"), "STANDARD_IA");
+    EXPECT_EQ(HeaderOf(req, "x-amz-server-side-encryption"), "aws:kms");
+    EXPECT_EQ(HeaderOf(req, "x-amz-server-side-encryption-aws-kms-key-id"),
+              "arn:aws:kms:us-east-1:123456789012:key/abc");
+    EXPECT_THAT(SignedHeaders(req),
+                testing::IsSupersetOf({"content-type", "x-amz-storage-class",
+                                       "x-amz-server-side-encryption",
+                                       "x-amz-server-side-encryption-aws-kms-key-id"}));
+  }
+  EXPECT_EQ(requests[2].method, "PUT");  // part 1
+  EXPECT_EQ(HeaderOf(requests[2], "x-amz-server-side-encryption"), "");
+  EXPECT_EQ(HeaderOf(requests[2], "x-amz-storage-class"), "");
+}
+
+TEST(S3StoreTest, InvalidUploadOptionsAreRefusedBeforeSending) {
+  auto transport = std::make_shared<CannedTransport>(
+      [](const HttpRequest&) { return Ok("", {{"etag", "\"e\""}}); });
+  auto store = MakeStore(transport);
+  PutOptions lowercase;
+  lowercase.sse = "aes256";
+  PutOptions key_without_kms;
+  key_without_kms.sse = "AES256";
+  key_without_kms.sse_kms_key_id = "k";
+  PutOptions key_alone;
+  key_alone.sse_kms_key_id = "k";
+  PutOptions newline;
+  newline.content_type = "text/plain\r\nx-amz-acl: public-read";
+  for (const PutOptions& bad : {lowercase, key_without_kms, key_alone, newline}) {
+    auto put = store->Put("a/k", absl::Cord("x"), bad);
+    EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(put.status().message()), HasSubstr("put s3://bkt/a/k: "));
+    EXPECT_EQ(store->NewWriter("a/k", bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(transport->request_count(), 0u);
+}
+
+// ---- Multipart uploads left behind ----
+
+// A fake S3 multipart endpoint for one bucket: creates (whose replies can be lost after the
+// upload was created), parts, completes (whose replies can be lost after completing),
+// aborts, ListMultipartUploads and HEAD. Thread-safe (the handler runs on the transport
+// thread; the test reads the state after the writer is done).
+class FakeMultipartServer {
+ public:
+  struct Upload {
+    std::string key, id;
+    absl::Time initiated;
+  };
+
+  CannedHandler Handler() {
+    return [this](const HttpRequest& req) { return Serve(req); };
+  }
+
+  absl::Mutex mu;
+  std::vector<Upload> uploads ABSL_GUARDED_BY(mu);
+  // key -> ETag of completed objects
+  std::map<std::string, std::pair<std::string, uint64_t>> objects ABSL_GUARDED_BY(mu);
+  int lose_create_replies ABSL_GUARDED_BY(mu) = 0;
+  int lose_complete_replies ABSL_GUARDED_BY(mu) = 0;
+  int creates ABSL_GUARDED_BY(mu) = 0;
+  int listings ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::string> aborted ABSL_GUARDED_BY(mu);
+
+  std::vector<std::string> UploadIds(absl::string_view key) {
+    absl::MutexLock lock(&mu);
+    std::vector<std::string> ids;
+    for (const Upload& u : uploads) {
+      if (u.key == key) ids.push_back(u.id);
+    }
+    return ids;
+  }
+
+ private:
+  static std::string Query(const std::string& url, absl::string_view name) {
+    const size_t q = url.find('?');
+    if (q == std::string::npos) return "";
+    for (absl::string_view kv : absl::StrSplit(absl::string_view(url).substr(q + 1), '&')) {
+      std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(kv, '=');
+      if (p.first == name) return std::string(p.second);
+    }
+    return "";
+  }
+  static std::string KeyOf(const std::string& url) {
+    absl::string_view path = url;
+    path.remove_prefix(path.find("/bkt/") + 5);
+    return std::string(path.substr(0, path.find('?')));
+  }
+  static CannedResponse Lost(CannedResponse r) {
+    r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
+    r.fail_after_bytes = 0;
+    return r;
+  }
+
+  absl::StatusOr<CannedResponse> Serve(const HttpRequest& req) {
+    absl::MutexLock lock(&mu);
+    const bool has_uploads = absl::StrContains(req.url, "?uploads=") ||
+                             absl::StrContains(req.url, "&uploads=");
+    const std::string upload_id = Query(req.url, "uploadId");
+    if (req.method == "POST" && has_uploads) {  // create
+      Upload u{KeyOf(req.url), absl::StrCat("u", ++creates), absl::Now()};
+      uploads.push_back(u);
+      CannedResponse r = Ok(absl::StrCat("<InitiateMultipartUploadResult><UploadId>", u.id,
+                                         "</UploadId></InitiateMultipartUploadResult>"));
+      if (lose_create_replies > 0) {
+        --lose_create_replies;
+        return Lost(r);
+      }
+      return r;
+    }
+    if (req.method == "GET" && has_uploads) {  // ListMultipartUploads
+      ++listings;
+      std::string prefix = Query(req.url, "prefix");
+      std::string xml = "<ListMultipartUploadsResult><IsTruncated>false</IsTruncated>";
+      for (const Upload& u : uploads) {
+        if (!absl::StartsWith(u.key, prefix)) continue;
+        absl::StrAppend(&xml, "<Upload><Key>", u.key, "</Key><UploadId>", u.id,
+                        "</UploadId><Initiated>",
+                        absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", u.initiated,
+                                         absl::UTCTimeZone()),
+                        "</Initiated></Upload>");
+      }
+      absl::StrAppend(&xml, "</ListMultipartUploadsResult>");
+      return Ok(xml, {{"date", absl::FormatTime("%a, %d %b %Y %H:%M:%S GMT", absl::Now(),
+                                                absl::UTCTimeZone())}});
+    }
+    auto find = [&]() {
+      return std::find_if(uploads.begin(), uploads.end(),
+                          [&](const Upload& u) { return u.id == upload_id; });
+    };
+    if (req.method == "PUT" && !upload_id.empty()) {  // part
+      if (find() == uploads.end()) return Err(404, "NoSuchUpload");
+      return Ok("", {{"etag", absl::StrCat("\"", Md5Hex(std::string(req.body)), "\"")}});
+    }
+    if (req.method == "POST" && !upload_id.empty()) {  // complete
+      auto it = find();
+      if (it == uploads.end()) return Err(404, "NoSuchUpload");
+      // The parts' ETags as the client listed them: the multipart ETag is their MD5.
+      Md5 md5;
+      int parts = 0;
+      const std::string body(req.body);
+      for (size_t at = body.find("<ETag>"); at != std::string::npos;
+           at = body.find("<ETag>", at + 1)) {
+        std::string etag = body.substr(at + 7, 32);  // skip <ETag>"
+        md5.Update(absl::HexStringToBytes(etag));
+        ++parts;
+      }
+      const std::string etag = absl::StrCat(HexLower(md5.Finish()), "-", parts);
+      objects[it->key] = {etag, 0};
+      uploads.erase(it);
+      CannedResponse r = Ok(absl::StrCat(
+          "<CompleteMultipartUploadResult><ETag>\"", etag, "\"</ETag>"
+          "</CompleteMultipartUploadResult>"));
+      if (lose_complete_replies > 0) {
+        --lose_complete_replies;
+        return Lost(r);
+      }
+      return r;
+    }
+    if (req.method == "DELETE" && !upload_id.empty()) {  // abort
+      aborted.push_back(upload_id);
+      auto it = find();
+      if (it == uploads.end()) return Err(404, "NoSuchUpload");
+      uploads.erase(it);
+      CannedResponse r;
+      r.status = 204;
+      return r;
+    }
+    if (req.method == "HEAD") {
+      auto it = objects.find(KeyOf(req.url));
+      if (it == objects.end()) return Err(404, "NoSuchKey");
+      return Ok("", {{"etag", absl::StrCat("\"", it->second.first, "\"")},
+                     {"content-length", "6291456"}});
+    }
+    return Err(500, "Unexpected");
+  }
+};
+
+constexpr uint64_t kSixMiB = 6 << 20;  // two parts of MakeStore's 5 MiB
+
+TEST(S3StoreTest, RetriedCreateAbortsOnlyTheUploadsItStarted) {
+  FakeMultipartServer server;
+  {
+    absl::MutexLock lock(&server.mu);
+    server.lose_create_replies = 2;  // u1 and u2 are created but their replies lost
+    server.uploads = {
+        {"big", "before", absl::Now() - absl::Hours(1)},  // another writer's, earlier
+        {"big2", "other-key", absl::Now()},               // a key the prefix also matches
+        {"big", "later", absl::Now() + absl::Hours(1)},   // another writer's, after ours
+    };
+  }
+  auto transport = std::make_shared<CannedTransport>(server.Handler());
+  auto store = MakeStore(transport);
+  auto writer = store->NewWriter("big");
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Write(absl::Cord(std::string(kSixMiB, 'x'))).ok());
+  auto closed = (*writer)->Close();
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_EQ(closed->size, kSixMiB);
+  EXPECT_THAT(closed->etag, testing::EndsWith("-2"));
+  absl::MutexLock lock(&server.mu);
+  EXPECT_EQ(server.creates, 3);
+  EXPECT_EQ(server.objects.count("big"), 1u);  // u3, completed
+  EXPECT_THAT(server.aborted, testing::UnorderedElementsAre("u1", "u2"));
+  std::vector<std::string> left;
+  for (const auto& u : server.uploads) left.push_back(u.id);
+  EXPECT_THAT(left, testing::UnorderedElementsAre("before", "other-key", "later"));
+}
+
+TEST(S3StoreTest, CreateThatNeverGetsAReplyLeavesNothing) {
+  FakeMultipartServer server;
+  {
+    absl::MutexLock lock(&server.mu);
+    server.lose_create_replies = 100;  // every attempt creates an upload, none hears of it
+  }
+  auto transport = std::make_shared<CannedTransport>(server.Handler());
+  auto store = MakeStore(transport);
+  auto writer = store->NewWriter("big");
+  ASSERT_TRUE(writer.ok());
+  absl::Status s = (*writer)->Write(absl::Cord(std::string(kSixMiB, 'x')));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("start upload s3://bkt/big"));
+  // The failure is sticky and the uploads are gone before the writer is.
+  EXPECT_EQ((*writer)->Close().status(), s);
+  EXPECT_TRUE(server.UploadIds("big").empty());
+  writer->reset();
+  absl::MutexLock lock(&server.mu);
+  EXPECT_EQ(server.creates, 4);  // MakeStore's max_attempts
+  EXPECT_THAT(server.aborted, testing::UnorderedElementsAre("u1", "u2", "u3", "u4"));
+}
+
+TEST(S3StoreTest, CompleteWhoseReplyWasLostStillSucceeds) {
+  FakeMultipartServer server;
+  {
+    absl::MutexLock lock(&server.mu);
+    server.lose_complete_replies = 1;  // completed, then the retry finds NoSuchUpload
+  }
+  auto transport = std::make_shared<CannedTransport>(server.Handler());
+  auto store = MakeStore(transport);
+  auto writer = store->NewWriter("big");
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Write(absl::Cord(std::string(kSixMiB, 'x'))).ok());
+  auto closed = (*writer)->Close();
+  ASSERT_TRUE(closed.ok()) << closed.status();
+  EXPECT_THAT(closed->etag, testing::EndsWith("-2"));
+  writer->reset();
+  absl::MutexLock lock(&server.mu);
+  EXPECT_EQ(server.objects.count("big"), 1u);
+  EXPECT_TRUE(server.aborted.empty());
+  EXPECT_EQ(server.listings, 0);  // a create answered at once needs no listing
+}
+
+TEST(S3StoreTest, FailedWriterAbortsItsUploadBeforeReturning) {
+  FakeMultipartServer server;
+  std::atomic<bool> fail_parts{false};
+  auto transport = std::make_shared<CannedTransport>(
+      [&, serve = server.Handler()](const HttpRequest& req) -> absl::StatusOr<CannedResponse> {
+        if (fail_parts && req.method == "PUT") return Err(400, "InvalidDigest");
+        return serve(req);
+      });
+  auto store = MakeStore(transport);
+  auto writer = store->NewWriter("big");
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Write(absl::Cord(std::string(5 << 20, 'x'))).ok());
+  fail_parts = true;
+  absl::Status s = (*writer)->Write(absl::Cord(std::string(10 << 20, 'y')));
+  if (s.ok()) s = (*writer)->Close().status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // Aborted already, with the writer still alive.
+  EXPECT_TRUE(server.UploadIds("big").empty());
+  EXPECT_EQ((*writer)->Write(absl::Cord("more")), s);
+}
+
+// ---- Bucket listing and unsigned requests ----
+
+TEST(S3StoreTest, ListBucketsAsksTheEndpoint) {
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
+    EXPECT_EQ(req.method, "GET");
+    EXPECT_EQ(req.url, "http://127.0.0.1:9/");
+    return Ok(
+        "<?xml version=\"1.0\"?><ListAllMyBucketsResult xmlns=\"http://s3.amazonaws.com/doc/"
+        "2006-03-01/\"><Owner><ID>me</ID></Owner><Buckets>"
+        "<Bucket><Name>alpha</Name><CreationDate>2024-01-02T03:04:05.000Z</CreationDate></Bucket>"
+        "<Bucket><Name>beta</Name><CreationDate>2024-02-03T04:05:06.000Z</CreationDate></Bucket>"
+        "</Buckets></ListAllMyBucketsResult>");
+  });
+  for (bool path_style : {true, false}) {
+    S3ClientConfig config = TestConfig();
+    config.path_style = path_style;  // the endpoint's own host either way
+    auto endpoint = *S3Store::Open("", config, transport);
+    EXPECT_EQ(endpoint->Uri(""), "s3://");
+    auto buckets = endpoint->ListBuckets();
+    ASSERT_TRUE(buckets.ok()) << buckets.status();
+    ASSERT_EQ(buckets->size(), 2u);
+    EXPECT_EQ((*buckets)[0].name, "alpha");
+    EXPECT_EQ((*buckets)[0].creation_time, absl::FromUnixSeconds(1704164645));
+    EXPECT_EQ((*buckets)[1].name, "beta");
+  }
+  auto in_bucket = MakeStore(transport);
+  EXPECT_EQ(in_bucket->ListBuckets().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(S3StoreTest, AnonymousRequestsAreUnsignedAndDenialsSaySo) {
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
+    return HeaderOf(req, "x-amz-date").empty() ? Err(403, "AccessDenied") : Err(500, "Signed");
+  });
+  S3ClientConfig config = TestConfig();
+  config.credentials = {};
+  config.anonymous = true;
+  config.credentials_source = "anonymous (requests are not signed)";
+  auto store = *S3Store::Open("bkt", config, transport);
+  auto read = store->Read("private.txt");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(read.status().message()),
+              HasSubstr("get s3://bkt/private.txt: AccessDenied"));
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr("unsigned"));
+  ASSERT_EQ(transport->request_count(), 1u);
+  EXPECT_EQ(HeaderOf(transport->requests()[0], "authorization"), "");
 }
 
 }  // namespace

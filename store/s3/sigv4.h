@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/credentials.h"
 
 namespace wharf::s3 {
 
@@ -28,15 +29,10 @@ inline constexpr absl::string_view kEmptyPayloadSha256 =
 // Payload hash that tells S3 the body is not covered by the signature.
 inline constexpr absl::string_view kUnsignedPayload = "UNSIGNED-PAYLOAD";
 
-// Static AWS credentials. `session_token` is set only for temporary (STS) credentials.
-struct Credentials {
-  std::string access_key_id;
-  std::string secret_access_key;
-  std::string session_token;
-
-  // True when there is no key pair at all: requests are then sent unsigned (anonymous).
-  bool empty() const { return access_key_id.empty() && secret_access_key.empty(); }
-};
+// The credentials a signer uses (base/credentials.h): SigV4 reads access_key_id,
+// secret_access_key and, for temporary (STS) credentials, session_token; a provider's
+// CredentialsCache hands them out (store/s3/aws_credentials.h).
+using Credentials = ::wharf::Credentials;
 
 // Percent-encodes `s` the way SigV4 requires: the unreserved bytes A-Z a-z 0-9 '-' '_' '.' '~'
 // are kept, every other byte becomes %XX with uppercase hex (UTF-8 multi-byte characters are

@@ -43,8 +43,14 @@ class ForwardingStore : public ObjectStore {
   void GetAsync(GetRequest request, Callback<GetResult> done) override {
     inner_->GetAsync(std::move(request), std::move(done));
   }
+  // The plain put forms come through the PutOptions forms, so a decorator that changes puts
+  // overrides only those.
   void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) override {
-    inner_->PutAsync(std::move(key), std::move(data), std::move(done));
+    PutAsync(std::move(key), std::move(data), PutOptions{}, std::move(done));
+  }
+  void PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                Callback<ObjectMeta> done) override {
+    inner_->PutAsync(std::move(key), std::move(data), options, std::move(done));
   }
   void DeleteAsync(std::string key, StatusCallback done) override {
     inner_->DeleteAsync(std::move(key), std::move(done));
@@ -56,7 +62,11 @@ class ForwardingStore : public ObjectStore {
     inner_->CopyAsync(std::move(src), std::move(dst), std::move(done));
   }
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) override {
-    return inner_->NewWriter(std::move(key));
+    return NewWriter(std::move(key), PutOptions{});
+  }
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key,
+                                                          const PutOptions& options) override {
+    return inner_->NewWriter(std::move(key), options);
   }
 
  protected:

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "base/context.h"
+#include "base/runtime.h"
 #include "gtest/gtest.h"
 #include "store/local/local_store.h"
 
@@ -20,7 +20,7 @@ class TempStore {
     std::string tmpl = (std::filesystem::temp_directory_path() / "wharf-test-XXXXXX").string();
     EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
     root_ = tmpl;
-    auto store = LocalStore::Open(root_, Context::Default());
+    auto store = LocalStore::Open(root_, Runtime::Default());
     EXPECT_TRUE(store.ok()) << store.status();
     store_ = std::shared_ptr<LocalStore>(*std::move(store));
   }

@@ -17,6 +17,9 @@ applies and its count drops by one:
      "action": "status" | "reset" | "truncate" | "delay" | "drop",
      "count": 2,          # requests that get the fault (default 1; null = every match)
      "skip": 0,           # matching requests to let through untouched first (default 0)
+     "probability": 1.0,  # share of the (otherwise eligible) matching requests that get the
+                          # fault, drawn from random.Random(seed) per rule (default 1: all)
+     "seed": 0,           # probability: the draw's seed, so a run is repeatable (default 0)
      # action parameters:
      "status": 503,       # status: 503 (S3 SlowDown XML), 500, 502, 504, 429 or any code
      "code": "SlowDown", "message": "...",  # status: override the XML error code/message
@@ -69,6 +72,7 @@ import email.utils
 import fcntl
 import http
 import json
+import random
 import re
 import signal
 import socket
@@ -109,7 +113,8 @@ class Rule:
         if not isinstance(spec, dict):
             raise ValueError(f"a fault must be a JSON object, got {spec!r}")
         unknown = set(spec) - {"match", "action", "count", "skip", "status", "code", "message",
-                               "headers", "close", "after_bytes", "delay_ms", "phase"}
+                               "headers", "close", "after_bytes", "delay_ms", "phase",
+                               "probability", "seed"}
         if unknown:
             raise ValueError(f"unknown fault fields {sorted(unknown)}")
         self.spec = copy.deepcopy(spec)
@@ -131,6 +136,10 @@ class Rule:
             raise ValueError("count must be a positive integer or null (unlimited)")
         self.remaining: Optional[int] = count
         self.skip = int(spec.get("skip", 0))
+        self.probability = float(spec.get("probability", 1.0))
+        if not 0.0 <= self.probability <= 1.0:
+            raise ValueError("probability must be between 0 and 1")
+        self.rng = random.Random(spec.get("seed", 0))
         self.applied = 0
         self.status = int(spec.get("status", 503))
         self.after_bytes = int(spec.get("after_bytes", 0))
@@ -220,6 +229,8 @@ class FaultState:
                     continue
                 if rule.skip > 0:
                     rule.skip -= 1
+                    continue
+                if rule.probability < 1.0 and rule.rng.random() >= rule.probability:
                     continue
                 if rule.remaining is not None:
                     rule.remaining -= 1

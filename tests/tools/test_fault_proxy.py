@@ -424,9 +424,25 @@ def test_skip_headers_and_query_matching(proxy):
     conn.close()
 
 
+def test_probability_faults_a_repeatable_share(proxy):
+    def statuses(seed):
+        proxy.reset()
+        proxy.set_faults([{"match": {"method": "GET"}, "action": "status", "status": 503,
+                           "count": None, "probability": 0.3, "seed": seed}])
+        conn = connect(proxy)
+        out = [get(conn, "/bucket/key")[0] for _ in range(60)]
+        conn.close()
+        return out
+
+    first = statuses(7)
+    assert 5 <= first.count(503) <= 35 and first.count(200) == 60 - first.count(503)
+    assert statuses(7) == first  # the same seed draws the same requests
+
+
 def test_bad_rules_are_rejected(proxy):
     for bad in ([{"action": "explode"}], [{"action": "delay"}], [{"action": "status", "count": 0}],
-                [{"action": "status", "match": {"paht_regex": "x"}}]):
+                [{"action": "status", "match": {"paht_regex": "x"}}],
+                [{"action": "status", "probability": 1.5}]):
         with pytest.raises(ValueError):
             proxy.set_faults(bad)
 

@@ -1,0 +1,163 @@
+#include "base/runtime.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/fork.h"
+#include "base/status.h"
+
+namespace wharf {
+
+absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  uint64_t n = 0;
+  if (digits == 0 || !absl::SimpleAtoi(s.substr(0, digits), &n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid size '", text, "': expected an integer with an optional K, M, G or T suffix"));
+  }
+  std::string suffix = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(s.substr(digits)));
+  // "K", "KB", "KIB", "B", "" are accepted; every multiple is a power of 1024.
+  if (absl::EndsWith(suffix, "IB")) suffix.resize(suffix.size() - 2);
+  else if (suffix.size() == 2 && suffix.back() == 'B') suffix.resize(1);
+  else if (suffix == "B") suffix.clear();
+  int shift = 0;
+  if (suffix.empty()) shift = 0;
+  else if (suffix == "K") shift = 10;
+  else if (suffix == "M") shift = 20;
+  else if (suffix == "G") shift = 30;
+  else if (suffix == "T") shift = 40;
+  else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid size '", text, "': the suffix must be K, M, G or T (powers of 1024)"));
+  }
+  if (shift > 0 && n > (~uint64_t{0} >> shift)) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid size '", text, "': too large"));
+  }
+  return n << shift;
+}
+
+std::string FormatSize(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024 && unit < 4 && bytes % (uint64_t{1} << (10 * (unit + 1))) == 0) {
+    v /= 1024;
+    ++unit;
+  }
+  if (unit == 0) return absl::StrCat(bytes, " B");
+  return absl::StrFormat("%.0f %s", v, kUnits[unit]);
+}
+
+absl::StatusOr<RuntimeOptions> RuntimeOptions::FromEnvironment() {
+  RuntimeOptions options;
+  if (const char* v = std::getenv("WHARF_MEMORY_BUDGET"); v != nullptr && *v != '\0') {
+    absl::StatusOr<uint64_t> size = ParseSize(v);
+    if (!size.ok()) return Annotate(size.status(), "WHARF_MEMORY_BUDGET");
+    if (*size == 0) return absl::InvalidArgumentError("WHARF_MEMORY_BUDGET: must be positive");
+    options.memory_budget = *size;
+  }
+  if (const char* v = std::getenv("WHARF_INFLIGHT"); v != nullptr && *v != '\0') {
+    int n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n < 1 || n > 65536) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("WHARF_INFLIGHT: expected an integer in [1, 65536], got '", v, "'"));
+    }
+    options.inflight = n;
+  }
+  return options;
+}
+
+Runtime::Runtime(RuntimeOptions options)
+    : options_(options), budget_(std::make_shared<MemoryBudget>(options.memory_budget)) {}
+
+Runtime::~Runtime() = default;
+
+namespace {
+absl::Mutex default_mu(absl::kConstInit);
+// Settings given to Configure(), kept across fork so a child's runtime has them.
+std::optional<uint64_t>* configured_budget ABSL_GUARDED_BY(default_mu) = nullptr;
+std::optional<int>* configured_inflight ABSL_GUARDED_BY(default_mu) = nullptr;
+}  // namespace
+
+std::shared_ptr<Runtime> Runtime::Default() {
+  static auto* runtime = new std::shared_ptr<Runtime>;
+  static uint64_t generation = 0;
+  absl::MutexLock lock(&default_mu);
+  if (*runtime == nullptr || generation != ForkGeneration()) {
+    // A forked child's copy of the parent's runtime has no threads: leak it (base/fork.h).
+    if (*runtime != nullptr) new std::shared_ptr<Runtime>(*runtime);
+    generation = ForkGeneration();
+    absl::StatusOr<RuntimeOptions> options = RuntimeOptions::FromEnvironment();
+    if (!options.ok()) {
+      std::fprintf(stderr, "wharf: %s; using the defaults\n",
+                   std::string(options.status().message()).c_str());
+      options = RuntimeOptions{};
+    }
+    *runtime = std::make_shared<Runtime>(*options);
+    if (configured_budget != nullptr || configured_inflight != nullptr) {
+      (*runtime)->SetOptions(configured_budget ? *configured_budget : std::nullopt,
+                             configured_inflight ? *configured_inflight : std::nullopt);
+    }
+  }
+  return *runtime;
+}
+
+void Runtime::Configure(std::optional<uint64_t> memory_budget, std::optional<int> inflight) {
+  std::shared_ptr<Runtime> runtime = Default();
+  {
+    absl::MutexLock lock(&default_mu);
+    if (configured_budget == nullptr) configured_budget = new std::optional<uint64_t>;
+    if (configured_inflight == nullptr) configured_inflight = new std::optional<int>;
+    if (memory_budget) *configured_budget = memory_budget;
+    if (inflight) *configured_inflight = inflight;
+  }
+  runtime->SetOptions(memory_budget, inflight);
+}
+
+void Runtime::SetOptions(std::optional<uint64_t> memory_budget, std::optional<int> inflight) {
+  absl::MutexLock lock(&mu_);
+  if (memory_budget) {
+    options_.memory_budget = *memory_budget;
+    budget_->set_limit(*memory_budget);
+  }
+  if (inflight) options_.inflight = *inflight;
+}
+
+RuntimeOptions Runtime::options() const {
+  absl::MutexLock lock(&mu_);
+  return options_;
+}
+
+int Runtime::inflight() const {
+  absl::MutexLock lock(&mu_);
+  return options_.inflight;
+}
+
+ThreadPool& Runtime::blocking_pool() {
+  absl::MutexLock lock(&mu_);
+  if (!blocking_pool_) blocking_pool_ = std::make_unique<ThreadPool>(options_.blocking_threads);
+  return *blocking_pool_;
+}
+
+Timer& Runtime::timer() {
+  absl::MutexLock lock(&mu_);
+  if (!timer_) timer_ = std::make_unique<Timer>();
+  return *timer_;
+}
+
+LinkEstimator& Runtime::link(const std::string& store) {
+  absl::MutexLock lock(&mu_);
+  auto& slot = links_[store];
+  if (!slot) slot = std::make_unique<LinkEstimator>();
+  return *slot;
+}
+
+}  // namespace wharf

@@ -1,0 +1,62 @@
+// Flags shared by the verbs that move bytes: the runtime's settings for one run, and the
+// include/exclude rules in command-line order.
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/runtime.h"
+#include "cli/verbs.h"
+
+namespace wharf::cli {
+
+void AddEngineFlags(CLI::App* cmd, EngineArgs& args, bool budget_mb_alias) {
+  cmd->add_option("--memory-budget", args.memory_budget,
+                  "Most bytes of data held at once (SIZE: an integer with an optional K, M, G "
+                  "or T suffix, powers of 1024); default: WHARF_MEMORY_BUDGET, else 1G")
+      ->check([](const std::string& v) -> std::string {
+        auto size = ParseSize(v);
+        if (!size.ok()) return std::string(size.status().message());
+        if (*size == 0) return "the memory budget must be positive";
+        return "";
+      });
+  if (budget_mb_alias) {
+    cmd->add_option("--budget-mb", args.budget_mb, "Same as --memory-budget, in MiB")
+        ->check(CLI::Range(1, 1 << 24));
+  }
+}
+
+absl::Status ApplyEngineArgs(const EngineArgs& args, int inflight) {
+  std::optional<uint64_t> budget;
+  if (!args.memory_budget.empty()) {
+    absl::StatusOr<uint64_t> size = ParseSize(args.memory_budget);
+    if (!size.ok()) return size.status();
+    budget = *size;
+  } else if (args.budget_mb > 0) {
+    budget = static_cast<uint64_t>(args.budget_mb) << 20;
+  }
+  std::optional<int> n;
+  if (inflight > 0) n = inflight;
+  if (budget || n) Runtime::Configure(budget, n);
+  return absl::OkStatus();
+}
+
+std::vector<TransferFilter> FiltersInOrder(int argc, const char* const* argv) {
+  std::vector<TransferFilter> filters;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    for (const auto& [flag, include] : {std::pair{"--include", true}, {"--exclude", false}}) {
+      const std::string with_eq = absl::StrCat(flag, "=");
+      if (arg == flag && i + 1 < argc) {
+        filters.push_back({include, argv[++i]});
+      } else if (absl::StartsWith(arg, with_eq)) {
+        filters.push_back({include, arg.substr(with_eq.size())});
+      }
+    }
+  }
+  return filters;
+}
+
+}  // namespace wharf::cli

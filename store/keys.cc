@@ -1,0 +1,41 @@
+#include "store/keys.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace wharf {
+
+bool IsSafeRelativeKey(absl::string_view rel) {
+  if (rel.empty()) return false;
+  if (rel.find('\0') != absl::string_view::npos) return false;
+  if (rel.front() == '/' || rel.front() == '\\') return false;
+  for (absl::string_view part : absl::StrSplit(rel, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+    // A backslash is an ordinary byte in POSIX names, so "a\b" is one harmless file here;
+    // but the same tree copied onto Windows, or unpacked by a tool that treats '\' as a
+    // separator, would resolve "..\" upwards. Refuse the dot components on that side too.
+    for (absl::string_view sub : absl::StrSplit(part, '\\')) {
+      if (sub == "." || sub == "..") return false;
+    }
+  }
+  return true;
+}
+
+std::string AsPrefix(absl::string_view key) {
+  if (key.empty() || key.back() == '/') return std::string(key);
+  return absl::StrCat(key, "/");
+}
+
+std::string JoinKey(absl::string_view prefix, absl::string_view rel) {
+  if (prefix.empty()) return std::string(rel);
+  while (!rel.empty() && rel.front() == '/') rel.remove_prefix(1);
+  if (prefix.back() == '/') return absl::StrCat(prefix, rel);
+  return absl::StrCat(prefix, "/", rel);
+}
+
+absl::string_view Basename(absl::string_view key) {
+  const size_t slash = key.rfind('/');
+  return slash == absl::string_view::npos ? key : key.substr(slash + 1);
+}
+
+}  // namespace wharf

@@ -1,0 +1,28 @@
+// Keys as paths: joining, base names, and the check that keeps a key from a listing inside
+// its destination. Shared by the transfer engine and the CLI.
+#pragma once
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace wharf {
+
+// True when `rel`, a key relative to a destination prefix, names something strictly below
+// that prefix once joined to it, on a POSIX file system as well as on Windows. A listing of
+// a hostile bucket can return keys such as "p/../../etc/x" or "p//x"; copying those under a
+// destination directory must never write outside it. Refused: the empty string; a leading
+// '/' or '\'; an empty, "." or ".." path component (split on '/'); a "." or ".." component
+// when also splitting on '\' (so "a\..\b" is refused too); a NUL byte anywhere.
+bool IsSafeRelativeKey(absl::string_view rel);
+
+// `key` with a '/' appended, unless it is empty or already ends in '/'.
+std::string AsPrefix(absl::string_view key);
+
+// prefix + rel, with exactly one '/' between them (none when `prefix` is empty).
+std::string JoinKey(absl::string_view prefix, absl::string_view rel);
+
+// The last path component of `key` (the part after the last '/').
+absl::string_view Basename(absl::string_view key);
+
+}  // namespace wharf
