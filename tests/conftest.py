@@ -9,6 +9,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
+# The package of this checkout (its extension is built into python/wharf), whatever .venv's
+# wharf.pth points at.
+sys.path.insert(0, str(ROOT / "python"))
 
 
 def wharf_bin() -> str:
