@@ -697,8 +697,8 @@ def expect_files(ctx: Ctx) -> Callable[[Measured], tuple[int, int, dict]]:
     return parse
 
 
-def b_wharf_fetch(ctx: Ctx) -> Invocation:
-    argv = [ctx.args.wharf, "fetch", "-r", "--json"]
+def b_wharf_fetch(ctx: Ctx, binary: str | None = None) -> Invocation:
+    argv = [binary or ctx.args.wharf, "fetch", "-r", "--json"]
     if ctx.args.wharf_inflight:
         argv += ["--inflight", str(ctx.args.wharf_inflight)]
     argv.append(ctx.uri)
@@ -709,9 +709,17 @@ def b_wharf_fetch(ctx: Ctx) -> Invocation:
     return Invocation(argv, ctx.base_env(), parse)
 
 
-def b_wharf_cp(ctx: Ctx) -> Invocation:
-    return Invocation([ctx.args.wharf, "cp", "-r", "--quiet", ctx.uri, str(ctx.tmpdir) + "/"],
-                      ctx.base_env(), expect_files(ctx))
+def b_wharf_cp(ctx: Ctx, binary: str | None = None) -> Invocation:
+    return Invocation([binary or ctx.args.wharf, "cp", "-r", "--quiet", ctx.uri,
+                       str(ctx.tmpdir) + "/"], ctx.base_env(), expect_files(ctx))
+
+
+def avail_wharf_base(a) -> str | None:
+    if not a.wharf_base:
+        return "N/A (no --wharf-base given)"
+    if not Path(a.wharf_base).is_file():
+        return f"N/A (not built: {a.wharf_base})"
+    return None
 
 
 def b_aws_cp(ctx: Ctx) -> Invocation:
@@ -852,6 +860,11 @@ CLIENTS: list[Client] = [
            avail_wharf_fetch, b_wharf_fetch),
     Client("wharf-cp", ("get",), "build/wharf cp -r --quiet to TMPDIR", True,
            avail_wharf, b_wharf_cp),
+    # A/B of two builds in one run: the same verbs with the binary given by --wharf-base.
+    Client("wharf-base", ("get",), "--wharf-base fetch -r --json (the A/B baseline build)",
+           False, avail_wharf_base, lambda ctx: b_wharf_fetch(ctx, ctx.args.wharf_base)),
+    Client("wharf-cp-base", ("get",), "--wharf-base cp -r --quiet to TMPDIR (A/B baseline)",
+           True, avail_wharf_base, lambda ctx: b_wharf_cp(ctx, ctx.args.wharf_base)),
     Client("boto3", ("get",), "boto3 ThreadPoolExecutor(50), max_pool_connections=50, "
            "get_object().read()", False, avail_module("boto3"), peer("boto3")),
     Client("aws", ("get",), "/usr/bin/aws s3 cp --recursive, max_concurrent_requests=50", True,
@@ -1155,6 +1168,9 @@ def main() -> int:
     ap.add_argument("--skip-clients", default="", help="comma-separated clients to leave out")
     ap.add_argument("--timeout", type=float, default=600, help="per client run, seconds")
     ap.add_argument("--wharf", default=os.environ.get("WHARF_BIN", str(REPO / "build/wharf")))
+    ap.add_argument("--wharf-base", default="",
+                    help="a second wharf binary (e.g. the previous commit's build) run as the "
+                         "clients wharf-base and wharf-cp-base: an A/B in the same run")
     ap.add_argument("--wharf-inflight", type=int, default=0,
                     help="pass --inflight N to wharf fetch (0: its default)")
     ap.add_argument("--proxy-bin", help="wharf-latency-proxy binary (default: build/tools/...)")
