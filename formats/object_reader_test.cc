@@ -11,7 +11,7 @@
 #include "store/testing/random_bytes.h"
 #include "store/testing/temp_store.h"
 #include "gtest/gtest.h"
-#include "store/testing/forwarding_store.h"
+#include "store/testing/delayed_get_store.h"
 
 namespace wharf {
 namespace {

@@ -44,6 +44,8 @@ absl::StatusOr<HttpResponse> Deliver(const HttpRequest& request, const CannedRes
                                                                       canned.fail_after_bytes));
   const size_t chunk = std::max<size_t>(1, canned.chunk_bytes);
   for (size_t offset = 0; offset < body.size(); offset += chunk) {
+    // A token that fired mid-body aborts between chunks, as curl's loop would.
+    if (IsCancelled(request.cancel)) return finish(absl::CancelledError("cancelled"));
     if (!builder.OnBody(body.substr(offset, chunk))) return finish(absl::OkStatus());
   }
   return finish(canned.failure);
@@ -64,6 +66,20 @@ void CannedTransport::Send(HttpRequest request, HttpCallback done) {
 }
 
 void CannedTransport::Serve(HttpRequest request, HttpCallback done) {
+  if (IsCancelled(request.cancel)) {  // never reaches the handler, nor requests()
+    absl::Status status = absl::CancelledError(
+        absl::StrCat("HTTP ", request.method, " ", request.url, ": cancelled"));
+    SetDeliveredBytes(status, 0);
+    {
+      absl::MutexLock lock(&mu_);
+      --stats_.queued;
+      ++stats_.requests_completed;
+      ++stats_.requests_failed;
+    }
+    request = HttpRequest();
+    std::move(done)(std::move(status));
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     requests_.push_back(CopyWithoutDestination(request));

@@ -4,7 +4,9 @@
 // destination through the same code as the curl transport's (buffer / callback / string,
 // non-2xx bodies captured and capped, OutOfRange on a too-small buffer, DeliveredBytes() on
 // failures), and `done` runs on the transport's own thread, never inline in Send(), so the
-// caller sees curl's threading.
+// caller sees curl's threading. A request whose cancel token fired before it is served fails
+// with Cancelled without reaching the handler; one that fires while the body is delivered
+// aborts it between chunks.
 //
 // Thread-safety: all methods may be called from any thread. The handler runs on the
 // transport thread, one request at a time, in the order sent; it may block (a test may make

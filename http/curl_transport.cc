@@ -90,6 +90,8 @@ struct Transfer {
   absl::Cord::CharIterator upload_position;
   uint64_t upload_remaining = 0;
   bool active = false;
+  // The request's registration on its cancel token (0: none); forgotten at completion.
+  uint64_t cancel_id = 0;
   std::string scratch;  // a header line being formatted for curl_slist_append
   char error_buffer[CURL_ERROR_SIZE] = {};
 };
@@ -153,6 +155,7 @@ class CurlTransport final : public HttpTransport {
   struct Pending {
     HttpRequest request;
     HttpCallback done;
+    uint64_t cancel_id = 0;  // see Transfer::cancel_id
   };
 
   void Loop();
@@ -165,6 +168,13 @@ class CurlTransport final : public HttpTransport {
   void Complete(Transfer* transfer, absl::Status transport_error);
   // Fails what is in flight and queued with Cancelled until nothing is left.
   void CancelEverything();
+  // Runs on a canceller's thread (a token's callback): makes the loop look for cancelled
+  // requests. Must not block.
+  void NoteCancel();
+  // Aborts the transfers and drops the queued requests whose tokens fired.
+  void AbortCancelled();
+  // Fails a request that never reached the network with Cancelled("<why>").
+  void FailUnsent(Pending pending, absl::string_view why);
 
   const CurlTransportOptions options_;
   CURLM* const multi_;
@@ -185,6 +195,8 @@ class CurlTransport final : public HttpTransport {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The loop has exited; later Sends are cancelled inline.
   bool exited_ ABSL_GUARDED_BY(mu_) = false;
+  // A cancel token of some request fired since the loop last looked.
+  std::atomic<bool> cancel_requested_{false};
 
   // ---- Counters: written by the loop thread, read by stats() ----
   std::atomic<uint64_t> started_{0};
@@ -231,10 +243,14 @@ CurlTransport::~CurlTransport() {
 void CurlTransport::Send(HttpRequest request, HttpCallback done) {
   bool accepted = false;
   bool wake = false;
+  // Registered before queueing, so a cancel at any later point reaches the loop. An already
+  // fired token runs NoteCancel inline; Start() then fails the request unsent.
+  const CancelToken cancel = request.cancel;
+  const uint64_t cancel_id = cancel ? cancel->OnCancel([this] { NoteCancel(); }) : 0;
   {
     absl::MutexLock lock(&mu_);
     if (!exited_) {
-      queue_.push_back(Pending{std::move(request), std::move(done)});
+      queue_.push_back(Pending{std::move(request), std::move(done), cancel_id});
       accepted = true;
       // One wakeup per sleep is enough however many requests arrive meanwhile.
       wake = polling_ && !woken_;
@@ -243,6 +259,7 @@ void CurlTransport::Send(HttpRequest request, HttpCallback done) {
   }
   if (wake) curl_multi_wakeup(multi_);
   if (!accepted) {  // Send() raced the destructor (a caller bug): fail it, don't lose it
+    if (cancel) cancel->Forget(cancel_id);
     absl::Status status = absl::CancelledError(
         absl::StrCat("HTTP ", request.method, " ", request.url, ": transport destroyed"));
     SetDeliveredBytes(status, 0);
@@ -267,6 +284,7 @@ TransportStats CurlTransport::stats() const {
 void CurlTransport::Loop() {
   std::vector<Pending> batch;
   while (true) {
+    if (cancel_requested_.exchange(false, std::memory_order_acq_rel)) AbortCancelled();
     {
       absl::MutexLock lock(&mu_);
       polling_ = false;
@@ -293,11 +311,50 @@ void CurlTransport::Loop() {
       if (!queue_.empty() && in_flight_ < options_.max_in_flight) continue;
       polling_ = true;
     }
-    // Returns on socket activity, curl's next timer, a wakeup from Send() or the
-    // destructor, or after a second at most.
+    // Returns on socket activity, curl's next timer, a wakeup from Send(), a cancel token or
+    // the destructor, or after a second at most.
     curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
   }
   CancelEverything();
+}
+
+void CurlTransport::NoteCancel() {
+  cancel_requested_.store(true, std::memory_order_release);
+  curl_multi_wakeup(multi_);
+}
+
+void CurlTransport::AbortCancelled() {
+  for (const auto& owned : transfers_) {
+    Transfer* transfer = owned.get();
+    if (!transfer->active || !IsCancelled(transfer->request.cancel)) continue;
+    // Removing a handle mid-transfer closes its connection; nothing more is read or sent.
+    curl_multi_remove_handle(multi_, transfer->easy);
+    Complete(transfer, absl::CancelledError("cancelled"));
+  }
+  std::vector<Pending> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (IsCancelled(it->request.cancel)) {
+        dropped.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Pending& pending : dropped) FailUnsent(std::move(pending), "cancelled");
+}
+
+void CurlTransport::FailUnsent(Pending pending, absl::string_view why) {
+  if (pending.request.cancel) pending.request.cancel->Forget(pending.cancel_id);
+  absl::Status status = absl::CancelledError(
+      absl::StrCat("HTTP ", pending.request.method, " ", pending.request.url, ": ", why));
+  SetDeliveredBytes(status, 0);
+  completed_.fetch_add(1, std::memory_order_relaxed);
+  failed_.fetch_add(1, std::memory_order_relaxed);
+  pending.request = HttpRequest();  // released before `done`, as Complete() does
+  std::move(pending.done)(std::move(status));
 }
 
 Transfer* CurlTransport::AcquireTransfer() {
@@ -346,10 +403,16 @@ Transfer* CurlTransport::AcquireTransfer() {
 }
 
 void CurlTransport::Start(Pending pending) {
+  if (IsCancelled(pending.request.cancel)) {  // fired while queued: never sent
+    --in_flight_;
+    FailUnsent(std::move(pending), "cancelled");
+    return;
+  }
   Transfer* transfer = AcquireTransfer();
   transfer->active = true;
   transfer->request = std::move(pending.request);
   transfer->done = std::move(pending.done);
+  transfer->cancel_id = pending.cancel_id;
   transfer->builder.Start(&transfer->request);
   transfer->error_buffer[0] = '\0';
   started_.fetch_add(1, std::memory_order_relaxed);
@@ -450,6 +513,8 @@ void CurlTransport::Complete(Transfer* transfer, absl::Status transport_error) {
 
   // Recycle the slot before running `done`, so the request's Cord and callback are released
   // first and a follow-up Send() from `done` finds the capacity free.
+  if (transfer->request.cancel) transfer->request.cancel->Forget(transfer->cancel_id);
+  transfer->cancel_id = 0;
   curl_slist_free_all(transfer->header_list);
   transfer->header_list = nullptr;
   transfer->request = HttpRequest();
@@ -489,14 +554,7 @@ void CurlTransport::CancelEverything() {
       queued.swap(queue_);
     }
     // Queued requests never started: fail them without touching curl.
-    for (Pending& pending : queued) {
-      absl::Status status = absl::CancelledError(absl::StrCat(
-          "HTTP ", pending.request.method, " ", pending.request.url, ": transport destroyed"));
-      SetDeliveredBytes(status, 0);
-      completed_.fetch_add(1, std::memory_order_relaxed);
-      failed_.fetch_add(1, std::memory_order_relaxed);
-      std::move(pending.done)(std::move(status));
-    }
+    for (Pending& pending : queued) FailUnsent(std::move(pending), "transport destroyed");
   }
 }
 

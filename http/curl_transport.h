@@ -7,6 +7,11 @@
 // thread. Easy handles are recycled, so a steady stream of small requests allocates little
 // beyond the response itself.
 //
+// Cancellation (HttpRequest::cancel): Send() registers a callback on the token that flags the
+// loop and wakes it; the loop then removes the cancelled transfers from the multi handle
+// (closing their connections mid-body) and drops cancelled requests from its queue, so a
+// cancel takes effect within one loop turn whether the transfer is streaming or stalled.
+//
 // Thread-safety: Send() and stats() may be called from any thread, including from `done`.
 // The destructor must not race with Send() from other threads and must not be called from a
 // transport callback; it fails every queued and in-flight request with Cancelled (their

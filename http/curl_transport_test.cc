@@ -424,6 +424,82 @@ TEST_F(CurlTransportTest, DestructorCancelsQueuedAndInFlightRequests) {
   }
 }
 
+TEST_F(CurlTransportTest, PreCancelledRequestIsNeverSent) {
+  CancelToken cancel = NewCancelToken();
+  cancel->Cancel();
+  HttpRequest request = Request("GET", server_.Url("/ok"));
+  request.cancel = cancel;
+  absl::StatusOr<HttpResponse> response = SendAndWait(*transport_, std::move(request));
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kCancelled) << response.status();
+  EXPECT_THAT(response.status().message(), HasSubstr(server_.Url("/ok")));
+  EXPECT_EQ(DeliveredBytes(response.status()), 0u);
+  EXPECT_EQ(server_.requests_served(), 0);
+  EXPECT_EQ(server_.connections_accepted(), 0);
+  EXPECT_EQ(transport_->stats().requests_started, 0u);
+}
+
+TEST_F(CurlTransportTest, CancelAbortsAStalledTransferPromptlyAndSparesOthers) {
+  CancelToken cancel = NewCancelToken();
+  Results results;
+  HttpRequest hanging = Request("GET", server_.Url("/hang"));
+  hanging.cancel = cancel;
+  transport_->Send(std::move(hanging), results.Callback(0));
+  HttpRequest other = Request("GET", server_.Url("/slow/300"));
+  other.cancel = NewCancelToken();  // a different token: unaffected
+  transport_->Send(std::move(other), results.Callback(1));
+  while (server_.requests_served() < 2) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Time cancelled_at = absl::Now();
+  cancel->Cancel();
+  auto all = results.Wait();
+  // Far below the loop's 1 s poll and curl's progress interval: the cancel woke the loop.
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(5));
+  ASSERT_TRUE(all[0].has_value() && all[1].has_value());
+  EXPECT_EQ(all[0]->status().code(), absl::StatusCode::kCancelled) << all[0]->status();
+  EXPECT_THAT(all[0]->status().message(), HasSubstr(server_.Url("/hang")));
+  ASSERT_TRUE(all[1]->ok()) << all[1]->status();
+  EXPECT_EQ((*all[1])->body, "slow");
+  // The transport stays usable.
+  absl::StatusOr<HttpResponse> after = SendAndWait(*transport_, Request("GET", server_.Url("/ok")));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->body, "hello world");
+}
+
+TEST_F(CurlTransportTest, CancelMidBodyKeepsTheDeliveredBytes) {
+  // A callback destination that cancels after its first piece: the transfer stops there.
+  CancelToken cancel = NewCancelToken();
+  uint64_t received = 0;
+  HttpRequest request = Request("GET", server_.Url("/bytes/50000000"));
+  request.cancel = cancel;
+  request.response = ResponseBody::Stream([&](std::string_view piece) {
+    received += piece.size();
+    cancel->Cancel();
+    return absl::OkStatus();
+  });
+  absl::StatusOr<HttpResponse> response = SendAndWait(*transport_, std::move(request));
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kCancelled) << response.status();
+  EXPECT_EQ(DeliveredBytes(response.status()), received);
+  EXPECT_LT(received, 50000000u);
+}
+
+TEST_F(CurlTransportTest, CancelWhileQueuedDropsTheRequest) {
+  CurlTransportOptions options;
+  options.max_in_flight = 1;
+  std::unique_ptr<HttpTransport> transport = NewCurlTransport(options);
+  Results results;
+  HttpRequest blocker = Request("GET", server_.Url("/slow/500"));
+  transport->Send(std::move(blocker), results.Callback(0));
+  CancelToken cancel = NewCancelToken();
+  HttpRequest queued = Request("GET", server_.Url("/ok"));
+  queued.cancel = cancel;
+  transport->Send(std::move(queued), results.Callback(1));
+  while (server_.requests_served() < 1) absl::SleepFor(absl::Milliseconds(5));
+  cancel->Cancel();
+  auto all = results.Wait();
+  ASSERT_TRUE(all[0]->ok()) << all[0]->status();
+  EXPECT_EQ(all[1]->status().code(), absl::StatusCode::kCancelled) << all[1]->status();
+  EXPECT_EQ(server_.requests_served(), 1);
+}
+
 TEST_F(CurlTransportTest, SendFromDoneDuringDestructionIsCancelledToo) {
   CurlTransportOptions options;
   options.max_in_flight = 1;

@@ -27,6 +27,7 @@
 #include "absl/strings/cord.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "base/cancel.h"
 
 namespace wharf {
 
@@ -88,6 +89,10 @@ struct HttpRequest {
   // Limit on the whole exchange, counted from when the transport starts it (time spent in
   // the transport's own FIFO queue does not count). Zero: the transport's default.
   absl::Duration timeout = absl::ZeroDuration();
+  // Optional: when it fires, a request not yet handed to the network is failed without being
+  // sent, and one in flight is aborted (its connection closed) promptly, not at its next
+  // byte; either way `done` gets Cancelled. A response that completed first is delivered.
+  CancelToken cancel;
 };
 
 struct HttpResponse {
@@ -139,7 +144,8 @@ class HttpTransport {
   //   FailedPrecondition  TLS certificate problems (check the CA bundle)
   //   InvalidArgument     malformed URL or unsupported scheme
   //   OutOfRange          a 2xx body longer than the request's buffer
-  //   Cancelled           the transport was destroyed first
+  //   Cancelled           the request's cancel token fired, or the transport was destroyed
+  //                       first
   //   (any code)          the status returned by a ResponseBody::Callback
   // Every failure carries DeliveredBytes(): how many 2xx body bytes had already reached the
   // request's buffer or callback, so the caller can resume a GET from there.

@@ -283,6 +283,7 @@ class BatchImpl : public FetchScheduler::Batch,
       ready_.clear();
       ready_by_index_.clear();
     }
+    cancel_->Cancel();  // outside mu_: the token's callbacks run here
     deferred.Run();
     waker_->Signal();
   }
@@ -412,6 +413,7 @@ class BatchImpl : public FetchScheduler::Batch,
       request.range = whole_object ? ByteRange::All() : ByteRange::Of(g->begin + off, len);
       request.buffer = absl::Span<char>(g->block.data() + off, len);
       request.if_match = g->etag;  // every range of one object from the same version
+      request.cancel = cancel_;
       deferred.calls.push_back([self = shared_from_this(), g, request = std::move(request),
                                 sent = absl::Now()]() mutable {
         self->store_->GetAsync(std::move(request), [self, g, sent](absl::StatusOr<GetResult> r) {
@@ -576,6 +578,8 @@ class BatchImpl : public FetchScheduler::Batch,
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // Carried by every GET of the batch: Cancel() fires it, so they stop on the wire.
+  const CancelToken cancel_ = NewCancelToken();
   uint64_t peak_held_ ABSL_GUARDED_BY(mu_) = 0;
   FetchStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -20,7 +20,7 @@
 //
 // Thread-safety: a FetchScheduler may be shared; each Batch is consumed by one thread at a
 // time (Next()), while completions arrive on store threads. A Batch may be destroyed at any
-// time: outstanding requests finish in the background and their buffers are freed.
+// time: it is cancelled, and its buffers are freed as its outstanding requests end.
 #pragma once
 
 #include <cstdint>
@@ -145,7 +145,9 @@ class FetchScheduler {
     // Blocks until the next result is ready; nullopt once the batch is closed and every item
     // was delivered, or the batch was cancelled.
     virtual std::optional<FetchResult> Next() = 0;
-    // Starts no new request; results not yet delivered are dropped.
+    // Starts no new request and cancels the GETs in flight through the one CancelToken they
+    // share (GetRequest::cancel: the transport aborts them); results not yet delivered are
+    // dropped.
     virtual void Cancel() = 0;
     virtual FetchStats stats() const = 0;
   };

@@ -9,7 +9,8 @@
 #include "base/timer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/testing/forwarding_store.h"
+#include "store/forwarding_store.h"
+#include "store/testing/delayed_get_store.h"
 #include "store/testing/random_bytes.h"
 #include "store/testing/temp_store.h"
 
@@ -246,7 +247,7 @@ TEST_F(FetchSchedulerTest, LargeBlocksAreReusedWithinTheBudgetAndShowOnlyTheirOb
 
 // A store that delivers one byte less than asked: the scheduler must not hand out the
 // unfilled byte as data.
-class ShortReads : public store_testing::ForwardingStore {
+class ShortReads : public ForwardingStore {
  public:
   using ForwardingStore::ForwardingStore;
   void GetAsync(GetRequest r, Callback<GetResult> d) override {
@@ -343,6 +344,48 @@ TEST_F(FetchSchedulerTest, CancelStopsDeliveryAndDestroyingABatchIsSafe) {
   auto another = scheduler.Fetch(items);
   another.reset();  // requests in flight complete in the background
   absl::SleepFor(absl::Milliseconds(60));
+}
+
+// Holds every GET until its cancel token fires, then fails it as a backend would.
+class ParkingStore : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  void GetAsync(GetRequest request, Callback<GetResult> done) override {
+    if (request.cancel == nullptr) {
+      return std::move(done)(absl::InternalError("GET without a cancel token"));
+    }
+    parked_.Enter();
+    auto pending = std::make_shared<Callback<GetResult>>(std::move(done));
+    request.cancel->OnCancel([this, pending, uri = Uri(request.key)] {
+      // Off the canceller's thread, as a transport completes.
+      Timer::Global().After(absl::ZeroDuration(), [this, pending, uri] {
+        ++cancelled_;
+        parked_.Leave();
+        std::move(*pending)(absl::CancelledError(absl::StrCat("get ", uri, ": cancelled")));
+      });
+    });
+  }
+  int parked() { return parked_.in_flight(); }
+  std::atomic<int> cancelled_{0};
+
+ private:
+  store_testing::InFlightCounter parked_;
+};
+
+TEST_F(FetchSchedulerTest, CancelStopsTheRequestsInFlightThroughTheirToken) {
+  auto listed = PutObjects(8, 1000);
+  auto parking = std::make_shared<ParkingStore>(local_);
+  FetchScheduler scheduler(parking, {.max_in_flight = 8});
+  std::vector<FetchItem> items;
+  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
+  auto batch = scheduler.Fetch(items);
+  for (int i = 0; i < 1000 && parking->parked() < 8; ++i) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(parking->parked(), 8);
+  batch->Cancel();
+  EXPECT_FALSE(batch->Next().has_value());
+  for (int i = 0; i < 1000 && parking->parked() > 0; ++i) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(parking->parked(), 0);
+  EXPECT_EQ(parking->cancelled_.load(), 8);
 }
 
 TEST_F(FetchSchedulerTest, OpenBatchTakesItemsWhileDelivering) {

@@ -20,11 +20,12 @@
 #include "base/timer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/testing/forwarding_store.h"
 #include "http/curl_transport.h"
+#include "store/forwarding_store.h"
 #include "store/local/local_store.h"
 #include "store/s3/aws_config.h"
 #include "store/s3/s3_store.h"
+#include "store/testing/delayed_get_store.h"
 
 namespace wharf {
 namespace {
@@ -666,7 +667,7 @@ TEST(ParallelListPropertyTest, MatchesTheSequentialListingOnS3) {
 
 // Delays every list page by `delay` (on the shared timer: no thread sleeps) and counts the
 // calls in flight; optionally fails call number `fail_call` (1-based).
-class SlowListStore : public store_testing::ForwardingStore {
+class SlowListStore : public ForwardingStore {
  public:
   SlowListStore(ObjectStore& inner, absl::Duration delay)
       : ForwardingStore(inner), delay_(delay) {}

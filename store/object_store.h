@@ -20,7 +20,11 @@
 //   backends: NotFound (missing object or bucket), PermissionDenied (credentials, ACLs),
 //   InvalidArgument (malformed key or request), OutOfRange (range starts past the end),
 //   FailedPrecondition (if_match mismatch; a key that cannot coexist with another),
-//   Unavailable (transient; retried by the backend before it is surfaced).
+//   Unavailable (transient; retried by the backend before it is surfaced), Cancelled (the
+//   request's CancelToken fired).
+//
+// Decorators (a cache tier, metrics, fault injection) derive from ForwardingStore
+// (store/forwarding_store.h) and forward what they do not change, read options included.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +41,7 @@
 #include "absl/strings/cord.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "base/cancel.h"
 
 namespace wharf {
 
@@ -146,15 +151,40 @@ struct GetRequest {
   // (OutOfRange), never a silent truncation.
   absl::Span<char> buffer;
   ReadSink* sink = nullptr;
+  // ---- Per-call read options (as leveldb's ReadOptions). Decorators forward them. ----
   // When non-empty, fail with FailedPrecondition unless the object's etag equals it, so
   // parallel ranged parts of one object never mix two versions.
   std::string if_match;
+  // When non-empty and equal to the object's current etag (ObjectMeta::etag, unquoted), the
+  // read succeeds with GetResult::not_modified: no byte is delivered (the buffer or sink is
+  // untouched), meta describes the object. Otherwise the read proceeds as without it. S3
+  // sends If-None-Match and takes the 304 Not Modified; for gs:// over the XML API the
+  // etag is GCS's ETag, the equivalent of its generation condition; the local store compares
+  // its own etag. Evaluated after if_match and before the range (as HTTP does), so a
+  // not-modified answer never fails on a range past the end.
+  std::string if_none_match;
+  // The oldest copy the caller accepts: a caching decorator (the tier) may serve a copy it
+  // validated against the source at most this long ago. Zero (the default): the bytes must be
+  // current, i.e. read from (or revalidated with) the source. Backends always read the
+  // source, so they satisfy any bound and ignore it.
+  absl::Duration max_staleness = absl::ZeroDuration();
+  // When set and cancelled, the read stops: a request not yet sent is never sent, a transfer
+  // in flight is aborted (the curl transport drops it; the local store stops between
+  // chunks), retries stop, and `done` gets CancelledError naming the operation and the URI
+  // ("get s3://b/k: cancelled"). Bytes already delivered to the buffer or sink stay there.
+  // One token may be shared by many requests (a fetch batch cancels all of its own at once).
+  CancelToken cancel;
 };
 
 struct GetResult {
   uint64_t offset = 0;  // where the returned bytes start in the object
   uint64_t bytes = 0;   // how many bytes were delivered
   ObjectMeta meta;      // meta.size is the size of the whole object
+  // The object's etag equals GetRequest::if_none_match: nothing was delivered (bytes and
+  // offset are 0) and meta.key and meta.etag describe the object (size and mtime too where
+  // the backend learns them without the body: the local store always; S3 from the 304's
+  // headers, where a server may leave Content-Length out, then size is 0).
+  bool not_modified = false;
   // From sending the request to the first response byte (of the last attempt); zero for
   // stores without a network hop.
   absl::Duration time_to_first_byte = absl::ZeroDuration();
@@ -216,7 +246,7 @@ class ObjectStore {
   // The same with upload options. The default runs the form above when `options` are the
   // defaults and fails with Unimplemented otherwise; a store with capabilities().put_options
   // overrides it (and forwards the form above to it with PutOptions{}). A decorator that
-  // changes puts overrides this form and NewWriter(key, options) (see ForwardingStore).
+  // changes puts overrides this form and NewWriter(key, options) (store/forwarding_store.h).
   // InvalidArgument (nothing sent) unless ValidatePutOptions(options) is OK.
   virtual void PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                         Callback<ObjectMeta> done);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -11,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "base/cancel.h"
 #include "gmock/gmock.h"
 #include "store/testing/random_bytes.h"
 
@@ -213,6 +216,190 @@ TEST_P(ObjectStoreConformance, IfMatchGuardsAgainstChangedObjects) {
   GetRequest stale{.key = "v", .buffer = absl::MakeSpan(buffer),
                    .if_match = "0123456789abcdef0123456789abcdef"};
   EXPECT_EQ(store().Get(stale).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// ---- Per-call read options ----
+
+// A sink that records what it got; optionally runs `on_chunk` after each chunk.
+class RecordingSink : public ReadSink {
+ public:
+  absl::Status Append(absl::string_view chunk) override {
+    bytes += chunk.size();
+    ++chunks;
+    if (on_chunk) on_chunk();
+    return absl::OkStatus();
+  }
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<int> chunks{0};
+  std::function<void()> on_chunk;
+};
+
+TEST_P(ObjectStoreConformance, IfNoneMatchOfTheCurrentEtagIsNotModifiedWithoutBytes) {
+  const std::string data = Pattern(3000, 11);
+  auto put = store().Put("inm/obj", absl::Cord(data));
+  ASSERT_TRUE(put.ok()) << put.status();
+  std::string buffer(data.size(), 'x');
+  GetRequest request{.key = "inm/obj", .buffer = absl::MakeSpan(buffer),
+                     .if_none_match = put->etag};
+  auto got = store().Get(request);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->not_modified);
+  EXPECT_EQ(got->bytes, 0u);
+  EXPECT_EQ(got->meta.key, "inm/obj");
+  EXPECT_EQ(got->meta.etag, put->etag);
+  EXPECT_EQ(buffer, std::string(data.size(), 'x'));  // untouched
+  // Into a sink, and with if_match of the same version: still nothing delivered.
+  RecordingSink sink;
+  GetRequest to_sink{.key = "inm/obj", .sink = &sink, .if_match = put->etag,
+                     .if_none_match = put->etag};
+  auto streamed = store().Get(to_sink);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_TRUE(streamed->not_modified);
+  EXPECT_EQ(sink.bytes.load(), 0u);
+}
+
+TEST_P(ObjectStoreConformance, IfNoneMatchOfAnotherEtagReadsTheObject) {
+  auto v1 = store().Put("inm/changing", absl::Cord("version one"));
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  const std::string data = Pattern(5000, 12);
+  auto v2 = store().Put("inm/changing", absl::Cord(data));
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  std::string buffer(data.size(), '\0');
+  GetRequest request{.key = "inm/changing", .buffer = absl::MakeSpan(buffer),
+                     .if_none_match = v1->etag};
+  auto got = store().Get(request);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_FALSE(got->not_modified);
+  EXPECT_EQ(got->bytes, data.size());
+  EXPECT_EQ(got->meta.etag, v2->etag);
+  EXPECT_EQ(buffer, data);
+  // A range with a stale if_none_match: the range, as without the option.
+  std::string part(100, '\0');
+  GetRequest ranged{.key = "inm/changing", .range = ByteRange::Of(10, 100),
+                    .buffer = absl::MakeSpan(part), .if_none_match = v1->etag};
+  auto got_range = store().Get(ranged);
+  ASSERT_TRUE(got_range.ok()) << got_range.status();
+  EXPECT_FALSE(got_range->not_modified);
+  EXPECT_EQ(part, data.substr(10, 100));
+}
+
+TEST_P(ObjectStoreConformance, IfMatchMismatchFailsEvenWithIfNoneMatch) {
+  auto put = store().Put("inm/guarded", absl::Cord("guarded"));
+  ASSERT_TRUE(put.ok()) << put.status();
+  std::string buffer(7, '\0');
+  GetRequest request{.key = "inm/guarded", .buffer = absl::MakeSpan(buffer),
+                     .if_match = "0123456789abcdef0123456789abcdef",
+                     .if_none_match = "fedcba9876543210fedcba9876543210"};
+  auto got = store().Get(request);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr(store().Uri("inm/guarded")));
+}
+
+TEST_P(ObjectStoreConformance, AnyStalenessBoundReadsTheCurrentObject) {
+  // A backend reads the source, so every bound is met with the current bytes.
+  ASSERT_TRUE(store().Put("stale/k", absl::Cord("first")).ok());
+  for (absl::Duration bound : {absl::ZeroDuration(), absl::Hours(1), absl::InfiniteDuration()}) {
+    std::string buffer(6, '\0');
+    GetRequest request{.key = "stale/k", .buffer = absl::MakeSpan(buffer)};
+    request.max_staleness = bound;
+    auto got = store().Get(request);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(buffer.substr(0, got->bytes), "first");
+  }
+  ASSERT_TRUE(store().Put("stale/k", absl::Cord("second")).ok());
+  std::string buffer(6, '\0');
+  GetRequest request{.key = "stale/k", .buffer = absl::MakeSpan(buffer)};
+  request.max_staleness = absl::Hours(1);
+  auto got = store().Get(request);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(buffer.substr(0, got->bytes), "second");
+}
+
+TEST_P(ObjectStoreConformance, PreCancelledGetDoesNothing) {
+  ASSERT_TRUE(store().Put("cancel/small", absl::Cord("bytes")).ok());
+  CancelToken cancel = NewCancelToken();
+  cancel->Cancel();
+  RecordingSink sink;
+  GetRequest request{.key = "cancel/small", .sink = &sink};
+  request.cancel = cancel;
+  auto got = store().Get(request);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  EXPECT_THAT(got.status().message(),
+              HasSubstr(absl::StrCat("get ", store().Uri("cancel/small"), ": cancelled")));
+  EXPECT_EQ(sink.chunks.load(), 0);
+  // Not even looked up: a missing key is Cancelled too, not NotFound.
+  GetRequest missing{.key = "cancel/missing", .sink = &sink};
+  missing.cancel = cancel;
+  EXPECT_EQ(store().Get(missing).status().code(), absl::StatusCode::kCancelled);
+  // Through the asynchronous form as well.
+  absl::Notification done;
+  absl::Status async_status;
+  GetRequest async_request{.key = "cancel/small", .sink = &sink};
+  async_request.cancel = cancel;
+  store().GetAsync(std::move(async_request), [&](absl::StatusOr<GetResult> r) {
+    async_status = r.status();
+    done.Notify();
+  });
+  done.WaitForNotification();
+  EXPECT_EQ(async_status.code(), absl::StatusCode::kCancelled) << async_status;
+  EXPECT_EQ(sink.chunks.load(), 0);
+}
+
+constexpr size_t kLargeObject = size_t{64} << 20;
+
+TEST_P(ObjectStoreConformance, CancelInsideTheSinkStopsALargeGetAndTheStoreStaysUsable) {
+  const std::string data = Pattern(kLargeObject, 13);
+  ASSERT_TRUE(store().Put("cancel/large", absl::Cord(data)).ok());
+  CancelToken cancel = NewCancelToken();
+  RecordingSink sink;
+  sink.on_chunk = [&] { cancel->Cancel(); };  // after the first chunk
+  GetRequest request{.key = "cancel/large", .sink = &sink};
+  request.cancel = cancel;
+  auto got = store().Get(request);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr(store().Uri("cancel/large")));
+  // Stopped near the first chunk, not after most of the object.
+  EXPECT_LT(sink.bytes.load(), kLargeObject / 4);
+  // The store (its connections, its pool) serves the next request.
+  auto after = store().Read("cancel/large", ByteRange::Of(kLargeObject - 10, 10));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, data.substr(kLargeObject - 10));
+}
+
+TEST_P(ObjectStoreConformance, CancelFromAnotherThreadStopsAGetInFlight) {
+  const std::string data = Pattern(kLargeObject, 14);
+  ASSERT_TRUE(store().Put("cancel/large", absl::Cord(data)).ok());
+  CancelToken cancel = NewCancelToken();
+  absl::Notification first_chunk, cancelled;
+  RecordingSink sink;
+  // The first chunk waits (back-pressure, as a slow consumer would) until the test thread
+  // has cancelled: the transfer is certainly in flight when the token fires.
+  sink.on_chunk = [&] {
+    if (!first_chunk.HasBeenNotified()) first_chunk.Notify();
+    cancelled.WaitForNotification();
+  };
+  absl::Notification done;
+  absl::StatusOr<GetResult> result;
+  GetRequest request{.key = "cancel/large", .sink = &sink};
+  request.cancel = cancel;
+  store().GetAsync(std::move(request), [&](absl::StatusOr<GetResult> r) {
+    result = std::move(r);
+    done.Notify();
+  });
+  first_chunk.WaitForNotification();
+  cancel->Cancel();
+  cancelled.Notify();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  EXPECT_LT(sink.bytes.load(), kLargeObject / 4);
+  // Other requests, with their own tokens, are unaffected.
+  std::string buffer(10, '\0');
+  GetRequest next{.key = "cancel/large", .range = ByteRange::Of(0, 10),
+                  .buffer = absl::MakeSpan(buffer)};
+  next.cancel = NewCancelToken();
+  auto got = store().Get(next);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(buffer, data.substr(0, 10));
 }
 
 TEST_P(ObjectStoreConformance, ListOrderIsByteWiseWithAwkwardKeys) {

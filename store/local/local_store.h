@@ -12,6 +12,9 @@
 //    listing never shows an empty "directory" as a common prefix;
 //  - PutOptions::mtime sets the file's modification time before the rename (so the object
 //    appears with it); the other PutOptions fields are ignored.
+//  - read options: if_match / if_none_match compare the etag above; max_staleness is met by
+//    reading the file; a cancel token is checked before the file is opened and between
+//    chunks (1 MiB into a sink, 8 MiB into a buffer);
 // File-system limits surface as FailedPrecondition: "a" and "a/b" cannot both be objects
 // (capabilities().nested_keys_conflict), and keys cannot end in '/'.
 //

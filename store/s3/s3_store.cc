@@ -42,6 +42,11 @@ struct S3Store::Call {
   // Called on each attempt's failure with the status; return true to retry the call
   // (after the caller adjusted it, e.g. a GET's range for resuming).
   absl::AnyInvocable<bool(const absl::Status&)> on_transport_failure;
+  // When it fires the call stops: no further attempt is sent, the transfer in flight is
+  // aborted by the transport, and `done` gets "<op> <uri>: cancelled".
+  CancelToken cancel;
+  // A 304 Not Modified is a success (a GET with If-None-Match), not an error.
+  bool accept_not_modified = false;
 
   int attempt = 0;
   absl::Time first_attempt = absl::InfinitePast();
@@ -104,6 +109,47 @@ std::string UrlDecode(absl::string_view s) {
     }
   }
   return out;
+}
+
+absl::Status CancelledCall(absl::string_view op, absl::string_view uri) {
+  return absl::CancelledError(absl::StrCat(op, " ", uri, ": cancelled"));
+}
+
+// Runs `fn` on the timer after `delay`, or as soon as `cancel` fires if that comes first
+// (so a cancelled call does not sit out its backoff); exactly once either way.
+void AfterDelayOrCancel(absl::Duration delay, const CancelToken& cancel,
+                        absl::AnyInvocable<void() &&> fn) {
+  if (cancel == nullptr) return Timer::Global().After(delay, std::move(fn));
+  struct Once {
+    absl::Mutex mu;
+    bool ran ABSL_GUARDED_BY(mu) = false;
+    uint64_t cancel_id ABSL_GUARDED_BY(mu) = 0;
+    absl::AnyInvocable<void() &&> fn;
+  };
+  auto once = std::make_shared<Once>();
+  once->fn = std::move(fn);
+  auto run = [once, cancel] {
+    uint64_t id;
+    {
+      absl::MutexLock lock(&once->mu);
+      if (once->ran) return;
+      once->ran = true;
+      id = once->cancel_id;
+    }
+    cancel->Forget(id);  // a no-op when the cancel is what ran us
+    // Moved out so that what it holds (the call, `done`) is released after it ran, not when
+    // the other of the timer entry and the cancel callback lets go of `once`.
+    absl::AnyInvocable<void() &&> fn = std::move(once->fn);
+    std::move(fn)();
+  };
+  // The cancel callback runs on the canceller's thread: it only moves the work to the timer.
+  const uint64_t id =
+      cancel->OnCancel([run]() mutable { Timer::Global().After(absl::ZeroDuration(), run); });
+  {
+    absl::MutexLock lock(&once->mu);
+    if (!once->ran) once->cancel_id = id;
+  }
+  Timer::Global().After(delay, std::move(run));
 }
 
 bool IsRetryableCode(absl::string_view code) {
@@ -325,6 +371,9 @@ void S3Store::Execute(std::shared_ptr<Call> call, ResponseCallback done) {
 }
 
 void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
+  if (IsCancelled(call->cancel)) {
+    return std::move(done)(CancelledCall(call->op, Uri(call->key)));
+  }
   ++call->attempt;
   if (config_.anonymous) return SendAttempt(std::move(call), std::move(done), nullptr);
   if (credentials_cache_ == nullptr) {
@@ -345,6 +394,8 @@ void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
 void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
                           const Credentials* credentials) {
   const std::string uri = call->key.empty() ? Uri("") : Uri(call->key);
+  // Fired while the credentials were fetched: nothing is sent.
+  if (IsCancelled(call->cancel)) return std::move(done)(CancelledCall(call->op, uri));
 
   SigningRequest sr;
   sr.method = call->method;
@@ -360,6 +411,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
   HttpRequest request;
   request.method = call->method;
   request.body = call->body;
+  request.cancel = call->cancel;
   if (call->make_response_body) request.response = call->make_response_body();
   if (call->on_headers) request.on_headers = call->on_headers;
   if (credentials == nullptr) {
@@ -386,7 +438,8 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
       failure = response.status();
       retry = failure.code() == absl::StatusCode::kUnavailable;
       if (call->on_transport_failure) retry = call->on_transport_failure(failure) && retry;
-    } else if (response->status / 100 != 2) {
+    } else if (response->status / 100 != 2 &&
+               !(call->accept_not_modified && response->status == 304)) {
       if (credentials_cache_ != nullptr && !call->refreshed_credentials &&
           IsExpiredCredentialsResponse(*response)) {
         // Temporary credentials that expired early or were revoked: fetch fresh ones and
@@ -402,14 +455,18 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
       std::move(done)(std::move(response));
       return;
     }
+    // A cancelled call fails as cancelled, whatever the transport or server said, and is
+    // never retried.
+    if (IsCancelled(call->cancel)) return std::move(done)(CancelledCall(call->op, uri));
     const bool in_budget = call->attempt < options_.retry.max_attempts &&
                            absl::Now() - call->first_attempt < options_.retry.max_total;
     if (retry && in_budget) {
       const absl::Duration delay = Backoff(call->attempt);  // before `call` is moved below
-      Timer::Global().After(delay, [this, call = std::move(call),
-                                                     done = std::move(done)]() mutable {
-        Attempt(std::move(call), std::move(done));
-      });
+      const CancelToken cancel = call->cancel;
+      AfterDelayOrCancel(delay, cancel,
+                         [this, call = std::move(call), done = std::move(done)]() mutable {
+                           Attempt(std::move(call), std::move(done));
+                         });
       return;
     }
     if (!response.ok()) failure = Annotate(failure, absl::StrCat(call->op, " ", uri));
@@ -520,6 +577,8 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
   auto call = std::make_shared<Call>();
   call->op = "get";
   call->key = state->request.key;
+  call->cancel = state->request.cancel;
+  call->accept_not_modified = !state->request.if_none_match.empty();
   auto set_headers = [state](Call& c) {
     c.headers.clear();
     const GetRequest& req = state->request;
@@ -534,6 +593,10 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
       if (!req.if_match.empty()) {
         c.headers.emplace_back("if-match", absl::StrCat("\"", req.if_match, "\""));
       }
+      // Only on the first request: a resumed one continues a 2xx, so the ETag differed.
+      if (!req.if_none_match.empty()) {
+        c.headers.emplace_back("if-none-match", absl::StrCat("\"", req.if_none_match, "\""));
+      }
     }
   };
   set_headers(*call);
@@ -541,6 +604,8 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     const GetRequest& req = state->request;
     if (req.sink != nullptr) {
       return ResponseBody::Stream([state](std::string_view chunk) -> absl::Status {
+        // A sink's own cancel (or another thread's) stops the stream before the next chunk.
+        if (IsCancelled(state->request.cancel)) return absl::CancelledError("cancelled");
         return state->request.sink->Append(absl::string_view(chunk.data(), chunk.size()));
       });
     }
@@ -580,6 +645,16 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     result.meta.key = state->request.key;
     result.meta.etag = Unquote(Header(*r, "etag"));
     result.meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
+    result.time_to_first_byte = r->time_to_first_byte;
+    result.attempts = attempts;
+    if (r->status == 304) {  // If-None-Match matched: nothing delivered
+      result.not_modified = true;
+      if (result.meta.etag.empty()) result.meta.etag = state->request.if_none_match;
+      // A 304 may carry the Content-Length a 200 would have; servers that leave it out
+      // leave the size unknown (0).
+      absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size);
+      return std::move(done)(std::move(result));
+    }
     const std::string content_range = Header(*r, "content-range");
     uint64_t length = r->body_bytes;
     if (!content_range.empty()) {
@@ -594,8 +669,6 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     } else {
       absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size);
     }
-    result.time_to_first_byte = r->time_to_first_byte;
-    result.attempts = attempts;
     if (state->delivered > 0) result.offset = state->begin;
     result.bytes = state->delivered + r->body_bytes;
     if (r->body_bytes != length) {

@@ -11,6 +11,12 @@
 // bytes arrived resumes from the next byte with If-Match on the ETag first seen, so the
 // bytes of two versions are never spliced together.
 //
+// Read options (GetRequest): if_match and if_none_match travel as If-Match / If-None-Match
+// (a 304 Not Modified is GetResult::not_modified); max_staleness is satisfied by reading the
+// source. A cancel token is checked before every attempt (a fired one sends nothing), handed
+// to the transport (which aborts the transfer in flight), checked between the chunks of a
+// sink, and cuts a retry's backoff short; the call then fails with "get <uri>: cancelled".
+//
 // Credentials: each attempt is signed with the config's static keys, or with credentials
 // from a CredentialsCache over config.credentials_provider (refreshed in the background
 // before they expire; docs/design/credentials.md). A 400/403 ExpiredToken or InvalidToken

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "base/hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -201,6 +202,135 @@ TEST(S3StoreTest, ChangedObjectDuringResumeFailsInsteadOfSplicing) {
   EXPECT_EQ(store->Read("k").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+std::string HeaderOf(const HttpRequest& req, absl::string_view name) {
+  for (const auto& [k, v] : req.headers) {
+    if (absl::EqualsIgnoreCase(k, name)) return v;
+  }
+  return "";
+}
+
+TEST(S3StoreTest, IfNoneMatchOfTheCurrentEtagIs304NotModified) {
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
+    if (HeaderOf(req, "if-none-match") == "\"v1\"") {
+      // What S3 answers: no body, the validators of the current version.
+      CannedResponse r;
+      r.status = 304;
+      r.headers = {{"etag", "\"v1\""}, {"last-modified", "Wed, 12 Oct 2009 17:50:00 GMT"}};
+      return r;
+    }
+    return Ok("current bytes", {{"etag", "\"v2\""}});
+  });
+  auto store = MakeStore(transport);
+  std::string buffer(13, 'x');
+  auto got = store->Get({.key = "k", .buffer = absl::MakeSpan(buffer), .if_none_match = "v1"});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->not_modified);
+  EXPECT_EQ(got->bytes, 0u);
+  EXPECT_EQ(got->meta.etag, "v1");
+  EXPECT_EQ(got->meta.mtime, absl::FromUnixSeconds(1255369800));
+  EXPECT_EQ(buffer, std::string(13, 'x'));
+  EXPECT_EQ(transport->request_count(), 1u);  // a 304 is an answer, not an error to retry
+
+  auto changed = store->Get({.key = "k", .buffer = absl::MakeSpan(buffer), .if_none_match = "v0"});
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_FALSE(changed->not_modified);
+  EXPECT_EQ(buffer, "current bytes");
+  // The header is sent quoted, and only when asked for.
+  EXPECT_EQ(HeaderOf(transport->requests()[1], "if-none-match"), "\"v0\"");
+  ASSERT_TRUE(store->Read("k").ok());
+  EXPECT_EQ(HeaderOf(transport->requests()[2], "if-none-match"), "");
+}
+
+TEST(S3StoreTest, A304WithoutIfNoneMatchIsAnError) {
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest&) {
+    CannedResponse r;
+    r.status = 304;
+    return r;
+  });
+  auto store = MakeStore(transport);
+  auto read = store->Read("k");
+  EXPECT_FALSE(read.ok());
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr("s3://bkt/k"));
+}
+
+TEST(S3StoreTest, PreCancelledGetSendsNothing) {
+  auto transport = std::make_shared<CannedTransport>(
+      [](const HttpRequest&) { return Ok("payload", {{"etag", "\"e\""}}); });
+  auto store = MakeStore(transport);
+  CancelToken cancel = NewCancelToken();
+  cancel->Cancel();
+  std::string buffer(7, '\0');
+  GetRequest request{.key = "a/b", .buffer = absl::MakeSpan(buffer)};
+  request.cancel = cancel;
+  auto got = store->Get(request);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(got.status().message(), "get s3://bkt/a/b: cancelled");
+  EXPECT_EQ(transport->request_count(), 0u);
+  EXPECT_EQ(transport->stats().requests_started, 0u);
+}
+
+// A sink that cancels the read after its first chunk.
+class CancellingSink : public ReadSink {
+ public:
+  explicit CancellingSink(CancelToken cancel) : cancel_(std::move(cancel)) {}
+  absl::Status Append(absl::string_view chunk) override {
+    bytes += chunk.size();
+    cancel_->Cancel();
+    return absl::OkStatus();
+  }
+  uint64_t bytes = 0;
+
+ private:
+  CancelToken cancel_;
+};
+
+TEST(S3StoreTest, CancelMidBodyStopsTheTransferAndIsNotResumed) {
+  // The connection also breaks after 40000 bytes: without the cancel this GET would resume.
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest&) {
+    CannedResponse r = Ok(std::string(100000, 'z'), {{"etag", "\"v\""}});
+    r.chunk_bytes = 10000;
+    r.failure = absl::UnavailableError("Connection reset by peer");
+    r.fail_after_bytes = 40000;
+    return r;
+  });
+  auto store = MakeStore(transport);
+  CancelToken cancel = NewCancelToken();
+  CancellingSink sink(cancel);
+  GetRequest request{.key = "big", .sink = &sink};
+  request.cancel = cancel;
+  auto got = store->Get(request);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kCancelled) << got.status();
+  EXPECT_EQ(got.status().message(), "get s3://bkt/big: cancelled");
+  EXPECT_EQ(sink.bytes, 10000u);  // the first chunk only
+  EXPECT_EQ(transport->request_count(), 1u);
+}
+
+TEST(S3StoreTest, CancelDuringRetryBackoffEndsTheCallWithoutWaitingItOut) {
+  auto transport = std::make_shared<CannedTransport>(
+      [](const HttpRequest&) { return Err(503, "SlowDown"); });
+  S3StoreOptions options;
+  options.retry.initial_backoff = absl::Seconds(60);
+  options.retry.max_backoff = absl::Seconds(60);
+  auto store = *S3Store::Open("bkt", TestConfig(), transport, options);
+  CancelToken cancel = NewCancelToken();
+  std::string buffer(10, '\0');
+  GetRequest request{.key = "k", .buffer = absl::MakeSpan(buffer)};
+  request.cancel = cancel;
+  absl::Notification done;
+  absl::Status status;
+  store->GetAsync(std::move(request), [&](absl::StatusOr<GetResult> r) {
+    status = r.status();
+    done.Notify();
+  });
+  while (transport->request_count() < 1) absl::SleepFor(absl::Milliseconds(1));
+  cancel->Cancel();
+  // The backoff drawn is up to a minute: the cancel, not the timer, ends the wait.
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("get s3://bkt/k: cancelled"));
+  EXPECT_LE(transport->request_count(), 2u);
+}
+
 TEST(S3StoreTest, PutChecksTheEtagAgainstTheMd5Sent) {
   auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
     std::string md5;
@@ -334,13 +464,6 @@ std::unique_ptr<S3Store> MakeStoreWithProvider(std::shared_ptr<HttpTransport> tr
   options.retry.initial_backoff = absl::Milliseconds(1);
   options.retry.max_attempts = 4;
   return *S3Store::Open("bkt", std::move(config), std::move(transport), options);
-}
-
-std::string HeaderOf(const HttpRequest& req, absl::string_view name) {
-  for (const auto& [k, v] : req.headers) {
-    if (absl::EqualsIgnoreCase(k, name)) return v;
-  }
-  return "";
 }
 
 TEST(S3StoreTest, SignsWithFetchedCredentialsAndTheirSessionToken) {
