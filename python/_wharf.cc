@@ -136,7 +136,7 @@ StoreOptions StoreOptionsFromKwargs(const py::kwargs& kwargs) {
       PyErr_SetString(PyExc_TypeError,
                       absl::StrCat("store option '", name, "' takes ",
                                    name == "anonymous" ? "a bool" : "a str", ", not ",
-                                   std::string(py::str(value.get_type().attr("__name__"))))
+                                   Py_TYPE(value.ptr())->tp_name)
                           .c_str());
       throw py::error_already_set();
     }
@@ -322,7 +322,7 @@ PYBIND11_MODULE(_wharf, m) {
       .def("delete", &Store::Delete, py::arg("key"))
       .def("delete_many", &Store::DeleteMany, py::arg("keys"))
       // Pickled as its spec (no credentials), reopened from it (see StoreHandle).
-      .def(py::pickle([](const Store& s) { return s.handle().State(); },
+      .def(py::pickle([](const Store& s) -> py::object { return s.handle().State(); },
                       [](const py::object& state) {
                         return std::make_shared<Store>(StoreHandle::FromState(state));
                       }));

@@ -136,7 +136,8 @@ def test_index_factories_take_store_options(s3_keys_only, bucket, s3_client):
     assert manifest.keys() == ["a"] and manifest.uri == f"s3://{bucket}/m/"
     for index in (by_keys, manifest):
         assert json.loads(index.spec)["options"] == {"endpoint": endpoint}
-        assert bytes(wharf.SampleReader(index).get(0)) == b"A"
+        key, buf = wharf.SampleReader(index).get(0)
+        assert (key, bytes(buf)) == ("a", b"A")
 
 
 def test_torch_datasets_pass_store_options(s3_keys_only, bucket, s3_client):
