@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "cli/common.h"
+#include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "store/registry.h"
 
@@ -65,7 +66,7 @@ absl::Status RunCat(const CatArgs& args) {
     WHARF_ASSIGN_OR_RETURN(range, ParseRange(args.range));
   }
   WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.inflight));
-  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.uri));
   // Whatever else was printed must precede the bytes written with write(2).
   WHARF_RETURN_IF_ERROR(FlushStdout());
   FdSink sink(STDOUT_FILENO);

@@ -15,6 +15,7 @@
 #include "base/runtime.h"
 #include "base/status.h"
 #include "cli/common.h"
+#include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "io/transfer.h"
 #include "store/registry.h"
@@ -165,7 +166,7 @@ absl::Status RunCp(const CpArgs& args) {
       return absl::InvalidArgumentError(absl::StrCat(verb, ": - cannot be used with -r or sync"));
     }
     if (args.dst == "-") {
-      WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenUri(args.src));
+      WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(args.src));
       WHARF_RETURN_IF_ERROR(FlushStdout());
       absl::Status s = TransferToFd({src.store, src.uri.key}, STDOUT_FILENO, options, &observer);
       progress.Stop();
@@ -175,7 +176,7 @@ absl::Status RunCp(const CpArgs& args) {
       }
       return s;
     }
-    WHARF_ASSIGN_OR_RETURN(OpenedUri dst, OpenUri(args.dst));
+    WHARF_ASSIGN_OR_RETURN(OpenedUri dst, OpenCliUri(args.dst));
     if (dst.uri.key.empty() || dst.uri.key.back() == '/') {
       return absl::InvalidArgumentError(
           absl::StrCat(verb, " - ", dst.store->Uri(dst.uri.key), ": name the object to write"));
@@ -186,13 +187,14 @@ absl::Status RunCp(const CpArgs& args) {
     return meta.status();
   }
 
-  WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenUri(args.src));
-  WHARF_ASSIGN_OR_RETURN(ObjectUri dst_uri, ParseUriOrPath(args.dst));
+  WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(args.src));
+  WHARF_ASSIGN_OR_RETURN(SpecAndKey dst_parsed, ParseCliUri(args.dst));
+  const ObjectUri dst_uri = dst_parsed.uri();
   std::shared_ptr<ObjectStore> dst_store;
-  if (dst_uri.scheme == src.uri.scheme && dst_uri.bucket == src.uri.bucket) {
+  if (dst_parsed.spec == src.spec) {
     dst_store = src.store;  // one store: server-side copies
   } else {
-    WHARF_ASSIGN_OR_RETURN(dst_store, StoreRegistry::Global().Open(dst_uri, Runtime::Default()));
+    WHARF_ASSIGN_OR_RETURN(dst_store, OpenSpec(dst_parsed.spec));
   }
   std::string dst_key = dst_uri.key;
 

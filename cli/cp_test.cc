@@ -147,7 +147,7 @@ class CpHostileKeysTest : public testing::Test {
         {"other/x", "not listed"},
     });
     StoreRegistry::Global().Register(
-        "mem", [store = store_](const ObjectUri&, std::shared_ptr<Runtime>)
+        "mem", [store = store_](const StoreSpec&, std::shared_ptr<Runtime>)
                    -> absl::StatusOr<std::shared_ptr<ObjectStore>> { return store; });
     char tmpl[] = "/tmp/wharf-cp-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);

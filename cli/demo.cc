@@ -25,6 +25,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "cli/common.h"
+#include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "store/registry.h"
 
@@ -370,7 +371,7 @@ void AddDemo(CLI::App& app, DemoArgs& args) {
 }
 
 absl::Status RunDemo(const DemoArgs& args) {
-  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.dir));
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.dir));
   Demo demo(*opened.store, AsPrefix(opened.uri.key), args);
   return demo.Run();
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status.h"
 #include "cli/common.h"
+#include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "io/fetch_scheduler.h"
 #include "io/prefix_fetch.h"
@@ -40,7 +41,7 @@ void AddFetch(CLI::App& app, FetchArgs& args) {
 
 absl::Status RunFetch(const FetchArgs& args) {
   WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.inflight));
-  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.uri));
   std::shared_ptr<ObjectStore> store = opened.store;
   FetchOptions options;
   options.max_in_flight = args.inflight;

@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "base/status.h"
 #include "cli/common.h"
+#include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "io/parallel_list.h"
 #include "nlohmann/json.hpp"
@@ -66,7 +67,7 @@ std::optional<std::string> BucketlessScheme(absl::string_view uri) {
 // As `aws s3 ls`: "<creation date, local time> <name>", or one JSON object per line.
 absl::Status ListBuckets(const std::string& scheme, bool json) {
   WHARF_ASSIGN_OR_RETURN(std::vector<BucketInfo> buckets,
-                         StoreRegistry::Global().ListBuckets(scheme));
+                         StoreRegistry::Global().ListBuckets(scheme, CliStoreOptions(scheme)));
   for (const BucketInfo& bucket : buckets) {
     const std::string uri = absl::StrCat(scheme, "://", bucket.name, "/");
     if (json) {
@@ -110,7 +111,7 @@ absl::Status RunLs(const LsArgs& args) {
   if (std::optional<std::string> scheme = BucketlessScheme(args.uri)) {
     return ListBuckets(*scheme, args.json);
   }
-  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.uri));
   ObjectStore& store = *opened.store;
   Printer printer(store, args.json);
 

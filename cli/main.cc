@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cli/common.h"
+#include "cli/store_flags.h"
 #include "cli/verbs.h"
 
 namespace wharf::cli {
@@ -51,13 +52,8 @@ int Main(int argc, char** argv) {
   app.set_version_flag("--version", kVersion, "Print the version and exit");
   app.require_subcommand(0, 1);
   // Global flags, accepted before or after the verb; they set what the stores read.
-  bool no_sign_request = false;
-  std::string endpoint_url, region, profile;
-  app.add_flag("--no-sign-request", no_sign_request,
-               "Send requests unsigned (public buckets); no credentials are looked up");
-  app.add_option("--endpoint-url", endpoint_url, "S3 endpoint (default: AWS_ENDPOINT_URL)");
-  app.add_option("--region", region, "S3 region (default: AWS_REGION, the profile's)");
-  app.add_option("--profile", profile, "AWS profile (default: AWS_PROFILE)");
+  StoreFlags store_flags;
+  AddStoreFlags(app, store_flags);
   app.fallthrough();
 
   LsArgs ls;
@@ -96,10 +92,10 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   const std::string verb = app.get_subcommands().front()->get_name();
-  if (no_sign_request) setenv("WHARF_NO_SIGN_REQUEST", "1", 1);
-  if (!endpoint_url.empty()) setenv("AWS_ENDPOINT_URL", endpoint_url.c_str(), 1);
-  if (!region.empty()) setenv("AWS_REGION", region.c_str(), 1);
-  if (!profile.empty()) setenv("AWS_PROFILE", profile.c_str(), 1);
+  if (absl::Status s = SetStoreFlags(store_flags); !s.ok()) {
+    PrintError(s.message());
+    return kExitUsage;
+  }
   const std::vector<TransferFilter> filters = FiltersInOrder(argc, argv);
   cp.filters = sync.filters = rm.filters = filters;
 

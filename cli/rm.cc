@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "cli/common.h"
+#include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "store/registry.h"
 
@@ -96,7 +97,7 @@ void AddRm(CLI::App& app, RmArgs& args) {
 }
 
 absl::Status RunRm(const RmArgs& args) {
-  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.uri));
   ObjectStore& store = *opened.store;
   const std::string& key = opened.uri.key;
   const std::string uri = store.Uri(key);

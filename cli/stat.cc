@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "cli/common.h"
+#include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "nlohmann/json.hpp"
 #include "store/registry.h"
@@ -18,7 +19,7 @@ void AddStat(CLI::App& app, StatArgs& args) {
 }
 
 absl::Status RunStat(const StatArgs& args) {
-  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenUri(args.uri));
+  WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.uri));
   ObjectStore& store = *opened.store;
   const std::string& key = opened.uri.key;
   const std::string uri = store.Uri(key);

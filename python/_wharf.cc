@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,7 +76,28 @@ FetchOptions EngineOptions::ToFetchOptions() const {
   return options;
 }
 
-StoreHandle::StoreHandle(std::string uri) : uri_(std::move(uri)) { Open(); }
+StoreHandle::StoreHandle(std::string uri, const StoreOptions& options) : uri_(std::move(uri)) {
+  SpecAndKey parsed = Check(ParseStoreUri(uri_, options));
+  spec_ = std::move(parsed.spec);
+  prefix_ = std::move(parsed.key);
+  Open();
+}
+
+StoreHandle::StoreHandle(std::string uri, StoreSpec spec, std::string prefix)
+    : uri_(std::move(uri)), spec_(std::move(spec)), prefix_(std::move(prefix)) {
+  Open();
+}
+
+py::tuple StoreHandle::State() const { return py::make_tuple(uri_, spec_.ToJson(), prefix_); }
+
+StoreHandle StoreHandle::FromState(const py::object& state) {
+  if (py::isinstance<py::str>(state)) return StoreHandle(state.cast<std::string>());
+  auto t = state.cast<py::tuple>();
+  if (t.size() != 3) Raise(absl::InvalidArgumentError("pickled store: expected (uri, spec, prefix)"));
+  return StoreHandle(t[0].cast<std::string>(),
+                     Check(StoreSpec::FromJson(t[1].cast<std::string>())),
+                     t[2].cast<std::string>());
+}
 
 std::shared_ptr<ObjectStore> StoreHandle::store() {
   if (generation_ != ForkGeneration()) Open();  // in a forked child: reopen (see fork.h)
@@ -90,14 +112,37 @@ std::string StoreHandle::Relative(const std::string& key) const {
 }
 
 void StoreHandle::Open() {
-  OpenedUri opened = Check(OpenUri(uri_));
+  std::shared_ptr<ObjectStore> opened = Check(OpenSpec(spec_));
   // The parent's store is kept, not destroyed, in a child (base/fork.h).
   if (store_ != nullptr && generation_ != ForkGeneration()) {
     new std::shared_ptr<ObjectStore>(std::move(store_));
   }
-  store_ = std::move(opened.store);
-  prefix_ = opened.uri.key;
+  store_ = std::move(opened);
   generation_ = ForkGeneration();
+}
+
+StoreOptions StoreOptionsFromKwargs(const py::kwargs& kwargs) {
+  StoreOptions options;
+  for (const auto& [key, value] : kwargs) {
+    const std::string name = py::str(key);
+    if (value.is_none()) continue;
+    std::string text;
+    if (py::isinstance<py::bool_>(value) && name == "anonymous") {
+      text = value.cast<bool>() ? "true" : "false";
+    } else if (py::isinstance<py::str>(value) && name != "anonymous") {
+      text = value.cast<std::string>();
+    } else if (std::find(StoreOptions::Names().begin(), StoreOptions::Names().end(), name) !=
+               StoreOptions::Names().end()) {
+      PyErr_SetString(PyExc_TypeError,
+                      absl::StrCat("store option '", name, "' takes ",
+                                   name == "anonymous" ? "a bool" : "a str", ", not ",
+                                   Py_TYPE(value.ptr())->tp_name)
+                          .c_str());
+      throw py::error_already_set();
+    }
+    Check(options.Set(name, text));
+  }
+  return options;
 }
 
 namespace {
@@ -115,13 +160,14 @@ py::dict MetaToDict(const ObjectMeta& m) {
 // URI's key, which acts as a prefix.
 class Store {
  public:
-  explicit Store(std::string uri) : handle_(std::move(uri)) {}
+  explicit Store(StoreHandle handle) : handle_(std::move(handle)) {}
 
   std::shared_ptr<ObjectStore> store() { return handle_.store(); }
   std::string Key(const std::string& key) const { return handle_.Key(key); }
   const std::string& uri() const { return handle_.uri(); }
 
   std::string Uri(const std::string& key) { return store()->Uri(Key(key)); }
+  const StoreHandle& handle() const { return handle_; }
 
   py::list List(const std::string& prefix, bool recursive, int parallel) {
     auto s = store();
@@ -250,8 +296,18 @@ PYBIND11_MODULE(_wharf, m) {
   py::class_<Store, std::shared_ptr<Store>>(m, "Store",
                                             "An object store opened from a URI; keys are "
                                             "relative to the URI's path.")
-      .def(py::init<std::string>(), py::arg("uri"))
+      .def(py::init([](std::string uri, const py::kwargs& options) {
+             return std::make_shared<Store>(
+                 StoreHandle(std::move(uri), StoreOptionsFromKwargs(options)));
+           }),
+           py::arg("uri"),
+           "Store(uri, *, endpoint=None, region=None, anonymous=None, profile=None, "
+           "addressing_style=None, api=None): store options override the URI's query options "
+           "(s3://bucket/prefix/?region=...); unset ones come from the environment")
       .def_property_readonly("uri", &Store::uri)
+      .def_property_readonly(
+          "spec", [](const Store& s) { return s.handle().spec().ToJson(); },
+          "The store spec (JSON, no credentials) the store is opened from")
       .def("url", &Store::Uri, py::arg("key"), "The full URI of a key")
       .def("list", &Store::List, py::arg("prefix") = "", py::arg("recursive") = true,
            py::arg("parallel") = 0,
@@ -265,8 +321,11 @@ PYBIND11_MODULE(_wharf, m) {
       .def("put", &Store::Put, py::arg("key"), py::arg("data"))
       .def("delete", &Store::Delete, py::arg("key"))
       .def("delete_many", &Store::DeleteMany, py::arg("keys"))
-      .def(py::pickle([](const Store& s) { return s.uri(); },
-                      [](const std::string& uri) { return std::make_shared<Store>(uri); }));
+      // Pickled as its spec (no credentials), reopened from it (see StoreHandle).
+      .def(py::pickle([](const Store& s) -> py::object { return s.handle().State(); },
+                      [](const py::object& state) {
+                        return std::make_shared<Store>(StoreHandle::FromState(state));
+                      }));
 
   RegisterDataset(m);
   RegisterRecords(m);

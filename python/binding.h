@@ -29,6 +29,7 @@
 #include "dataset/index.h"
 #include "io/fetch_scheduler.h"
 #include "store/object_store.h"
+#include "store/spec.h"
 
 namespace wharf::python {
 
@@ -80,18 +81,30 @@ class Buffer {
   size_t size_;
 };
 
-// A store opened from a URI ("s3://bucket/prefix", "file:///path"), reopened in a forked
-// child. Keys given to it are relative to the URI's key, which acts as a prefix.
+// A store opened from a URI ("s3://bucket/prefix", "file:///path") or a StoreSpec, reopened
+// in a forked child. Keys given to it are relative to the URI's key, which acts as a prefix.
+// Pickled (State/FromState) as its URI, its spec's JSON and its prefix: the unpickled handle
+// opens the spec, so the options it was opened with travel with it (a spawned DataLoader
+// worker does not re-resolve the URI), while credentials, which the spec never holds, are
+// resolved in the process that unpickles it.
 class StoreHandle {
  public:
-  // Raises for an invalid URI or an unknown scheme. REQUIRES: the GIL is held.
-  explicit StoreHandle(std::string uri);
+  // Raises for an invalid URI or option, or an unknown scheme. REQUIRES: the GIL is held.
+  explicit StoreHandle(std::string uri, const StoreOptions& options = {});
+  // `uri` is shown as the handle's URI; `prefix` is the key prefix within spec's store.
+  StoreHandle(std::string uri, StoreSpec spec, std::string prefix);
+
+  // (uri, spec JSON, prefix), and back. FromState also takes a bare URI string (pickles made
+  // before specs). REQUIRES: the GIL is held.
+  py::tuple State() const;
+  static StoreHandle FromState(const py::object& state);
 
   // The store for this process. REQUIRES: the GIL is held (it may raise).
   std::shared_ptr<ObjectStore> store();
   // The URI's key: "train/" for "s3://bucket/train/".
   const std::string& prefix() const { return prefix_; }
   const std::string& uri() const { return uri_; }
+  const StoreSpec& spec() const { return spec_; }
   std::string Key(const std::string& relative) const { return prefix_ + relative; }
   // A full store key relative to the URI's prefix when below it, else unchanged.
   std::string Relative(const std::string& key) const;
@@ -103,10 +116,16 @@ class StoreHandle {
   void Open();
 
   std::string uri_;
+  StoreSpec spec_;
   std::string prefix_;
   std::shared_ptr<ObjectStore> store_;
   uint64_t generation_ = 0;
 };
+
+// The store options of Python keyword arguments (endpoint=, region=, anonymous=, profile=,
+// addressing_style=, api=); None values are skipped. ValueError naming an unknown option
+// (listing the valid ones) or a bad value; TypeError for a value of the wrong type.
+StoreOptions StoreOptionsFromKwargs(const py::kwargs& kwargs);
 
 // Destroys `p` with the GIL released when it was created in this process (`generation`);
 // in a forked child leaks it instead: its work in flight belongs to threads that do not

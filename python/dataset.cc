@@ -107,15 +107,16 @@ absl::StatusOr<SampleIndex> DecodeEntries(absl::string_view blob) {
 // Immutable after construction (the store handle reopens itself after fork).
 class PyIndex {
  public:
-  PyIndex(std::string root_uri, SampleIndex index)
-      : handle_(std::move(root_uri)),
+  PyIndex(StoreHandle handle, SampleIndex index)
+      : handle_(std::move(handle)),
         index_(std::make_shared<const SampleIndex>(std::move(index))) {}
 
   static std::shared_ptr<PyIndex> FromPrefix(const std::string& uri,
                                              const std::vector<std::string>& suffixes,
                                              int workers, int page_size,
-                                             bool keep_directory_markers) {
-    StoreHandle handle(uri);
+                                             bool keep_directory_markers,
+                                             const py::kwargs& store_options) {
+    StoreHandle handle(uri, StoreOptionsFromKwargs(store_options));
     auto store = handle.store();
     ListingIndexOptions options;
     options.suffixes = suffixes;
@@ -124,11 +125,12 @@ class PyIndex {
     options.list.page_size = page_size;
     SampleIndex index = Check(WithoutGil(
         [&] { return SampleIndex::FromListing(*store, handle.prefix(), options); }));
-    return std::make_shared<PyIndex>(uri, std::move(index));
+    return std::make_shared<PyIndex>(std::move(handle), std::move(index));
   }
 
   static std::shared_ptr<PyIndex> FromManifest(const std::string& manifest_uri,
-                                               const std::string& format) {
+                                               const std::string& format,
+                                               const py::kwargs& store_options) {
     ManifestOptions options;
     if (format == "auto") {
       options.format = ManifestFormat::kAuto;
@@ -142,23 +144,25 @@ class PyIndex {
     }
     // Sample keys are shown relative to the manifest's folder, which relative keys of the
     // manifest are resolved against too.
-    ObjectUri parsed = Check(ParseUriOrPath(manifest_uri));
+    SpecAndKey parsed =
+        Check(ParseStoreUri(manifest_uri, StoreOptionsFromKwargs(store_options)));
     const std::string manifest_key = parsed.key;
     parsed.key = parsed.key.substr(0, parsed.key.rfind('/') + 1);  // npos + 1 == 0
-    StoreHandle handle(parsed.ToString());
+    StoreHandle handle(parsed.uri().ToString(), parsed.spec, parsed.key);
     auto store = handle.store();
     SampleIndex index = Check(WithoutGil(
         [&] { return SampleIndex::FromManifest(*store, manifest_key, options); }));
-    return std::make_shared<PyIndex>(parsed.ToString(), std::move(index));
+    return std::make_shared<PyIndex>(std::move(handle), std::move(index));
   }
 
   static std::shared_ptr<PyIndex> FromKeys(const std::string& uri,
-                                           const std::vector<std::string>& keys) {
-    StoreHandle handle(uri);
+                                           const std::vector<std::string>& keys,
+                                           const py::kwargs& store_options) {
+    StoreHandle handle(uri, StoreOptionsFromKwargs(store_options));
     std::vector<std::string> full;
     full.reserve(keys.size());
     for (const std::string& k : keys) full.push_back(handle.Key(k));
-    return std::make_shared<PyIndex>(uri, SampleIndex::FromKeys(std::move(full)));
+    return std::make_shared<PyIndex>(std::move(handle), SampleIndex::FromKeys(std::move(full)));
   }
 
   StoreHandle& handle() { return handle_; }
@@ -371,13 +375,15 @@ void RegisterDataset(py::module_& m) {
   py::class_<PyIndex, std::shared_ptr<PyIndex>>(
       m, "SampleIndex",
       "The samples of a dataset (one object each) in a canonical order. Keys are shown "
-      "relative to the URI's prefix. Picklable: it pickles as its URI and entries.")
+      "relative to the URI's prefix. Picklable: it pickles as its store spec (no "
+      "credentials) and entries.")
       .def_static("from_prefix", &PyIndex::FromPrefix, py::arg("uri"),
                   py::arg("suffixes") = std::vector<std::string>{}, py::arg("workers") = 16,
                   py::arg("page_size") = 1000, py::arg("keep_directory_markers") = false,
                   "Every object below the URI (a string prefix: end it with '/' for a folder), "
                   "listed by `workers` parallel list calls and sorted by key; only keys ending "
-                  "in one of `suffixes` when given")
+                  "in one of `suffixes` when given. Store options as keyword arguments "
+                  "(endpoint=, region=, anonymous=, profile=, ...), as for wharf.Store")
       .def_static("from_manifest", &PyIndex::FromManifest, py::arg("uri"),
                   py::arg("format") = "auto",
                   "The samples a manifest object lists (one key per line, or JSON lines with "
@@ -390,19 +396,22 @@ void RegisterDataset(py::module_& m) {
       .def("url", &PyIndex::Uri, py::arg("i"), "The full URI of sample i")
       .def("keys", &PyIndex::Keys)
       .def_property_readonly("uri", [](PyIndex& i) { return i.handle().uri(); })
+      .def_property_readonly(
+          "spec", [](PyIndex& i) { return i.handle().spec().ToJson(); },
+          "The store spec (JSON, no credentials) the index's store is opened from")
       .def_property_readonly("fingerprint", &PyIndex::Fingerprint,
                              "A digest of the keys in order (checked when resuming)")
       .def(py::pickle(
           [](PyIndex& i) {
             auto index = i.index();
             std::string blob = WithoutGil([&] { return EncodeEntries(*index); });
-            return py::make_tuple(i.handle().uri(), py::bytes(blob));
+            return py::make_tuple(i.handle().State(), py::bytes(blob));
           },
           [](const py::tuple& t) {
             if (t.size() != 2) Raise(absl::InvalidArgumentError("pickled SampleIndex: bad tuple"));
             const std::string blob = t[1].cast<std::string>();
             SampleIndex index = Check(WithoutGil([&] { return DecodeEntries(blob); }));
-            return std::make_shared<PyIndex>(t[0].cast<std::string>(), std::move(index));
+            return std::make_shared<PyIndex>(StoreHandle::FromState(t[0]), std::move(index));
           }));
 
   py::class_<Sampler>(m, "Sampler",

@@ -3,6 +3,8 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "store/gcs/gcs_store.h"
 #include "store/local/local_store.h"
 #include "store/registry.h"
 #include "store/s3/s3_store.h"
@@ -10,20 +12,29 @@
 namespace wharf::internal {
 
 void RegisterBuiltinStores(StoreRegistry& registry) {
-  registry.Register("file", [](const ObjectUri& uri, std::shared_ptr<Runtime> runtime)
+  registry.Register("file", [](const StoreSpec& spec, std::shared_ptr<Runtime> runtime)
                                 -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
-    auto store = LocalStore::Open(uri.bucket, std::move(runtime));
+    if (!spec.options.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("file:// takes no store options (got ",
+                       absl::StrJoin(spec.options.SetNames(), ", "), ")"));
+    }
+    auto store = LocalStore::Open(spec.bucket, std::move(runtime));
     if (!store.ok()) return store.status();
     return std::shared_ptr<ObjectStore>(*std::move(store));
   });
-  for (const char* scheme : {"s3", "gs"}) {
-    registry.Register(scheme, [](const ObjectUri& uri, std::shared_ptr<Runtime>) {
-      return s3::OpenS3Uri(uri.scheme, uri.bucket);
-    });
-    registry.RegisterBucketLister(scheme, [scheme](std::shared_ptr<Runtime>) {
-      return s3::ListS3Buckets(scheme);
-    });
-  }
+  registry.Register("s3", [](const StoreSpec& spec, std::shared_ptr<Runtime>) {
+    return s3::OpenS3Spec(spec);
+  });
+  registry.RegisterBucketLister("s3", [](const StoreSpec& spec, std::shared_ptr<Runtime>) {
+    return s3::ListS3Buckets(spec);
+  });
+  registry.Register("gs", [](const StoreSpec& spec, std::shared_ptr<Runtime>) {
+    return gcs::OpenGcsSpec(spec);
+  });
+  registry.RegisterBucketLister("gs", [](const StoreSpec& spec, std::shared_ptr<Runtime>) {
+    return gcs::ListGcsBuckets(spec);
+  });
 }
 
 }  // namespace wharf::internal

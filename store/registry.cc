@@ -24,20 +24,20 @@ void StoreRegistry::Register(std::string scheme, StoreFactory factory) {
 }
 
 absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(
-    const ObjectUri& uri, std::shared_ptr<Runtime> runtime) {
+    const StoreSpec& spec, std::shared_ptr<Runtime> runtime) {
   StoreFactory factory;
   {
     absl::MutexLock lock(&mu_);
-    auto it = factories_.find(uri.scheme);
+    auto it = factories_.find(spec.scheme);
     if (it != factories_.end()) factory = it->second;
   }
   if (!factory) {
     auto known = schemes();
-    return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", uri.scheme,
+    return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", spec.scheme,
                                                    "://' (known: ", absl::StrJoin(known, ", "),
                                                    ")"));
   }
-  return factory(uri, std::move(runtime));
+  return factory(spec, std::move(runtime));
 }
 
 void StoreRegistry::RegisterBucketLister(std::string scheme, BucketLister lister) {
@@ -46,7 +46,7 @@ void StoreRegistry::RegisterBucketLister(std::string scheme, BucketLister lister
 }
 
 absl::StatusOr<std::vector<BucketInfo>> StoreRegistry::ListBuckets(
-    absl::string_view scheme, std::shared_ptr<Runtime> runtime) {
+    absl::string_view scheme, const StoreOptions& options, std::shared_ptr<Runtime> runtime) {
   BucketLister lister;
   bool known;
   {
@@ -55,7 +55,7 @@ absl::StatusOr<std::vector<BucketInfo>> StoreRegistry::ListBuckets(
     auto it = bucket_listers_.find(scheme);
     if (it != bucket_listers_.end()) lister = it->second;
   }
-  if (lister) return lister(std::move(runtime));
+  if (lister) return lister(StoreSpec{std::string(scheme), "", options}, std::move(runtime));
   if (!known) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", scheme,
                                                    "://' (known: ", absl::StrJoin(schemes(), ", "),
@@ -74,11 +74,21 @@ std::vector<std::string> StoreRegistry::schemes() const {
 }
 
 absl::StatusOr<OpenedUri> OpenUri(absl::string_view uri_or_path, std::shared_ptr<Runtime> runtime) {
-  auto uri = ParseUriOrPath(uri_or_path);
-  if (!uri.ok()) return uri.status();
-  auto store = StoreRegistry::Global().Open(*uri, std::move(runtime));
+  return OpenUri(uri_or_path, StoreOptions{}, std::move(runtime));
+}
+
+absl::StatusOr<OpenedUri> OpenUri(absl::string_view uri_or_path, const StoreOptions& options,
+                                  std::shared_ptr<Runtime> runtime) {
+  auto parsed = ParseStoreUri(uri_or_path, options);
+  if (!parsed.ok()) return parsed.status();
+  auto store = StoreRegistry::Global().Open(parsed->spec, std::move(runtime));
   if (!store.ok()) return store.status();
-  return OpenedUri{*std::move(store), *std::move(uri)};
+  return OpenedUri{*std::move(store), parsed->uri(), std::move(parsed->spec)};
+}
+
+absl::StatusOr<std::shared_ptr<ObjectStore>> OpenSpec(const StoreSpec& spec,
+                                                      std::shared_ptr<Runtime> runtime) {
+  return StoreRegistry::Global().Open(spec, std::move(runtime));
 }
 
 }  // namespace wharf

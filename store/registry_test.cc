@@ -21,7 +21,7 @@ TEST(RegistryTest, UnknownSchemeNamesTheKnownOnes) {
 
 TEST(RegistryTest, RegisteredFactoryIsUsed) {
   int calls = 0;
-  StoreRegistry::Global().Register("test", [&](const ObjectUri&, std::shared_ptr<Runtime>)
+  StoreRegistry::Global().Register("test", [&](const StoreSpec&, std::shared_ptr<Runtime>)
                                                -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
     ++calls;
     return absl::UnavailableError("test factory");
@@ -32,7 +32,7 @@ TEST(RegistryTest, RegisteredFactoryIsUsed) {
 
 TEST(RegistryTest, BucketListersByScheme) {
   StoreRegistry& registry = StoreRegistry::Global();
-  registry.RegisterBucketLister("listed", [](std::shared_ptr<Runtime>)
+  registry.RegisterBucketLister("listed", [](const StoreSpec&, std::shared_ptr<Runtime>)
                                               -> absl::StatusOr<std::vector<BucketInfo>> {
     return std::vector<BucketInfo>{{"one", absl::FromUnixSeconds(1)}, {"two"}};
   });

@@ -146,10 +146,21 @@ class _Distributed:
         return state
 
 
-def _index_for(uri: str, keys=None, suffixes: Sequence[str] = (), list_workers: int = 16):
+# Store options (wharf.Store's keyword arguments) that the dataset factories pass through to
+# the index's store; the index pickles them as its store spec, so workers reopen the same store.
+_STORE_OPTIONS = ("endpoint", "region", "anonymous", "profile", "addressing_style", "api")
+
+
+def _pop_store_options(kwargs: dict) -> dict:
+    return {k: kwargs.pop(k) for k in _STORE_OPTIONS if k in kwargs}
+
+
+def _index_for(uri: str, keys=None, suffixes: Sequence[str] = (), list_workers: int = 16,
+               **store):
     if keys is None:
-        return _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes), workers=list_workers)
-    return _wharf.SampleIndex.from_keys(uri, list(keys))
+        return _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes), workers=list_workers,
+                                              **store)
+    return _wharf.SampleIndex.from_keys(uri, list(keys), **store)
 
 
 class _GlobalOrder(_Distributed):
@@ -291,21 +302,25 @@ class MapDataset(torch.utils.data.Dataset):
                     suffixes: Sequence[str] = (), list_workers: int = 16, **engine) -> "MapDataset":
         """Every object below `uri` (end it with '/' for a folder), sorted by key; only keys
         ending in one of `suffixes` when given. Listed once, by `list_workers` parallel list
-        calls, in the process that calls this."""
-        return cls(_index_for(uri, None, suffixes, list_workers), transform, **engine)
+        calls, in the process that calls this. Store options (endpoint=, region=,
+        anonymous=, profile=) go to the store, as for wharf.Store."""
+        store = _pop_store_options(engine)
+        return cls(_index_for(uri, None, suffixes, list_workers, **store), transform, **engine)
 
     @classmethod
     def from_manifest(cls, uri: str, transform: Optional[Callable] = None,
                       format: str = "auto", **engine) -> "MapDataset":
         """The objects a manifest lists: one key per line, or JSON lines {"key", "size",
         "etag"}; relative keys resolve against the manifest's folder."""
-        return cls(_wharf.SampleIndex.from_manifest(uri, format), transform, **engine)
+        store = _pop_store_options(engine)
+        return cls(_wharf.SampleIndex.from_manifest(uri, format, **store), transform, **engine)
 
     @classmethod
     def from_keys(cls, uri: str, keys: Iterable[str], transform: Optional[Callable] = None,
                   **engine) -> "MapDataset":
         """The objects `keys` (relative to `uri`), in that order."""
-        return cls(_wharf.SampleIndex.from_keys(uri, list(keys)), transform, **engine)
+        store = _pop_store_options(engine)
+        return cls(_wharf.SampleIndex.from_keys(uri, list(keys), **store), transform, **engine)
 
     @property
     def index(self) -> "_wharf.SampleIndex":
@@ -386,16 +401,19 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
     def from_prefix(cls, uri: str, suffixes: Sequence[str] = (), list_workers: int = 16,
                     **kwargs) -> "IterableDataset":
         """Every object below `uri` (listed once, in parallel, sorted by key)."""
-        return cls(_index_for(uri, None, suffixes, list_workers), **kwargs)
+        store = _pop_store_options(kwargs)
+        return cls(_index_for(uri, None, suffixes, list_workers, **store), **kwargs)
 
     @classmethod
     def from_manifest(cls, uri: str, format: str = "auto", **kwargs) -> "IterableDataset":
         """The objects a manifest lists (see MapDataset.from_manifest)."""
-        return cls(_wharf.SampleIndex.from_manifest(uri, format), **kwargs)
+        store = _pop_store_options(kwargs)
+        return cls(_wharf.SampleIndex.from_manifest(uri, format, **store), **kwargs)
 
     @classmethod
     def from_keys(cls, uri: str, keys: Iterable[str], **kwargs) -> "IterableDataset":
-        return cls(_wharf.SampleIndex.from_keys(uri, list(keys)), **kwargs)
+        store = _pop_store_options(kwargs)
+        return cls(_wharf.SampleIndex.from_keys(uri, list(keys), **store), **kwargs)
 
     @staticmethod
     def from_shards(uri: str, shards: Union[None, str, Sequence[str]] = None,
@@ -537,7 +555,9 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
                  skip_empty_rows: bool = False, rows_per_item: Optional[int] = None,
                  chunk_size: int = 8 << 20, read_ahead: int = 2,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
-                 list_workers: int = 16):
+                 list_workers: int = 16, **store):
+        # **store: store options (endpoint=, region=, anonymous=, profile=), as for
+        # wharf.Store; an unknown name is a ValueError listing the valid ones.
         if format not in _FORMAT_SUFFIXES:
             raise ValueError(f"format {format!r}: expected one of {sorted(_FORMAT_SUFFIXES)}")
         if rows_per_item is not None and format not in ("csv", "jsonl"):
@@ -546,11 +566,12 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
             sub = "" if shards is None else shards
             index = _wharf.SampleIndex.from_prefix(uri + sub,
                                                    suffixes=list(_FORMAT_SUFFIXES[format]),
-                                                   workers=list_workers)
+                                                   workers=list_workers, **store)
             if sub:  # keys relative to `uri`, not to the sub-prefix
-                index = _wharf.SampleIndex.from_keys(uri, [sub + k for k in index.keys()])
+                index = _wharf.SampleIndex.from_keys(uri, [sub + k for k in index.keys()],
+                                                     **store)
         else:
-            index = _wharf.SampleIndex.from_keys(uri, list(shards))
+            index = _wharf.SampleIndex.from_keys(uri, list(shards), **store)
         if len(index) == 0:
             raise ValueError(f"no {format} shards found at {uri}"
                              + (f" under {shards!r}" if isinstance(shards, str) else ""))

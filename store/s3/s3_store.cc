@@ -256,8 +256,8 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
     hint = absl::StrCat("check AWS_ACCESS_KEY_ID; ", creds);
   } else if ((e.code == "AccessDenied" || response.status == 403) && config.anonymous) {
     code = absl::StatusCode::kPermissionDenied;
-    hint = "the request was sent unsigned (--no-sign-request, WHARF_NO_SIGN_REQUEST): only "
-           "public buckets and objects can be read that way";
+    hint = "the request was sent unsigned (anonymous: --no-sign-request, anonymous=True, "
+           "WHARF_NO_SIGN_REQUEST): only public buckets and objects can be read that way";
   } else if (e.code == "AccessDenied" || response.status == 403) {
     code = absl::StatusCode::kPermissionDenied;
     hint = absl::StrCat("check the credentials and their permissions; ", creds);
@@ -347,6 +347,7 @@ std::string S3Store::Uri(absl::string_view key) const {
 }
 
 const Capabilities& S3Store::capabilities() const {
+  if (options_.capabilities != nullptr) return *options_.capabilities;
   static const Capabilities caps = [] {
     Capabilities c;
     c.multipart_upload = true;
@@ -1216,11 +1217,8 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> S3Store::NewWriter(std::string key
   return std::make_unique<S3Writer>(this, std::move(key), options);
 }
 
-// ---- Opening from URIs ----
+// ---- Opening from specs ----
 
-namespace {
-
-// WHARF_NO_SIGN_REQUEST: 1/true/yes/on or 0/false/no/off (any case); unset or empty is off.
 absl::StatusOr<bool> NoSignRequestFromEnv() {
   const std::optional<std::string> value = GetEnv("WHARF_NO_SIGN_REQUEST");
   if (!value.has_value() || value->empty()) return false;
@@ -1231,32 +1229,34 @@ absl::StatusOr<bool> NoSignRequestFromEnv() {
       "WHARF_NO_SIGN_REQUEST='", *value, "' is not one of 1, true, yes, on, 0, false, no, off"));
 }
 
-// The store for `bucket` ("" for the endpoint itself), configured from the environment and
-// the shared AWS files as the scheme asks.
-absl::StatusOr<std::unique_ptr<S3Store>> OpenFromEnvironment(absl::string_view scheme,
-                                                             const std::string& bucket) {
-  const std::string what = absl::StrCat(scheme, "://", bucket);
-  S3ClientOverrides overrides;
-  S3StoreOptions options;
-  options.scheme = std::string(scheme);
-  auto anonymous = NoSignRequestFromEnv();
-  if (!anonymous.ok()) return Annotate(anonymous.status(), what);
-  overrides.anonymous = *anonymous;
-  if (scheme == "gs") {
-    // GCS's XML API speaks SigV4 with HMAC keys.
-    overrides.endpoint_url = GetEnv("WHARF_GS_ENDPOINT").value_or("https://storage.googleapis.com");
-    overrides.region = "auto";
-    overrides.path_style = true;
-    if (auto id = GetEnv("WHARF_GS_ACCESS_KEY_ID")) overrides.access_key_id = *id;
-    if (auto secret = GetEnv("WHARF_GS_SECRET_ACCESS_KEY")) overrides.secret_access_key = *secret;
-    if (!overrides.access_key_id && !overrides.anonymous) {
-      return absl::UnauthenticatedError(
-          absl::StrCat(what, ": no GCS HMAC key found (set WHARF_GS_ACCESS_KEY_ID "
-                       "and WHARF_GS_SECRET_ACCESS_KEY)"));
-    }
+absl::Status ApplySpecOptions(const StoreSpec& spec, S3ClientOverrides& overrides) {
+  const StoreOptions& o = spec.options;
+  if (o.api) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.RootUri(), ": store option 'api' is for gs:// (", spec.scheme,
+        ":// takes endpoint, region, anonymous, profile, addressing_style)"));
   }
+  if (o.endpoint) overrides.endpoint_url = *o.endpoint;
+  if (o.region) overrides.region = *o.region;
+  if (o.profile) overrides.profile = *o.profile;
+  if (o.addressing_style && *o.addressing_style != AddressingStyle::kAuto) {
+    overrides.path_style = *o.addressing_style == AddressingStyle::kPath;
+  }
+  if (o.anonymous) {
+    overrides.anonymous = *o.anonymous;
+  } else {
+    auto anonymous = NoSignRequestFromEnv();
+    if (!anonymous.ok()) return Annotate(anonymous.status(), spec.RootUri());
+    overrides.anonymous = *anonymous;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<S3Store>> OpenS3Endpoint(const std::string& bucket,
+                                                        const S3ClientOverrides& overrides,
+                                                        S3StoreOptions options) {
   auto config = ResolveS3ClientConfig(overrides);
-  if (!config.ok()) return Annotate(config.status(), what);
+  if (!config.ok()) return Annotate(config.status(), absl::StrCat(options.scheme, "://", bucket));
   // One transport per runtime and CA bundle: connections are shared by every store. A forked
   // child has its own runtime, so its own transport (base/runtime.h).
   const std::string ca_bundle = config->ca_bundle;
@@ -1266,20 +1266,29 @@ absl::StatusOr<std::unique_ptr<S3Store>> OpenFromEnvironment(absl::string_view s
         topts.ca_bundle = ca_bundle;
         return std::shared_ptr<HttpTransport>(NewCurlTransport(topts));
       });
-  return S3Store::Open(bucket, *std::move(config), std::move(transport), options);
+  return S3Store::Open(bucket, *std::move(config), std::move(transport), std::move(options));
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<S3Store>> OpenS3FromSpec(const StoreSpec& spec) {
+  S3ClientOverrides overrides;
+  WHARF_RETURN_IF_ERROR(ApplySpecOptions(spec, overrides));
+  S3StoreOptions options;
+  options.scheme = spec.scheme;
+  return OpenS3Endpoint(spec.bucket, overrides, std::move(options));
 }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Uri(absl::string_view scheme,
-                                                       const std::string& bucket) {
-  auto store = OpenFromEnvironment(scheme, bucket);
+absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Spec(const StoreSpec& spec) {
+  auto store = OpenS3FromSpec(spec);
   if (!store.ok()) return store.status();
   return std::shared_ptr<ObjectStore>(*std::move(store));
 }
 
-absl::StatusOr<std::vector<BucketInfo>> ListS3Buckets(absl::string_view scheme) {
-  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<S3Store> endpoint, OpenFromEnvironment(scheme, ""));
+absl::StatusOr<std::vector<BucketInfo>> ListS3Buckets(const StoreSpec& spec) {
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<S3Store> endpoint, OpenS3FromSpec(spec));
   return endpoint->ListBuckets();
 }
 

@@ -1,4 +1,5 @@
-// S3Store: the s3:// (and gs:// through GCS's XML API) backend over an HttpTransport.
+// S3Store: the s3:// backend over an HttpTransport (also the request code of gs:// in XML
+// mode, store/gcs/).
 //
 // Every operation is one or more signed HTTP exchanges driven asynchronously by the
 // transport's event loop; nothing blocks a transport thread. Errors become Statuses naming
@@ -53,6 +54,7 @@
 #include "http/transport.h"
 #include "store/object_store.h"
 #include "store/s3/aws_config.h"
+#include "store/spec.h"
 
 namespace wharf {
 class Runtime;
@@ -76,6 +78,9 @@ struct S3StoreOptions {
   uint64_t part_size = uint64_t{8} << 20;
   int upload_concurrency = 8;
   RetryPolicy retry;
+  // What the backend declares it can do; null: S3's. Must outlive the store (gs:// passes a
+  // static, store/gcs/).
+  const Capabilities* capabilities = nullptr;
 };
 
 class S3Store : public ObjectStore {
@@ -160,16 +165,28 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
 // True when an S3 error response should be retried.
 bool IsRetryableResponse(const HttpResponse& response);
 
-// Opens s3:// and gs:// stores from URIs (the scheme registry's factories).
-// gs:// uses GCS's XML API with HMAC keys: endpoint https://storage.googleapis.com (or
-// WHARF_GS_ENDPOINT), keys from WHARF_GS_ACCESS_KEY_ID / WHARF_GS_SECRET_ACCESS_KEY.
-// Anonymous access (unsigned requests, no credential lookup) when WHARF_NO_SIGN_REQUEST is
-// set to 1/true/yes/on (the CLI's --no-sign-request); a gs:// store then needs no HMAC key.
-absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Uri(absl::string_view scheme,
-                                                       const std::string& bucket);
+// WHARF_NO_SIGN_REQUEST (the CLI's --no-sign-request before store specs): 1/true/yes/on or
+// 0/false/no/off (any case); unset or empty is false; anything else InvalidArgument.
+absl::StatusOr<bool> NoSignRequestFromEnv();
 
-// The buckets of the endpoint that s3:// (or gs://) URIs resolve to, configured as OpenS3Uri
-// configures a store: `wharf ls s3://`. The scheme registry's bucket lister.
-absl::StatusOr<std::vector<BucketInfo>> ListS3Buckets(absl::string_view scheme);
+// Applies a spec's options to `overrides`: endpoint, region, profile, addressing_style (auto
+// leaves the resolver's choice) and anonymous; an unset anonymous comes from
+// NoSignRequestFromEnv(). InvalidArgument for `api`, which is gs:// only.
+absl::Status ApplySpecOptions(const StoreSpec& spec, S3ClientOverrides& overrides);
+
+// Opens `bucket` ("" for the endpoint itself) of an S3-compatible service: `overrides` over
+// the environment and the shared AWS files (ResolveS3ClientConfig), on the default runtime's
+// curl transport for the config's CA bundle. Shared by s3:// and gs:// (store/gcs/).
+absl::StatusOr<std::unique_ptr<S3Store>> OpenS3Endpoint(const std::string& bucket,
+                                                        const S3ClientOverrides& overrides,
+                                                        S3StoreOptions options);
+
+// The s3:// store of a spec (the scheme registry's factory). Options: endpoint, region,
+// anonymous, profile, addressing_style; each unset one resolves as ResolveS3ClientConfig says.
+absl::StatusOr<std::shared_ptr<ObjectStore>> OpenS3Spec(const StoreSpec& spec);
+
+// The buckets of the endpoint that `spec` (with an empty bucket) resolves to, configured as
+// OpenS3Spec configures a store: `wharf ls s3://`. The scheme registry's bucket lister.
+absl::StatusOr<std::vector<BucketInfo>> ListS3Buckets(const StoreSpec& spec);
 
 }  // namespace wharf::s3

@@ -198,3 +198,53 @@ def test_anonymous_reads_public_objects_only(bucket, s3_env, s3_client):
 def test_bad_no_sign_request_value_is_refused(bucket, s3_env):
     proc = run_wharf("ls", f"s3://{bucket}/", env=dict(s3_env, WHARF_NO_SIGN_REQUEST="maybe"))
     assert proc.returncode == 1 and "WHARF_NO_SIGN_REQUEST" in proc.stderr
+
+
+# ---- Store flags and URI query options (store specs) ----
+
+def test_store_flags_and_query_options_reach_the_store(bucket, s3_env, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="f/a?b", Body=b"question")
+    endpoint = s3_env["WHARF_S3_ENDPOINT"]
+    # No endpoint in the environment: only the flag or the query can point at the RGW.
+    env = {k: v for k, v in s3_env.items() if not k.startswith("AWS_ENDPOINT_URL")}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    for args in (["--endpoint-url", endpoint, "ls", f"s3://{bucket}/f/"],
+                 ["ls", f"s3://{bucket}/f/", "--endpoint-url", endpoint, "--region", "us-east-1"],
+                 ["ls", f"s3://{bucket}/f/?endpoint={endpoint}&region=us-east-1"]):
+        proc = run_wharf(*args, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert b"a?b" in proc.stdout
+    # A key with '?' is a key, not options.
+    proc = run_wharf("--endpoint-url", endpoint, "cat", f"s3://{bucket}/f/a?b", env=env)
+    assert (proc.returncode, proc.stdout) == (0, b"question"), proc.stderr
+    # The flag beats the query.
+    proc = run_wharf("--endpoint-url", endpoint, "ls",
+                     f"s3://{bucket}/f/?endpoint=http://127.0.0.1:1", env=env)
+    assert proc.returncode == 0 and b"a?b" in proc.stdout, proc.stderr
+    # Unknown query options and bad flag values are refused, naming them.
+    proc = run_wharf("ls", f"s3://{bucket}/f/?endpiont={endpoint}", env=env)
+    assert proc.returncode == 1 and "'endpiont'" in proc.stderr and "valid:" in proc.stderr
+    proc = run_wharf("--endpoint-url", "ftp://x", "ls", f"s3://{bucket}/", env=env)
+    assert proc.returncode == 2 and "--endpoint-url" in proc.stderr
+    # The flags do not apply to local paths.
+    proc = run_wharf("--endpoint-url", endpoint, "--region", "us-east-1", "cp",
+                     f"s3://{bucket}/f/a?b", "-", env=env)
+    assert (proc.returncode, proc.stdout) == (0, b"question"), proc.stderr
+
+
+def test_gs_store_options(s3_env, bucket, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="g/obj", Body=b"through gs")
+    env = dict(s3_env, WHARF_GS_ACCESS_KEY_ID=s3_env["AWS_ACCESS_KEY_ID"],
+               WHARF_GS_SECRET_ACCESS_KEY=s3_env["AWS_SECRET_ACCESS_KEY"])
+    env.pop("WHARF_GS_ENDPOINT", None)
+    endpoint = s3_env["WHARF_S3_ENDPOINT"]
+    # --endpoint-url reaches gs:// (instead of WHARF_GS_ENDPOINT); --region is S3's and skipped.
+    proc = run_wharf("--endpoint-url", endpoint, "--region", "eu-west-1", "cat",
+                     f"gs://{bucket}/g/obj", env=env)
+    assert (proc.returncode, proc.stdout) == (0, b"through gs"), proc.stderr
+    proc = run_wharf("ls", f"gs://{bucket}/g/?endpoint={endpoint}&api=xml", env=env)
+    assert proc.returncode == 0 and b"obj" in proc.stdout, proc.stderr
+    proc = run_wharf("ls", f"gs://{bucket}/g/?endpoint={endpoint}&api=json", env=env)
+    assert proc.returncode == 1 and "not implemented" in proc.stderr
+    proc = run_wharf("ls", f"gs://{bucket}/g/?endpoint={endpoint}&region=x", env=env)
+    assert proc.returncode == 1 and "'region'" in proc.stderr

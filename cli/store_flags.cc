@@ -1,0 +1,68 @@
+#include "cli/store_flags.h"
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+
+namespace wharf::cli {
+namespace {
+
+// Set once by SetStoreFlags before a verb runs (see the header).
+StoreOptions& RunOptions() {
+  static StoreOptions* const options = new StoreOptions;
+  return *options;
+}
+
+}  // namespace
+
+void AddStoreFlags(CLI::App& app, StoreFlags& flags) {
+  app.add_flag("--no-sign-request", flags.no_sign_request,
+               "Send requests unsigned (public buckets); no credentials are looked up");
+  app.add_option("--endpoint-url", flags.endpoint_url,
+                 "S3 (or gs://) endpoint http(s)://host[:port] (default: AWS_ENDPOINT_URL, the "
+                 "profile's; WHARF_GS_ENDPOINT for gs://)");
+  app.add_option("--region", flags.region, "S3 region (default: AWS_REGION, the profile's)");
+  app.add_option("--profile", flags.profile, "AWS profile (default: AWS_PROFILE)");
+}
+
+absl::Status SetStoreFlags(const StoreFlags& flags) {
+  StoreOptions options;
+  for (const auto& [flag, name, value] :
+       {std::tuple{"--endpoint-url", "endpoint", flags.endpoint_url},
+        std::tuple{"--region", "region", flags.region},
+        std::tuple{"--profile", "profile", flags.profile}}) {
+    if (value.empty()) continue;
+    if (absl::Status s = options.Set(name, value); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
+    }
+  }
+  if (flags.no_sign_request) options.anonymous = true;
+  RunOptions() = std::move(options);
+  return absl::OkStatus();
+}
+
+StoreOptions CliStoreOptions(absl::string_view scheme) {
+  StoreOptions options = RunOptions();
+  if (scheme == "file") return StoreOptions{};
+  if (scheme == "gs") {  // AWS notions; gs:// refuses them (store/gcs/gcs_store.h)
+    options.region.reset();
+    options.profile.reset();
+  }
+  return options;
+}
+
+absl::StatusOr<SpecAndKey> ParseCliUri(absl::string_view uri_or_path) {
+  auto parsed = ParseStoreUri(uri_or_path);
+  if (!parsed.ok()) return parsed.status();
+  parsed->spec.options.MergeFrom(CliStoreOptions(parsed->spec.scheme));
+  return parsed;
+}
+
+absl::StatusOr<OpenedUri> OpenCliUri(absl::string_view uri_or_path) {
+  auto parsed = ParseCliUri(uri_or_path);
+  if (!parsed.ok()) return parsed.status();
+  auto store = OpenSpec(parsed->spec);
+  if (!store.ok()) return store.status();
+  return OpenedUri{*std::move(store), parsed->uri(), std::move(parsed->spec)};
+}
+
+}  // namespace wharf::cli
