@@ -54,9 +54,10 @@ void AddCat(CLI::App& app, CatArgs& args) {
         auto range = ParseRange(text);
         return range.ok() ? "" : std::string(range.status().message());
       });
-  cat->add_option("--inflight", args.inflight, "Requests in flight (the runtime's setting)")
+  cat->add_option("--inflight,-j,--jobs", args.inflight,
+                  "Requests in flight (the runtime's setting)")
       ->check(CLI::Range(1, 65536));
-  AddEngineFlags(cat, args.engine, /*budget_mb_alias=*/false);
+  AddEngineFlags(cat, args.engine, /*budget_mb_alias=*/true);
   cat->add_option("URI", args.uri, "The object: a URI or a local path")->required();
 }
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/hash.h"
+#include "base/runtime.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "cli/common.h"
@@ -34,8 +35,6 @@ namespace {
 
 constexpr int kClasses = 10;
 constexpr uint64_t kHeaderSize = 16;
-// Most bytes the demo holds in flight (put payloads, read buffers) at once.
-constexpr uint64_t kMemoryBudget = uint64_t{1} << 30;
 
 std::string KeyOf(int index) {
   return absl::StrFormat("train/class-%02d/img-%06d.raw", index % kClasses, index);
@@ -179,8 +178,11 @@ class Demo {
       : store_(store),
         prefix_(std::move(prefix)),
         args_(args),
+        // The put payloads and read buffers in flight fit the runtime's budget
+        // (--memory-budget, WHARF_MEMORY_BUDGET).
         in_flight_(static_cast<int>(std::clamp<uint64_t>(
-            kMemoryBudget / std::max<uint64_t>(args.size, 1), 1, args.jobs))) {}
+            Runtime::Default()->budget().limit() / std::max<uint64_t>(args.size, 1), 1,
+            args.jobs))) {}
 
   absl::Status Run() {
     Print(absl::StrFormat("wharf demo: %d objects of %d bytes in %s\n\n", args_.objects,
@@ -272,14 +274,26 @@ class Demo {
     const absl::Time start = absl::Now();
     uint64_t max_size = 0;
     for (const ObjectMeta& meta : dataset_) max_size = std::max(max_size, meta.size);
-    std::vector<std::string> buffers(in_flight_,
-                                     std::string(std::max<uint64_t>(max_size, 1), '\0'));
+    // The read buffers are charged to the runtime's budget; fewer slots when it has less room.
+    MemoryBudget& budget = Runtime::Default()->budget();
+    auto account = budget.NewAccount(0, "demo reads");
+    std::vector<Block> buffers;
+    for (int i = 0; i < in_flight_; ++i) {
+      Block block = budget.TryAllocate(account, std::max<uint64_t>(max_size, 1));
+      if (!block) break;
+      buffers.push_back(std::move(block));
+    }
+    if (buffers.empty()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "demo: reading ", store_.Uri(prefix_), ": no room for one ", max_size,
+          "-byte buffer in the memory budget (", FormatSize(budget.limit()), ")"));
+    }
     absl::Mutex mu;
     std::vector<int> free_slots;  // guarded by mu
-    for (int i = 0; i < in_flight_; ++i) free_slots.push_back(i);
+    for (size_t i = 0; i < buffers.size(); ++i) free_slots.push_back(static_cast<int>(i));
     auto has_free = [&free_slots]() { return !free_slots.empty(); };
     std::atomic<uint64_t> bytes{0};
-    Tracker reads(in_flight_);
+    Tracker reads(static_cast<int>(buffers.size()));
     {
       ThreadPool cpu(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
       for (int i = 0; i < args_.objects; ++i) {
@@ -361,9 +375,12 @@ void AddDemo(CLI::App& app, DemoArgs& args) {
   demo->add_option("--size", args.size, "Bytes per object")
       ->check(CLI::Range(kHeaderSize, uint64_t{1} << 30))
       ->capture_default_str();
-  demo->add_option("--jobs", args.jobs, "Puts and gets in flight at once")
+  demo->add_option("--inflight,-j,--jobs", args.jobs,
+                   "Puts and gets in flight at once (fewer when the memory budget holds fewer "
+                   "objects)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  AddEngineFlags(demo, args.engine, /*budget_mb_alias=*/true);
   demo->footer(
       "Objects are 'train/class-NN/img-NNNNNN.raw' below --dir: a small header (synthetic\n"
       "width, height, label) and pseudo-random pixels. The data set is written only when it is\n"
@@ -371,6 +388,7 @@ void AddDemo(CLI::App& app, DemoArgs& args) {
 }
 
 absl::Status RunDemo(const DemoArgs& args) {
+  WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, 0));
   WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.dir));
   Demo demo(*opened.store, AsPrefix(opened.uri.key), args);
   return demo.Run();

@@ -12,7 +12,7 @@
 namespace wharf::cli {
 
 void AddEngineFlags(CLI::App* cmd, EngineArgs& args, bool budget_mb_alias) {
-  cmd->add_option("--memory-budget", args.memory_budget,
+  CLI::Option* budget = cmd->add_option("--memory-budget", args.memory_budget,
                   "Most bytes of data held at once (SIZE: an integer with an optional K, M, G "
                   "or T suffix, powers of 1024); default: WHARF_MEMORY_BUDGET, else 1G")
       ->check([](const std::string& v) -> std::string {
@@ -23,7 +23,8 @@ void AddEngineFlags(CLI::App* cmd, EngineArgs& args, bool budget_mb_alias) {
       });
   if (budget_mb_alias) {
     cmd->add_option("--budget-mb", args.budget_mb, "Same as --memory-budget, in MiB")
-        ->check(CLI::Range(1, 1 << 24));
+        ->check(CLI::Range(1, 1 << 24))
+        ->excludes(budget);
   }
 }
 

@@ -23,7 +23,7 @@ void AddFetch(CLI::App& app, FetchArgs& args) {
       "fetch", "Read objects into memory through the I/O engine and report throughput");
   cmd->add_flag("-r,--recursive", args.recursive, "Every object below the URI's prefix");
   cmd->add_flag("--json", args.json, "One JSON object instead of a table");
-  cmd->add_option("--inflight", args.inflight,
+  cmd->add_option("--inflight,-j,--jobs", args.inflight,
                   "Requests in flight (0: derived from latency x throughput)")
       ->check(CLI::Range(0, 65536))
       ->capture_default_str();

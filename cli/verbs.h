@@ -29,7 +29,8 @@ struct EngineArgs {
   std::string memory_budget;  // empty: WHARF_MEMORY_BUDGET, else 1 GiB
   int budget_mb = 0;          // alias; 0: unset
 };
-// Registers --memory-budget (and, where `budget_mb_alias`, --budget-mb) on `cmd`.
+// Registers --memory-budget (and, where `budget_mb_alias`, --budget-mb, which excludes it)
+// on `cmd`. Each verb registers its own --inflight (alias -j/--jobs).
 void AddEngineFlags(CLI::App* cmd, EngineArgs& args, bool budget_mb_alias);
 // Applies the settings to the process's runtime. `inflight` 0 leaves it as it is.
 absl::Status ApplyEngineArgs(const EngineArgs& args, int inflight);
@@ -56,7 +57,7 @@ struct StatArgs {
 void AddStat(CLI::App& app, StatArgs& args);
 absl::Status RunStat(const StatArgs& args);
 
-// wharf cat [--range START-END] URI
+// wharf cat [--range START-END] [--inflight N] [--memory-budget SIZE] URI
 struct CatArgs {
   std::string uri;
   std::string range;  // validated by ParseRange at parse time; empty: the whole object
@@ -100,7 +101,8 @@ struct RmArgs {
 void AddRm(CLI::App& app, RmArgs& args);
 absl::Status RunRm(const RmArgs& args);
 
-// wharf fetch [-r] [--json] [--inflight N] [--budget-mb M] [--part-size-mb P] [--list-workers N] URI
+// wharf fetch [-r] [--json] [--inflight N] [--memory-budget SIZE] [--part-size-mb P]
+//             [--list-workers N] URI
 struct FetchArgs {
   std::string uri;
   bool recursive = false;
@@ -113,12 +115,13 @@ struct FetchArgs {
 void AddFetch(CLI::App& app, FetchArgs& args);
 absl::Status RunFetch(const FetchArgs& args);
 
-// wharf demo [--dir DIR] [--objects N] [--size BYTES] [--jobs N]
+// wharf demo [--dir DIR] [--objects N] [--size BYTES] [--inflight N] [--memory-budget SIZE]
 struct DemoArgs {
   std::string dir = ".wharf/demo";
   int objects = 3000;
   uint64_t size = 100 * 1024;
-  int jobs = 64;
+  int jobs = 64;  // --inflight (alias -j/--jobs): the demo's own puts and gets in flight
+  EngineArgs engine;
 };
 void AddDemo(CLI::App& app, DemoArgs& args);
 absl::Status RunDemo(const DemoArgs& args);

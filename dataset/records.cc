@@ -469,7 +469,8 @@ absl::StatusOr<std::unique_ptr<RecordStream::ShardReader>> RecordStream::OpenSha
   ObjectReaderOptions io = options_.io;
   io.offset = offset;
   if (single_record) {
-    io.chunk_size = std::min(io.chunk_size, kSingleRecordChunk);
+    io.chunk_size = io.chunk_size == 0 ? kSingleRecordChunk  // 0: derived, always larger
+                                       : std::min(io.chunk_size, kSingleRecordChunk);
     io.read_ahead = 0;
     io.max_buffered_bytes = 0;
   }

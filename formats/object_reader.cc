@@ -1,6 +1,8 @@
 #include "formats/object_reader.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -12,28 +14,53 @@
 
 namespace wharf {
 
+namespace {
+// Derived read-ahead: never below what the fixed default was (2), never more than 16 chunks.
+constexpr int kMinReadAhead = 2;
+constexpr int kMaxReadAhead = 16;
+}  // namespace
+
 uint64_t ObjectReaderOptions::EffectiveMaxBufferedBytes() const {
   if (max_buffered_bytes > 0) return max_buffered_bytes;
   return (static_cast<uint64_t>(std::max(read_ahead, 0)) + 1) * chunk_size;
 }
 
-// One ranged GET. offset/size/data are fixed when it is created; the rest is written by the
+ObjectReaderOptions ObjectReaderOptions::Resolved(const LinkEstimator& link) const {
+  ObjectReaderOptions o = *this;
+  if (o.chunk_size == 0) o.chunk_size = link.PartSize();
+  if (o.read_ahead < 0) {
+    // Bytes that arrive during one time to first byte: the chunks to keep on the wire so the
+    // consumer never waits for a first byte.
+    const double cover =
+        link.bytes_per_second() * absl::ToDoubleSeconds(link.time_to_first_byte());
+    const double parts = std::ceil(cover / static_cast<double>(o.chunk_size));
+    o.read_ahead = static_cast<int>(std::clamp<double>(parts, kMinReadAhead, kMaxReadAhead));
+  }
+  return o;
+}
+
+// One ranged GET. offset/size/block are fixed when it is created; the rest is written by the
 // completion and read by the consumer, both under Shared::mu.
 struct ObjectReader::Chunk {
   uint64_t offset = 0;
   uint64_t size = 0;
-  std::shared_ptr<char[]> data;
+  Block block;  // charged to the runtime's budget until the last piece of it is dropped
   bool done = false;
   bool abandoned = false;  // skipped while in flight: the completion returns its bytes
   absl::Status status;
 };
 
+// Never hold `mu` while a Block is released: the release runs the budget's listeners, and
+// the reader's listener takes `mu`.
 struct ObjectReader::Shared {
   absl::Mutex mu;
   int in_flight ABSL_GUARDED_BY(mu) = 0;
-  uint64_t held ABSL_GUARDED_BY(mu) = 0;
+  uint64_t held ABSL_GUARDED_BY(mu) = 0;  // the reader's own chunks (not the caller's pieces)
   uint64_t peak ABSL_GUARDED_BY(mu) = 0;
   uint64_t bytes_fetched ABSL_GUARDED_BY(mu) = 0;
+  // Budget releases seen while waiting: incremented with `mu` held (so Await re-checks),
+  // atomic so the wait condition may read it.
+  std::atomic<uint64_t> releases{0};
 };
 
 absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(
@@ -46,10 +73,12 @@ absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(
 absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(
     std::shared_ptr<ObjectStore> store, ObjectMeta meta, ObjectReaderOptions options) {
   std::string uri = store->Uri(meta.key);
-  if (options.chunk_size == 0 || options.read_ahead < 0) {
+  if (options.read_ahead < -1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("read ", uri, ": chunk_size must be > 0 and read_ahead >= 0"));
+        absl::StrCat("read ", uri, ": read_ahead must be >= 0 (or -1: derived)"));
   }
+  if (!options.runtime) options.runtime = Runtime::Default();
+  options = options.Resolved(options.runtime->link(store->Uri("")));
   const uint64_t size = meta.size;
   if (options.offset > size) {
     return absl::OutOfRangeError(absl::StrCat("read ", uri, ": range starts at byte ",
@@ -59,7 +88,7 @@ absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(
   const uint64_t end = options.length.has_value() ? std::min(size, begin + *options.length)
                                                   : size;
   auto reader = std::unique_ptr<ObjectReader>(new ObjectReader(
-      std::move(store), std::move(meta), std::move(uri), options, begin, end));
+      std::move(store), std::move(meta), std::move(uri), std::move(options), begin, end));
   reader->Schedule();
   return reader;
 }
@@ -69,40 +98,135 @@ ObjectReader::ObjectReader(std::shared_ptr<ObjectStore> store, ObjectMeta meta, 
     : store_(std::move(store)),
       meta_(std::move(meta)),
       uri_(std::move(uri)),
-      options_(options),
-      max_buffered_(options.EffectiveMaxBufferedBytes()),
+      options_(std::move(options)),
+      max_buffered_(options_.EffectiveMaxBufferedBytes()),
       end_(end),
+      budget_(options_.runtime->shared_budget()),
       pos_(begin),
       next_fetch_(begin),
+      account_(budget_->NewAccount(max_buffered_, "object reader " + uri_)),
       shared_(std::make_shared<Shared>()) {}
 
 ObjectReader::~ObjectReader() {
   // The chunk buffers are kept alive by the completions; only the store must still be there
   // when they run, and the caller owns the store.
-  absl::MutexLock lock(&shared_->mu);
-  shared_->mu.Await(
-      absl::Condition(+[](Shared* s) { return s->in_flight == 0; }, shared_.get()));
+  {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->mu.Await(
+        absl::Condition(+[](Shared* s) { return s->in_flight == 0; }, shared_.get()));
+  }
+  // Return the charges now: a store may destroy a completion (which shares its chunk) a
+  // little after running it.
+  if (current_ != nullptr) current_->block = Block();
+  for (auto& chunk : queue_) chunk->block = Block();
+}
+
+uint64_t ObjectReader::KeptByCaller() const {
+  uint64_t charged = account_->held();
+  for (const auto& a : retired_) charged += a->held();
+  uint64_t own;
+  {
+    absl::MutexLock lock(&shared_->mu);
+    own = shared_->held;
+  }
+  return charged > own ? charged - own : 0;
+}
+
+Block ObjectReader::TryAllocateChunk(uint64_t len) {
+  uint64_t own;
+  {
+    absl::MutexLock lock(&shared_->mu);
+    own = shared_->held;
+  }
+  if (account_->held() > own) {
+    // Pieces the caller keeps (ReadCord) are in the account: they are the caller's, not the
+    // reader's, so they must not use up the reader's cap. Later chunks go to a fresh account;
+    // the old one lives as long as those pieces. (A spurious switch, while an abandoned
+    // chunk's release is on its way, costs only an account.)
+    retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
+                                  [](const auto& a) { return a->held() == 0; }),
+                   retired_.end());
+    retired_.push_back(std::move(account_));
+    account_ = budget_->NewAccount(max_buffered_, "object reader " + uri_);
+  }
+  return budget_->TryAllocate(account_, len);
+}
+
+absl::StatusOr<Block> ObjectReader::AllocateWaiting(uint64_t len) {
+  // Chunks skipped while in flight still count against the reader's bound until they
+  // complete (their completion releases them, which wakes the wait below).
+  auto own_room = [&] {
+    absl::MutexLock lock(&shared_->mu);
+    return shared_->held == 0 || shared_->held + len <= max_buffered_;
+  };
+  Block block;
+  if (own_room() && (block = TryAllocateChunk(len))) return block;
+  // Releases anywhere in the process wake the wait (the listener takes only shared_->mu).
+  const uint64_t id = budget_->AddListener([shared = shared_] {
+    absl::MutexLock lock(&shared->mu);
+    shared->releases.fetch_add(1, std::memory_order_relaxed);
+  });
+  absl::Status status;
+  while (true) {
+    const uint64_t seen = shared_->releases.load(std::memory_order_relaxed);
+    if (own_room() && (block = TryAllocateChunk(len))) break;
+    uint64_t own;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      own = shared_->held;
+    }
+    if (own == 0 && budget_->held() <= KeptByCaller()) {
+      status = absl::ResourceExhaustedError(absl::StrCat(
+          "read ", uri_, ": the memory budget (", FormatSize(budget_->limit()),
+          ") is held by bytes this reader returned that are still kept; release them or "
+          "raise the budget (--memory-budget, WHARF_MEMORY_BUDGET, wharf.configure)"));
+      break;
+    }
+    struct Wait {
+      Shared* shared;
+      uint64_t seen;
+    } wait{shared_.get(), seen};
+    absl::MutexLock lock(&shared_->mu);
+    shared_->mu.Await(absl::Condition(
+        +[](Wait* w) {
+          return w->shared->releases.load(std::memory_order_relaxed) != w->seen;
+        },
+        &wait));
+  }
+  budget_->RemoveListener(id);
+  if (!status.ok()) return status;
+  return block;
+}
+
+std::shared_ptr<ObjectReader::Chunk> ObjectReader::StartChunk(Block block) {
+  auto chunk = std::make_shared<Chunk>();
+  chunk->offset = next_fetch_;
+  chunk->size = block.size();
+  chunk->block = std::move(block);
+  {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->held += chunk->size;
+    shared_->peak = std::max(shared_->peak, shared_->held);
+    ++shared_->in_flight;
+  }
+  next_fetch_ += chunk->size;
+  queue_.push_back(chunk);
+  return chunk;
 }
 
 void ObjectReader::Schedule() {
   std::vector<std::shared_ptr<Chunk>> start;
-  {
-    absl::MutexLock lock(&shared_->mu);
-    const size_t max_chunks = static_cast<size_t>(options_.read_ahead) + 1;
-    while (next_fetch_ < end_ && queue_.size() + (current_ != nullptr ? 1 : 0) < max_chunks) {
-      const uint64_t len = std::min(options_.chunk_size, end_ - next_fetch_);
+  const size_t max_chunks = static_cast<size_t>(options_.read_ahead) + 1;
+  while (next_fetch_ < end_ && queue_.size() + (current_ != nullptr ? 1 : 0) < max_chunks) {
+    const uint64_t len = std::min(options_.chunk_size, end_ - next_fetch_);
+    {
+      absl::MutexLock lock(&shared_->mu);
       if (shared_->held > 0 && shared_->held + len > max_buffered_) break;
-      auto chunk = std::make_shared<Chunk>();
-      chunk->offset = next_fetch_;
-      chunk->size = len;
-      chunk->data = std::shared_ptr<char[]>(new char[len]);
-      shared_->held += len;
-      shared_->peak = std::max(shared_->peak, shared_->held);
-      ++shared_->in_flight;
-      next_fetch_ += len;
-      queue_.push_back(chunk);
-      start.push_back(std::move(chunk));
     }
+    // Read-ahead never waits: with the budget full, the chunks come later, one by one.
+    Block block = TryAllocateChunk(len);
+    if (!block) break;
+    start.push_back(StartChunk(std::move(block)));
   }
   // Outside the lock: a store may complete a request inline.
   for (auto& chunk : start) Issue(std::move(chunk));
@@ -113,7 +237,7 @@ void ObjectReader::Issue(std::shared_ptr<Chunk> chunk) {
   GetRequest request;
   request.key = meta_.key;
   request.range = ByteRange::Of(chunk->offset, chunk->size);
-  request.buffer = absl::Span<char>(chunk->data.get(), chunk->size);
+  request.buffer = absl::Span<char>(chunk->block.data(), chunk->size);
   if (options_.pin_version) request.if_match = meta_.etag;
   store_->GetAsync(
       std::move(request),
@@ -124,38 +248,44 @@ void ObjectReader::Issue(std::shared_ptr<Chunk> chunk) {
               "get ", uri, " bytes [", chunk->offset, ", ", chunk->offset + chunk->size,
               "): short read of ", result->bytes, " bytes (object changed while reading?)"));
         }
+        Block drop;  // declared before the lock: released after it is dropped
         absl::MutexLock lock(&shared->mu);
         chunk->status = std::move(status);
         chunk->done = true;
         --shared->in_flight;
         if (chunk->status.ok()) shared->bytes_fetched += chunk->size;
-        if (chunk->abandoned) shared->held -= chunk->size;
+        if (chunk->abandoned) {
+          shared->held -= chunk->size;
+          drop = std::move(chunk->block);
+        }
       });
 }
 
+// Releasing a chunk moves its block out: the completion of its GET shares the Chunk and may
+// be destroyed later than it ran, and the charge must return when the reader is done with
+// the bytes (the reader's cap and the budget's peak count on it).
 void ObjectReader::ReleaseCurrent() {
   if (current_ == nullptr) return;
-  absl::MutexLock lock(&shared_->mu);
-  shared_->held -= current_->size;
+  Block drop = std::move(current_->block);  // released after the lock
+  const uint64_t size = current_->size;
   current_.reset();
+  absl::MutexLock lock(&shared_->mu);
+  shared_->held -= size;
 }
 
 void ObjectReader::DropQueuedBefore(uint64_t offset) {
+  std::vector<Block> drop;  // released after the lock
   absl::MutexLock lock(&shared_->mu);
   while (!queue_.empty() && queue_.front()->offset + queue_.front()->size <= offset) {
     Chunk& chunk = *queue_.front();
     if (chunk.done) {
       shared_->held -= chunk.size;
+      drop.push_back(std::move(chunk.block));
     } else {
       chunk.abandoned = true;
     }
     queue_.pop_front();
   }
-}
-
-bool ObjectReader::RoomForNextChunkLocked() const {
-  const uint64_t len = std::min(options_.chunk_size, end_ - next_fetch_);
-  return shared_->held == 0 || shared_->held + len <= max_buffered_;
 }
 
 absl::Status ObjectReader::Fill() {
@@ -166,9 +296,15 @@ absl::Status ObjectReader::Fill() {
   DropQueuedBefore(pos_);
   if (queue_.empty()) {
     if (next_fetch_ < pos_) next_fetch_ = pos_;
-    // Chunks skipped while in flight still count until they complete; wait for room.
-    absl::MutexLock lock(&shared_->mu);
-    shared_->mu.Await(absl::Condition(this, &ObjectReader::RoomForNextChunkLocked));
+    // The reader holds no chunk but abandoned ones in flight: wait until the next one fits
+    // the budget (releases anywhere, those completions included, wake the wait).
+    absl::StatusOr<Block> block =
+        AllocateWaiting(std::min(options_.chunk_size, end_ - next_fetch_));
+    if (!block.ok()) {
+      status_ = block.status();
+      return status_;
+    }
+    Issue(StartChunk(*std::move(block)));
   }
   Schedule();
   std::shared_ptr<Chunk> chunk = queue_.front();
@@ -190,7 +326,7 @@ absl::StatusOr<absl::string_view> ObjectReader::Peek() {
   WHARF_RETURN_IF_ERROR(Fill());
   if (pos_ >= end_) return absl::string_view();
   const uint64_t skip = pos_ - current_->offset;
-  return absl::string_view(current_->data.get() + skip, current_->size - skip);
+  return absl::string_view(current_->block.data() + skip, current_->size - skip);
 }
 
 void ObjectReader::Consume(size_t n) { pos_ += n; }
@@ -221,7 +357,7 @@ absl::StatusOr<absl::Cord> ObjectReader::ReadCord(uint64_t n) {
     const size_t take = static_cast<size_t>(std::min<uint64_t>(view.size(), n));
     const absl::string_view piece = view.substr(0, take);
     if (take * 2 >= current_->size) {
-      out.Append(absl::MakeCordFromExternal(piece, [block = current_->data] {}));
+      out.Append(absl::MakeCordFromExternal(piece, [block = current_->block.owner()] {}));
     } else {
       out.Append(piece);
       bytes_copied_ += take;
@@ -247,6 +383,8 @@ ObjectReaderStats ObjectReader::stats() const {
   ObjectReaderStats stats;
   stats.requests = requests_;
   stats.bytes_copied = bytes_copied_;
+  stats.chunk_size = options_.chunk_size;
+  stats.read_ahead = options_.read_ahead;
   absl::MutexLock lock(&shared_->mu);
   stats.bytes_fetched = shared_->bytes_fetched;
   stats.peak_buffered_bytes = shared_->peak;

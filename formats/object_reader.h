@@ -6,17 +6,28 @@
 // The object is read as ranged GETs of `chunk_size` bytes. Up to `read_ahead` chunks beyond
 // the one being consumed are requested at once through GetAsync, so while the consumer parses
 // one chunk the next ones are already on the wire (one chunk per first-byte latency would cap
-// a stream at chunk_size / latency, e.g. 8 MiB / 50 ms = 160 MiB/s). The bytes the reader
-// holds (chunks in flight, fetched and not yet consumed) never exceed `max_buffered_bytes`,
-// except that one chunk is always allowed so progress is possible.
+// a stream at chunk_size / latency, e.g. 8 MiB / 50 ms = 160 MiB/s). Left unset, both come
+// from the store's link estimate in the runtime (base/link_estimate.h): the chunk is the
+// estimate's part size, and read-ahead covers one time to first byte at the estimated
+// bandwidth (never fewer than 2 chunks).
+//
+// Memory: every chunk buffer is a Block of the runtime's one MemoryBudget, charged to an
+// account of this reader whose cap is `max_buffered_bytes` (docs/design/runtime.md). The
+// bytes the reader holds (chunks in flight, fetched and not yet consumed) never exceed that
+// cap, except that one chunk is always allowed so progress is possible; read-ahead also stops
+// while the process's budget is full, and the reader waits for releases (anywhere in the
+// process) when it has no chunk at all.
 //
 // Every GET carries If-Match on the object's ETag (unless pin_version is off), so an object
 // rewritten while it is read fails with FailedPrecondition instead of mixing two versions.
 //
 // Bytes handed out by ReadCord() share the chunk buffer (zero-copy) when they cover at least
 // half of it and are copied otherwise, so bytes the caller keeps (e.g. samples in a shuffle
-// buffer) pin at most about twice their own size. Shared bytes are the caller's: they are
-// not counted in the reader's buffered bytes.
+// buffer) pin at most about twice their own size. Shared bytes stay charged to the budget
+// until the caller drops them, but they are the caller's, not the reader's: they do not count
+// against the reader's cap (a reader that holds no chunk of its own moves to a fresh account,
+// leaving the old one to the caller's pieces). When the caller's pieces alone fill the whole
+// budget the reader fails with ResourceExhausted instead of waiting for itself.
 //
 // Errors: store errors are returned as the store reports them (they name the object's URI);
 // the format readers add the format and the byte offset. An error is sticky: every later call
@@ -33,26 +44,30 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "base/runtime.h"
 #include "store/object_store.h"
 
 namespace wharf {
 
 struct ObjectReaderOptions {
-  // Bytes per ranged GET. 8 MiB keeps the per-request overhead (~50 ms to first byte on a
-  // cloud store) small against the transfer time at ~1 GB/s.
-  uint64_t chunk_size = uint64_t{8} << 20;
-  // Chunks requested ahead of the one being consumed. With 2, one chunk is parsed while two
-  // are in flight: enough to hide first-byte latency when a chunk takes longer to transfer
-  // than to parse.
-  int read_ahead = 2;
-  // Most bytes held at once (in flight + fetched and unconsumed). 0: (read_ahead + 1) *
-  // chunk_size. One chunk is always allowed, so a bound below chunk_size means no read-ahead.
+  // Bytes per ranged GET. 0: the store's link estimate (LinkEstimator::PartSize(): bandwidth
+  // x time to first byte in [8, 64] MiB; 8 MiB before any measurement), which keeps the
+  // per-request overhead small against the transfer time.
+  uint64_t chunk_size = 0;
+  // Chunks requested ahead of the one being consumed. -1: enough chunks to cover one time to
+  // first byte at the estimated bandwidth, at least 2 (one chunk parsed while two are in
+  // flight hides first-byte latency when a chunk takes longer to transfer than to parse).
+  int read_ahead = -1;
+  // Most bytes held at once (in flight + fetched and unconsumed): the cap of the reader's
+  // account in the runtime's budget. 0: (read_ahead + 1) * chunk_size. One chunk is always
+  // allowed, so a bound below chunk_size means no read-ahead.
   uint64_t max_buffered_bytes = 0;
   // The part of the object to read: [offset, offset + length), or to the end when length is
   // unset. Clipped to the object; an offset past the end is OutOfRange.
@@ -60,8 +75,13 @@ struct ObjectReaderOptions {
   std::optional<uint64_t> length;
   // Guard every GET with If-Match on the object's ETag (from HEAD or the given meta).
   bool pin_version = true;
+  // The runtime whose memory budget and link estimates are used; null: Runtime::Default().
+  std::shared_ptr<Runtime> runtime;
 
+  // With chunk_size and read_ahead set (> 0, >= 0): the byte bound those give.
   uint64_t EffectiveMaxBufferedBytes() const;
+  // chunk_size and read_ahead with the unset ones derived from `link`.
+  ObjectReaderOptions Resolved(const LinkEstimator& link) const;
 };
 
 struct ObjectReaderStats {
@@ -69,12 +89,14 @@ struct ObjectReaderStats {
   uint64_t bytes_fetched = 0;        // bytes those GETs delivered
   uint64_t bytes_copied = 0;         // bytes ReadCord() copied rather than shared
   uint64_t peak_buffered_bytes = 0;  // most bytes held at once (<= the bound, or one chunk)
+  uint64_t chunk_size = 0;           // as used (derived when the options left it unset)
+  int read_ahead = 0;                // as used
 };
 
 class ObjectReader {
  public:
   // Opens `key`, asking the store for its size and ETag (one HEAD). Starts the first GETs.
-  // REQUIRES: store != nullptr, options.chunk_size > 0, options.read_ahead >= 0.
+  // REQUIRES: store != nullptr, options.read_ahead >= -1.
   static absl::StatusOr<std::unique_ptr<ObjectReader>> Open(std::shared_ptr<ObjectStore> store,
                                                             std::string key,
                                                             ObjectReaderOptions options = {});
@@ -112,6 +134,8 @@ class ObjectReader {
   absl::Status Skip(uint64_t n);
 
   ObjectReaderStats stats() const;
+  // The reader's account in the runtime's budget (its cap is the reader's byte bound).
+  const MemoryBudget::Account& account() const { return *account_; }
 
  private:
   struct Chunk;
@@ -119,15 +143,23 @@ class ObjectReader {
 
   ObjectReader(std::shared_ptr<ObjectStore> store, ObjectMeta meta, std::string uri,
                ObjectReaderOptions options, uint64_t begin, uint64_t end);
+  // The bytes held by pieces this reader handed out that the caller still keeps.
+  uint64_t KeptByCaller() const;
 
   // Makes current_ the chunk holding pos_ (unless at the end), waiting for it.
   absl::Status Fill();
-  // Starts GETs while the chunk count and byte bound allow.
+  // Starts GETs while the chunk count, the byte bound and the budget allow.
   void Schedule();
+  // A block for the next chunk (`len` bytes) from the budget, or an empty one when the
+  // reader's cap or the budget has no room now. Never blocks.
+  Block TryAllocateChunk(uint64_t len);
+  // Waits until a block for the next chunk can be allocated; called with no chunk queued.
+  // ResourceExhausted when the pieces the caller keeps hold the whole budget.
+  absl::StatusOr<Block> AllocateWaiting(uint64_t len);
   void Issue(std::shared_ptr<Chunk> chunk);
+  // Queues the chunk at next_fetch_ held in `block` and counts it; the caller issues it.
+  std::shared_ptr<Chunk> StartChunk(Block block);
   void ReleaseCurrent();
-  // With no chunk queued: whether the next one fits the bound (REQUIRES shared_->mu).
-  bool RoomForNextChunkLocked() const;
   // Drops queued chunks that end at or before `offset`.
   void DropQueuedBefore(uint64_t offset);
   absl::Status NotEnough(uint64_t wanted) const;
@@ -135,9 +167,10 @@ class ObjectReader {
   const std::shared_ptr<ObjectStore> store_;
   const ObjectMeta meta_;
   const std::string uri_;
-  const ObjectReaderOptions options_;
+  const ObjectReaderOptions options_;  // resolved: chunk_size > 0, read_ahead >= 0
   const uint64_t max_buffered_;
   const uint64_t end_;
+  const std::shared_ptr<MemoryBudget> budget_;
 
   // Consumer-only state (the thread using the reader).
   uint64_t pos_;
@@ -147,6 +180,10 @@ class ObjectReader {
   uint64_t requests_ = 0;
   uint64_t bytes_copied_ = 0;
   absl::Status status_;
+  // The account chunks are charged to; replaced by a fresh one when only pieces the caller
+  // keeps are left in it (see the class comment). Earlier ones live as long as those pieces.
+  std::shared_ptr<MemoryBudget::Account> account_;
+  std::vector<std::shared_ptr<MemoryBudget::Account>> retired_;
 
   // Shared with completions (which may outlive the reader by a few instructions).
   const std::shared_ptr<Shared> shared_;

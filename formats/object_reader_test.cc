@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/runtime.h"
 #include "base/timer.h"
 #include "store/testing/random_bytes.h"
 #include "store/testing/temp_store.h"
@@ -186,6 +189,132 @@ TEST(ObjectReaderTest, DestroyingAReaderWithRequestsInFlightIsSafe) {
     reader->reset();
     EXPECT_EQ(slow->in_flight(), 0);
   }
+}
+
+// A runtime of its own, so the budget's numbers are this test's alone.
+std::shared_ptr<Runtime> SmallRuntime(uint64_t budget) {
+  return std::make_shared<Runtime>(RuntimeOptions{.memory_budget = budget});
+}
+
+TEST(ObjectReaderTest, ChunksAreChargedToTheRuntimeBudget) {
+  TempStore tmp;
+  const std::string data = RandomBytes(64 << 10, 9);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  auto slow = std::make_shared<SlowStore>(tmp.store(), absl::Milliseconds(2));
+  auto rt = SmallRuntime(uint64_t{1} << 30);
+  auto reader = ObjectReader::Open(
+      slow, "obj", {.chunk_size = 4096, .read_ahead = 3, .runtime = rt});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  // The reader's bound is its account's cap; what it started is charged to the budget.
+  EXPECT_EQ((*reader)->account().cap(), 4 * 4096u);
+  EXPECT_EQ(rt->budget().held(), 4 * 4096u);
+  EXPECT_EQ((*reader)->account().held(), 4 * 4096u);
+  EXPECT_EQ(ReadAllByPeek(**reader), data);
+  EXPECT_GE(rt->budget().peak(), 4 * 4096u);
+  EXPECT_LE(rt->budget().peak(), 4 * 4096u);
+  EXPECT_EQ((*reader)->stats().peak_buffered_bytes, 4 * 4096u);
+  reader->reset();
+  EXPECT_EQ(rt->budget().held(), 0u);
+}
+
+TEST(ObjectReaderTest, WaitsForRoomInTheBudgetAndNeverPassesIt) {
+  TempStore tmp;
+  const std::string data = RandomBytes(40'000, 10);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  auto rt = SmallRuntime(16 << 10);
+  // Another consumer holds the whole budget: the reader can start nothing.
+  auto other = rt->budget().NewAccount(0, "other");
+  Block hog = rt->budget().TryAllocate(other, 16 << 10);
+  ASSERT_TRUE(hog);
+  auto reader = ObjectReader::Open(tmp.store(), "obj",
+                                   {.chunk_size = 4096, .read_ahead = 8, .runtime = rt});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->stats().requests, 0u);
+  std::thread release([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    hog = Block();
+  });
+  EXPECT_EQ(ReadAllByPeek(**reader), data);  // waited for the release, then read everything
+  release.join();
+  EXPECT_LE(rt->budget().peak(), 16u << 10);
+  // Read-ahead was bounded by the budget (16 KiB = 4 chunks), not by read_ahead (9 chunks).
+  EXPECT_LE((*reader)->stats().peak_buffered_bytes, 16u << 10);
+}
+
+TEST(ObjectReaderTest, PiecesTheCallerKeepsStayChargedButDoNotStopTheReader) {
+  TempStore tmp;
+  const std::string data = RandomBytes(64 << 10, 11);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  auto rt = SmallRuntime(uint64_t{1} << 30);
+  auto reader = ObjectReader::Open(
+      tmp.store(), "obj",
+      {.chunk_size = 1024, .read_ahead = 1, .max_buffered_bytes = 2048, .runtime = rt});
+  ASSERT_TRUE(reader.ok());
+  std::vector<absl::Cord> kept;
+  for (int i = 0; i < 64; ++i) {
+    auto piece = (*reader)->ReadCord(1024);  // a whole chunk: shared, not copied
+    ASSERT_TRUE(piece.ok()) << piece.status();
+    kept.push_back(*std::move(piece));
+  }
+  EXPECT_EQ((*reader)->stats().bytes_copied, 0u);
+  EXPECT_EQ(rt->budget().held(), 64u << 10);  // the kept pieces are still charged
+  EXPECT_LE((*reader)->stats().peak_buffered_bytes, 2048u);  // but not as the reader's
+  std::string joined;
+  for (const auto& c : kept) joined += std::string(c);
+  EXPECT_EQ(joined, data);
+  kept.clear();
+  reader->reset();
+  EXPECT_EQ(rt->budget().held(), 0u);
+}
+
+TEST(ObjectReaderTest, KeptPiecesFillingTheWholeBudgetAreAnErrorNotAHang) {
+  TempStore tmp;
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(16 << 10, 12))).ok());
+  auto rt = SmallRuntime(4096);
+  auto reader = ObjectReader::Open(tmp.store(), "obj",
+                                   {.chunk_size = 1024, .read_ahead = 0, .runtime = rt});
+  ASSERT_TRUE(reader.ok());
+  std::vector<absl::Cord> kept;
+  absl::Status status;
+  for (int i = 0; i < 16 && status.ok(); ++i) {
+    auto piece = (*reader)->ReadCord(1024);
+    status = piece.status();
+    if (piece.ok()) kept.push_back(*std::move(piece));
+  }
+  EXPECT_EQ(kept.size(), 4u);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), tmp.store()->Uri("obj"))) << status;
+}
+
+TEST(ObjectReaderTest, UnsetChunkSizeAndReadAheadComeFromTheLinkEstimate) {
+  TempStore tmp;
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(1000, 13))).ok());
+  auto rt = SmallRuntime(uint64_t{1} << 30);
+  {
+    // Before any measurement: the prior (50 ms, 100 MB/s) gives 8 MiB chunks, 2 ahead.
+    auto reader = ObjectReader::Open(tmp.store(), "obj", {.runtime = rt});
+    ASSERT_TRUE(reader.ok());
+    EXPECT_EQ((*reader)->stats().chunk_size, uint64_t{8} << 20);
+    EXPECT_EQ((*reader)->stats().read_ahead, 2);
+    EXPECT_EQ((*reader)->account().cap(), uint64_t{24} << 20);
+  }
+  // A far, fast link: 200 ms to first byte, 1 GB/s -> 64 MiB chunks (the clamp), and
+  // 200 MB in flight per first byte -> 3 chunks ahead.
+  LinkEstimator& link = rt->link(tmp.store()->Uri(""));
+  for (int i = 0; i < LinkEstimator::kWarmup; ++i) {
+    link.Record(absl::Milliseconds(200), uint64_t{100} << 20,
+                absl::Milliseconds(200) + absl::Seconds((100 << 20) / 1e9));
+  }
+  auto reader = ObjectReader::Open(tmp.store(), "obj", {.runtime = rt});
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->stats().chunk_size, uint64_t{64} << 20);
+  EXPECT_EQ((*reader)->stats().read_ahead, 3);
+  // Options that are set win over the estimate.
+  auto fixed = ObjectReader::Open(tmp.store(), "obj",
+                                  {.chunk_size = 4096, .read_ahead = 0, .runtime = rt});
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ((*fixed)->stats().chunk_size, 4096u);
+  EXPECT_EQ((*fixed)->stats().read_ahead, 0);
 }
 
 }  // namespace

@@ -213,21 +213,45 @@ class Store {
   }
 
   // Many objects at once through the I/O engine; returns buffers in the order of `keys`.
-  std::vector<Buffer> GetMany(const std::vector<std::string>& keys, int inflight) {
+  // Buffers come from the runtime's one budget (capped at `memory_budget`, 0: no cap of its
+  // own); each result is copied out as it arrives and its buffer released, so the budget
+  // bounds what is in flight however much the list holds (the list is the caller's memory).
+  // Results are taken as they complete, not in order: an ordered batch would hold later
+  // results while an earlier object waits for room they occupy.
+  std::vector<Buffer> GetMany(const std::vector<std::string>& keys, int inflight,
+                              const py::object& memory_budget) {
     auto s = store();
+    FetchOptions options;
+    options.max_in_flight = inflight;
+    options.memory_budget = SizeArg(memory_budget, "memory_budget");
+    // Results are released as they arrive, so a full budget is always someone else's bytes
+    // (or a release on its way): wait for room rather than fail.
+    options.wait_for_release = true;
     std::vector<FetchItem> items;
     items.reserve(keys.size());
     for (const auto& k : keys) items.push_back({.key = Key(k)});
-    auto results = WithoutGil([&] {
-      FetchScheduler scheduler(s, {.max_in_flight = inflight, .ordered = true});
+    std::vector<std::string> bytes(keys.size());
+    absl::Status status = WithoutGil([&] {
+      FetchScheduler scheduler(s, options);
       auto batch = scheduler.Fetch(std::move(items));
-      std::vector<absl::StatusOr<FetchBuffer>> out;
-      while (auto r = batch->Next()) out.push_back(std::move(r->data));
-      return out;
+      absl::Status first;  // the failure of the first key in order
+      size_t first_index = keys.size();
+      while (auto r = batch->Next()) {
+        if (!r->data.ok()) {
+          if (r->index < first_index) {
+            first_index = r->index;
+            first = r->data.status();
+          }
+          continue;
+        }
+        bytes[r->index].assign(r->data->data(), r->data->size());
+      }
+      return first;
     });
+    Check(status);
     std::vector<Buffer> out;
-    out.reserve(results.size());
-    for (auto& r : results) out.push_back(Buffer::FromFetch(Check(std::move(r))));
+    out.reserve(bytes.size());
+    for (std::string& b : bytes) out.push_back(Buffer::FromString(std::move(b)));
     return out;
   }
 
@@ -316,8 +340,12 @@ PYBIND11_MODULE(_wharf, m) {
       .def("head", &Store::Head, py::arg("key"))
       .def("get", &Store::Get, py::arg("key"), py::arg("start") = py::none(),
            py::arg("end") = py::none(), "The object's bytes [start, end) as a Buffer")
-      .def("get_many", &Store::GetMany, py::arg("keys"), py::arg("inflight") = 256,
-           "Many objects at once through the I/O engine, in the order given")
+      .def("get_many", &Store::GetMany, py::arg("keys"), py::arg("inflight") = 0,
+           py::arg("memory_budget") = 0,
+           "Many objects at once through the I/O engine, in the order given. inflight: "
+           "requests in flight (0: wharf.configure / WHARF_INFLIGHT, else derived); "
+           "memory_budget: this call's cap inside the process's budget (int or \"64M\"; "
+           "0: none of its own)")
       .def("put", &Store::Put, py::arg("key"), py::arg("data"))
       .def("delete", &Store::Delete, py::arg("key"))
       .def("delete_many", &Store::DeleteMany, py::arg("keys"))
@@ -329,6 +357,7 @@ PYBIND11_MODULE(_wharf, m) {
 
   RegisterDataset(m);
   RegisterRecords(m);
+  RegisterRuntime(m);
 }
 
 }  // namespace wharf::python

@@ -226,7 +226,8 @@ class StreamBinding {
 // The engine options the Python classes accept (FetchOptions subset).
 struct EngineOptions {
   int max_in_flight = 0;  // 0: derived (FetchOptions)
-  uint64_t memory_budget = uint64_t{1} << 30;
+  // This object's cap inside the runtime's one budget; 0: no cap of its own (the budget).
+  uint64_t memory_budget = 0;
 
   FetchOptions ToFetchOptions() const;
 };
@@ -242,8 +243,13 @@ struct IndexParts {
 };
 IndexParts GetIndexParts(py::handle index);
 
+// A SIZE argument: an int (bytes) or a str with an optional K/M/G/T suffix (powers of 1024).
+// Raises TypeError / ValueError naming `name`. REQUIRES: the GIL is held.
+uint64_t SizeArg(const py::handle& value, const char* name);
+
 // Registration of each part of the module.
 void RegisterDataset(py::module_& m);
 void RegisterRecords(py::module_& m);
+void RegisterRuntime(py::module_& m);  // runtime.cc: configure, metrics, parse_size
 
 }  // namespace wharf::python

@@ -481,12 +481,12 @@ void RegisterDataset(py::module_& m) {
   py::class_<PyReader>(m, "SampleReader",
                        "Random access to the samples of an index; get_batch is ONE engine batch")
       .def(py::init([](std::shared_ptr<PyIndex> index, int max_in_flight,
-                       uint64_t memory_budget) {
+                       const py::object& memory_budget) {
              return std::make_unique<PyReader>(
-                 std::move(index), EngineOptions{max_in_flight, memory_budget});
+                 std::move(index),
+                 EngineOptions{max_in_flight, SizeArg(memory_budget, "memory_budget")});
            }),
-           py::arg("index"), py::arg("max_in_flight") = 0,
-           py::arg("memory_budget") = uint64_t{1} << 30)
+           py::arg("index"), py::arg("max_in_flight") = 0, py::arg("memory_budget") = 0)
       .def("get", &PyReader::Get, py::arg("i"), "(key, Buffer) of sample i")
       .def("get_batch", &PyReader::GetBatch, py::arg("indices"),
            "[(key, Buffer)] of the samples, in that order, fetched as one engine batch")
@@ -502,11 +502,11 @@ void RegisterDataset(py::module_& m) {
                        bool shuffle, bool drop_last, int rank, int world_size, int worker,
                        int num_workers, uint64_t worker_block, uint64_t consumed,
                        uint64_t skip, size_t prefetch, uint64_t prefetch_bytes,
-                       int max_in_flight, uint64_t memory_budget) {
+                       int max_in_flight, const py::object& memory_budget) {
+             const EngineOptions engine{max_in_flight, SizeArg(memory_budget, "memory_budget")};
              return std::make_unique<PyStream>(
                  std::move(index), seed, epoch, shuffle, drop_last, rank, world_size, worker,
-                 num_workers, worker_block, consumed, skip, prefetch, prefetch_bytes,
-                 EngineOptions{max_in_flight, memory_budget});
+                 num_workers, worker_block, consumed, skip, prefetch, prefetch_bytes, engine);
            }),
            py::arg("index"), py::kw_only(), py::arg("seed") = 0, py::arg("epoch") = 0,
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0,
@@ -514,7 +514,7 @@ void RegisterDataset(py::module_& m) {
            py::arg("worker_block") = 1, py::arg("consumed") = 0, py::arg("skip") = 0,
            py::arg("prefetch") = 64,
            py::arg("prefetch_bytes") = 0, py::arg("max_in_flight") = 0,
-           py::arg("memory_budget") = uint64_t{1} << 30)
+           py::arg("memory_budget") = 0)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyStream::Next)
       .def("next_batch", &PyStream::NextBatch, py::arg("n"),

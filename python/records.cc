@@ -133,8 +133,9 @@ void RegisterRecords(py::module_& m) {
              o.skip_empty_rows = skip_empty_rows;
              o.io.chunk_size = chunk_size;
              o.io.read_ahead = read_ahead;
-             if (chunk_size == 0 || read_ahead < 0) {
-               Raise(absl::InvalidArgumentError("chunk_size must be > 0 and read_ahead >= 0"));
+             if (read_ahead < -1) {
+               Raise(absl::InvalidArgumentError(
+                   "read_ahead must be >= 0 (or -1: derived from the store's link estimate)"));
              }
              return std::make_unique<PyRecordStream>(std::move(parts.index),
                                                      std::move(parts.store),

@@ -13,14 +13,22 @@ The dataset core, for any framework (see docs/design/python.md):
     stream = wharf.SampleStream(index, seed=0, epoch=0, rank=0, world_size=8)  # (i, key, Buffer)
     records = wharf.RecordStream(wharf.SampleIndex.from_keys(uri, shards), "tar")
 
+One runtime per process holds the memory budget every call above takes its buffers from
+(docs/design/runtime.md); a `memory_budget=` argument is that call's cap inside it:
+
+    wharf.configure(memory_budget="256M", inflight=128)   # or WHARF_MEMORY_BUDGET / _INFLIGHT
+    wharf.metrics()["gauges"]["wharf_memory_budget_peak_bytes"]
+
 PyTorch datasets live in wharf.torch (`import wharf` does not import torch). Errors raise
 wharf.WharfError (an OSError); NotFoundError is also a FileNotFoundError and
 PermissionDeniedError a PermissionError; invalid arguments raise ValueError.
 """
 from wharf._wharf import (Buffer, NotFoundError, PermissionDeniedError, RecordStream,
                           SampleIndex, SampleReader, Sampler, SampleStream, Store, WharfError,
-                          consumed_after, parse_sampler_state, split_csv)
+                          consumed_after, metrics, parse_sampler_state, parse_size, split_csv)
+from wharf._runtime import configure, split_budget_for_worker
 
 __all__ = ["Buffer", "NotFoundError", "PermissionDeniedError", "RecordStream", "SampleIndex",
            "SampleReader", "Sampler", "SampleStream", "Store", "WharfError", "consumed_after",
-           "parse_sampler_state", "split_csv"]
+           "parse_sampler_state", "split_csv", "configure", "metrics", "parse_size",
+           "split_budget_for_worker"]

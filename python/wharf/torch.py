@@ -64,6 +64,7 @@ import torch
 import torch.utils.data
 
 from wharf import _wharf
+from wharf._runtime import split_budget_for_worker
 
 __all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "DistributedSampler",
            "distributed_info", "consumed_after"]
@@ -118,7 +119,11 @@ def distributed_info(rank: Optional[int] = None,
 
 def _worker_info() -> tuple[int, int]:
     info = torch.utils.data.get_worker_info()
-    return (0, 1) if info is None else (info.id, info.num_workers)
+    if info is None:
+        return 0, 1
+    # The workers of a loader share the node's budget (wharf.split_budget_for_worker).
+    split_budget_for_worker(info.num_workers)
+    return info.id, info.num_workers
 
 
 class _Distributed:
@@ -287,10 +292,12 @@ class MapDataset(torch.utils.data.Dataset):
     together). Works with any sampler (DistributedSampler included) and with DataLoader
     workers started by fork or spawn.
 
-    Engine options: max_in_flight (0: derived), memory_budget (bytes held per process)."""
+    Engine options: max_in_flight (0: derived), memory_budget (this dataset's cap inside the
+    process's budget, an int or a SIZE such as "256M"; 0: none of its own, see
+    wharf.configure)."""
 
     def __init__(self, index: "_wharf.SampleIndex", transform: Optional[Callable] = None,
-                 max_in_flight: int = 0, memory_budget: int = 1 << 30):
+                 max_in_flight: int = 0, memory_budget: Union[int, str] = 0):
         self._index = index
         self.transform = transform
         self._engine = dict(max_in_flight=max_in_flight, memory_budget=memory_budget)
@@ -335,6 +342,7 @@ class MapDataset(torch.utils.data.Dataset):
     def _engine_reader(self) -> "_wharf.SampleReader":
         # One engine per process: a forked DataLoader worker builds its own.
         if self._reader is None or self._pid != os.getpid():
+            _worker_info()  # in a DataLoader worker: its share of the node's budget
             self._reader = _wharf.SampleReader(self._index, **self._engine)
             self._pid = os.getpid()
         return self._reader
@@ -385,7 +393,7 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
                  drop_last: bool = False, transform: Optional[Callable] = None,
                  batch_size_hint: int = 1, prefetch: int = 512, prefetch_bytes: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
-                 max_in_flight: int = 0, memory_budget: int = 1 << 30):
+                 max_in_flight: int = 0, memory_budget: Union[int, str] = 0):
         if batch_size_hint < 1:
             raise ValueError("batch_size_hint must be >= 1")
         self._init_order(index, shuffle, seed, drop_last, rank, world_size)

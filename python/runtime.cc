@@ -1,0 +1,152 @@
+// Bindings of the process's runtime (base/runtime.h): wharf.configure(), wharf.metrics(),
+// wharf.parse_size() and the SIZE arguments (`memory_budget=`) of the other bindings.
+//
+// The budget is the process's one bound on data bytes; every engine object of the module
+// (get_many, SampleReader, SampleStream, RecordStream) takes its buffers from it, and a
+// `memory_budget=` argument is that call's cap inside it (docs/design/python.md).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/runtime.h"
+#include "python/binding.h"
+
+namespace wharf::python {
+
+uint64_t SizeArg(const py::handle& value, const char* name) {
+  if (py::isinstance<py::bool_>(value)) {
+    PyErr_SetString(PyExc_TypeError, absl::StrCat(name, ": expected a size, got a bool").c_str());
+    throw py::error_already_set();
+  }
+  if (py::isinstance<py::int_>(value)) {
+    const py::int_ v = py::reinterpret_borrow<py::int_>(value);
+    if (v < py::int_(0)) {
+      Raise(absl::InvalidArgumentError(absl::StrCat(name, ": a size must not be negative")));
+    }
+    return v.cast<uint64_t>();
+  }
+  if (py::isinstance<py::str>(value)) {
+    absl::StatusOr<uint64_t> size = ParseSize(value.cast<std::string>());
+    if (!size.ok()) Raise(absl::InvalidArgumentError(absl::StrCat(name, ": ", size.status().message())));
+    return *size;
+  }
+  PyErr_SetString(PyExc_TypeError,
+                  absl::StrCat(name, ": expected an int (bytes) or a str such as \"256M\", got ",
+                               std::string(py::str(py::type::handle_of(value).attr("__name__"))))
+                      .c_str());
+  throw py::error_already_set();
+}
+
+namespace {
+
+// The budget's state as gauges, set at each snapshot (the budget keeps its own counters; the
+// registry only exports them).
+void SetBudgetGauges(Runtime& rt) {
+  MemoryBudget& b = rt.budget();
+  MetricsRegistry& m = rt.metrics();
+  m.GetGauge("wharf_memory_budget_limit_bytes", "The process's memory budget")
+      ->Set(static_cast<int64_t>(b.limit()));
+  m.GetGauge("wharf_memory_budget_held_bytes", "Bytes of data held now (all consumers)")
+      ->Set(static_cast<int64_t>(b.held()));
+  m.GetGauge("wharf_memory_budget_peak_bytes", "Most bytes of data held at once")
+      ->Set(static_cast<int64_t>(b.peak()));
+  m.GetGauge("wharf_memory_budget_pooled_bytes", "Released large blocks kept mapped for reuse")
+      ->Set(static_cast<int64_t>(b.pooled()));
+}
+
+py::dict Metrics() {
+  std::shared_ptr<Runtime> rt = Runtime::Default();
+  SetBudgetGauges(*rt);
+  py::dict counters, gauges, histograms;
+  for (const MetricsRegistry::Sample& s : rt->metrics().Snapshot()) {
+    // Keyed as Prometheus writes a series: name{label="value",...} (the bare name when it
+    // has no labels), so the dict prints and serializes as it reads.
+    std::string key = s.name;
+    if (!s.labels.empty()) {
+      key += "{";
+      for (size_t i = 0; i < s.labels.size(); ++i) {
+        absl::StrAppend(&key, i > 0 ? "," : "", s.labels[i].first, "=\"", s.labels[i].second,
+                        "\"");
+      }
+      key += "}";
+    }
+    py::object value;
+    py::dict* into = nullptr;
+    switch (s.kind) {
+      case MetricsRegistry::Kind::kCounter:
+        value = py::int_(static_cast<uint64_t>(s.value));
+        into = &counters;
+        break;
+      case MetricsRegistry::Kind::kGauge:
+        value = py::int_(static_cast<int64_t>(s.value));
+        into = &gauges;
+        break;
+      case MetricsRegistry::Kind::kHistogram: {
+        py::dict h;
+        py::list buckets;
+        const std::vector<uint64_t> cumulative = s.histogram->CumulativeCounts();
+        for (size_t i = 0; i < s.histogram->bounds().size(); ++i) {
+          buckets.append(py::make_tuple(s.histogram->bounds()[i], cumulative[i]));
+        }
+        h["buckets"] = buckets;  // (upper bound, cumulative count)
+        h["count"] = s.histogram->count();
+        h["sum"] = s.histogram->sum();
+        value = h;
+        into = &histograms;
+        break;
+      }
+    }
+    (*into)[py::str(key)] = value;
+  }
+  py::dict out;
+  out["counters"] = counters;
+  out["gauges"] = gauges;
+  out["histograms"] = histograms;
+  return out;
+}
+
+}  // namespace
+
+void RegisterRuntime(py::module_& m) {
+  m.def("parse_size", [](py::handle v) { return SizeArg(v, "size"); }, py::arg("size"),
+        "Bytes of a SIZE: an int, or a str with an optional K, M, G or T suffix (powers of "
+        "1024): \"256M\" is 268435456");
+  m.def(
+      "_configure",
+      [](py::object memory_budget, std::optional<int> inflight) {
+        std::optional<uint64_t> budget;
+        if (!memory_budget.is_none()) {
+          budget = SizeArg(memory_budget, "memory_budget");
+          if (*budget == 0) Raise(absl::InvalidArgumentError("memory_budget: must be positive"));
+        }
+        if (inflight && (*inflight < 1 || *inflight > 65536)) {
+          Raise(absl::InvalidArgumentError("inflight: expected an integer in [1, 65536]"));
+        }
+        WithoutGil([&] {
+          Runtime::Configure(budget, inflight);
+          return 0;
+        });
+      },
+      py::arg("memory_budget") = py::none(), py::arg("inflight") = py::none());
+  m.def("_runtime_options", [] {
+    std::shared_ptr<Runtime> rt = Runtime::Default();
+    const RuntimeOptions o = rt->options();
+    py::dict d;
+    d["memory_budget"] = rt->budget().limit();
+    d["inflight"] = o.inflight;  // 0: derived per engine
+    return d;
+  });
+  m.def("_reset_peak", [] { Runtime::Default()->budget().ResetPeak(); },
+        "Resets the budget's peak to what is held now (tests and benchmarks measure a phase)");
+  m.def("metrics", &Metrics,
+        "The runtime's metrics: {'counters': {...}, 'gauges': {...}, 'histograms': {...}}, "
+        "each keyed by series: 'name' or 'name{label=\"value\",...}' (docs/design/metrics.md). "
+        "Gauges include the memory budget's limit, held, peak and pooled bytes.");
+}
+
+}  // namespace wharf::python

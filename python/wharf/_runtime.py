@@ -1,0 +1,59 @@
+"""The process's runtime from Python: configure() and the DataLoader worker split.
+
+The settings live in the C++ runtime (base/runtime.h). They are also written to the
+environment (WHARF_MEMORY_BUDGET, WHARF_INFLIGHT), so that processes started afterwards
+(DataLoader workers started by spawn or forkserver, subprocesses) inherit them as forked
+children do.
+"""
+import os
+from typing import Optional, Union
+
+from wharf import _wharf
+
+# The pid of the process that last called configure() with a memory budget: a DataLoader
+# worker that configured its own budget (in worker_init_fn) keeps it; one that did not gets
+# its share of the node's budget (split_budget_for_worker).
+_configured_in: Optional[int] = None
+# The pid whose budget was already split, so a worker splits once however many datasets it
+# iterates.
+_split_in: Optional[int] = None
+
+
+def configure(memory_budget: Union[None, int, str] = None, inflight: Optional[int] = None) -> None:
+    """Sets the process's runtime: `memory_budget`, the most bytes of data wharf holds at once
+    in this process (an int, or a SIZE str with an optional K/M/G/T suffix in powers of 1024:
+    "256M"); `inflight`, requests in flight per engine (unset: derived from the store's
+    measured latency). Applies to new reservations; bytes already held stay held until
+    released. Unset arguments keep their value.
+
+    DataLoader workers inherit the settings; unless a worker calls configure() itself (e.g.
+    in worker_init_fn), wharf.torch datasets give each worker budget / num_workers."""
+    global _configured_in
+    budget = None
+    if memory_budget is not None:
+        budget = _wharf.parse_size(memory_budget)
+        if budget <= 0:
+            raise ValueError("memory_budget: must be positive")
+    _wharf._configure(budget, inflight)
+    if budget is not None:
+        os.environ["WHARF_MEMORY_BUDGET"] = str(budget)
+        _configured_in = os.getpid()
+    if inflight is not None:
+        os.environ["WHARF_INFLIGHT"] = str(int(inflight))
+
+
+def split_budget_for_worker(num_workers: int) -> bool:
+    """In a DataLoader worker: sets this process's budget to the node's budget (what the
+    parent configured, WHARF_MEMORY_BUDGET, or the default) divided by `num_workers`, so the
+    workers of one loader together hold no more than the node's budget. Does nothing when
+    this process configured its own budget, or already split. Returns whether it split.
+    wharf.torch datasets call it in each worker; call it from worker_init_fn for your own
+    datasets."""
+    global _split_in
+    pid = os.getpid()
+    if num_workers <= 1 or _configured_in == pid or _split_in == pid:
+        return False
+    node = _wharf._runtime_options()["memory_budget"]
+    _wharf._configure(max(node // num_workers, 1), None)
+    _split_in = pid
+    return True
