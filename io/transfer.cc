@@ -55,9 +55,11 @@ constexpr uint64_t kTrimEvery = 4096;
 // number of objects, but glibc keeps an arena per thread and returns freed memory only
 // from the top of each: small allocations made on one thread (listing, fetch, puts) and
 // freed on another (the transport's) leave free pages scattered in every arena, and the
-// process's RSS would creep up with the count (measured: ~0.3 KB per small object on a
-// 20,000-object upload) although nothing is held. malloc_trim releases those pages
-// (MADV_DONTNEED) in every arena; every few thousand objects it costs nothing measurable.
+// process's RSS would creep up with the count although nothing is held (measured against
+// RGW with 32 requests in flight: 7.7 MB more peak RSS uploading 20,000 small files than
+// 2,000, 4.0 MB with these trims; the live heap differed by 0.3 MB). malloc_trim releases
+// those pages (MADV_DONTNEED) in every arena; every few thousand objects it costs nothing
+// measurable.
 void ReturnFreedMemory() {
 #if defined(__GLIBC__)
   malloc_trim(0);
