@@ -1,31 +1,42 @@
 #include "io/prefix_fetch.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace wharf {
 
 PrefixFetch::PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& scheduler,
-                         ListOptions range, ParallelListOptions list_options, Select select)
-    : batch_(scheduler.StartBatch()) {
+                         ListOptions range, ParallelListOptions list_options, Select select,
+                         size_t max_ahead)
+    : batch_(scheduler.StartBatch()), max_ahead_(std::max<size_t>(1, max_ahead)) {
   lister_ = std::thread([this, store = std::move(store), range = std::move(range), list_options,
                          select = std::move(select)] {
     ParallelListStats stats;
     absl::Status status = ParallelList(
         *store, range, list_options,
         [&](std::vector<ObjectMeta> page) {
-          std::vector<FetchItem> items;
           {
             absl::MutexLock lock(&mu_);
             // Back-pressure: the listing waits while too many objects are listed and not
             // yet delivered, so memory stays flat however many objects there are.
             auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-              return cancelled_ || pending_.size() < kMaxAhead;
+              return cancelled_ || pending_.size() < max_ahead_;
             };
             mu_.Await(absl::Condition(&room));
             if (cancelled_) return absl::CancelledError("the fetch was cancelled");
             listed_ += page.size();
-            for (ObjectMeta& meta : page) {
-              if (select && !select(meta)) continue;
+          }
+          // Selected outside the lock: `select` may block, and the consumer must not wait
+          // for it.
+          std::vector<ObjectMeta> chosen;
+          for (ObjectMeta& meta : page) {
+            if (!select || select(meta)) chosen.push_back(std::move(meta));
+          }
+          std::vector<FetchItem> items;
+          items.reserve(chosen.size());
+          {
+            absl::MutexLock lock(&mu_);
+            for (ObjectMeta& meta : chosen) {
               items.push_back({.key = meta.key, .size = meta.size, .etag = meta.etag});
               pending_.emplace(next_index_++, std::move(meta));
             }

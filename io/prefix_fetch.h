@@ -5,7 +5,8 @@
 // skip objects the destination already holds, and to refuse unsafe keys).
 //
 // Thread-safety: one consumer thread calls Next()/Finish(); `select` runs on the listing
-// thread.
+// thread, outside PrefixFetch's lock, so it may block (e.g. wait for room on workers of its
+// own) without stopping the consumer.
 #pragma once
 
 #include <functional>
@@ -26,8 +27,11 @@ class PrefixFetch {
   // true: fetch this object; false: leave it (the callback may record why).
   using Select = std::function<bool(const ObjectMeta&)>;
 
+  // The listing stays at most `max_ahead` selected objects ahead of the results taken (it
+  // waits before selecting from its next page), so memory stays flat in the number of
+  // objects: `max_ahead` listing entries, plus the listing's own pages in flight.
   PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& scheduler, ListOptions range,
-              ParallelListOptions list_options, Select select);
+              ParallelListOptions list_options, Select select, size_t max_ahead = kMaxAhead);
   ~PrefixFetch();  // cancels and joins the listing thread
   static constexpr size_t kMaxAhead = 16384;
   PrefixFetch(const PrefixFetch&) = delete;
@@ -35,7 +39,6 @@ class PrefixFetch {
 
   // The next fetched object (completion order); nullopt when everything selected was
   // delivered. `meta(result.index)` is its listing entry (valid until the next call).
-  // The listing stays at most kMaxAhead objects ahead of the results taken.
   std::optional<FetchResult> Next();
   ObjectMeta meta(size_t index) const;
 
@@ -60,6 +63,7 @@ class PrefixFetch {
   uint64_t listed_ ABSL_GUARDED_BY(mu_) = 0;
   bool listing_done_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  const size_t max_ahead_;
   std::thread lister_;
 };
 

@@ -3,12 +3,14 @@
 //
 // One object or every object below a prefix goes from a source store to a destination
 // store (local paths are file:// stores). Within one store it asks for server-side copies.
-// Across stores, a work-stealing parallel listing feeds the fetch engine, which keeps many
-// requests in flight under the runtime's memory budget; small objects are put
-// asynchronously as they arrive, and big ones are streamed as ordered parts into a writer
-// (parallel multipart on S3), so objects of any size move through a bounded budget. Memory
-// stays flat in the number of objects: the listing runs at most a bounded distance ahead of
-// the copies, and what the destination already holds is kept as 32 bytes per object.
+// Across stores, a listing thread feeds the fetch engine, which keeps many requests in
+// flight under the runtime's memory budget; small objects are put asynchronously as they
+// arrive, and big ones move as ordered part streams (one part plan: `part_size`, doubled
+// every 1,000 parts, as S3's multipart parts) pumped into a writer, as do single objects,
+// standard input and standard output. So objects of any size move through a bounded budget.
+// Memory stays flat in the number of objects: the listing runs at most a bounded distance
+// ahead of the copies, outcomes are counters, and what the destination already holds is
+// kept as 32 bytes per destination object.
 //
 // Every object appears at its destination complete or not at all. Keys that would land
 // outside the destination ("..", absolute paths, "//") are refused. A rerun skips what the
@@ -66,11 +68,12 @@ struct TransferOptions {
   // the runtime's memory budget (0: the whole budget).
   int inflight = 0;
   uint64_t memory_budget = 0;
+  // Parallel list calls for a remote store (a local tree is walked by one).
   int list_workers = 16;
   // How new objects are stored (content type, storage class, encryption).
   PutOptions put;
-  // Objects larger than this are streamed in ordered parts of `part_size` (0: from the
-  // runtime's link estimate of the source).
+  // Objects larger than this are streamed in ordered parts of `part_size`, doubled every
+  // 1,000 parts (0: from the runtime's link estimate of the source).
   uint64_t stream_threshold = uint64_t{16} << 20;
   uint64_t part_size = uint64_t{8} << 20;
   std::shared_ptr<Runtime> runtime;  // null: Runtime::Default()

@@ -34,7 +34,7 @@
 // CreateMultipartUpload retried after an ambiguous failure (the connection dropped after the
 // server created an upload) may have started uploads whose ids never arrived: the writer
 // then lists the key's uploads and aborts those its creates started (see
-// docs/design/transfer-uploads.md).
+// docs/design/transfer.md).
 //
 // Upload options (PutOptions): Content-Type, x-amz-storage-class, x-amz-server-side-encryption
 // and x-amz-server-side-encryption-aws-kms-key-id go, signed, on PutObject and
