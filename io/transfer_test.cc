@@ -22,14 +22,13 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/testing/forwarding_store.h"
+#include "store/forwarding_store.h"
 #include "store/testing/random_bytes.h"
 #include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
 
-using store_testing::ForwardingStore;
 using store_testing::RandomBytes;
 using store_testing::TempStore;
 using ::testing::ElementsAreArray;
