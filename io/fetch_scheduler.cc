@@ -107,6 +107,10 @@ struct Deferred {
 class BatchImpl : public FetchScheduler::Batch,
                   public std::enable_shared_from_this<BatchImpl> {
  public:
+  // Coalesced wake-ups of the consumer (WakeConsumerLocked).
+  static constexpr int kWakeBatch = 8;
+  static constexpr absl::Duration kCoalesceWait = absl::Milliseconds(2);
+
   BatchImpl(std::shared_ptr<ObjectStore> store, const FetchOptions& options, int max_in_flight,
             std::shared_ptr<FetchScheduler::Common> common)
       : store_(std::move(store)), options_(options), common_(std::move(common)),
@@ -266,9 +270,16 @@ class BatchImpl : public FetchScheduler::Batch,
       deferred.Run();
       if (result) return result;
       if (finished) return std::nullopt;
-      // Completions and Add/Close/Cancel signal; so does any release in the budget while
-      // a reservation is wanted. The timeout is only a safety net.
-      waker_->Wait(absl::Seconds(1));
+      // Add/Close/Cancel signal, completions do when WakeConsumerLocked says so, and so does
+      // any release in the budget while a reservation is wanted. While requests are in
+      // flight the wait is short (coalesced wake-ups, see WakeConsumerLocked); otherwise the
+      // timeout is only a safety net.
+      bool busy;
+      {
+        absl::MutexLock lock(&mu_);
+        busy = in_flight_ > 0;
+      }
+      waker_->Wait(busy ? kCoalesceWait : absl::Seconds(1));
     }
   }
 
@@ -434,12 +445,30 @@ class BatchImpl : public FetchScheduler::Batch,
       }
     }
     Deferred deferred;
+    bool wake;
     {
       absl::MutexLock lock(&mu_);
       OnPartLocked(g, std::move(r), deferred);
+      wake = WakeConsumerLocked();
     }
     deferred.Run();
-    waker_->Signal();
+    if (wake) waker_->Signal();
+  }
+
+  // Whether a completion wakes the consumer now. Waking it for every result of a stream of
+  // small objects costs a sleep and a wake-up (two context switches) per object, which showed
+  // as ~15% more CPU per object than waking it once per several results. So while many
+  // requests are in flight, the consumer is woken once kWakeBatch results are deliverable,
+  // and otherwise finds them when its short wait (kCoalesceWait) ends: a result waits at most
+  // that long, against tens of milliseconds to a first byte from an object store. With few
+  // requests in flight (a draining or narrow batch) every result wakes it at once.
+  bool WakeConsumerLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (cancelled_ || in_flight_ < kWakeBatch) return true;
+    if (options_.ordered) {
+      return ready_by_index_.size() >= size_t{kWakeBatch} &&
+             ready_by_index_.find(next_index_) != ready_by_index_.end();
+    }
+    return ready_.size() >= size_t{kWakeBatch};
   }
 
   void OnPartLocked(const std::shared_ptr<Group>& g, absl::StatusOr<GetResult> r,
