@@ -245,6 +245,7 @@ class BatchImpl : public FetchScheduler::Batch,
       Deferred deferred;
       std::optional<FetchResult> result;
       bool finished = false;
+      bool coalescing = false;
       {
         absl::MutexLock lock(&mu_);
         if (cancelled_) return std::nullopt;
@@ -266,20 +267,16 @@ class BatchImpl : public FetchScheduler::Batch,
                           deferred);
           continue;
         }
+        coalescing = !options_.ordered && in_flight_ > 0;
       }
       deferred.Run();
       if (result) return result;
       if (finished) return std::nullopt;
       // Add/Close/Cancel signal, completions do when WakeConsumerLocked says so, and so does
-      // any release in the budget while a reservation is wanted. While requests are in
-      // flight the wait is short (coalesced wake-ups, see WakeConsumerLocked); otherwise the
-      // timeout is only a safety net.
-      bool busy;
-      {
-        absl::MutexLock lock(&mu_);
-        busy = in_flight_ > 0;
-      }
-      waker_->Wait(busy ? kCoalesceWait : absl::Seconds(1));
+      // any release in the budget while a reservation is wanted. While completions are
+      // coalesced the wait is short (see WakeConsumerLocked); otherwise the timeout is only a
+      // safety net.
+      waker_->Wait(coalescing ? kCoalesceWait : absl::Seconds(1));
     }
   }
 
