@@ -159,6 +159,30 @@ void MemoryBudget::ReleaseLarge(Account* account, char* p, uint64_t size) {
   NotifyListeners();
 }
 
+void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
+  if (attempt()) return;
+  struct Wake {
+    absl::Mutex mu;
+    bool released ABSL_GUARDED_BY(mu) = false;
+  };
+  auto wake = std::make_shared<Wake>();
+  const uint64_t id = AddListener([wake] {
+    absl::MutexLock lock(&wake->mu);
+    wake->released = true;
+  });
+  // Armed before each attempt, so a release between a failed attempt and the wait is seen.
+  while (true) {
+    {
+      absl::MutexLock lock(&wake->mu);
+      wake->released = false;
+    }
+    if (attempt()) break;
+    absl::MutexLock lock(&wake->mu);
+    wake->mu.AwaitWithTimeout(absl::Condition(&wake->released), absl::Seconds(1));
+  }
+  RemoveListener(id);
+}
+
 uint64_t MemoryBudget::AddListener(std::function<void()> fn) {
   absl::MutexLock lock(&listeners_mu_);
   const uint64_t id = next_listener_++;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 
 namespace wharf {
@@ -104,6 +105,12 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
   // A block of `bytes` charged to `account` and the budget, or an empty Block when either
   // has no room now (see the rules above). Never blocks.
   Block TryAllocate(const std::shared_ptr<Account>& account, uint64_t bytes);
+
+  // Blocks until `attempt` returns true: calls it now, then again after every release in
+  // the budget (and at least once a second, a safety net). `attempt` runs on the calling
+  // thread with no budget lock held; it typically calls TryAllocate, and may also decide to
+  // give up (returning true after noting why). The one way consumers wait for room.
+  void WaitUntil(absl::FunctionRef<bool()> attempt);
 
   // Listeners run after every release (see above). Returns an id for RemoveListener.
   uint64_t AddListener(std::function<void()> fn);

@@ -1,7 +1,6 @@
 #include "formats/object_reader.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -58,9 +57,6 @@ struct ObjectReader::Shared {
   uint64_t held ABSL_GUARDED_BY(mu) = 0;  // the reader's own chunks (not the caller's pieces)
   uint64_t peak ABSL_GUARDED_BY(mu) = 0;
   uint64_t bytes_fetched ABSL_GUARDED_BY(mu) = 0;
-  // Budget releases seen while waiting: incremented with `mu` held (so Await re-checks),
-  // atomic so the wait condition may read it.
-  std::atomic<uint64_t> releases{0};
 };
 
 absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(
@@ -160,16 +156,10 @@ absl::StatusOr<Block> ObjectReader::AllocateWaiting(uint64_t len) {
     return shared_->held == 0 || shared_->held + len <= max_buffered_;
   };
   Block block;
-  if (own_room() && (block = TryAllocateChunk(len))) return block;
-  // Releases anywhere in the process wake the wait (the listener takes only shared_->mu).
-  const uint64_t id = budget_->AddListener([shared = shared_] {
-    absl::MutexLock lock(&shared->mu);
-    shared->releases.fetch_add(1, std::memory_order_relaxed);
-  });
   absl::Status status;
-  while (true) {
-    const uint64_t seen = shared_->releases.load(std::memory_order_relaxed);
-    if (own_room() && (block = TryAllocateChunk(len))) break;
+  // Releases anywhere in the process, those of this reader's completions included, wake it.
+  budget_->WaitUntil([&] {
+    if (own_room() && (block = TryAllocateChunk(len))) return true;
     uint64_t own;
     {
       absl::MutexLock lock(&shared_->mu);
@@ -180,20 +170,10 @@ absl::StatusOr<Block> ObjectReader::AllocateWaiting(uint64_t len) {
           "read ", uri_, ": the memory budget (", FormatSize(budget_->limit()),
           ") is held by bytes this reader returned that are still kept; release them or "
           "raise the budget (--memory-budget, WHARF_MEMORY_BUDGET, wharf.configure)"));
-      break;
+      return true;
     }
-    struct Wait {
-      Shared* shared;
-      uint64_t seen;
-    } wait{shared_.get(), seen};
-    absl::MutexLock lock(&shared_->mu);
-    shared_->mu.Await(absl::Condition(
-        +[](Wait* w) {
-          return w->shared->releases.load(std::memory_order_relaxed) != w->seen;
-        },
-        &wait));
-  }
-  budget_->RemoveListener(id);
+    return false;
+  });
   if (!status.ok()) return status;
   return block;
 }

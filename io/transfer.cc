@@ -291,28 +291,6 @@ class ObjectParts : public PartSource {
 };
 
 // Waits for a block of `bytes` from the budget (releases anywhere wake the wait).
-Block AllocateWaiting(MemoryBudget& budget, const std::shared_ptr<MemoryBudget::Account>& account,
-                      uint64_t bytes) {
-  Block block = budget.TryAllocate(account, bytes);
-  if (block) return block;
-  struct Wake {
-    absl::Mutex mu;
-    bool released = false;
-  };
-  auto wake = std::make_shared<Wake>();
-  const uint64_t id = budget.AddListener([wake] {
-    absl::MutexLock lock(&wake->mu);
-    wake->released = true;
-  });
-  while (!(block = budget.TryAllocate(account, bytes))) {
-    absl::MutexLock lock(&wake->mu);
-    wake->mu.AwaitWithTimeout(absl::Condition(&wake->released), absl::Seconds(1));
-    wake->released = false;
-  }
-  budget.RemoveListener(id);
-  return block;
-}
-
 // The bytes read from a file descriptor (standard input), one part at a time into blocks
 // from the budget: a block is reserved (waiting for releases) before it is filled, so the
 // parts held by the sink and the one being read stay within the budget.
@@ -325,7 +303,11 @@ class FdParts : public PartSource {
 
   absl::StatusOr<std::optional<FetchBuffer>> Next() override {
     if (eof_) return std::optional<FetchBuffer>();
-    Block block = AllocateWaiting(runtime_->budget(), account_, PartSizeAt(base_, parts_));
+    MemoryBudget& budget = runtime_->budget();
+    Block block;
+    budget.WaitUntil([&] {
+      return static_cast<bool>(block = budget.TryAllocate(account_, PartSizeAt(base_, parts_)));
+    });
     uint64_t filled = 0;
     while (filled < block.size()) {
       const ssize_t n = read(fd_, block.data() + filled, block.size() - filled);
