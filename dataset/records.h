@@ -41,7 +41,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "dataset/index.h"
-#include "formats/object_reader.h"
+#include "io/object_reader.h"
 #include "formats/shuffle.h"
 #include "store/object_store.h"
 

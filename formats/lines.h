@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "formats/object_reader.h"
+#include "io/object_reader.h"
 #include "store/object_store.h"
 
 namespace wharf {

@@ -35,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
-#include "formats/object_reader.h"
+#include "io/object_reader.h"
 #include "store/object_store.h"
 
 namespace wharf {

@@ -1,4 +1,4 @@
-#include "formats/object_reader.h"
+#include "io/object_reader.h"
 
 #include <algorithm>
 #include <cmath>
