@@ -151,3 +151,24 @@ def test_csv_and_jsonl_rows(target):
     ds = IterableDataset.from_shards(uri, ["jl/y.jsonl", "jl/x.jsonl"], format="jsonl",
                                      shuffle=False)
     assert [json.loads(bytes(s.data))["i"] for s in ds] == list(range(7, 10)) + list(range(7))
+
+
+def test_the_format_registry_names_formats_and_suffixes(target):
+    formats = wharf._wharf.record_formats()
+    assert formats == {"tar": (".tar",), "tfrecord": (".tfrecord", ".tfrecords"),
+                       "csv": (".csv",), "jsonl": (".jsonl", ".json", ".ndjson")}
+    assert list(formats) == ["tar", "tfrecord", "csv", "jsonl"]
+    assert wharf._wharf.record_format("tar") == {"name": "tar", "suffixes": (".tar",),
+                                                 "shape": "fields", "rows": False}
+    assert wharf._wharf.record_format("jsonl")["rows"] is True
+    assert wharf._wharf.record_format("tfrecord")["shape"] == "payload"
+    with pytest.raises(ValueError) as e:
+        wharf._wharf.record_format("zip")
+    assert str(e.value) == ('record format "zip": expected "tar", "tfrecord", "csv" or '
+                            '"jsonl"')
+    uri, store = target
+    store.put("z/a.zip", b"x")
+    with pytest.raises(ValueError, match="expected one of \\['csv', 'jsonl', 'tar', 'tfrecord'\\]"):
+        IterableDataset.from_shards(uri + "z/", format="zip")
+    with pytest.raises(ValueError, match="rows_per_item is for csv and jsonl"):
+        IterableDataset.from_shards(uri + "z/", format="tar", rows_per_item=2)
