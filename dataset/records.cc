@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/runtime.h"
 #include "base/status.h"
 #include "formats/registry.h"
 #include "nlohmann/json.hpp"
@@ -18,6 +19,19 @@ constexpr int kStateVersion = 1;
 // Buffered records re-read at once when restoring: each holds one small chunk.
 constexpr size_t kRestoreGroup = 64;
 constexpr uint64_t kSingleRecordChunk = uint64_t{1} << 20;
+// The smallest chunk a memory_budget makes readers use.
+constexpr uint64_t kMinCappedChunk = uint64_t{4} << 10;
+
+// Under a memory_budget `cap` (records.h): a reader's share of it, and how many buffered
+// records are re-read at once when restoring (each reader holding one chunk of its share).
+uint64_t ReaderShare(uint64_t cap, bool single_record) {
+  return std::max(kMinCappedChunk, cap / (single_record ? kRestoreGroup : 2));
+}
+size_t RestoreGroup(uint64_t cap) {
+  if (cap == 0) return kRestoreGroup;
+  return static_cast<size_t>(
+      std::clamp<uint64_t>(cap / ReaderShare(cap, true), 1, kRestoreGroup));
+}
 
 absl::Status StateError(absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("parsing record stream state: ", message));
@@ -284,8 +298,9 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
   // The held records, a group of reads in flight at a time.
   std::vector<Record> held;
   held.reserve(state.buffered.size());
-  for (size_t begin = 0; begin < state.buffered.size(); begin += kRestoreGroup) {
-    const size_t end = std::min(state.buffered.size(), begin + kRestoreGroup);
+  const size_t group = RestoreGroup(options_.memory_budget);
+  for (size_t begin = 0; begin < state.buffered.size(); begin += group) {
+    const size_t end = std::min(state.buffered.size(), begin + group);
     std::vector<std::unique_ptr<RecordReader>> readers;
     for (size_t i = begin; i < end; ++i) {
       const auto [shard, offset] = state.buffered[i];
@@ -325,6 +340,16 @@ absl::StatusOr<std::unique_ptr<RecordReader>> RecordStream::OpenShard(size_t sha
   RecordReaderOptions o;
   o.io = options_.io;
   o.io.offset = offset;
+  if (options_.memory_budget > 0) {
+    // The stream's cap, shared by the readers open at once (records.h). Derived settings are
+    // resolved here, so that a chunk can be kept within a reader's share.
+    if (!o.io.runtime) o.io.runtime = Runtime::Default();
+    o.io = o.io.Resolved(o.io.runtime->link(store_->Uri("")));
+    const uint64_t share = ReaderShare(options_.memory_budget, single_record);
+    o.io.chunk_size = std::min(o.io.chunk_size, share);
+    o.io.max_buffered_bytes =
+        o.io.max_buffered_bytes == 0 ? share : std::min(o.io.max_buffered_bytes, share);
+  }
   if (single_record) {
     o.io.chunk_size = o.io.chunk_size == 0 ? kSingleRecordChunk  // 0: derived, always larger
                                            : std::min(o.io.chunk_size, kSingleRecordChunk);

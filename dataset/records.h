@@ -62,7 +62,16 @@ struct RecordStreamOptions {
   int world_size = 1;
   int worker = 0;
   int num_workers = 1;
+  // How shards are read. chunk_size 0 and read_ahead -1 (the defaults) derive them from the
+  // runtime's link estimate of the store (io/object_reader.h).
   ObjectReaderOptions io;
+  // This stream's cap inside the runtime's one memory budget: the bytes its readers hold at
+  // once (chunks in flight and fetched, not yet consumed; records the caller keeps are the
+  // caller's, as for ObjectReader). Shared by the two readers open at a time (the current
+  // shard's and the next one's, read ahead), or by a group of record reads while restoring;
+  // chunks are made no larger than a reader's share (4 KiB at least), so read-ahead, not the
+  // cap, gives way. 0: no cap of its own (each reader's bound is io.max_buffered_bytes).
+  uint64_t memory_budget = 0;
   // Row formats (csv, jsonl); see RecordReaderOptions.
   bool header = false;
   char delimiter = ',';

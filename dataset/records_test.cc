@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
+#include <optional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -318,6 +320,73 @@ TEST_P(RecordStreamStateTest, MalformedStatesAreInvalidArgument) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, RecordStreamStateTest, testing::ValuesIn(AllFormats()),
                          CaseName);
+
+// memory_budget caps what the stream's readers hold at once (the current shard's, the next
+// one's read ahead, and the group of reads that restores a shuffle buffer) inside the
+// runtime's budget; without it the same stream holds more. The budget's peak also counts
+// record bytes the shuffle buffer keeps when they share a chunk (records of at least half a
+// chunk are not copied), which the cap leaves out: at most the 2 chunks of 4 KiB each
+// restored 4000-byte record spans.
+TEST(RecordStreamBudgetTest, MemoryBudgetCapsWhatTheReadersHold) {
+  constexpr uint64_t kCap = 64 << 10;
+  TempStore temp;
+  std::vector<std::string> keys;
+  for (int s = 0; s < 4; ++s) {
+    std::vector<std::string> payloads;
+    for (int i = 0; i < 40; ++i) payloads.push_back(std::string(4000 + s * 10 + i, 'a' + s));
+    auto object = formats_testing::EncodeRecords("tfrecord", payloads);
+    ASSERT_TRUE(object.ok()) << object.status();
+    keys.push_back(absl::StrCat("big/", s, ".tfrecord"));
+    ASSERT_TRUE(temp.store()->Put(keys.back(), *object).ok());
+  }
+  auto shards = std::make_shared<const SampleIndex>(SampleIndex::FromKeys(keys));
+  // Reads everything (stopping after `stop` records to resume there, when given) and returns
+  // the budget's peak and the records read.
+  auto run = [&](uint64_t cap, std::optional<size_t> stop, size_t buffer) {
+    auto runtime = std::make_shared<Runtime>(RuntimeOptions{.memory_budget = 64 << 20});
+    RecordStreamOptions o;
+    o.format = "tfrecord";
+    o.seed = 1;
+    o.shuffle_buffer = buffer;
+    o.memory_budget = cap;
+    o.io.runtime = runtime;
+    size_t read = 0;
+    auto drain = [&](RecordStream& s, std::optional<size_t> n) {
+      while (!n || read < *n) {
+        auto r = s.Next();
+        EXPECT_TRUE(r.ok()) << r.status();
+        if (!r.ok() || !r->has_value()) break;
+        ++read;
+      }
+    };
+    auto first = RecordStream::Create(temp.store(), shards, o);
+    EXPECT_TRUE(first.ok()) << first.status();
+    if (!first.ok()) return std::pair<uint64_t, size_t>{0, 0};
+    drain(**first, stop);
+    if (stop) {
+      const RecordStreamState state = (*first)->State();
+      first->reset();
+      auto second = RecordStream::Create(temp.store(), shards, o, &state);
+      EXPECT_TRUE(second.ok()) << second.status();
+      if (second.ok()) drain(**second, std::nullopt);
+    }
+    return std::pair<uint64_t, size_t>{runtime->budget().peak(), read};
+  };
+  const auto [uncapped_peak, all] = run(0, std::nullopt, 8);
+  EXPECT_EQ(all, 160u);
+  EXPECT_GT(uncapped_peak, kCap);  // the cap below is what keeps the peak under it
+  const auto [capped_peak, capped_all] = run(kCap, std::nullopt, 8);
+  EXPECT_EQ(capped_all, 160u);
+  EXPECT_GT(capped_peak, 0u);
+  EXPECT_LE(capped_peak, kCap);
+  const auto [resumed_peak, resumed_all] = run(kCap, 50, 0);
+  EXPECT_EQ(resumed_all, 160u);
+  EXPECT_LE(resumed_peak, kCap);
+  // 40 records buffered: restored in groups whose chunks fit the cap.
+  const auto [restored_peak, restored_all] = run(kCap, 90, 40);
+  EXPECT_EQ(restored_all, 160u);
+  EXPECT_LE(restored_peak, kCap + 40 * 2 * (4 << 10));
+}
 
 TEST(RecordStreamFormatTest, AnUnknownFormatIsRefusedListingTheKnownOnes) {
   TempStore temp;

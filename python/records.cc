@@ -124,12 +124,15 @@ void RegisterRecords(py::module_& m) {
       m, "RecordStream",
       "The records of one (rank, worker) share of an epoch's shards. Formats of keyed records "
       "(tar) yield dicts {'__key__', '__url__', '__offset__', field: Buffer}; one-payload "
-      "formats (tfrecord, csv, jsonl) yield (shard URI, byte offset, Buffer)")
+      "formats (tfrecord, csv, jsonl) yield (shard URI, byte offset, Buffer). chunk_size 0 "
+      "and read_ahead -1 derive them from the store's link estimate; memory_budget: this "
+      "stream's cap inside the process's budget (int or \"64M\"; 0: none of its own)")
       .def(py::init([](py::handle shards, const std::string& format, uint64_t seed,
                        uint64_t epoch, bool shuffle, size_t shuffle_buffer, int rank,
                        int world_size, int worker, int num_workers, bool header,
                        const std::string& delimiter, const std::string& quote,
                        bool skip_empty_rows, uint64_t chunk_size, int read_ahead,
+                       const py::object& memory_budget,
                        const std::optional<std::string>& state) {
              IndexParts parts = GetIndexParts(shards);
              RecordStreamOptions o;
@@ -148,6 +151,7 @@ void RegisterRecords(py::module_& m) {
              o.skip_empty_rows = skip_empty_rows;
              o.io.chunk_size = chunk_size;
              o.io.read_ahead = read_ahead;
+             o.memory_budget = SizeArg(memory_budget, "memory_budget");
              if (read_ahead < -1) {
                Raise(absl::InvalidArgumentError(
                    "read_ahead must be >= 0 (or -1: derived from the store's link estimate)"));
@@ -162,8 +166,8 @@ void RegisterRecords(py::module_& m) {
            py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("worker") = 0,
            py::arg("num_workers") = 1, py::arg("header") = false, py::arg("delimiter") = ",",
            py::arg("quote") = "\"", py::arg("skip_empty_rows") = false,
-           py::arg("chunk_size") = uint64_t{8} << 20, py::arg("read_ahead") = 2,
-           py::arg("state") = py::none())
+           py::arg("chunk_size") = 0, py::arg("read_ahead") = -1,
+           py::arg("memory_budget") = 0, py::arg("state") = py::none())
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyRecordStream::Next)
       .def("next_batch", &PyRecordStream::NextBatch, py::arg("n"),

@@ -535,6 +535,10 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
 
     rows_per_item=N (csv/jsonl): yield lists of up to N row Samples (one buffer per list).
     header=True (csv/jsonl): the first row of each shard is its header, not a record.
+    Reading: chunk_size (bytes per ranged GET) and read_ahead (chunks requested ahead) are
+    derived from the store's measured link when left at 0 / -1; memory_budget (an int or a
+    SIZE such as "64M") caps what this dataset's shard readers hold at once inside the
+    process's budget (0: no cap of its own, see wharf.configure).
     Resume. state_dict() is exact: it holds where this process's share stands (shards read,
     the offset of the last record taken, the records held in the shuffle buffer), and
     load_state_dict() followed by iteration yields exactly the records not yet yielded, in
@@ -555,7 +559,8 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
                  shuffle_buffer: int = 0, transform: Optional[Callable] = None,
                  header: bool = False, delimiter: str = ",", quote: str = '"',
                  skip_empty_rows: bool = False, rows_per_item: Optional[int] = None,
-                 chunk_size: int = 8 << 20, read_ahead: int = 2,
+                 chunk_size: int = 0, read_ahead: int = -1,
+                 memory_budget: Union[int, str] = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  list_workers: int = 16, **store):
         # **store: store options (endpoint=, region=, anonymous=, profile=), as for
@@ -590,7 +595,8 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
         self.rows_per_item = rows_per_item
         self._options = dict(shuffle_buffer=shuffle_buffer, header=header, delimiter=delimiter,
                              quote=quote, skip_empty_rows=skip_empty_rows,
-                             chunk_size=chunk_size, read_ahead=read_ahead)
+                             chunk_size=chunk_size, read_ahead=read_ahead,
+                             memory_budget=memory_budget)
         self._init_dist(rank, world_size)
         self._epoch = 0
         self._resume = None  # a stream state to continue at the next __iter__

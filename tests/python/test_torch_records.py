@@ -1,6 +1,7 @@
 """Record shards through wharf.torch.RecordDataset (IterableDataset.from_shards): tar
 (WebDataset samples), TFRecord (CRC-checked, errors naming the shard and the byte offset), CSV
 and JSON lines. On file:// and on the real S3 server."""
+import gc
 import io
 import json
 import tarfile
@@ -172,3 +173,29 @@ def test_the_format_registry_names_formats_and_suffixes(target):
         IterableDataset.from_shards(uri + "z/", format="zip")
     with pytest.raises(ValueError, match="rows_per_item is for csv and jsonl"):
         IterableDataset.from_shards(uri + "z/", format="tar", rows_per_item=2)
+
+
+def test_memory_budget_caps_what_the_shard_readers_hold(target):
+    """memory_budget= is the dataset's cap inside the process's budget: the readers of its
+    shards (the current one and the next, read ahead) hold at most that much at once, where
+    the same dataset without it holds more. Chunk size and read-ahead are derived by default."""
+    uri, store = target
+    for s in range(4):
+        records = [bytes([65 + s]) * (4000 + i) for i in range(40)]
+        store.put(f"big/part-{s}.tfrecord", h.tfrecord_file(records)[0])
+
+    def peak(**kw):
+        ds = IterableDataset.from_shards(uri + "big/", format="tfrecord", seed=1, **kw)
+        gc.collect()  # bytes of earlier tests still held are not this dataset's
+        wharf._wharf._reset_peak()
+        before = wharf.metrics()["gauges"]["wharf_memory_budget_held_bytes"]
+        count = sum(1 for _ in ds)  # each record dropped at once
+        assert count == 160
+        return wharf.metrics()["gauges"]["wharf_memory_budget_peak_bytes"] - before
+
+    cap = 64 << 10
+    assert peak() > cap
+    assert 0 < peak(memory_budget="64K") <= cap
+    assert peak(memory_budget=cap, shuffle_buffer=8) <= cap
+    with pytest.raises(ValueError, match="memory_budget"):
+        iter(IterableDataset.from_shards(uri + "big/", format="tfrecord", memory_budget="lots"))
