@@ -137,9 +137,10 @@ class RecordStream {
 
   // The next record; nullopt at the end of the share.
   absl::StatusOr<std::optional<Record>> Next();
-  // Up to n records (fewer only at the end). Without a shuffle buffer they come from the
-  // shard's reader in batches (rows: slices of one buffer, zero-copy). When an error stops a batch after some records were
-  // taken, those are returned and the error comes with the next call: nothing taken is lost.
+  // Up to n records (fewer only at the end). Without a shuffle buffer they come from the shard's
+  // reader in batches (rows: slices of one buffer, zero-copy). When an error stops a batch after
+  // some records were taken, those are returned and the error comes with the next call: nothing
+  // taken is lost.
   absl::StatusOr<std::vector<Record>> NextBatch(size_t n);
 
   // Where the share stands after the records yielded so far.

@@ -520,12 +520,12 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
 
 
 class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
-    """Records of shards: format "tar" (a Sample per WebDataset sample: `.key` the sample
-    key, `.data` a dict extension -> Buffer), "tfrecord" (a Sample per record), "csv" or
-    "jsonl" (a Sample per row; `.data` the row without its line end; parse with
-    wharf.split_csv or json.loads); any format of wharf._wharf.record_formats() (formats
-    whose records have named fields come as tar's do, the others as tfrecord's). Record samples have `.url` (the shard) and `.offset`
-    (the record's byte offset in it) and `.key` = "<shard key>@<offset>" (tar: the sample key).
+    """Records of shards: format "tar" (a Sample per WebDataset sample: `.key` the sample key,
+    `.data` a dict extension -> Buffer), "tfrecord" (a Sample per record), "csv" or "jsonl" (a
+    Sample per row; `.data` the row without its line end; parse with wharf.split_csv or json.loads);
+    any format of wharf._wharf.record_formats() (formats whose records have named fields come as
+    tar's do, the others as tfrecord's). Record samples have `.url` (the shard) and `.offset` (the
+    record's byte offset in it) and `.key` = "<shard key>@<offset>" (tar: the sample key).
 
     Order: the shard order of each epoch is a permutation from (seed, epoch) (identity without
     shuffle); shards are dealt round-robin to ranks, then to the rank's DataLoader workers;
