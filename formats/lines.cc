@@ -232,10 +232,11 @@ absl::StatusOr<std::unique_ptr<RecordReader>> OpenLineRecordReader(
   if (options.header && options.io.offset > 0) {
     // A resume: the header is at the start of the object; read just it. The rows are then
     // read from the same version (its meta: same ETag, no second HEAD).
+    // (Never a larger chunk than the caller asked for: it may be bounding memory.)
     ObjectReaderOptions io = options.io;
     io.offset = 0;
     io.length.reset();
-    io.chunk_size = kHeaderChunk;
+    io.chunk_size = io.chunk_size == 0 ? kHeaderChunk : std::min(io.chunk_size, kHeaderChunk);
     io.read_ahead = 0;
     WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> r, object.Open(io));
     rows.meta = r->meta();
@@ -244,7 +245,7 @@ absl::StatusOr<std::unique_ptr<RecordReader>> OpenLineRecordReader(
     WHARF_ASSIGN_OR_RETURN(std::unique_ptr<LineReader> first,
                            LineReader::Create(std::move(r), with_header));
     header = first->header();
-  }
+  }  // (its reader closed here, before the rows' reader opens)
   lo.header = options.header && options.io.offset == 0;
   WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, rows.Open(options.io));
   WHARF_ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines,
