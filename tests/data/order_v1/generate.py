@@ -10,6 +10,11 @@ It writes sampler.json, records.json and torch.json next to itself. The shards t
 states read are committed in shards/ (JSON lines, contents fixed here); the objects of the
 torch states are made by the tests (obj-NNN, content = the key, see make_objects()).
 
+Where the data lives is part of a state: a local store's keys are absolute paths, and a state
+carries the fingerprint of its index's keys. So the states are taken over copies at fixed
+paths, ROOT/shards and ROOT/objects (ROOT = /tmp/wharf-order-v1), and the tests put the same
+bytes there (place_data()) before restoring them unchanged.
+
 The vectors are checked twice when generated: by the C++ extension that emitted them, and by
 the pure-Python transcription of order version 1 below (splitmix64, Lemire's bounded draws,
 Fisher-Yates, the two seed derivations), so a test pinned to them does not only restate what
@@ -18,12 +23,12 @@ tests/python/test_order_v1.py) load these states and assert the exact continuati
 """
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHARDS = os.path.join(HERE, "shards")
+ROOT = "/tmp/wharf-order-v1"
+SHARDS = os.path.join(ROOT, "shards")
+OBJECTS = os.path.join(ROOT, "objects")
 M64 = (1 << 64) - 1
 
 # ---- order version 1, transcribed ----
@@ -105,20 +110,45 @@ SHARD_COUNT = 6
 ROWS = 7
 
 
+def shard_bytes():
+    """{name: bytes} of the committed shards (what write_shards() wrote)."""
+    return {f"part-{s}.jsonl": "".join(
+        json.dumps({"shard": s, "row": i, "pad": "x" * ((s * 7 + i) % 5)}) + "\n"
+        for i in range(ROWS)).encode() for s in range(SHARD_COUNT)}
+
+
 def write_shards():
-    os.makedirs(SHARDS, exist_ok=True)
-    for s in range(SHARD_COUNT):
-        with open(os.path.join(SHARDS, f"part-{s}.jsonl"), "w") as f:
-            for i in range(ROWS):
-                f.write(json.dumps({"shard": s, "row": i, "pad": "x" * ((s * 7 + i) % 5)}) + "\n")
+    os.makedirs(os.path.join(HERE, "shards"), exist_ok=True)
+    for name, data in shard_bytes().items():
+        with open(os.path.join(HERE, "shards", name), "wb") as f:
+            f.write(data)
 
 
-def make_objects(root, n):
-    """The objects of the torch sample states: obj-000 .. obj-<n-1>, each holding its key."""
-    os.makedirs(root, exist_ok=True)
-    for i in range(n):
-        with open(os.path.join(root, f"obj-{i:03d}"), "w") as f:
-            f.write(f"obj-{i:03d}")
+OBJECT_COUNT = 50
+
+
+def object_bytes():
+    """{name: bytes} of the torch sample states' objects: obj-000 .. obj-049, each its key."""
+    return {f"obj-{i:03d}": f"obj-{i:03d}".encode() for i in range(OBJECT_COUNT)}
+
+
+def place_data():
+    """Puts the shards and the objects at ROOT (atomically per file: concurrent test runs
+    write the same bytes)."""
+    for folder, files in ((SHARDS, shard_bytes()), (OBJECTS, object_bytes())):
+        os.makedirs(folder, exist_ok=True)
+        for name, data in files.items():
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as f:
+                    if f.read() == data:
+                        continue
+            except FileNotFoundError:
+                pass
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
 
 
 # ---- generation ----
@@ -196,10 +226,9 @@ def gen_records(w):
     return cases
 
 
-def gen_torch(wharf_torch, w, tmp):
-    objects = os.path.join(tmp, "objects")
-    make_objects(objects, 50)
-    out = {"objects": 50, "iterable": [], "sampler": [], "records": []}
+def gen_torch(wharf_torch, w):
+    objects = OBJECTS
+    out = {"objects": OBJECT_COUNT, "iterable": [], "sampler": [], "records": []}
     for seed, epoch, take, hint in [(5, 0, 13, 4), (8, 3, 21, 1)]:
         ds = wharf_torch.IterableDataset.from_prefix(objects + "/", seed=seed,
                                                      batch_size_hint=hint, rank=0, world_size=1)
@@ -237,19 +266,20 @@ def gen_torch(wharf_torch, w, tmp):
 
 
 def main():
-    sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
+    if not os.environ.get("PYTHONPATH"):
+        sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "python"))
     import wharf._wharf as w
     import wharf.torch as wharf_torch
     write_shards()
-    dump = lambda name, obj: open(os.path.join(HERE, name), "w").write(
-        json.dumps(obj, indent=1) + "\n")
+    place_data()
+
+    def dump(name, obj):
+        with open(os.path.join(HERE, name), "w") as f:
+            f.write(json.dumps(obj, indent=1) + "\n")
+
     dump("sampler.json", gen_sampler(w))
     dump("records.json", gen_records(w))
-    tmp = tempfile.mkdtemp()
-    try:
-        dump("torch.json", gen_torch(wharf_torch, w, tmp))
-    finally:
-        shutil.rmtree(tmp)
+    dump("torch.json", gen_torch(wharf_torch, w))
 
 
 if __name__ == "__main__":
