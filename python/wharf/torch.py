@@ -279,10 +279,10 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
 
     def state_dict(self, steps: Optional[int] = None, batch_size: Optional[int] = None) -> dict:
         """{"version", "order", "num_samples", "seed", "shuffle", "fingerprint", "epoch",
-        "consumed"}: the state after `steps` batches of `batch_size` on every rank since the epoch started
-        (or resumed). Without them, after the indices this sampler has handed out, which is
-        what torchdata's StatefulDataLoader records for each batch it returns (a plain
-        DataLoader draws indices ahead of its batches: pass steps and batch_size there)."""
+        "consumed"}: the state after `steps` batches of `batch_size` on every rank since the
+        epoch started (or resumed). Without them, after the indices this sampler has handed
+        out, which is what torchdata's StatefulDataLoader records for each batch it returns (a
+        plain DataLoader draws indices ahead of its batches: pass steps and batch_size there)."""
         _, world = self._dist()
         if steps is None:
             per_rank = self._yielded
