@@ -23,14 +23,16 @@ class MemoryWriter : public ObjectWriter {
       : store_(store), key_(std::move(key)), options_(std::move(options)) {}
 
   absl::Status Write(absl::Cord data) override {
-    if (done_) return absl::FailedPreconditionError(absl::StrCat("write ", store_->Uri(key_),
-                                                                 ": writer already closed"));
+    if (done_)
+      return absl::FailedPreconditionError(
+          absl::StrCat("write ", store_->Uri(key_), ": writer already closed"));
     data_.Append(std::move(data));
     return absl::OkStatus();
   }
   absl::StatusOr<ObjectMeta> Close() override {
-    if (done_) return absl::FailedPreconditionError(absl::StrCat("close ", store_->Uri(key_),
-                                                                 ": writer already closed"));
+    if (done_)
+      return absl::FailedPreconditionError(
+          absl::StrCat("close ", store_->Uri(key_), ": writer already closed"));
     done_ = true;
     return store_->Put(key_, std::move(data_), options_);
   }
@@ -83,8 +85,8 @@ absl::StatusOr<ListPage> MemoryStore::List(const ListOptions& options,
   int entries = 0;
   std::string last_token;  // the token naming the last entry of this page
   absl::MutexLock lock(&mu_);
-  auto it = after < options.prefix ? objects_.lower_bound(options.prefix)
-                                   : objects_.upper_bound(after);
+  auto it =
+      after < options.prefix ? objects_.lower_bound(options.prefix) : objects_.upper_bound(after);
   for (; it != objects_.end(); ++it) {
     const std::string& key = it->first;
     // From the first key with the prefix on, the first key without it ends the listing.
@@ -246,10 +248,9 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> MemoryStore::NewWriter(std::string
 
 void MemoryStore::ListAsync(ListOptions options, std::string continuation,
                             Callback<ListPage> done) {
-  pool_.Schedule([this, options = std::move(options), continuation = std::move(continuation),
-                  done = std::move(done)]() mutable {
-    std::move(done)(List(options, continuation));
-  });
+  pool_.Schedule(
+      [this, options = std::move(options), continuation = std::move(continuation),
+       done = std::move(done)]() mutable { std::move(done)(List(options, continuation)); });
 }
 
 void MemoryStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
@@ -270,10 +271,9 @@ void MemoryStore::PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta
 
 void MemoryStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                            Callback<ObjectMeta> done) {
-  pool_.Schedule([this, key = std::move(key), data = std::move(data), options,
-                  done = std::move(done)]() mutable {
-    std::move(done)(Put(key, std::move(data), options));
-  });
+  pool_.Schedule(
+      [this, key = std::move(key), data = std::move(data), options,
+       done = std::move(done)]() mutable { std::move(done)(Put(key, std::move(data), options)); });
 }
 
 void MemoryStore::DeleteAsync(std::string key, StatusCallback done) {

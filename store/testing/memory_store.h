@@ -57,8 +57,7 @@ class MemoryStore : public ObjectStore {
   std::string Uri(absl::string_view key) const override;
   const Capabilities& capabilities() const override { return options_.capabilities; }
 
-  void ListAsync(ListOptions options, std::string continuation,
-                 Callback<ListPage> done) override;
+  void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override;
   void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
   void GetAsync(GetRequest request, Callback<GetResult> done) override;
   void PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) override;

@@ -1,0 +1,50 @@
+// libFuzzer target: TFRecord files (formats/tfrecord.h) read from an object whose bytes are
+// the input.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "formats/tfrecord.h"
+#include "tests/fuzz/format_fuzz.h"
+
+namespace wharf::fuzz {
+namespace {
+
+Transcript ReadRecords(std::shared_ptr<ObjectStore> store, const ObjectReaderOptions& io) {
+  Transcript t;
+  TFRecordReaderOptions options;
+  options.io = io;
+  options.max_record_bytes = uint64_t{1} << 20;  // a corrupt length is refused, not allocated
+  auto reader = TFRecordReader::Open(std::move(store), "data.tfrecord", options);
+  if (!reader.ok()) {
+    t.end = reader.status().code();
+    return t;
+  }
+  while (t.records.size() <= kMaxRecords) {
+    auto record = (*reader)->Next();
+    if (!record.ok()) {
+      t.end = record.status().code();
+      break;
+    }
+    if (!record->has_value()) break;
+    t.records.push_back(absl::StrCat((*record)->offset, "=", std::string((*record)->data)));
+  }
+  return t;
+}
+
+}  // namespace
+}  // namespace wharf::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace wharf::fuzz;
+  auto store = StoreHolding(data, size, "data.tfrecord");
+  std::vector<Transcript> passes;
+  for (const auto& io : ReadPlans()) {
+    passes.push_back(ReadRecords(store, io));
+    RequireBounded(passes.back());
+  }
+  RequireSameTranscripts(passes);
+  return 0;
+}
