@@ -76,4 +76,26 @@ inline void RequireBounded(const Transcript& t) {
   }
 }
 
+// Reads every record into a transcript: `open()` returns a StatusOr of a reader whose Next()
+// returns StatusOr<optional<Record>>, and `line(record)` is the record's transcript line.
+template <typename Open, typename Line>
+Transcript Drain(Open open, Line line) {
+  Transcript t;
+  auto reader = open();
+  if (!reader.ok()) {
+    t.end = reader.status().code();
+    return t;
+  }
+  while (t.records.size() <= kMaxRecords) {
+    auto next = (*reader)->Next();
+    if (!next.ok()) {
+      t.end = next.status().code();
+      break;
+    }
+    if (!next->has_value()) break;
+    t.records.push_back(line(**next));
+  }
+  return t;
+}
+
 }  // namespace wharf::fuzz

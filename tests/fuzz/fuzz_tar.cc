@@ -22,47 +22,22 @@ TarOptions Options(const ObjectReaderOptions& io) {
 }
 
 Transcript ReadMembers(std::shared_ptr<ObjectStore> store, const ObjectReaderOptions& io) {
-  Transcript t;
-  auto reader = TarReader::Open(std::move(store), "shard.tar", Options(io));
-  if (!reader.ok()) {
-    t.end = reader.status().code();
-    return t;
-  }
-  while (t.records.size() <= kMaxRecords) {
-    auto member = (*reader)->Next();
-    if (!member.ok()) {
-      t.end = member.status().code();
-      break;
-    }
-    if (!member->has_value()) break;
-    const TarMember& m = **member;
-    t.records.push_back(
-        absl::StrCat(m.name, "@", m.header_offset, "/", m.data_offset, "=", std::string(m.data)));
-  }
-  return t;
+  return Drain([&] { return TarReader::Open(store, "shard.tar", Options(io)); },
+               [](const TarMember& m) {
+                 return absl::StrCat(m.name, "@", m.header_offset, "/", m.data_offset, "=",
+                                     std::string(m.data));
+               });
 }
 
 Transcript ReadSamples(std::shared_ptr<ObjectStore> store, const ObjectReaderOptions& io) {
-  Transcript t;
-  auto reader = TarSampleReader::Open(std::move(store), "shard.tar", Options(io));
-  if (!reader.ok()) {
-    t.end = reader.status().code();
-    return t;
-  }
-  while (t.records.size() <= kMaxRecords) {
-    auto sample = (*reader)->Next();
-    if (!sample.ok()) {
-      t.end = sample.status().code();
-      break;
-    }
-    if (!sample->has_value()) break;
-    std::string line = absl::StrCat((*sample)->key, "@", (*sample)->offset);
-    for (const auto& [extension, data] : (*sample)->fields) {
-      absl::StrAppend(&line, " ", extension, "=", std::string(data));
-    }
-    t.records.push_back(std::move(line));
-  }
-  return t;
+  return Drain([&] { return TarSampleReader::Open(store, "shard.tar", Options(io)); },
+               [](const TarSample& sample) {
+                 std::string line = absl::StrCat(sample.key, "@", sample.offset);
+                 for (const auto& [extension, data] : sample.fields) {
+                   absl::StrAppend(&line, " ", extension, "=", std::string(data));
+                 }
+                 return line;
+               });
 }
 
 }  // namespace

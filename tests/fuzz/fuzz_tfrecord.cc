@@ -13,25 +13,11 @@ namespace wharf::fuzz {
 namespace {
 
 Transcript ReadRecords(std::shared_ptr<ObjectStore> store, const ObjectReaderOptions& io) {
-  Transcript t;
   TFRecordReaderOptions options;
   options.io = io;
   options.max_record_bytes = uint64_t{1} << 20;  // a corrupt length is refused, not allocated
-  auto reader = TFRecordReader::Open(std::move(store), "data.tfrecord", options);
-  if (!reader.ok()) {
-    t.end = reader.status().code();
-    return t;
-  }
-  while (t.records.size() <= kMaxRecords) {
-    auto record = (*reader)->Next();
-    if (!record.ok()) {
-      t.end = record.status().code();
-      break;
-    }
-    if (!record->has_value()) break;
-    t.records.push_back(absl::StrCat((*record)->offset, "=", std::string((*record)->data)));
-  }
-  return t;
+  return Drain([&] { return TFRecordReader::Open(store, "data.tfrecord", options); },
+               [](const TFRecord& r) { return absl::StrCat(r.offset, "=", std::string(r.data)); });
 }
 
 }  // namespace
