@@ -375,6 +375,11 @@ class ParkingStore : public ForwardingStore {
   }
   int parked() { return parked_.in_flight(); }
   int gets() { return parked_.calls(); }
+  // Waits (up to 5 s) until `n` GETs are parked; returns how many are.
+  int WaitUntilParked(int n) {
+    for (int i = 0; i < 1000 && parked() != n; ++i) absl::SleepFor(absl::Milliseconds(5));
+    return parked();
+  }
   std::atomic<int> cancelled_{0};
 
  private:
@@ -388,12 +393,10 @@ TEST_F(FetchSchedulerTest, CancelStopsTheRequestsInFlightThroughTheirToken) {
   std::vector<FetchItem> items;
   for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
   auto batch = scheduler.Fetch(items);
-  for (int i = 0; i < 1000 && parking->parked() < 8; ++i) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_EQ(parking->parked(), 8);
+  ASSERT_EQ(parking->WaitUntilParked(8), 8);
   batch->Cancel();
   EXPECT_FALSE(batch->Next().has_value());
-  for (int i = 0; i < 1000 && parking->parked() > 0; ++i) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ(parking->parked(), 0);
+  EXPECT_EQ(parking->WaitUntilParked(0), 0);
   EXPECT_EQ(parking->cancelled_.load(), 8);
 }
 
@@ -404,12 +407,10 @@ TEST_F(FetchSchedulerTest, DestroyingABatchCancelsItsRequestsInFlight) {
   std::vector<FetchItem> items;
   for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
   auto batch = scheduler.Fetch(items);
-  for (int i = 0; i < 1000 && parking->parked() < 4; ++i) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_EQ(parking->parked(), 4);
+  ASSERT_EQ(parking->WaitUntilParked(4), 4);
   batch.reset();  // no Cancel(), no Next(): the destructor alone
   // The parked GETs complete only when their token fires.
-  for (int i = 0; i < 1000 && parking->parked() > 0; ++i) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ(parking->parked(), 0);
+  EXPECT_EQ(parking->WaitUntilParked(0), 0);
   EXPECT_EQ(parking->cancelled_.load(), 4);
   // The other four items were never requested.
   absl::SleepFor(absl::Milliseconds(20));
