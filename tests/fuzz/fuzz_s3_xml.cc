@@ -49,7 +49,7 @@ class ScriptedServer {
     if (script.empty()) return;
     for (absl::string_view piece : absl::StrSplit(script, "\n--\n")) {
       CannedResponse r;
-      const unsigned letter = piece.empty() ? 0 : static_cast<unsigned char>(piece[0]) - 'A';
+      const unsigned letter = piece.empty() ? ~0u : static_cast<unsigned char>(piece[0]) - 'A';
       if (letter < std::size(kStatuses)) {
         r.status = kStatuses[letter];
         piece.remove_prefix(1);
@@ -98,9 +98,8 @@ ScriptedServer& Server() {
   return *server;
 }
 
-std::unique_ptr<s3::S3Store> OpenStore(std::string bucket) {
-  static auto* transport = new std::shared_ptr<HttpTransport>(std::make_shared<CannedTransport>(
-      [](const HttpRequest& request) { return Server().Answer(request); }));
+std::unique_ptr<s3::S3Store> OpenStore(std::string bucket,
+                                       std::shared_ptr<HttpTransport> transport) {
   s3::S3ClientConfig config;
   config.credentials = {"AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", ""};
   config.credentials_source = "explicit options";
@@ -113,14 +112,18 @@ std::unique_ptr<s3::S3Store> OpenStore(std::string bucket) {
   options.retry.max_backoff = absl::Microseconds(1);
   options.part_size = uint64_t{5} << 20;
   options.upload_concurrency = 1;  // parts take their responses in order
-  auto store = s3::S3Store::Open(std::move(bucket), config, *transport, options);
+  auto store = s3::S3Store::Open(std::move(bucket), config, std::move(transport), options);
   if (!store.ok()) std::abort();
   return *std::move(store);
 }
 
+// A transport and stores of their own for each input (the transport records every request,
+// and no state carries over from one input to the next).
 void Run(uint8_t operations) {
-  static auto* store = OpenStore("bkt").release();
-  static auto* endpoint = OpenStore("").release();
+  auto transport = std::make_shared<CannedTransport>(
+      [](const HttpRequest& request) { return Server().Answer(request); });
+  auto store = OpenStore("bkt", transport);
+  auto endpoint = OpenStore("", transport);
   if (operations & kList) (void)store->List({.prefix = "p/", .delimiter = "/"});
   if (operations & kListAll) (void)store->ListAll({.prefix = "p/", .end_before = "p/m"});
   if (operations & kGet) (void)store->Read("k");
