@@ -35,17 +35,17 @@ class CpHostileKeysTest : public testing::Test {
   void SetUp() override {
     store_ = std::make_shared<MemoryStore>();
     for (const auto& [key, data] : std::map<std::string, std::string>{
-        {"p/", ""},                     // the prefix's own directory marker: skipped
-        {"p/ok.txt", "fine"},           //
-        {"p/sub/deep.txt", "fine too"},  //
-        {"p/dir/", ""},                 // a directory marker: no data
-        {"p/../escape", "evil"},        //
-        {"p/sub/../../up", "evil"},     //
-        {"p//abs", "evil"},             //
-        {"p/./dot", "evil"},            //
-        {"p/a\\..\\..\\win", "evil"},   //
-        {std::string("p/nul\0x", 7), "evil"},
-        {"other/x", "not listed"},
+             {"p/", ""},                      // the prefix's own directory marker: skipped
+             {"p/ok.txt", "fine"},            //
+             {"p/sub/deep.txt", "fine too"},  //
+             {"p/dir/", ""},                  // a directory marker: no data
+             {"p/../escape", "evil"},         //
+             {"p/sub/../../up", "evil"},      //
+             {"p//abs", "evil"},              //
+             {"p/./dot", "evil"},             //
+             {"p/a\\..\\..\\win", "evil"},    //
+             {std::string("p/nul\0x", 7), "evil"},
+             {"other/x", "not listed"},
          }) {
       ASSERT_TRUE(store_->Put(key, absl::Cord(data)).ok());
     }
