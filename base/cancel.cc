@@ -6,17 +6,28 @@
 namespace wharf {
 
 void Cancellation::Cancel() {
-  std::map<uint64_t, absl::AnyInvocable<void() &&>> callbacks;
   {
     absl::MutexLock lock(&mu_);
     if (cancelled_.exchange(true, std::memory_order_acq_rel)) return;
-    callbacks.swap(callbacks_);
     running_ = true;
     runner_ = std::this_thread::get_id();
   }
-  for (auto& [id, fn] : callbacks) std::move(fn)();
-  absl::MutexLock lock(&mu_);
-  running_ = false;
+  // One at a time, each taken out under the lock: a callback forgotten before its turn (by
+  // an earlier callback, or by another thread) never runs. None is added meanwhile:
+  // OnCancel runs new ones inline once cancelled_ is set.
+  while (true) {
+    absl::AnyInvocable<void() &&> fn;
+    {
+      absl::MutexLock lock(&mu_);
+      if (callbacks_.empty()) {
+        running_ = false;
+        return;
+      }
+      fn = std::move(callbacks_.begin()->second);
+      callbacks_.erase(callbacks_.begin());
+    }
+    std::move(fn)();
+  }
 }
 
 uint64_t Cancellation::OnCancel(absl::AnyInvocable<void() &&> fn) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "base/timer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -343,7 +344,14 @@ TEST_F(FetchSchedulerTest, CancelStopsDeliveryAndDestroyingABatchIsSafe) {
   EXPECT_LT(slow->gets().size(), 20u);
   auto another = scheduler.Fetch(items);
   another.reset();  // requests in flight complete in the background
-  absl::SleepFor(absl::Milliseconds(60));
+  // ... and do complete, into nothing (a sanitizer build checks that they touch no freed
+  // batch), and no request starts after the destruction.
+  for (int i = 0; i < 1000 && slow->in_flight() > 0; ++i) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(slow->in_flight(), 0);
+  const size_t issued = slow->gets().size();
+  absl::SleepFor(absl::Milliseconds(60));  // three GET delays: a late request would show
+  EXPECT_EQ(slow->gets().size(), issued);
+  EXPECT_LT(issued, 2 * 20u);
 }
 
 // Holds every GET until its cancel token fires, then fails it as a backend would.
@@ -366,6 +374,12 @@ class ParkingStore : public ForwardingStore {
     });
   }
   int parked() { return parked_.in_flight(); }
+  int gets() { return parked_.calls(); }
+  // Waits (up to 5 s) until `n` GETs are parked; returns how many are.
+  int WaitUntilParked(int n) {
+    for (int i = 0; i < 1000 && parked() != n; ++i) absl::SleepFor(absl::Milliseconds(5));
+    return parked();
+  }
   std::atomic<int> cancelled_{0};
 
  private:
@@ -379,19 +393,38 @@ TEST_F(FetchSchedulerTest, CancelStopsTheRequestsInFlightThroughTheirToken) {
   std::vector<FetchItem> items;
   for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
   auto batch = scheduler.Fetch(items);
-  for (int i = 0; i < 1000 && parking->parked() < 8; ++i) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_EQ(parking->parked(), 8);
+  ASSERT_EQ(parking->WaitUntilParked(8), 8);
   batch->Cancel();
   EXPECT_FALSE(batch->Next().has_value());
-  for (int i = 0; i < 1000 && parking->parked() > 0; ++i) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ(parking->parked(), 0);
+  EXPECT_EQ(parking->WaitUntilParked(0), 0);
   EXPECT_EQ(parking->cancelled_.load(), 8);
+}
+
+TEST_F(FetchSchedulerTest, DestroyingABatchCancelsItsRequestsInFlight) {
+  auto listed = PutObjects(8, 1000);
+  auto parking = std::make_shared<ParkingStore>(local_);
+  FetchScheduler scheduler(parking, {.max_in_flight = 4});
+  std::vector<FetchItem> items;
+  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
+  auto batch = scheduler.Fetch(items);
+  ASSERT_EQ(parking->WaitUntilParked(4), 4);
+  batch.reset();  // no Cancel(), no Next(): the destructor alone
+  // The parked GETs complete only when their token fires.
+  EXPECT_EQ(parking->WaitUntilParked(0), 0);
+  EXPECT_EQ(parking->cancelled_.load(), 4);
+  // The other four items were never requested.
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(parking->gets(), 4);
 }
 
 TEST_F(FetchSchedulerTest, OpenBatchTakesItemsWhileDelivering) {
   auto listed = PutObjects(30, 100);
   FetchScheduler scheduler(local_, {.max_in_flight = 4, .ordered = true});
   auto batch = scheduler.StartBatch();
+  // The feeder adds the first group, then waits for its first result before adding the
+  // rest: results must be delivered while Adds are still coming, not only after Close().
+  absl::Notification first_result;
+  std::atomic<bool> adds_done{false};
   std::thread feeder([&] {
     for (size_t i = 0; i < listed.size(); i += 7) {
       std::vector<FetchItem> items;
@@ -399,19 +432,24 @@ TEST_F(FetchSchedulerTest, OpenBatchTakesItemsWhileDelivering) {
         items.push_back({.key = listed[j].key, .size = listed[j].size});
       }
       batch->Add(std::move(items));
-      absl::SleepFor(absl::Milliseconds(5));
+      if (i == 0) first_result.WaitForNotificationWithTimeout(absl::Seconds(30));
     }
+    adds_done = true;
     batch->Close();
   });
-  size_t n = 0;
+  size_t n = 0, before_last_add = 0;
   while (auto r = batch->Next()) {
     ASSERT_TRUE(r->data.ok());
     EXPECT_EQ(r->index, n);
     EXPECT_EQ(r->key, listed[n].key);
+    if (!adds_done) ++before_last_add;
+    if (n == 0) first_result.Notify();
     ++n;
   }
   feeder.join();
   EXPECT_EQ(n, listed.size());
+  EXPECT_TRUE(first_result.HasBeenNotified());
+  EXPECT_GE(before_last_add, 1u);  // at least the first result overlapped the Adds
 }
 
 TEST(FetchOptionsTest, InFlightFollowsLittlesLaw) {

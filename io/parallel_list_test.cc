@@ -26,6 +26,7 @@
 #include "store/s3/aws_config.h"
 #include "store/s3/s3_store.h"
 #include "store/testing/delayed_get_store.h"
+#include "store/testing/memory_store.h"
 
 namespace wharf {
 namespace {
@@ -454,86 +455,37 @@ void CheckListing(ObjectStore& store, const std::vector<std::string>& keys,
   ASSERT_EQ(sequential, expected);
 }
 
-// Keys of any bytes in memory, listed on a small thread pool. With `quirks`, pages hold a
-// random number of keys and one in ten is empty but for a continuation token (as a store
-// may answer), so listings must go by the token, not by page sizes.
-class MemoryStore : public ObjectStore {
+// With `quirks`, pages hold a random number of keys and one in ten is empty but for a
+// continuation token (as a store may answer), so listings must go by the token, not by page
+// sizes. Its tokens are "q" + the inner store's ("q" alone: the inner listing's start).
+class QuirkyPages : public ForwardingStore {
  public:
-  MemoryStore(std::vector<std::string> sorted_keys, bool quirks, uint64_t seed)
-      : keys_(std::move(sorted_keys)), quirks_(quirks), rng_(seed) {}
-
-  std::string Uri(absl::string_view key) const override { return absl::StrCat("mem://", key); }
-  const Capabilities& capabilities() const override {
-    static const Capabilities caps = [] {
-      Capabilities c;
-      c.native_end_before = true;
-      return c;
-    }();
-    return caps;
-  }
+  QuirkyPages(ObjectStore& inner, uint64_t seed) : ForwardingStore(inner), rng_(seed) {}
 
   void ListAsync(ListOptions options, std::string continuation,
                  Callback<ListPage> done) override {
-    pool_.Schedule([this, options = std::move(options), continuation = std::move(continuation),
-                    done = std::move(done)]() mutable {
-      std::move(done)(ListNow(options, continuation));
-    });
-  }
-  void HeadAsync(std::string, Callback<ObjectMeta> done) override {
-    std::move(done)(absl::UnimplementedError("head"));
-  }
-  void GetAsync(GetRequest, Callback<GetResult> done) override {
-    std::move(done)(absl::UnimplementedError("get"));
-  }
-  void PutAsync(std::string, absl::Cord, Callback<ObjectMeta> done) override {
-    std::move(done)(absl::UnimplementedError("put"));
-  }
-  void DeleteAsync(std::string, StatusCallback done) override {
-    std::move(done)(absl::UnimplementedError("delete"));
-  }
-  void DeleteManyAsync(std::vector<std::string>, StatusCallback done) override {
-    std::move(done)(absl::UnimplementedError("delete"));
-  }
-  void CopyAsync(std::string, std::string, Callback<ObjectMeta> done) override {
-    std::move(done)(absl::UnimplementedError("copy"));
-  }
-  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string) override {
-    return absl::UnimplementedError("writer");
+    bool empty_page;
+    {
+      absl::MutexLock lock(&mu_);
+      options.page_size = 1 + static_cast<int>(rng_() % std::max(1, options.page_size));
+      empty_page = rng_() % 10 == 0;
+    }
+    std::string inner_token = continuation.empty() ? "" : continuation.substr(1);
+    inner().ListAsync(
+        std::move(options), inner_token,
+        [empty_page, inner_token, done = std::move(done)](absl::StatusOr<ListPage> page) mutable {
+          if (page.ok() && empty_page && !page->objects.empty()) {
+            *page = ListPage{.continuation = absl::StrCat("q", inner_token)};  // the same again
+          } else if (page.ok() && !page->continuation.empty()) {
+            page->continuation = absl::StrCat("q", page->continuation);
+          }
+          std::move(done)(std::move(page));
+        });
   }
 
  private:
-  ListPage ListNow(const ListOptions& options, const std::string& continuation) {
-    // The token names the last key returned (or the bound an empty page stopped at).
-    std::string after = options.start_after;
-    if (!continuation.empty()) after = std::max(after, continuation.substr(1));
-    auto it = std::upper_bound(keys_.begin(), keys_.end(), after);
-    it = std::max(it, std::lower_bound(keys_.begin(), keys_.end(), options.prefix));
-    size_t limit = static_cast<size_t>(std::max(1, options.page_size));
-    bool empty_page = false;
-    if (quirks_) {
-      absl::MutexLock lock(&mu_);
-      limit = 1 + rng_() % limit;
-      empty_page = rng_() % 10 == 0;
-    }
-    ListPage page;
-    for (; it != keys_.end(); ++it) {
-      if (!absl::StartsWith(*it, options.prefix)) break;
-      if (!options.end_before.empty() && *it >= options.end_before) break;
-      if (empty_page || page.objects.size() >= limit) {
-        page.continuation =
-            absl::StrCat("k", page.objects.empty() ? after : page.objects.back().key);
-        break;
-      }
-      page.objects.push_back({.key = *it, .size = SizeOf(*it)});
-    }
-    return page;
-  }
-
-  const std::vector<std::string> keys_;
-  const bool quirks_;
   absl::Mutex mu_;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
-  ThreadPool pool_{4};  // last: joined before the rest is destroyed
 };
 
 std::string MakeTempDir() {
@@ -568,7 +520,10 @@ TEST(ParallelListPropertyTest, MatchesTheSequentialListingOnMemoryStore) {
     const KeyKind kind = seed % 2 ? KeyKind::kBytes : KeyKind::kLocal;
     const bool quirks = seed % 3 == 0;
     const std::vector<std::string> keys = RandomKeySet(rng, RandomCount(rng), kind);
-    MemoryStore store(keys, quirks, seed);
+    store_testing::MemoryStore memory;
+    PutAll(memory, keys);
+    QuirkyPages quirky(memory, seed);
+    ObjectStore& store = quirks ? static_cast<ObjectStore&>(quirky) : memory;
     for (int workers : kWorkers) {
       for (int page_size : kPageSizes) {
         for (int i = 0; i < 3 && !HasFatalFailure(); ++i) {

@@ -38,9 +38,9 @@ def run_python(script: str, tmp_path, env_extra=None, args=()) -> dict:
 
 
 @pytest.fixture
-def s3_base(s3_env, bucket):
+def s3_base(s3_env, bucket, monkeypatch):
     for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        os.environ[k] = s3_env[k]
+        monkeypatch.setenv(k, s3_env[k])  # for this test only
     return f"s3://{bucket}/"
 
 

@@ -1,6 +1,5 @@
 """wharf.Store from Python: the C++ store through pybind11, on file:// and on the real S3."""
 import multiprocessing as mp
-import os
 
 import numpy as np
 import pytest
@@ -9,13 +8,13 @@ import wharf
 
 
 @pytest.fixture(params=["file", "s3"])
-def store(request, tmp_path):
+def store(request, tmp_path, monkeypatch):
     if request.param == "file":
         yield wharf.Store(f"file://{tmp_path}/data/")
     else:
         s3_env = request.getfixturevalue("s3_env")
-        os.environ.update({k: s3_env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
-                                                   "AWS_SECRET_ACCESS_KEY")})
+        for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(k, s3_env[k])  # for this test only
         bucket = request.getfixturevalue("bucket")
         yield wharf.Store(f"s3://{bucket}/data/")
 

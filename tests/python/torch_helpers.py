@@ -16,16 +16,16 @@ PAYLOAD = b"wharf-sample:"
 
 
 @pytest.fixture(params=["file", "s3"])
-def target(request, tmp_path):
+def target(request, tmp_path, monkeypatch):
     """(base URI ending in '/', wharf.Store on it): a local folder, or a fresh bucket on the
-    real S3 server (its credentials exported to the environment, so datasets and spawned
-    processes reach it). Without the server the s3 variant fails (tests/conftest.py)."""
+    real S3 server (its credentials exported to the environment for the test, so datasets
+    and spawned processes reach it). Without the server the s3 variant fails (tests/conftest.py)."""
     if request.param == "file":
         uri = f"file://{tmp_path}/data/"
     else:
         s3_env = request.getfixturevalue("s3_env")
         for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-            os.environ[k] = s3_env[k]
+            monkeypatch.setenv(k, s3_env[k])  # for this test only
         uri = f"s3://{request.getfixturevalue('bucket')}/data/"
     return uri, wharf.Store(uri)
 
