@@ -64,6 +64,7 @@ int Main(int argc, char** argv) {
   RmArgs rm;
   DemoArgs demo;
   FetchArgs fetch;
+  TierArgs tier;
   AddLs(app, ls);
   AddStat(app, stat);
   AddCat(app, cat);
@@ -72,6 +73,7 @@ int Main(int argc, char** argv) {
   AddRm(app, rm);
   AddFetch(app, fetch);
   AddDemo(app, demo);
+  AddTier(app, tier);
   // After the verbs, which would otherwise inherit it.
   app.footer("Run 'wharf VERB --help' for the flags of a verb.");
 
@@ -117,6 +119,8 @@ int Main(int argc, char** argv) {
       status = RunFetch(fetch);
     } else if (verb == "demo") {
       status = RunDemo(demo);
+    } else if (verb == "tier") {
+      status = RunTier(tier);
     } else {
       status = absl::InternalError(absl::StrCat("verb '", verb, "' has no implementation"));
     }

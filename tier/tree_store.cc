@@ -181,9 +181,8 @@ absl::StatusOr<ObjectMeta> TierTreeStore::Head(const std::string& key) {
   return Describe(std::move(meta));
 }
 
-absl::StatusOr<TierTreeStore::Sealed> TierTreeStore::Seal(const std::string& key,
-                                                          const absl::Cord& data,
-                                                          const PutOptions& options) {
+absl::StatusOr<std::unique_ptr<TempObject>> TierTreeStore::NewTemp(const std::string& key,
+                                                                    const PutOptions& options) {
   const std::string op = absl::StrCat("put ", Uri(key));
   if (at_root_ && InMetaDir(key)) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": '.wharf' is the tier's own folder"));
@@ -194,6 +193,15 @@ absl::StatusOr<TierTreeStore::Sealed> TierTreeStore::Seal(const std::string& key
   if (!temp_dir.ok()) return Annotate(temp_dir.status(), op);
   auto temp = TempObject::Create(absl::StrCat(dir_, "/", key), *temp_dir);
   if (!temp.ok()) return Annotate(temp.status(), op);
+  return temp;
+}
+
+absl::StatusOr<TierTreeStore::Sealed> TierTreeStore::Seal(const std::string& key,
+                                                          const absl::Cord& data,
+                                                          const PutOptions& options) {
+  const std::string op = absl::StrCat("put ", Uri(key));
+  auto temp = NewTemp(key, options);
+  if (!temp.ok()) return temp.status();
   WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
   auto meta = SealEntry(**temp, key, options);
   if (!meta.ok()) return Annotate(meta.status(), op);
@@ -224,16 +232,8 @@ absl::StatusOr<ObjectMeta> TierTreeStore::Put(const std::string& key, absl::Cord
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> TierTreeStore::NewWriter(std::string key,
                                                                        const PutOptions& options) {
-  const std::string op = absl::StrCat("put ", Uri(key));
-  if (at_root_ && InMetaDir(key)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": '.wharf' is the tier's own folder"));
-  }
-  WHARF_RETURN_IF_ERROR(Annotate(LocalStore::ValidateKey(key), op));
-  WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(options), op));
-  auto temp_dir = tier_->TempDir();
-  if (!temp_dir.ok()) return Annotate(temp_dir.status(), op);
-  auto temp = TempObject::Create(absl::StrCat(dir_, "/", key), *temp_dir);
-  if (!temp.ok()) return Annotate(temp.status(), op);
+  auto temp = NewTemp(key, options);
+  if (!temp.ok()) return temp.status();
   return std::make_unique<TierWriter>(this, *std::move(temp), std::move(key), options);
 }
 

@@ -80,6 +80,10 @@ class TierTreeStore : public ForwardingStore {
  private:
   TierTreeStore(std::shared_ptr<Tier> tier, std::shared_ptr<LocalStore> local,
                 std::shared_ptr<Runtime> runtime, TierTreeOptions options);
+  // A temporary file for `key` in the process's temporary directory, after the checks
+  // every put makes (key, options, not the tier's own folder); errors name the key's URI.
+  absl::StatusOr<std::unique_ptr<TempObject>> NewTemp(const std::string& key,
+                                                      const PutOptions& options);
   // Writes `data` as a sealed entry file for `key`; the error names the key's URI.
   absl::StatusOr<Sealed> Seal(const std::string& key, const absl::Cord& data,
                               const PutOptions& options);
