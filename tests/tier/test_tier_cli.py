@@ -183,8 +183,8 @@ def test_kill_9_during_import_never_leaves_a_partial_entry(tmp_path, bucket, s3_
 
     final = import_json(f"s3://{bucket}/k/", dest, env=s3_env)
     assert final["failed"] == 0
-    assert final["garbage_removed"] > 0
     assert tree_files(dest) == objects
+    # What the killed runs left (seen above) is gone after the clean rerun.
     left = list((dest / ".wharf" / "tmp").rglob("*"))
     assert left == [], f"temporary files left after a clean run: {left[:5]}"
     assert run_wharf("tier", "verify", dest, env=s3_env).returncode == 0
