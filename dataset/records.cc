@@ -7,10 +7,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/runtime.h"
 #include "base/status.h"
-#include "formats/lines.h"
-#include "formats/tar.h"
-#include "formats/tfrecord.h"
+#include "formats/registry.h"
 #include "nlohmann/json.hpp"
 
 namespace wharf {
@@ -20,36 +19,25 @@ constexpr int kStateVersion = 1;
 // Buffered records re-read at once when restoring: each holds one small chunk.
 constexpr size_t kRestoreGroup = 64;
 constexpr uint64_t kSingleRecordChunk = uint64_t{1} << 20;
-constexpr uint64_t kHeaderChunk = uint64_t{64} << 10;
+// The smallest chunk a memory_budget makes readers use.
+constexpr uint64_t kMinCappedChunk = uint64_t{4} << 10;
+
+// Under a memory_budget `cap` (records.h): a reader's share of it, and how many buffered
+// records are re-read at once when restoring (each reader holding one chunk of its share).
+uint64_t ReaderShare(uint64_t cap, bool single_record) {
+  return std::max(kMinCappedChunk, cap / (single_record ? kRestoreGroup : 2));
+}
+size_t RestoreGroup(uint64_t cap) {
+  if (cap == 0) return kRestoreGroup;
+  return static_cast<size_t>(
+      std::clamp<uint64_t>(cap / ReaderShare(cap, true), 1, kRestoreGroup));
+}
 
 absl::Status StateError(absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("parsing record stream state: ", message));
 }
 
 }  // namespace
-
-absl::StatusOr<RecordFormat> ParseRecordFormat(absl::string_view name) {
-  if (name == "tar") return RecordFormat::kTar;
-  if (name == "tfrecord") return RecordFormat::kTFRecord;
-  if (name == "csv") return RecordFormat::kCsv;
-  if (name == "jsonl") return RecordFormat::kJsonLines;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "record format \"", name, "\": expected \"tar\", \"tfrecord\", \"csv\" or \"jsonl\""));
-}
-
-const char* RecordFormatName(RecordFormat format) {
-  switch (format) {
-    case RecordFormat::kTar:
-      return "tar";
-    case RecordFormat::kTFRecord:
-      return "tfrecord";
-    case RecordFormat::kCsv:
-      return "csv";
-    case RecordFormat::kJsonLines:
-      return "jsonl";
-  }
-  return "?";
-}
 
 absl::Status RecordStreamOptions::Validate() const {
   if (world_size < 1 || rank < 0 || rank >= world_size || num_workers < 1 || worker < 0 ||
@@ -66,7 +54,7 @@ absl::Status RecordStreamOptions::Validate() const {
 std::string RecordStreamState::ToJson() const {
   nlohmann::ordered_json j;
   j["version"] = kStateVersion;
-  j["format"] = RecordFormatName(format);
+  j["format"] = format;
   j["num_shards"] = num_shards;
   j["fingerprint"] = fingerprint;
   j["seed"] = seed;
@@ -124,9 +112,10 @@ absl::StatusOr<RecordStreamState> RecordStreamState::FromJson(absl::string_view 
   RecordStreamState s;
   WHARF_ASSIGN_OR_RETURN(const Json* format, field("format"));
   if (!format->is_string()) return StateError("\"format\" must be a string");
-  auto parsed = ParseRecordFormat(format->get<std::string>());
-  if (!parsed.ok()) return StateError(parsed.status().message());
-  s.format = *parsed;
+  s.format = format->get<std::string>();
+  if (auto known = FindRecordFormat(s.format); !known.ok()) {
+    return StateError(known.status().message());
+  }
   WHARF_ASSIGN_OR_RETURN(const Json* fingerprint, field("fingerprint"));
   if (!fingerprint->is_string()) return StateError("\"fingerprint\" must be a string");
   s.fingerprint = fingerprint->get<std::string>();
@@ -175,126 +164,13 @@ absl::StatusOr<RecordStreamState> RecordStreamState::FromJson(absl::string_view 
   return s;
 }
 
-// ---- ShardReader: one open shard of any format ----
-
-class RecordStream::ShardReader {
- public:
-  // Reads `entry` from byte `offset` (a record boundary). With `header` (csv/jsonl), the
-  // header row is read first: from the same reader at offset 0, else by a small separate
-  // read. `io` overrides the stream's read options (single-record reads use small chunks).
-  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(std::shared_ptr<ObjectStore> store,
-                                                           const SampleEntry& entry,
-                                                           const RecordStreamOptions& options,
-                                                           ObjectReaderOptions io,
-                                                           bool header) {
-    auto open = [&](ObjectReaderOptions o) -> absl::StatusOr<std::unique_ptr<ObjectReader>> {
-      if (entry.size.has_value()) {  // from a listing: no HEAD
-        ObjectMeta meta{.key = entry.key, .size = *entry.size, .etag = entry.etag};
-        return ObjectReader::Open(store, std::move(meta), o);
-      }
-      return ObjectReader::Open(store, entry.key, o);
-    };
-    auto out = std::unique_ptr<ShardReader>(new ShardReader);
-    if (header && io.offset > 0) {
-      ObjectReaderOptions o = io;
-      o.offset = 0;
-      o.length.reset();
-      o.chunk_size = kHeaderChunk;
-      o.read_ahead = 0;
-      WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> r, open(o));
-      WHARF_ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines,
-                             LineReader::Create(std::move(r), LineOptions(options, true)));
-      out->header_ = lines->header();
-      header = false;
-    }
-    WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, open(io));
-    out->etag_ = reader->meta().etag;
-    switch (options.format) {
-      case RecordFormat::kTar:
-        out->tar_ =
-            std::make_unique<TarSampleReader>(std::make_unique<TarReader>(std::move(reader)));
-        break;
-      case RecordFormat::kTFRecord:
-        out->tfrecord_ = std::make_unique<TFRecordReader>(std::move(reader));
-        break;
-      case RecordFormat::kCsv:
-      case RecordFormat::kJsonLines:
-        WHARF_ASSIGN_OR_RETURN(out->lines_,
-                               LineReader::Create(std::move(reader), LineOptions(options, header)));
-        if (header) out->header_ = out->lines_->header();
-        break;
-    }
-    return out;
-  }
-
-  absl::StatusOr<std::optional<Record>> Next() {
-    Record r;
-    if (tar_) {
-      WHARF_ASSIGN_OR_RETURN(std::optional<TarSample> s, tar_->Next());
-      if (!s) return std::nullopt;
-      r.offset = s->offset;
-      r.key = std::move(s->key);
-      r.fields = std::move(s->fields);
-    } else if (tfrecord_) {
-      WHARF_ASSIGN_OR_RETURN(std::optional<TFRecord> t, tfrecord_->Next());
-      if (!t) return std::nullopt;
-      r.offset = t->offset;
-      r.data = std::move(t->data);
-    } else {
-      WHARF_ASSIGN_OR_RETURN(std::optional<Row> row, lines_->Next());
-      if (!row) return std::nullopt;
-      r.offset = row->offset;
-      r.data = absl::Cord(std::move(row->text));
-    }
-    return r;
-  }
-
-  // Rows only: up to n rows as slices of one shared buffer (zero-copy).
-  absl::StatusOr<std::vector<Record>> NextRows(size_t n) {
-    WHARF_ASSIGN_OR_RETURN(RowBatch batch, lines_->NextBatch(n));
-    std::vector<Record> out;
-    out.reserve(batch.size());
-    auto shared = std::make_shared<RowBatch>(std::move(batch));
-    for (size_t i = 0; i < shared->size(); ++i) {
-      Record r;
-      r.offset = shared->offsets[i];
-      r.data = absl::MakeCordFromExternal(shared->row(i), [shared] {});
-      out.push_back(std::move(r));
-    }
-    return out;
-  }
-
-  bool lines() const { return lines_ != nullptr; }
-  const std::optional<std::string>& header() const { return header_; }
-  // The shard's ETag as opened (from the listing, or a HEAD); empty when the store has none.
-  const std::string& etag() const { return etag_; }
-
- private:
-  ShardReader() = default;
-
-  static LineReaderOptions LineOptions(const RecordStreamOptions& options, bool header) {
-    LineReaderOptions lo;
-    lo.format = options.format == RecordFormat::kCsv ? LineFormat::kCsv : LineFormat::kJsonLines;
-    lo.header = header;
-    lo.delimiter = options.delimiter;
-    lo.quote = options.quote;
-    lo.skip_empty_rows = options.skip_empty_rows;
-    return lo;
-  }
-
-  std::unique_ptr<TarSampleReader> tar_;
-  std::unique_ptr<TFRecordReader> tfrecord_;
-  std::unique_ptr<LineReader> lines_;
-  std::optional<std::string> header_;
-  std::string etag_;
-};
-
 // ---- RecordStream ----
 
 absl::StatusOr<std::unique_ptr<RecordStream>> RecordStream::Create(
     std::shared_ptr<ObjectStore> store, std::shared_ptr<const SampleIndex> shards,
     RecordStreamOptions options, const RecordStreamState* resume) {
   WHARF_RETURN_IF_ERROR(options.Validate());
+  WHARF_RETURN_IF_ERROR(FindRecordFormat(options.format).status());
   auto stream = std::unique_ptr<RecordStream>(
       new RecordStream(std::move(store), std::move(shards), std::move(options)));
   if (resume != nullptr) WHARF_RETURN_IF_ERROR(stream->Restore(*resume));
@@ -367,10 +243,7 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
       differs = absl::StrCat(name, " ", saved, " in the state, ", here, " here");
     }
   };
-  if (state.format != options_.format) {
-    check("format", std::string(RecordFormatName(state.format)),
-          std::string(RecordFormatName(options_.format)));
-  }
+  check("format", state.format, options_.format);
   check("shard count", state.num_shards, shards_->size());
   check("shard list fingerprint", state.fingerprint, fingerprint_);
   check("seed", state.seed, options_.seed);
@@ -401,21 +274,21 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
   std::map<size_t, std::string> saved_etags(state.etags.begin(), state.etags.end());
   // Reads one record at `offset` of `shard` from `reader`: the shard must be the version the
   // state was taken from, and the record must be there.
-  auto expect_record = [this, &saved_etags](ShardReader& reader, size_t shard,
+  auto expect_record = [this, &saved_etags](RecordReader& reader, size_t shard,
                                             uint64_t offset) -> absl::StatusOr<Record> {
+    const std::string& etag = reader.reader().meta().etag;
     if (auto it = saved_etags.find(shard);
-        it != saved_etags.end() && !reader.etag().empty() && reader.etag() != it->second) {
+        it != saved_etags.end() && !etag.empty() && etag != it->second) {
       return absl::FailedPreconditionError(absl::StrCat(
           "resuming: ", store_->Uri((*shards_)[shard].key),
-          " changed since the checkpoint (ETag ", it->second, " then, ", reader.etag(),
-          " now)"));
+          " changed since the checkpoint (ETag ", it->second, " then, ", etag, " now)"));
     }
-    etags_[shard] = reader.etag();
+    etags_[shard] = etag;
     WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, reader.Next());
     if (!r || r->offset != offset) {
       return absl::FailedPreconditionError(absl::StrCat(
           "resuming: ", store_->Uri((*shards_)[shard].key), " has no ",
-          RecordFormatName(options_.format), " record at byte offset ", offset,
+          options_.format, " record at byte offset ", offset,
           " (the shard changed since the checkpoint)"));
     }
     r->shard = shard;
@@ -425,9 +298,10 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
   // The held records, a group of reads in flight at a time.
   std::vector<Record> held;
   held.reserve(state.buffered.size());
-  for (size_t begin = 0; begin < state.buffered.size(); begin += kRestoreGroup) {
-    const size_t end = std::min(state.buffered.size(), begin + kRestoreGroup);
-    std::vector<std::unique_ptr<ShardReader>> readers;
+  const size_t group = RestoreGroup(options_.memory_budget);
+  for (size_t begin = 0; begin < state.buffered.size(); begin += group) {
+    const size_t end = std::min(state.buffered.size(), begin + group);
+    std::vector<std::unique_ptr<RecordReader>> readers;
     for (size_t i = begin; i < end; ++i) {
       const auto [shard, offset] = state.buffered[i];
       WHARF_ASSIGN_OR_RETURN(auto reader, OpenShard(shard, offset, /*single_record=*/true));
@@ -448,7 +322,7 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
     WHARF_RETURN_IF_ERROR(expect_record(*current_, shard, *state.last_offset).status());
     current_shard_ = shard;
     last_offset_ = state.last_offset;
-    if (current_->lines()) last_header_ = current_->header();
+    last_header_ = current_->header();
     ++next_;
     OpenAhead();
   }
@@ -460,22 +334,38 @@ std::optional<std::string> RecordStream::header() const {
   return current_ ? current_->header() : last_header_;
 }
 
-bool RecordStream::IsLines() const {
-  return options_.format == RecordFormat::kCsv || options_.format == RecordFormat::kJsonLines;
-}
-
-absl::StatusOr<std::unique_ptr<RecordStream::ShardReader>> RecordStream::OpenShard(
-    size_t shard, uint64_t offset, bool single_record) {
-  ObjectReaderOptions io = options_.io;
-  io.offset = offset;
-  if (single_record) {
-    io.chunk_size = io.chunk_size == 0 ? kSingleRecordChunk  // 0: derived, always larger
-                                       : std::min(io.chunk_size, kSingleRecordChunk);
-    io.read_ahead = 0;
-    io.max_buffered_bytes = 0;
+absl::StatusOr<std::unique_ptr<RecordReader>> RecordStream::OpenShard(size_t shard,
+                                                                      uint64_t offset,
+                                                                      bool single_record) {
+  RecordReaderOptions o;
+  o.io = options_.io;
+  o.io.offset = offset;
+  if (options_.memory_budget > 0) {
+    // The stream's cap, shared by the readers open at once (records.h). Derived settings are
+    // resolved here, so that a chunk can be kept within a reader's share.
+    if (!o.io.runtime) o.io.runtime = Runtime::Default();
+    o.io = o.io.Resolved(o.io.runtime->link(store_->Uri("")));
+    const uint64_t share = ReaderShare(options_.memory_budget, single_record);
+    o.io.chunk_size = std::min(o.io.chunk_size, share);
+    o.io.max_buffered_bytes =
+        o.io.max_buffered_bytes == 0 ? share : std::min(o.io.max_buffered_bytes, share);
   }
-  return ShardReader::Open(store_, (*shards_)[shard], options_, io,
-                           IsLines() && options_.header && !single_record);
+  if (single_record) {
+    o.io.chunk_size = o.io.chunk_size == 0 ? kSingleRecordChunk  // 0: derived, always larger
+                                           : std::min(o.io.chunk_size, kSingleRecordChunk);
+    o.io.read_ahead = 0;
+    o.io.max_buffered_bytes = 0;
+  }
+  o.header = options_.header && !single_record;
+  o.delimiter = options_.delimiter;
+  o.quote = options_.quote;
+  o.skip_empty_rows = options_.skip_empty_rows;
+  const SampleEntry& entry = (*shards_)[shard];
+  RecordObject object{store_, entry.key, std::nullopt};
+  if (entry.size.has_value()) {  // from a listing: no HEAD
+    object.meta = ObjectMeta{.key = entry.key, .size = *entry.size, .etag = entry.etag};
+  }
+  return OpenRecordReader(options_.format, object, o);
 }
 
 void RecordStream::OpenAhead() {
@@ -493,9 +383,9 @@ absl::StatusOr<bool> RecordStream::EnsureCurrent() {
     WHARF_ASSIGN_OR_RETURN(current_, OpenShard(assigned_[next_]));
   }
   current_shard_ = assigned_[next_++];
-  etags_[current_shard_] = current_->etag();
+  etags_[current_shard_] = current_->reader().meta().etag;
   last_offset_.reset();
-  if (current_->lines()) last_header_ = current_->header();
+  last_header_ = current_->header();
   OpenAhead();
   return true;
 }
@@ -545,10 +435,10 @@ absl::StatusOr<std::vector<Record>> RecordStream::NextBatch(size_t n) {
 
 absl::Status RecordStream::FillBatch(size_t n, std::vector<Record>* out) {
   while (out->size() < n) {
-    if (options_.shuffle_buffer == 0 && IsLines()) {
+    if (options_.shuffle_buffer == 0) {
       WHARF_ASSIGN_OR_RETURN(bool open, EnsureCurrent());
       if (!open) break;
-      WHARF_ASSIGN_OR_RETURN(std::vector<Record> rows, current_->NextRows(n - out->size()));
+      WHARF_ASSIGN_OR_RETURN(std::vector<Record> rows, current_->NextBatch(n - out->size()));
       if (rows.empty()) {
         current_.reset();
         continue;

@@ -1,5 +1,7 @@
-// Record streams: the records (tar samples, TFRecords, CSV / JSON-lines rows) of one
-// (rank, worker) share of an epoch's shards, resumable mid-epoch.
+// Record streams: the records (tar samples, TFRecords, CSV / JSON-lines rows: any format of
+// the registry, formats/registry.h) of one (rank, worker) share of an epoch's shards,
+// resumable mid-epoch. Readers are opened through the registry only: nothing here knows a
+// format.
 //
 // Order:
 //  - the shard order of epoch e is ShardPermutation(n, seed, e) (formats/shuffle.h), the
@@ -41,20 +43,16 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "dataset/index.h"
-#include "io/object_reader.h"
+#include "formats/record_reader.h"
 #include "formats/shuffle.h"
+#include "io/object_reader.h"
 #include "store/object_store.h"
 
 namespace wharf {
 
-enum class RecordFormat { kTar, kTFRecord, kCsv, kJsonLines };
-
-// "tar", "tfrecord", "csv", "jsonl"; InvalidArgument listing them otherwise.
-absl::StatusOr<RecordFormat> ParseRecordFormat(absl::string_view name);
-const char* RecordFormatName(RecordFormat format);
-
 struct RecordStreamOptions {
-  RecordFormat format = RecordFormat::kTar;
+  // A format of the registry: "tar", "tfrecord", "csv", "jsonl", ...
+  std::string format = "tar";
   uint64_t seed = 0;
   uint64_t epoch = 0;
   bool shuffle = true;
@@ -64,8 +62,17 @@ struct RecordStreamOptions {
   int world_size = 1;
   int worker = 0;
   int num_workers = 1;
+  // How shards are read. chunk_size 0 and read_ahead -1 (the defaults) derive them from the
+  // runtime's link estimate of the store (io/object_reader.h).
   ObjectReaderOptions io;
-  // csv / jsonl.
+  // This stream's cap inside the runtime's one memory budget: the bytes its readers hold at
+  // once (chunks in flight and fetched, not yet consumed; records the caller keeps are the
+  // caller's, as for ObjectReader). Shared by the two readers open at a time (the current
+  // shard's and the next one's, read ahead), or by a group of record reads while restoring;
+  // chunks are made no larger than a reader's share (4 KiB at least), so read-ahead, not the
+  // cap, gives way. 0: no cap of its own (each reader's bound is io.max_buffered_bytes).
+  uint64_t memory_budget = 0;
+  // Row formats (csv, jsonl); see RecordReaderOptions.
   bool header = false;
   char delimiter = ',';
   char quote = '"';
@@ -75,19 +82,13 @@ struct RecordStreamOptions {
   absl::Status Validate() const;
 };
 
-// One record of any format.
-struct Record {
-  size_t shard = 0;     // position in the shard list
-  uint64_t offset = 0;  // byte offset of the record (tar: its first header; rows: the row)
-  std::string key;      // tar: the WebDataset sample key
-  std::vector<std::pair<std::string, absl::Cord>> fields;  // tar: extension -> bytes
-  absl::Cord data;                                          // tfrecord payload, row text
-};
+// Records are formats/record_reader.h's Record, with `shard` their position in the shard
+// list and `offset` the byte offset of the record in it.
 
 // Where a share stands (see the file comment).
 struct RecordStreamState {
   // Which share: checked against the stream's options and shard list on restore.
-  RecordFormat format = RecordFormat::kTar;
+  std::string format = "tar";
   uint64_t num_shards = 0;
   std::string fingerprint;  // SampleIndex::Fingerprint() of the shard list
   uint64_t seed = 0;
@@ -121,7 +122,8 @@ struct RecordStreamState {
 class RecordStream {
  public:
   // The share `options` names of `shards` (keys of `store`, in canonical order), from the
-  // start of the epoch, or from `resume` when given. InvalidArgument for a bad partition;
+  // start of the epoch, or from `resume` when given. InvalidArgument for a bad partition or
+  // a format the registry does not know (listing those it knows);
   // FailedPrecondition when `resume` is for another share (naming what differs) or a shard
   // changed since (its record at the saved offset is gone). Restoring reads the buffered
   // records and the current shard's next chunks before returning.
@@ -135,9 +137,10 @@ class RecordStream {
 
   // The next record; nullopt at the end of the share.
   absl::StatusOr<std::optional<Record>> Next();
-  // Up to n records (fewer only at the end). Rows without a shuffle buffer come as slices of
-  // the shard's row batches (zero-copy). When an error stops a batch after some records were
-  // taken, those are returned and the error comes with the next call: nothing taken is lost.
+  // Up to n records (fewer only at the end). Without a shuffle buffer they come from the shard's
+  // reader in batches (rows: slices of one buffer, zero-copy). When an error stops a batch after
+  // some records were taken, those are returned and the error comes with the next call: nothing
+  // taken is lost.
   absl::StatusOr<std::vector<Record>> NextBatch(size_t n);
 
   // Where the share stands after the records yielded so far.
@@ -146,25 +149,22 @@ class RecordStream {
   // The shard positions this share reads, in order.
   const std::vector<size_t>& assigned() const { return assigned_; }
   const SampleIndex& shards() const { return *shards_; }
-  // csv / jsonl with header: the current (or last read) shard's header row.
+  // Row formats with header: the current (or last read) shard's header row.
   std::optional<std::string> header() const;
   uint64_t yielded() const { return yielded_; }
 
  private:
-  class ShardReader;
-
   RecordStream(std::shared_ptr<ObjectStore> store, std::shared_ptr<const SampleIndex> shards,
                RecordStreamOptions options);
 
   absl::Status Restore(const RecordStreamState& state);
-  bool IsLines() const;
   // Opens the next assigned shard when none is open; false when all were read.
   absl::StatusOr<bool> EnsureCurrent();
   // Starts reading the assigned shard after the current one (read-ahead across the
   // boundary); an error opening it is reported when its turn comes.
   void OpenAhead();
-  absl::StatusOr<std::unique_ptr<ShardReader>> OpenShard(size_t shard, uint64_t offset = 0,
-                                                         bool single_record = false);
+  absl::StatusOr<std::unique_ptr<RecordReader>> OpenShard(size_t shard, uint64_t offset = 0,
+                                                          bool single_record = false);
   // The next record in shard order (before the shuffle buffer).
   absl::StatusOr<std::optional<Record>> NextInOrder();
   // NextBatch's loop: appends up to n records to *out, stopping at the first error.
@@ -178,8 +178,8 @@ class RecordStream {
   size_t next_ = 0;               // next position in assigned_ to open
   size_t current_shard_ = 0;
   std::optional<uint64_t> last_offset_;  // last record taken from current_
-  std::unique_ptr<ShardReader> current_;
-  std::unique_ptr<ShardReader> ahead_;
+  std::unique_ptr<RecordReader> current_;
+  std::unique_ptr<RecordReader> ahead_;
   std::optional<std::string> last_header_;
   std::map<size_t, std::string> etags_;  // shard -> ETag when this stream opened it
   ShuffleBuffer<Record> buffer_;

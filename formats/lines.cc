@@ -182,6 +182,90 @@ LineReaderStats LineReader::stats() const {
   return stats;
 }
 
+namespace {
+
+// A resumed reader reads the header row with chunks of this size: it is usually short.
+constexpr uint64_t kHeaderChunk = uint64_t{64} << 10;
+
+class LineRecordReader : public RecordReader {
+ public:
+  LineRecordReader(std::unique_ptr<LineReader> lines, std::optional<std::string> header)
+      : lines_(std::move(lines)), header_(std::move(header)) {}
+
+  absl::StatusOr<std::optional<Record>> Next() override {
+    WHARF_ASSIGN_OR_RETURN(std::optional<Row> row, lines_->Next());
+    if (!row) return std::nullopt;
+    return Record::Payload(row->offset, absl::Cord(std::move(row->text)));
+  }
+
+  // Rows as slices of one shared buffer (zero-copy).
+  absl::StatusOr<std::vector<Record>> NextBatch(size_t n) override {
+    WHARF_ASSIGN_OR_RETURN(RowBatch batch, lines_->NextBatch(n));
+    std::vector<Record> out;
+    out.reserve(batch.size());
+    auto shared = std::make_shared<RowBatch>(std::move(batch));
+    for (size_t i = 0; i < shared->size(); ++i) {
+      out.push_back(Record::Payload(shared->offsets[i],
+                                    absl::MakeCordFromExternal(shared->row(i), [shared] {})));
+    }
+    return out;
+  }
+
+  uint64_t offset() const override { return lines_->reader().position(); }
+  std::optional<std::string> header() const override { return header_; }
+  const ObjectReader& reader() const override { return lines_->reader(); }
+
+ private:
+  const std::unique_ptr<LineReader> lines_;
+  const std::optional<std::string> header_;
+};
+
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenLineRecordReader(
+    LineFormat format, const RecordObject& object, const RecordReaderOptions& options) {
+  LineReaderOptions lo;
+  lo.format = format;
+  lo.delimiter = options.delimiter;
+  lo.quote = options.quote;
+  lo.skip_empty_rows = options.skip_empty_rows;
+  RecordObject rows = object;
+  std::optional<std::string> header;
+  if (options.header && options.io.offset > 0) {
+    // A resume: the header is at the start of the object; read just it. The rows are then
+    // read from the same version (its meta: same ETag, no second HEAD).
+    // (Never a larger chunk than the caller asked for: it may be bounding memory.)
+    ObjectReaderOptions io = options.io;
+    io.offset = 0;
+    io.length.reset();
+    io.chunk_size = io.chunk_size == 0 ? kHeaderChunk : std::min(io.chunk_size, kHeaderChunk);
+    io.read_ahead = 0;
+    WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> r, object.Open(io));
+    rows.meta = r->meta();
+    LineReaderOptions with_header = lo;
+    with_header.header = true;
+    WHARF_ASSIGN_OR_RETURN(std::unique_ptr<LineReader> first,
+                           LineReader::Create(std::move(r), with_header));
+    header = first->header();
+  }  // (its reader closed here, before the rows' reader opens)
+  lo.header = options.header && options.io.offset == 0;
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, rows.Open(options.io));
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<LineReader> lines,
+                         LineReader::Create(std::move(reader), lo));
+  if (lo.header) header = lines->header();
+  return std::make_unique<LineRecordReader>(std::move(lines), std::move(header));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenCsvRecordReader(
+    const RecordObject& object, const RecordReaderOptions& options) {
+  return OpenLineRecordReader(LineFormat::kCsv, object, options);
+}
+
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenJsonLinesRecordReader(
+    const RecordObject& object, const RecordReaderOptions& options) {
+  return OpenLineRecordReader(LineFormat::kJsonLines, object, options);
+}
+
 absl::StatusOr<std::vector<std::string>> SplitCsvFields(absl::string_view row, char delimiter,
                                                         char quote) {
   std::vector<std::string> fields;

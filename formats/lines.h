@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "formats/record_reader.h"
 #include "io/object_reader.h"
 #include "store/object_store.h"
 
@@ -121,6 +122,14 @@ class LineReader {
   uint64_t peak_row_bytes_ = 0;
   absl::Status status_;
 };
+
+// The registry's "csv" and "jsonl" readers (registry.h): a Record per row, its text as "data";
+// batches share one buffer. With options.header and io.offset > 0 (a resume) the header row
+// is read first from the object's start, with a small chunk.
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenCsvRecordReader(
+    const RecordObject& object, const RecordReaderOptions& options);
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenJsonLinesRecordReader(
+    const RecordObject& object, const RecordReaderOptions& options);
 
 // Splits one CSV row into fields (RFC 4180): fields separated by `delimiter`; a field that
 // starts with `quote` runs to the matching quote, "" inside it being one quote, and may hold

@@ -363,4 +363,35 @@ absl::StatusOr<std::optional<TarSample>> TarSampleReader::Next() {
   }
 }
 
+namespace {
+
+class TarRecordReader : public RecordReader {
+ public:
+  explicit TarRecordReader(std::unique_ptr<ObjectReader> reader)
+      : samples_(std::make_unique<TarReader>(std::move(reader))) {}
+
+  absl::StatusOr<std::optional<Record>> Next() override {
+    WHARF_ASSIGN_OR_RETURN(std::optional<TarSample> s, samples_.Next());
+    if (!s) return std::nullopt;
+    Record r;
+    r.offset = s->offset;
+    r.key = std::move(s->key);
+    r.fields = std::move(s->fields);
+    return r;
+  }
+  uint64_t offset() const override { return samples_.offset(); }
+  const ObjectReader& reader() const override { return samples_.tar().reader(); }
+
+ private:
+  TarSampleReader samples_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenTarRecordReader(
+    const RecordObject& object, const RecordReaderOptions& options) {
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, object.Open(options.io));
+  return std::make_unique<TarRecordReader>(std::move(reader));
+}
+
 }  // namespace wharf

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
+#include "formats/record_reader.h"
 #include "io/object_reader.h"
 #include "store/object_store.h"
 
@@ -112,6 +113,10 @@ class TarSampleReader {
 
   // The next sample; nullopt at the end of the shard.
   absl::StatusOr<std::optional<TarSample>> Next();
+  // Where the next sample's first header starts (or the end): a resume point.
+  uint64_t offset() const {
+    return pending_ ? pending_->header_offset : tar_->reader().position();
+  }
 
   const TarReader& tar() const { return *tar_; }
 
@@ -120,5 +125,10 @@ class TarSampleReader {
   std::optional<TarMember> pending_;  // first member of the next sample, read ahead
   absl::Status status_;
 };
+
+// The registry's "tar" reader (registry.h): a Record per sample, its key and one field per
+// member, named by its extension.
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenTarRecordReader(
+    const RecordObject& object, const RecordReaderOptions& options);
 
 }  // namespace wharf

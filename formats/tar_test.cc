@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "formats/testing/record_objects.h"
 #include "store/testing/temp_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,48 +23,11 @@ using store_testing::TempStore;
 
 namespace fs = std::filesystem;
 
-// ---- A minimal tar writer, so tests control every byte. ----
-
-std::string Octal(uint64_t v, size_t width) {  // width digits, then NUL
-  std::string s(width, '0');
-  for (size_t i = width; i-- > 0; v >>= 3) s[i] = static_cast<char>('0' + (v & 7));
-  return s + '\0';
-}
-
-std::string Header(const std::string& name, uint64_t size, char type = '0',
-                   const std::string& prefix = "", bool base256_size = false) {
-  std::string h(512, '\0');
-  h.replace(0, std::min<size_t>(name.size(), 100), name.substr(0, 100));
-  h.replace(100, 8, Octal(0644, 7));
-  h.replace(108, 8, Octal(0, 7));
-  h.replace(116, 8, Octal(0, 7));
-  if (base256_size) {
-    h[124] = static_cast<char>(0x80);
-    for (int i = 0; i < 8; ++i) h[135 - i] = static_cast<char>((size >> (8 * i)) & 0xff);
-  } else {
-    h.replace(124, 12, Octal(size, 11));
-  }
-  h.replace(136, 12, Octal(1700000000, 11));
-  h[156] = type;
-  h.replace(257, 6, std::string("ustar\0", 6));
-  h.replace(263, 2, "00");
-  h.replace(345, prefix.size(), prefix);
-  h.replace(148, 8, "        ");
-  unsigned sum = 0;
-  for (unsigned char c : h) sum += c;
-  h.replace(148, 8, Octal(sum, 6) + " ");
-  return h;
-}
-
-std::string Padded(const std::string& data) {
-  return data + std::string((512 - data.size() % 512) % 512, '\0');
-}
-
-std::string Entry(const std::string& name, const std::string& data, char type = '0') {
-  return Header(name, data.size(), type) + Padded(data);
-}
-
-std::string EndOfArchive() { return std::string(1024, '\0'); }
+// The tar writer of formats/testing (tests control every byte).
+using formats_testing::TarEndOfArchive;
+using formats_testing::TarEntry;
+using formats_testing::TarHeader;
+using formats_testing::TarPadded;
 
 std::string Content(const std::string& name, size_t n) {
   std::string s;
@@ -96,16 +60,16 @@ absl::StatusOr<Flat> ReadSamples(std::shared_ptr<ObjectStore> store, const std::
 TEST(TarTest, GroupsMembersIntoSamplesAtEveryChunkSize) {
   TempStore tmp;
   std::string tar;
-  tar += Entry("a/b/", "", '5');  // a directory
-  tar += Entry("a/b/sample001.jpg", Content("jpg1", 1000));
-  tar += Entry("a/b/sample001.cls", "7");
-  tar += Entry("a/b/sample001.seg.png", Content("png1", 5000));
-  tar += Entry("a/b/sample002.jpg", Content("jpg2", 512));
-  tar += Entry("a/b/sample002.cls", "");  // empty member
-  tar += Entry("a/b/README", "not a sample member");
-  tar += Entry("a/b/link.jpg", "", '2');  // a symlink: skipped
-  tar += Entry("sample003.txt", Content("t3", 70'000));
-  tar += EndOfArchive();
+  tar += TarEntry("a/b/", "", '5');  // a directory
+  tar += TarEntry("a/b/sample001.jpg", Content("jpg1", 1000));
+  tar += TarEntry("a/b/sample001.cls", "7");
+  tar += TarEntry("a/b/sample001.seg.png", Content("png1", 5000));
+  tar += TarEntry("a/b/sample002.jpg", Content("jpg2", 512));
+  tar += TarEntry("a/b/sample002.cls", "");  // empty member
+  tar += TarEntry("a/b/README", "not a sample member");
+  tar += TarEntry("a/b/link.jpg", "", '2');  // a symlink: skipped
+  tar += TarEntry("sample003.txt", Content("t3", 70'000));
+  tar += TarEndOfArchive();
   tar += "garbage after the end-of-archive block is ignored";
   ASSERT_TRUE(tmp.store()->Put("shard.tar", absl::Cord(tar)).ok());
 
@@ -128,10 +92,11 @@ TEST(TarTest, GroupsMembersIntoSamplesAtEveryChunkSize) {
 TEST(TarTest, MembersCarryOffsetsAndUstarPrefixesAndBase256Sizes) {
   TempStore tmp;
   std::string tar;
-  tar += Header("sample.jpg", 3, '0', "very/long/directory") + Padded("abc");
-  tar += Header("big.bin", 600, '0', "", /*base256_size=*/true) + Padded(std::string(600, 'x'));
-  tar += Header("pax_global", 18, 'g') + Padded("18 comment=hello\n");
-  tar += Entry("old_style", "v7", '\0');
+  tar += TarHeader("sample.jpg", 3, '0', "very/long/directory") + TarPadded("abc");
+  tar += TarHeader("big.bin", 600, '0', "", /*base256_size=*/true) +
+         TarPadded(std::string(600, 'x'));
+  tar += TarHeader("pax_global", 18, 'g') + TarPadded("18 comment=hello\n");
+  tar += TarEntry("old_style", "v7", '\0');
   ASSERT_TRUE(tmp.store()->Put("t.tar", absl::Cord(tar)).ok());  // no end-of-archive blocks
   auto reader = TarReader::Open(tmp.store(), "t.tar");
   ASSERT_TRUE(reader.ok()) << reader.status();
@@ -160,14 +125,14 @@ TEST(TarTest, LongNamesFromGnuAndPaxEntriesWrittenByHand) {
   const std::string gnu_name = long_dir + "/sample1.jpg";
   const std::string pax_name = long_dir + "/sample2.jpg";
   std::string tar;
-  tar += Entry("././@LongLink", gnu_name + '\0', 'L');
-  tar += Entry(gnu_name.substr(0, 100), "one");
+  tar += TarEntry("././@LongLink", gnu_name + '\0', 'L');
+  tar += TarEntry(gnu_name.substr(0, 100), "one");
   const std::string record = "path=" + pax_name + "\n";
   const std::string pax = absl::StrCat(record.size() + 4, " ", record);  // 3-digit length + ' '
   ASSERT_EQ(pax.size(), record.size() + 4);
-  tar += Entry("./PaxHeaders/x", pax, 'x');
-  tar += Entry("truncated-name-ignored", "two");
-  tar += EndOfArchive();
+  tar += TarEntry("./PaxHeaders/x", pax, 'x');
+  tar += TarEntry("truncated-name-ignored", "two");
+  tar += TarEndOfArchive();
   ASSERT_TRUE(tmp.store()->Put("t.tar", absl::Cord(tar)).ok());
   auto flat = ReadSamples(tmp.store(), "t.tar");
   ASSERT_TRUE(flat.ok()) << flat.status();
@@ -302,8 +267,8 @@ with tarfile.open(out, "w", format=fmt) as tf:
 
 TEST(TarTest, ACorruptHeaderNamesTheShardAndTheOffset) {
   TempStore tmp;
-  std::string tar = Entry("s1.jpg", Content("a", 700)) + Entry("s1.cls", "1") +
-                    Entry("s2.jpg", "x") + EndOfArchive();
+  std::string tar = TarEntry("s1.jpg", Content("a", 700)) + TarEntry("s1.cls", "1") +
+                    TarEntry("s2.jpg", "x") + TarEndOfArchive();
   const size_t second_header = 512 + 1024;  // after s1.jpg's header and two data blocks
   tar[second_header + 3] ^= 0x20;           // a byte of the name
   ASSERT_TRUE(tmp.store()->Put("bad.tar", absl::Cord(tar)).ok());
@@ -327,7 +292,8 @@ TEST(TarTest, ACorruptHeaderNamesTheShardAndTheOffset) {
 
 TEST(TarTest, TruncatedShardsAreDataLoss) {
   TempStore tmp;
-  const std::string tar = Entry("s1.jpg", Content("a", 2000)) + Entry("s2.jpg", Content("b", 3000));
+  const std::string tar =
+      TarEntry("s1.jpg", Content("a", 2000)) + TarEntry("s2.jpg", Content("b", 3000));
   ASSERT_TRUE(tmp.store()->Put("cut-data.tar", absl::Cord(tar.substr(0, tar.size() - 1500))).ok());
   auto flat = ReadSamples(tmp.store(), "cut-data.tar");
   EXPECT_EQ(flat.status().code(), absl::StatusCode::kDataLoss);
@@ -338,7 +304,7 @@ TEST(TarTest, TruncatedShardsAreDataLoss) {
   EXPECT_EQ(flat.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(flat.status().message(), "at byte 2560: truncated header"))
       << flat.status();
-  const std::string dangling = Entry("s1.jpg", "a") + Entry("././@LongLink", "s2.jpg", 'L');
+  const std::string dangling = TarEntry("s1.jpg", "a") + TarEntry("././@LongLink", "s2.jpg", 'L');
   ASSERT_TRUE(tmp.store()->Put("dangling.tar", absl::Cord(dangling)).ok());
   flat = ReadSamples(tmp.store(), "dangling.tar");
   EXPECT_EQ(flat.status().code(), absl::StatusCode::kDataLoss) << flat.status();
@@ -346,14 +312,14 @@ TEST(TarTest, TruncatedShardsAreDataLoss) {
 
 TEST(TarTest, DuplicateExtensionsAndOversizedMembersAreErrors) {
   TempStore tmp;
-  const std::string dup = Entry("s1.jpg", "a") + Entry("s1.jpg", "b") + EndOfArchive();
+  const std::string dup = TarEntry("s1.jpg", "a") + TarEntry("s1.jpg", "b") + TarEndOfArchive();
   ASSERT_TRUE(tmp.store()->Put("dup.tar", absl::Cord(dup)).ok());
   auto flat = ReadSamples(tmp.store(), "dup.tar");
   EXPECT_EQ(flat.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(flat.status().message(), "at byte 1024: sample 's1' has two"))
       << flat.status();
 
-  const std::string big = Entry("s1.jpg", Content("a", 5000)) + EndOfArchive();
+  const std::string big = TarEntry("s1.jpg", Content("a", 5000)) + TarEndOfArchive();
   ASSERT_TRUE(tmp.store()->Put("big.tar", absl::Cord(big)).ok());
   flat = ReadSamples(tmp.store(), "big.tar", {.max_member_bytes = 4096});
   EXPECT_EQ(flat.status().code(), absl::StatusCode::kResourceExhausted) << flat.status();
@@ -367,9 +333,9 @@ TEST(TarTest, StreamsALargeShardInBoundedMemory) {
   TempStore tmp;
   std::string tar;
   for (int i = 0; i < 200; ++i) {
-    tar += Entry(absl::StrCat("s", 1000 + i, ".bin"), Content(std::to_string(i), 20'000 + i));
+    tar += TarEntry(absl::StrCat("s", 1000 + i, ".bin"), Content(std::to_string(i), 20'000 + i));
   }
-  tar += EndOfArchive();
+  tar += TarEndOfArchive();
   ASSERT_TRUE(tmp.store()->Put("large.tar", absl::Cord(tar)).ok());
   auto reader = TarSampleReader::Open(tmp.store(), "large.tar",
                                       {.io = {.chunk_size = 16 << 10, .read_ahead = 2}});

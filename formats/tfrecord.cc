@@ -92,6 +92,33 @@ absl::StatusOr<std::optional<TFRecord>> TFRecordReader::Next() {
   return record;
 }
 
+namespace {
+
+class TFRecordRecordReader : public RecordReader {
+ public:
+  explicit TFRecordRecordReader(std::unique_ptr<ObjectReader> reader)
+      : records_(std::move(reader)) {}
+
+  absl::StatusOr<std::optional<Record>> Next() override {
+    WHARF_ASSIGN_OR_RETURN(std::optional<TFRecord> t, records_.Next());
+    if (!t) return std::nullopt;
+    return Record::Payload(t->offset, std::move(t->data));
+  }
+  uint64_t offset() const override { return records_.position(); }
+  const ObjectReader& reader() const override { return records_.reader(); }
+
+ private:
+  TFRecordReader records_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenTFRecordRecordReader(
+    const RecordObject& object, const RecordReaderOptions& options) {
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, object.Open(options.io));
+  return std::make_unique<TFRecordRecordReader>(std::move(reader));
+}
+
 void AppendTFRecord(const absl::Cord& data, absl::Cord* out) {
   char header[kHeaderBytes];
   StoreLE(data.size(), 8, header);

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
+#include "formats/record_reader.h"
 #include "io/object_reader.h"
 #include "store/object_store.h"
 
@@ -66,6 +67,10 @@ class TFRecordReader {
   const TFRecordReaderOptions options_;
   absl::Status status_;
 };
+
+// The registry's "tfrecord" reader (registry.h): a Record per record, its payload as "data".
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenTFRecordRecordReader(
+    const RecordObject& object, const RecordReaderOptions& options);
 
 // Appends one framed record to `out` (a pure function: for tests and custom writers).
 void AppendTFRecord(const absl::Cord& data, absl::Cord* out);

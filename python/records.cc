@@ -1,5 +1,7 @@
-// Bindings of the record streams (dataset/records.h) over a list of shards: tar (WebDataset
-// samples), TFRecord, CSV and JSON lines, resumable mid-epoch through state().
+// Bindings of the record streams (dataset/records.h) over a list of shards of any format of
+// the registry (formats/registry.h: tar, TFRecord, CSV, JSON lines, ...), resumable mid-epoch
+// through state(), and of the registry itself (record_formats(), record_format()). Records
+// are converted by their format's shape, never by its name.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -15,6 +17,7 @@
 #include "dataset/index.h"
 #include "dataset/records.h"
 #include "formats/lines.h"
+#include "formats/registry.h"
 #include "python/binding.h"
 
 namespace wharf::python {
@@ -27,7 +30,9 @@ class PyRecordStream : public StreamBinding<PyRecordStream, RecordStream> {
   // `state`: a RecordStreamState JSON to continue from, or empty for the epoch's start.
   PyRecordStream(std::shared_ptr<const SampleIndex> shards, std::shared_ptr<ObjectStore> store,
                  std::string prefix, RecordStreamOptions options, const std::string& state)
-      : StreamBinding("RecordStream"), prefix_(std::move(prefix)), format_(options.format) {
+      : StreamBinding("RecordStream"),
+        prefix_(std::move(prefix)),
+        format_(Check(FindRecordFormat(options.format))) {
     for (const SampleEntry& e : shards->entries()) shard_uris_.push_back(store->Uri(e.key));
     std::optional<RecordStreamState> resume;
     if (!state.empty()) resume = Check(RecordStreamState::FromJson(state));
@@ -50,7 +55,7 @@ class PyRecordStream : public StreamBinding<PyRecordStream, RecordStream> {
     auto h = s.header();
     return h ? py::object(py::str(*h)) : py::object(py::none());
   }
-  std::string format_name() const { return RecordFormatName(format_); }
+  std::string format_name() const { return format_->name; }
   std::string State() {
     RecordStream& s = stream();
     OneThread guard(busy_);
@@ -65,23 +70,27 @@ class PyRecordStream : public StreamBinding<PyRecordStream, RecordStream> {
     return key;
   }
 
-  // tar: {"__key__", "__url__", "__offset__", ext: Buffer...}; the other formats:
-  // (shard URI, byte offset, Buffer).
+  // Formats of keyed records (tar): {"__key__", "__url__", "__offset__", field: Buffer...};
+  // one-payload formats: (shard URI, byte offset, Buffer of the "data" field).
   py::object ToPython(Record& r) {
     const std::string& url = shard_uris_[r.shard];
-    if (format_ == RecordFormat::kTar) {
+    if (format_->shape == RecordShape::kFields) {
       py::dict d;
       d["__key__"] = py::bytes(r.key).attr("decode")("utf-8", "surrogateescape");
       d["__url__"] = url;
       d["__offset__"] = r.offset;
-      for (auto& [ext, bytes] : r.fields) d[py::str(ext)] = Buffer::FromCord(std::move(bytes));
+      for (auto& [name, bytes] : r.fields) d[py::str(name)] = Buffer::FromCord(std::move(bytes));
       return d;
     }
-    return py::make_tuple(url, r.offset, Buffer::FromCord(std::move(r.data)));
+    absl::Cord data;
+    for (auto& [name, bytes] : r.fields) {
+      if (name == kDataField) data = std::move(bytes);
+    }
+    return py::make_tuple(url, r.offset, Buffer::FromCord(std::move(data)));
   }
 
   const std::string prefix_;
-  const RecordFormat format_;
+  const RecordFormatSpec* const format_;
   std::vector<std::string> shard_uris_;
 };
 
@@ -91,6 +100,12 @@ py::list SplitCsv(absl::string_view row, char delimiter, char quote) {
   for (const std::string& f : fields) {
     out.append(py::bytes(f).attr("decode")("utf-8", "surrogateescape"));
   }
+  return out;
+}
+
+py::tuple Suffixes(const RecordFormatSpec& spec) {
+  py::tuple out(spec.suffixes.size());
+  for (size_t i = 0; i < spec.suffixes.size(); ++i) out[i] = py::str(spec.suffixes[i]);
   return out;
 }
 
@@ -107,18 +122,21 @@ char OneChar(const std::string& s, const char* what) {
 void RegisterRecords(py::module_& m) {
   py::class_<PyRecordStream>(
       m, "RecordStream",
-      "The records of one (rank, worker) share of an epoch's shards. tar yields dicts "
-      "{'__key__', '__url__', '__offset__', ext: Buffer}; tfrecord, csv and jsonl yield "
-      "(shard URI, byte offset, Buffer)")
+      "The records of one (rank, worker) share of an epoch's shards. Formats of keyed records "
+      "(tar) yield dicts {'__key__', '__url__', '__offset__', field: Buffer}; one-payload "
+      "formats (tfrecord, csv, jsonl) yield (shard URI, byte offset, Buffer). chunk_size 0 "
+      "and read_ahead -1 derive them from the store's link estimate; memory_budget: this "
+      "stream's cap inside the process's budget (int or \"64M\"; 0: none of its own)")
       .def(py::init([](py::handle shards, const std::string& format, uint64_t seed,
                        uint64_t epoch, bool shuffle, size_t shuffle_buffer, int rank,
                        int world_size, int worker, int num_workers, bool header,
                        const std::string& delimiter, const std::string& quote,
                        bool skip_empty_rows, uint64_t chunk_size, int read_ahead,
+                       const py::object& memory_budget,
                        const std::optional<std::string>& state) {
              IndexParts parts = GetIndexParts(shards);
              RecordStreamOptions o;
-             o.format = Check(ParseRecordFormat(format));
+             o.format = Check(FindRecordFormat(format))->name;
              o.seed = seed;
              o.epoch = epoch;
              o.shuffle = shuffle;
@@ -133,6 +151,7 @@ void RegisterRecords(py::module_& m) {
              o.skip_empty_rows = skip_empty_rows;
              o.io.chunk_size = chunk_size;
              o.io.read_ahead = read_ahead;
+             o.memory_budget = SizeArg(memory_budget, "memory_budget");
              if (read_ahead < -1) {
                Raise(absl::InvalidArgumentError(
                    "read_ahead must be >= 0 (or -1: derived from the store's link estimate)"));
@@ -147,8 +166,8 @@ void RegisterRecords(py::module_& m) {
            py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("worker") = 0,
            py::arg("num_workers") = 1, py::arg("header") = false, py::arg("delimiter") = ",",
            py::arg("quote") = "\"", py::arg("skip_empty_rows") = false,
-           py::arg("chunk_size") = uint64_t{8} << 20, py::arg("read_ahead") = 2,
-           py::arg("state") = py::none())
+           py::arg("chunk_size") = 0, py::arg("read_ahead") = -1,
+           py::arg("memory_budget") = 0, py::arg("state") = py::none())
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyRecordStream::Next)
       .def("next_batch", &PyRecordStream::NextBatch, py::arg("n"),
@@ -163,6 +182,31 @@ void RegisterRecords(py::module_& m) {
            "Where this share stands after the records yielded so far (a JSON string); pass "
            "it as state= to a stream of the same share to continue exactly there")
       .def_property_readonly("yielded", [](PyRecordStream& s) { return s.yielded(); });
+
+  m.def("record_formats",
+        [] {
+          py::dict out;
+          for (const RecordFormatSpec* spec : RecordFormats()) {
+            out[py::str(spec->name)] = Suffixes(*spec);
+          }
+          return out;
+        },
+        "Every record format of the registry: {name: (object name suffixes, ...)}");
+  m.def("record_format",
+        [](const std::string& name) {
+          const RecordFormatSpec* spec = Check(FindRecordFormat(name));
+          py::dict out;
+          out["name"] = spec->name;
+          out["suffixes"] = Suffixes(*spec);
+          out["shape"] = spec->shape == RecordShape::kFields ? "fields" : "payload";
+          out["rows"] = spec->rows;
+          return out;
+        },
+        py::arg("name"),
+        "One record format: {'name', 'suffixes', 'shape': 'fields' (a key and named fields, "
+        "e.g. tar) or 'payload' (one 'data' field), 'rows': whether its records are rows of "
+        "text (header=, delimiter=, quote=, skip_empty_rows= and rows_per_item= apply)}; "
+        "ValueError listing the known formats for an unknown name");
 
   m.def("split_csv",
         [](py::buffer row, const std::string& delimiter, const std::string& quote) {

@@ -71,13 +71,6 @@ __all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "Distribu
 
 consumed_after = _wharf.consumed_after
 
-_FORMAT_SUFFIXES = {
-    "tar": (".tar",),
-    "tfrecord": (".tfrecord", ".tfrecords"),
-    "csv": (".csv",),
-    "jsonl": (".jsonl", ".json", ".ndjson"),
-}
-
 
 class Sample:
     """One sample: `.key` (relative to the dataset URI), `.data` (a zero-copy wharf.Buffer,
@@ -426,10 +419,10 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
     @staticmethod
     def from_shards(uri: str, shards: Union[None, str, Sequence[str]] = None,
                     format: str = "tar", **kwargs) -> "RecordDataset":
-        """Records of shard objects: format "tar" (WebDataset samples), "tfrecord", "csv" or
-        "jsonl". `shards`: a list of keys relative to `uri`; a string: the shards below that
-        sub-prefix; None: every object below `uri` with the format's suffix. See
-        RecordDataset for the options."""
+        """Records of shard objects: format "tar" (WebDataset samples), "tfrecord", "csv",
+        "jsonl" (any name of wharf._wharf.record_formats()). `shards`: a list of keys relative
+        to `uri`; a string: the shards below that sub-prefix; None: every object below `uri`
+        with one of the format's suffixes. See RecordDataset for the options."""
         return RecordDataset(uri, shards, format=format, **kwargs)
 
     # -- order and resume --
@@ -527,11 +520,12 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
 
 
 class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
-    """Records of shards: format "tar" (a Sample per WebDataset sample: `.key` the sample
-    key, `.data` a dict extension -> Buffer), "tfrecord" (a Sample per record), "csv" or
-    "jsonl" (a Sample per row; `.data` the row without its line end; parse with
-    wharf.split_csv or json.loads). Record samples have `.url` (the shard) and `.offset`
-    (the record's byte offset in it) and `.key` = "<shard key>@<offset>" (tar: the sample key).
+    """Records of shards: format "tar" (a Sample per WebDataset sample: `.key` the sample key,
+    `.data` a dict extension -> Buffer), "tfrecord" (a Sample per record), "csv" or "jsonl" (a
+    Sample per row; `.data` the row without its line end; parse with wharf.split_csv or json.loads);
+    any format of wharf._wharf.record_formats() (formats whose records have named fields come as
+    tar's do, the others as tfrecord's). Record samples have `.url` (the shard) and `.offset` (the
+    record's byte offset in it) and `.key` = "<shard key>@<offset>" (tar: the sample key).
 
     Order: the shard order of each epoch is a permutation from (seed, epoch) (identity without
     shuffle); shards are dealt round-robin to ranks, then to the rank's DataLoader workers;
@@ -541,6 +535,10 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
 
     rows_per_item=N (csv/jsonl): yield lists of up to N row Samples (one buffer per list).
     header=True (csv/jsonl): the first row of each shard is its header, not a record.
+    Reading: chunk_size (bytes per ranged GET) and read_ahead (chunks requested ahead) are
+    derived from the store's measured link when left at 0 / -1; memory_budget (an int or a
+    SIZE such as "64M") caps what this dataset's shard readers hold at once inside the
+    process's budget (0: no cap of its own, see wharf.configure).
     Resume. state_dict() is exact: it holds where this process's share stands (shards read,
     the offset of the last record taken, the records held in the shuffle buffer), and
     load_state_dict() followed by iteration yields exactly the records not yet yielded, in
@@ -561,19 +559,24 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
                  shuffle_buffer: int = 0, transform: Optional[Callable] = None,
                  header: bool = False, delimiter: str = ",", quote: str = '"',
                  skip_empty_rows: bool = False, rows_per_item: Optional[int] = None,
-                 chunk_size: int = 8 << 20, read_ahead: int = 2,
+                 chunk_size: int = 0, read_ahead: int = -1,
+                 memory_budget: Union[int, str] = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  list_workers: int = 16, **store):
         # **store: store options (endpoint=, region=, anonymous=, profile=), as for
         # wharf.Store; an unknown name is a ValueError listing the valid ones.
-        if format not in _FORMAT_SUFFIXES:
-            raise ValueError(f"format {format!r}: expected one of {sorted(_FORMAT_SUFFIXES)}")
-        if rows_per_item is not None and format not in ("csv", "jsonl"):
-            raise ValueError("rows_per_item is for csv and jsonl")
+        # The formats, their suffixes and what their records hold come from the registry
+        # (formats/registry.h): a format added there works here unchanged.
+        formats = _wharf.record_formats()
+        if format not in formats:
+            raise ValueError(f"format {format!r}: expected one of {sorted(formats)}")
+        info = _wharf.record_format(format)
+        if rows_per_item is not None and not info["rows"]:
+            rows = [name for name in formats if _wharf.record_format(name)["rows"]]
+            raise ValueError(f"rows_per_item is for {' and '.join(rows)}")
         if shards is None or isinstance(shards, str):
             sub = "" if shards is None else shards
-            index = _wharf.SampleIndex.from_prefix(uri + sub,
-                                                   suffixes=list(_FORMAT_SUFFIXES[format]),
+            index = _wharf.SampleIndex.from_prefix(uri + sub, suffixes=list(formats[format]),
                                                    workers=list_workers, **store)
             if sub:  # keys relative to `uri`, not to the sub-prefix
                 index = _wharf.SampleIndex.from_keys(uri, [sub + k for k in index.keys()],
@@ -585,13 +588,15 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
                              + (f" under {shards!r}" if isinstance(shards, str) else ""))
         self._index = index
         self.format = format
+        self._keyed = info["shape"] == "fields"  # records are dicts of named fields (tar)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.transform = transform
         self.rows_per_item = rows_per_item
         self._options = dict(shuffle_buffer=shuffle_buffer, header=header, delimiter=delimiter,
                              quote=quote, skip_empty_rows=skip_empty_rows,
-                             chunk_size=chunk_size, read_ahead=read_ahead)
+                             chunk_size=chunk_size, read_ahead=read_ahead,
+                             memory_budget=memory_budget)
         self._init_dist(rank, world_size)
         self._epoch = 0
         self._resume = None  # a stream state to continue at the next __iter__
@@ -661,7 +666,7 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
     def _records(self, stream) -> Iterator[Any]:
         transform = self.transform
         url_keys = {}
-        if self.format != "tar":
+        if not self._keyed:
             url_keys = {self._index.url(i): k for i, k in enumerate(self._index.keys())}
 
         def key_of(url: str, offset: int) -> str:
@@ -670,7 +675,7 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
         def out(s):
             return transform(s) if transform is not None else s
 
-        if self.format == "tar":
+        if self._keyed:
             for d in stream:
                 key = d.pop("__key__")
                 url = d.pop("__url__")

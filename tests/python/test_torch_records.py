@@ -1,6 +1,7 @@
 """Record shards through wharf.torch.RecordDataset (IterableDataset.from_shards): tar
 (WebDataset samples), TFRecord (CRC-checked, errors naming the shard and the byte offset), CSV
 and JSON lines. On file:// and on the real S3 server."""
+import gc
 import io
 import json
 import tarfile
@@ -151,3 +152,50 @@ def test_csv_and_jsonl_rows(target):
     ds = IterableDataset.from_shards(uri, ["jl/y.jsonl", "jl/x.jsonl"], format="jsonl",
                                      shuffle=False)
     assert [json.loads(bytes(s.data))["i"] for s in ds] == list(range(7, 10)) + list(range(7))
+
+
+def test_the_format_registry_names_formats_and_suffixes(target):
+    formats = wharf._wharf.record_formats()
+    assert formats == {"tar": (".tar",), "tfrecord": (".tfrecord", ".tfrecords"),
+                       "csv": (".csv",), "jsonl": (".jsonl", ".json", ".ndjson")}
+    assert list(formats) == ["tar", "tfrecord", "csv", "jsonl"]
+    assert wharf._wharf.record_format("tar") == {"name": "tar", "suffixes": (".tar",),
+                                                 "shape": "fields", "rows": False}
+    assert wharf._wharf.record_format("jsonl")["rows"] is True
+    assert wharf._wharf.record_format("tfrecord")["shape"] == "payload"
+    with pytest.raises(ValueError) as e:
+        wharf._wharf.record_format("zip")
+    assert str(e.value) == ('record format "zip": expected "tar", "tfrecord", "csv" or '
+                            '"jsonl"')
+    uri, store = target
+    store.put("z/a.zip", b"x")
+    with pytest.raises(ValueError, match="expected one of \\['csv', 'jsonl', 'tar', 'tfrecord'\\]"):
+        IterableDataset.from_shards(uri + "z/", format="zip")
+    with pytest.raises(ValueError, match="rows_per_item is for csv and jsonl"):
+        IterableDataset.from_shards(uri + "z/", format="tar", rows_per_item=2)
+
+
+def test_memory_budget_caps_what_the_shard_readers_hold(target):
+    """memory_budget= is the dataset's cap inside the process's budget: the readers of its
+    shards (the current one and the next, read ahead) hold at most that much at once, where
+    the same dataset without it holds more. Chunk size and read-ahead are derived by default."""
+    uri, store = target
+    for s in range(4):
+        records = [bytes([65 + s]) * (4000 + i) for i in range(40)]
+        store.put(f"big/part-{s}.tfrecord", h.tfrecord_file(records)[0])
+
+    def peak(**kw):
+        ds = IterableDataset.from_shards(uri + "big/", format="tfrecord", seed=1, **kw)
+        gc.collect()  # bytes of earlier tests still held are not this dataset's
+        wharf._wharf._reset_peak()
+        before = wharf.metrics()["gauges"]["wharf_memory_budget_held_bytes"]
+        count = sum(1 for _ in ds)  # each record dropped at once
+        assert count == 160
+        return wharf.metrics()["gauges"]["wharf_memory_budget_peak_bytes"] - before
+
+    cap = 64 << 10
+    assert peak() > cap
+    assert 0 < peak(memory_budget="64K") <= cap
+    assert peak(memory_budget=cap, shuffle_buffer=8) <= cap
+    with pytest.raises(ValueError, match="memory_budget"):
+        iter(IterableDataset.from_shards(uri + "big/", format="tfrecord", memory_budget="lots"))
