@@ -18,6 +18,8 @@
 #include "cli/common.h"
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
+#include "store/registry.h"
+#include "tier/tier_store.h"
 
 namespace wharf::cli {
 namespace {
@@ -41,6 +43,7 @@ std::string VerbOf(const CLI::App& app) {
 }
 
 int Main(int argc, char** argv) {
+  RegisterTierCache(StoreRegistry::Global());  // --cache and WHARF_CACHE
   // A closed stdout then fails writes with EPIPE, which the verbs take as "stop quietly",
   // instead of killing the process halfway through a copy's bookkeeping.
   std::signal(SIGPIPE, SIG_IGN);

@@ -395,4 +395,16 @@ void TierStore::CopyAsync(std::string src_key, std::string dst_key, Callback<Obj
                     });
 }
 
+void RegisterTierCache(StoreRegistry& registry) {
+  registry.SetCacheDecorator([](std::shared_ptr<ObjectStore> store, const std::string& dir,
+                                std::shared_ptr<Runtime> runtime)
+                                 -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
+    auto tier = Tier::FindOrCreate(dir);
+    if (!tier.ok()) return Annotate(tier.status(), absl::StrCat("cache=", dir));
+    auto cached = TierStore::Open(std::move(store), *std::move(tier), std::move(runtime));
+    if (!cached.ok()) return Annotate(cached.status(), absl::StrCat("cache=", dir));
+    return std::shared_ptr<ObjectStore>(*std::move(cached));
+  });
+}
+
 }  // namespace wharf

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "base/runtime.h"
 #include "store/forwarding_store.h"
+#include "store/registry.h"
 #include "tier/tier.h"
 
 namespace wharf {
@@ -88,5 +89,10 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, fills_{0}, fill_bytes_{0}, bypassed_{0};
 };
+
+// Makes `registry` open the `cache` store option (and WHARF_CACHE) as a TierStore over the
+// tier at that directory (created with default settings when it is in no tier). Programs
+// that link the tier call it once at start (the CLI's main, the Python module).
+void RegisterTierCache(StoreRegistry& registry);
 
 }  // namespace wharf
