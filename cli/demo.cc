@@ -1,11 +1,15 @@
 // wharf demo: the main job end to end on the embedded local store (or any store --dir names).
 // It writes a synthetic image data set once, lists it, reads every object back through the
-// asynchronous API into preallocated buffers, and verifies each against its listed ETag:
-// the access pattern of a training input pipeline, measured.
+// dataset engine (a SampleIndex from the listing, one shuffled epoch of the Sampler, a
+// SampleStream over the FetchScheduler: what the PyTorch datasets read through), and
+// verifies each against its listed ETag: the access pattern of a training input pipeline,
+// measured.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -28,6 +32,11 @@
 #include "cli/common.h"
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
+#include "dataset/index.h"
+#include "dataset/loader.h"
+#include "dataset/order.h"
+#include "dataset/sampler.h"
+#include "io/fetch_scheduler.h"
 #include "store/registry.h"
 
 namespace wharf::cli {
@@ -52,22 +61,16 @@ int IndexOf(absl::string_view rel) {
   return index;
 }
 
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 void PutLittleEndian32(char* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
 
 // An "image": a 16-byte header ("WIMG", then width, height and class label as little-endian
-// uint32) and pixel bytes from a PRNG seeded by the index, so any object can be regenerated.
+// uint32) and pixel bytes from wharf's generator (dataset/order.h) seeded by the index, so any
+// object can be regenerated.
 std::string MakeImage(int index, uint64_t size) {
   std::string out(size, '\0');
-  uint64_t state = static_cast<uint64_t>(index) * 0x2545f4914f6cdd1dull + 1;
+  SplitMix64 rng(static_cast<uint64_t>(index) * 0x2545f4914f6cdd1dull + 1);
   char header[kHeaderSize];
   std::memcpy(header, "WIMG", 4);
   PutLittleEndian32(header + 4, 224 + 32 * (index % 5));  // width
@@ -76,11 +79,11 @@ std::string MakeImage(int index, uint64_t size) {
   std::memcpy(out.data(), header, std::min<uint64_t>(size, kHeaderSize));
   uint64_t pos = kHeaderSize;
   for (; pos + 8 <= size; pos += 8) {
-    const uint64_t v = SplitMix64(state);
+    const uint64_t v = rng.Next();
     std::memcpy(out.data() + pos, &v, 8);
   }
   if (pos < size) {
-    const uint64_t v = SplitMix64(state);
+    const uint64_t v = rng.Next();
     std::memcpy(out.data() + pos, &v, size - pos);
   }
   return out;
@@ -174,8 +177,9 @@ void PrintTable(const std::vector<Row>& rows) {
 
 class Demo {
  public:
-  Demo(ObjectStore& store, std::string prefix, const DemoArgs& args)
-      : store_(store),
+  Demo(std::shared_ptr<ObjectStore> store, std::string prefix, const DemoArgs& args)
+      : shared_store_(std::move(store)),
+        store_(*shared_store_),
         prefix_(std::move(prefix)),
         args_(args),
         // The put payloads and read buffers in flight fit the runtime's budget
@@ -268,68 +272,57 @@ class Demo {
     return absl::OkStatus();
   }
 
-  // Phase 3: read everything back with GetAsync into a fixed set of buffers, and verify each
-  // object on a CPU pool (hashing is not work for a store's I/O threads).
+  // Phase 3: read everything back through the dataset engine, as a training epoch does: the
+  // listing becomes a SampleIndex (sizes and ETags known: no HEADs), the Sampler gives one
+  // shuffled epoch, and a SampleStream reads it through a FetchScheduler, `in_flight_`
+  // requests and samples ahead. Each sample is verified on a CPU pool (hashing is not work
+  // for the engine's I/O threads) and its buffer released to the budget once checked.
   absl::Status Read(std::vector<Row>& rows) {
     const absl::Time start = absl::Now();
-    uint64_t max_size = 0;
-    for (const ObjectMeta& meta : dataset_) max_size = std::max(max_size, meta.size);
-    // The read buffers are charged to the runtime's budget; fewer slots when it has less room.
-    MemoryBudget& budget = Runtime::Default()->budget();
-    auto account = budget.NewAccount(0, "demo reads");
-    std::vector<Block> buffers;
-    for (int i = 0; i < in_flight_; ++i) {
-      Block block = budget.TryAllocate(account, std::max<uint64_t>(max_size, 1));
-      if (!block) break;
-      buffers.push_back(std::move(block));
+    std::vector<SampleEntry> entries;
+    entries.reserve(dataset_.size());
+    for (const ObjectMeta& meta : dataset_) {
+      entries.push_back({.key = meta.key, .size = meta.size, .etag = meta.etag});
     }
-    if (buffers.empty()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "demo: reading ", store_.Uri(prefix_), ": no room for one ", max_size,
-          "-byte buffer in the memory budget (", FormatSize(budget.limit()), ")"));
-    }
-    absl::Mutex mu;
-    std::vector<int> free_slots;  // guarded by mu
-    for (size_t i = 0; i < buffers.size(); ++i) free_slots.push_back(static_cast<int>(i));
-    auto has_free = [&free_slots]() { return !free_slots.empty(); };
+    auto index = std::make_shared<const SampleIndex>(std::move(entries));
+    WHARF_ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(index->size(), {.seed = 0}));
+    FetchOptions fetch;
+    fetch.max_in_flight = in_flight_;
+    // Buffers are released by the verifying pool, not by the reading thread: wait for them.
+    fetch.wait_for_release = true;
+    auto scheduler = std::make_shared<FetchScheduler>(shared_store_, fetch);
+    WHARF_ASSIGN_OR_RETURN(
+        std::unique_ptr<SampleStream> stream,
+        SampleStream::Create(index, sampler, sampler.State(/*epoch=*/0, /*consumed=*/0), {},
+                             scheduler, {.prefetch = static_cast<size_t>(in_flight_)}));
     std::atomic<uint64_t> bytes{0};
-    Tracker reads(static_cast<int>(buffers.size()));
+    // Samples being verified, at most in_flight_: each holds its buffer until checked.
+    Tracker checks(in_flight_);
     {
       ThreadPool cpu(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-      for (int i = 0; i < args_.objects; ++i) {
-        const ObjectMeta& meta = dataset_[i];
-        reads.Acquire();
-        int slot;
-        {
-          absl::MutexLock lock(&mu);
-          mu.Await(absl::Condition(&has_free));
-          slot = free_slots.back();
-          free_slots.pop_back();
+      while (true) {
+        absl::StatusOr<std::optional<Sample>> next = stream->Next();
+        checks.Acquire();
+        if (!next.ok()) {
+          checks.Release(next.status());  // counted; the stream goes on with the next sample
+          continue;
         }
-        auto release = [&, slot](const absl::Status& status) {
-          {
-            absl::MutexLock lock(&mu);
-            free_slots.push_back(slot);
-          }
-          reads.Release(status);
-        };
-        GetRequest request;
-        request.key = meta.key;
-        request.buffer = absl::Span<char>(buffers[slot].data(), meta.size);
-        store_.GetAsync(std::move(request), [&, i, slot, release](absl::StatusOr<GetResult> got) {
-          if (!got.ok()) return release(got.status());
-          cpu.Schedule([&, i, slot, release, n = got->bytes] {
-            absl::Status verified = Verify(i, absl::string_view(buffers[slot].data(), n));
-            if (verified.ok()) bytes += n;
-            release(verified);
-          });
+        if (!next->has_value()) {
+          checks.Release(absl::OkStatus());
+          break;
+        }
+        cpu.Schedule([this, &bytes, &checks, sample = **std::move(next)] {
+          const absl::Status verified =
+              Verify(static_cast<int>(sample.index), sample.data.view());
+          if (verified.ok()) bytes += sample.data.size();
+          checks.Release(verified);
         });
       }
-      reads.WaitIdle();
+      checks.WaitIdle();
     }
     read_bytes_ = bytes;
     rows.push_back(MakeRow("read", args_.objects, read_bytes_, absl::Now() - start, true));
-    return reads.Result(absl::StrCat("demo: verifying ", store_.Uri(prefix_)), args_.objects);
+    return checks.Result(absl::StrCat("demo: verifying ", store_.Uri(prefix_)), args_.objects);
   }
 
   // The bytes read must be the object the listing described: its MD5 must be the ETag. Where
@@ -354,6 +347,7 @@ class Demo {
     return absl::OkStatus();
   }
 
+  const std::shared_ptr<ObjectStore> shared_store_;
   ObjectStore& store_;
   const std::string prefix_;
   const DemoArgs& args_;
@@ -390,7 +384,7 @@ void AddDemo(CLI::App& app, DemoArgs& args) {
 absl::Status RunDemo(const DemoArgs& args) {
   WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, 0));
   WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.dir));
-  Demo demo(*opened.store, AsPrefix(opened.uri.key), args);
+  Demo demo(opened.store, AsPrefix(opened.uri.key), args);
   return demo.Run();
 }
 

@@ -95,8 +95,9 @@ absl::StatusOr<std::unique_ptr<SampleStream>> SampleStream::Create(
 absl::StatusOr<std::unique_ptr<SampleStream>> SampleStream::Create(
     std::shared_ptr<const SampleIndex> index, Shard shard,
     std::shared_ptr<FetchScheduler> scheduler, StreamOptions options) {
-  for (uint64_t s : shard.samples) {
-    if (s >= index->size()) return OutOfRange(s, index->size());
+  // The share's samples are the order's elements: [0, order size).
+  if (shard.size() > 0 && shard.order.size() > index->size()) {
+    return OutOfRange(shard.order.size() - 1, index->size());
   }
   return std::unique_ptr<SampleStream>(
       new SampleStream(std::move(index), std::move(shard), std::move(scheduler), options));
@@ -108,7 +109,7 @@ SampleStream::SampleStream(std::shared_ptr<const SampleIndex> index, Shard shard
       shard_(std::move(shard)),
       scheduler_(std::move(scheduler)),
       options_(options) {
-  base_ = added_ = yielded_ = std::min<uint64_t>(options_.skip, shard_.samples.size());
+  base_ = added_ = yielded_ = std::min<uint64_t>(options_.skip, shard_.size());
 }
 
 // The batch handle cancels outstanding requests; their buffers are freed as they finish.
@@ -117,17 +118,17 @@ SampleStream::~SampleStream() = default;
 FetchStats SampleStream::stats() const { return batch_ ? batch_->stats() : FetchStats{}; }
 
 uint64_t SampleStream::SizeAt(uint64_t position) const {
-  return (*index_)[shard_.samples[position]].size.value_or(0);
+  return (*index_)[shard_.SampleAt(position)].size.value_or(0);
 }
 
 void SampleStream::FillTo(uint64_t required, uint64_t ahead) {
-  const uint64_t total = shard_.samples.size();
+  const uint64_t total = shard_.size();
   required = std::min(required, total);
   ahead = std::max(required, std::min(ahead, total));
   if (added_ >= ahead) return;
   if (!batch_) batch_ = scheduler_->StartBatch();
   std::vector<FetchItem> items;
-  // Engine indices follow the share's positions: item i of the batch is samples[base_ + i].
+  // Engine indices follow the share's positions: item i of the batch is SampleAt(base_ + i).
   for (; added_ < ahead; ++added_) {
     const uint64_t size = SizeAt(added_);
     if (added_ >= required && options_.prefetch_bytes > 0 &&
@@ -135,7 +136,7 @@ void SampleStream::FillTo(uint64_t required, uint64_t ahead) {
       break;
     }
     window_bytes_ += size;
-    items.push_back((*index_)[shard_.samples[added_]].ToFetchItem());
+    items.push_back((*index_)[shard_.SampleAt(added_)].ToFetchItem());
   }
   if (items.empty()) return;
   batch_->Add(std::move(items));
@@ -144,7 +145,7 @@ void SampleStream::FillTo(uint64_t required, uint64_t ahead) {
 
 absl::StatusOr<Sample> SampleStream::TakeOne() {
   const uint64_t position = yielded_++;
-  const uint64_t sample = shard_.samples[position];
+  const uint64_t sample = shard_.SampleAt(position);
   window_bytes_ -= SizeAt(position);
   if (auto it = early_.find(position); it != early_.end()) {
     FetchResult r = std::move(it->second);

@@ -122,7 +122,7 @@ class SampleStream {
 
   // Positions of the share passed so far (skipped at creation, yielded or failed), and left.
   uint64_t yielded() const { return yielded_; }
-  uint64_t remaining() const { return shard_.samples.size() - yielded_; }
+  uint64_t remaining() const { return shard_.size() - yielded_; }
   const Shard& shard() const { return shard_; }
   // The engine batch's statistics so far (every sample of the stream goes through one).
   FetchStats stats() const;

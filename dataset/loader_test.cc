@@ -73,14 +73,14 @@ TEST_F(LoaderTest, StreamYieldsTheShareInOrderWithReadAhead) {
     ASSERT_TRUE(stream.ok()) << stream.status();
     auto first = (*stream)->Next();
     ASSERT_TRUE(first.ok() && first->has_value());
-    EXPECT_EQ((**first).index, shard->samples[0]);
+    EXPECT_EQ((**first).index, shard->SampleAt(0));
     EXPECT_EQ((*stream)->stats().items, 9u);  // the sample and 8 ahead
     std::vector<uint64_t> rest = Drain(**stream);
     rest.insert(rest.begin(), (**first).index);
-    EXPECT_EQ(rest, shard->samples) << "ordered=" << ordered;
+    EXPECT_EQ(rest, shard->Samples()) << "ordered=" << ordered;
     EXPECT_EQ((*stream)->remaining(), 0u);
-    EXPECT_EQ((*stream)->stats().items, shard->samples.size());
-    EXPECT_EQ((*stream)->stats().requests, shard->samples.size());  // sizes known: no HEADs
+    EXPECT_EQ((*stream)->stats().items, shard->size());
+    EXPECT_EQ((*stream)->stats().requests, shard->size());  // sizes known: no HEADs
   }
 }
 
@@ -92,16 +92,17 @@ TEST_F(LoaderTest, SkipStartsTheShareLaterWithoutReadingTheSkippedSamples) {
     const Partition partition{.rank = 0, .world_size = 1, .worker = 1, .num_workers = 2};
     auto shard = sampler.ShardOf(state, partition);
     ASSERT_TRUE(shard.ok());
-    for (uint64_t skip : {uint64_t{0}, uint64_t{7}, uint64_t{shard->samples.size()}}) {
+    for (uint64_t skip : {uint64_t{0}, uint64_t{7}, uint64_t{shard->size()}}) {
       auto stream = SampleStream::Create(index_, sampler, state, partition,
                                          Scheduler({.max_in_flight = 4, .ordered = ordered}),
                                          {.prefetch = 3, .skip = skip});
       ASSERT_TRUE(stream.ok()) << stream.status();
       EXPECT_EQ((*stream)->yielded(), skip);
       const std::vector<uint64_t> rest = Drain(**stream);
-      EXPECT_EQ(rest, std::vector<uint64_t>(shard->samples.begin() + skip, shard->samples.end()))
+      const std::vector<uint64_t> all = shard->Samples();
+      EXPECT_EQ(rest, std::vector<uint64_t>(all.begin() + skip, all.end()))
           << "skip " << skip << " ordered=" << ordered;
-      EXPECT_EQ((*stream)->stats().items, shard->samples.size() - skip);
+      EXPECT_EQ((*stream)->stats().items, shard->size() - skip);
     }
   }
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -15,7 +14,9 @@
 namespace wharf {
 namespace {
 
-constexpr int kStateVersion = 1;
+// The JSON layout: 1 before order versions (no "order": order 1), 2 with "order".
+constexpr uint64_t kLegacyStateVersion = 1;
+constexpr uint64_t kStateVersion = 2;
 // Buffered records re-read at once when restoring: each holds one small chunk.
 constexpr size_t kRestoreGroup = 64;
 constexpr uint64_t kSingleRecordChunk = uint64_t{1} << 20;
@@ -46,7 +47,7 @@ absl::Status RecordStreamOptions::Validate() const {
         "partition: rank ", rank, " of ", world_size, ", worker ", worker, " of ", num_workers,
         " (need 0 <= rank < world_size and 0 <= worker < num_workers)"));
   }
-  return absl::OkStatus();
+  return CheckOrderVersion(order);
 }
 
 // ---- RecordStreamState ----
@@ -54,6 +55,7 @@ absl::Status RecordStreamOptions::Validate() const {
 std::string RecordStreamState::ToJson() const {
   nlohmann::ordered_json j;
   j["version"] = kStateVersion;
+  j["order"] = order;
   j["format"] = format;
   j["num_shards"] = num_shards;
   j["fingerprint"] = fingerprint;
@@ -105,11 +107,16 @@ absl::StatusOr<RecordStreamState> RecordStreamState::FromJson(absl::string_view 
   };
   uint64_t version = 0;
   WHARF_RETURN_IF_ERROR(uint_field("version", &version));
-  if (version != kStateVersion) {
+  if (version != kStateVersion && version != kLegacyStateVersion) {
     return StateError(absl::StrCat("unsupported version ", version, " (this build reads ",
-                                   kStateVersion, ")"));
+                                   kLegacyStateVersion, " and ", kStateVersion, ")"));
   }
   RecordStreamState s;
+  s.order = kOrderFisherYates;  // what a state from before order versions was taken under
+  if (version == kStateVersion) {
+    WHARF_RETURN_IF_ERROR(uint_field("order", &s.order));
+    if (absl::Status v = CheckOrderVersion(s.order); !v.ok()) return StateError(v.message());
+  }
   WHARF_ASSIGN_OR_RETURN(const Json* format, field("format"));
   if (!format->is_string()) return StateError("\"format\" must be a string");
   s.format = format->get<std::string>();
@@ -171,14 +178,18 @@ absl::StatusOr<std::unique_ptr<RecordStream>> RecordStream::Create(
     RecordStreamOptions options, const RecordStreamState* resume) {
   WHARF_RETURN_IF_ERROR(options.Validate());
   WHARF_RETURN_IF_ERROR(FindRecordFormat(options.format).status());
+  WHARF_ASSIGN_OR_RETURN(EpochOrder order,
+                         EpochOrder::Create(options.order, OrderOf::kShards, shards->size(),
+                                            options.seed, options.epoch, options.shuffle));
   auto stream = std::unique_ptr<RecordStream>(
-      new RecordStream(std::move(store), std::move(shards), std::move(options)));
+      new RecordStream(std::move(store), std::move(shards), std::move(options), order));
   if (resume != nullptr) WHARF_RETURN_IF_ERROR(stream->Restore(*resume));
   return stream;
 }
 
 RecordStream::RecordStream(std::shared_ptr<ObjectStore> store,
-                           std::shared_ptr<const SampleIndex> shards, RecordStreamOptions options)
+                           std::shared_ptr<const SampleIndex> shards, RecordStreamOptions options,
+                           const EpochOrder& shard_order)
     : store_(std::move(store)),
       shards_(std::move(shards)),
       options_(std::move(options)),
@@ -188,17 +199,13 @@ RecordStream::RecordStream(std::shared_ptr<ObjectStore> store,
                          static_cast<uint64_t>(options_.rank) *
                                  static_cast<uint64_t>(options_.num_workers) +
                              static_cast<uint64_t>(options_.worker))) {
-  std::vector<size_t> order;
-  if (options_.shuffle) {
-    order = ShardPermutation(shards_->size(), options_.seed, options_.epoch);
-  } else {
-    order.resize(shards_->size());
-    std::iota(order.begin(), order.end(), size_t{0});
-  }
-  const size_t w = static_cast<size_t>(options_.world_size);
-  const size_t k = static_cast<size_t>(options_.num_workers);
-  for (size_t p = static_cast<size_t>(options_.rank), j = 0; p < order.size(); p += w, ++j) {
-    if (j % k == static_cast<size_t>(options_.worker)) assigned_.push_back(order[p]);
+  // Position p of the order goes to rank p % W; the rank's j-th shard to worker j % K.
+  const uint64_t w = static_cast<uint64_t>(options_.world_size);
+  const uint64_t k = static_cast<uint64_t>(options_.num_workers);
+  const uint64_t first =
+      static_cast<uint64_t>(options_.rank) + static_cast<uint64_t>(options_.worker) * w;
+  for (uint64_t p = first; p < shard_order.size(); p += w * k) {
+    assigned_.push_back(static_cast<size_t>(shard_order.At(p)));
   }
 }
 
@@ -217,6 +224,7 @@ RecordStreamState RecordStream::State() const {
   s.world_size = options_.world_size;
   s.worker = options_.worker;
   s.num_workers = options_.num_workers;
+  s.order = options_.order;
   s.yielded = yielded_;
   s.shards_done = next_ - (current_ ? 1 : 0);
   if (current_) s.last_offset = last_offset_;
@@ -254,10 +262,12 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
   check("world_size", state.world_size, options_.world_size);
   check("worker", state.worker, options_.worker);
   check("num_workers", state.num_workers, options_.num_workers);
+  check("order version", state.order, options_.order);
   if (!differs.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "record stream state is for another share: ", differs,
-        " (resume with the same shards, seed, epoch, world size and number of workers)"));
+        " (resume with the same shards, seed, epoch, world size, number of workers and "
+        "order version)"));
   }
   const uint64_t open_shards = state.shards_done + (state.last_offset ? 1 : 0);
   if (open_shards > assigned_.size() || state.buffered.size() > options_.shuffle_buffer) {

@@ -4,8 +4,9 @@
 // format.
 //
 // Order:
-//  - the shard order of epoch e is ShardPermutation(n, seed, e) (formats/shuffle.h), the
-//    identity without shuffle; the same on every rank, so ranks agree without talking;
+//  - the shard order of epoch e is EpochOrder(order, kShards, n, seed, e) (dataset/order.h:
+//    computed per position under order 2), the identity without shuffle; the same on every
+//    rank, so ranks agree without talking;
 //  - position p of that order goes to rank p % world_size, and the rank's j-th shard to
 //    worker j % num_workers (shards are partitioned across ranks, then workers);
 //  - records are read shard after shard, the next shard opened (its first chunks requested)
@@ -24,7 +25,8 @@
 // by offset (ranged GETs, a group of them in flight at a time), and restores the generator.
 // The rest of the share is then the same records in the same order as without the stop.
 // The state is a small JSON object whatever the shard sizes: O(shuffle_buffer) entries.
-// A state only continues the share it was taken from (same shards, seed, epoch, partition).
+// A state only continues the share it was taken from (same shards, seed, epoch, partition,
+// order version).
 //
 // Thread-safety: a RecordStream is not thread-safe (one thread at a time); calls block.
 #pragma once
@@ -43,8 +45,8 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "dataset/index.h"
+#include "dataset/order.h"
 #include "formats/record_reader.h"
-#include "formats/shuffle.h"
 #include "io/object_reader.h"
 #include "store/object_store.h"
 
@@ -62,6 +64,9 @@ struct RecordStreamOptions {
   int world_size = 1;
   int worker = 0;
   int num_workers = 1;
+  // The order version of the shard order (dataset/order.h); resuming a state needs the
+  // state's.
+  uint64_t order = kCurrentOrder;
   // How shards are read. chunk_size 0 and read_ahead -1 (the defaults) derive them from the
   // runtime's link estimate of the store (io/object_reader.h).
   ObjectReaderOptions io;
@@ -78,7 +83,8 @@ struct RecordStreamOptions {
   char quote = '"';
   bool skip_empty_rows = false;
 
-  // InvalidArgument unless 0 <= rank < world_size and 0 <= worker < num_workers.
+  // InvalidArgument unless 0 <= rank < world_size, 0 <= worker < num_workers and the order
+  // version is supported.
   absl::Status Validate() const;
 };
 
@@ -99,6 +105,7 @@ struct RecordStreamState {
   int world_size = 1;
   int worker = 0;
   int num_workers = 1;
+  uint64_t order = kCurrentOrder;  // the order version of the shard order
   // The position.
   uint64_t yielded = 0;      // records yielded so far
   uint64_t shards_done = 0;  // assigned shards read to the end
@@ -110,12 +117,14 @@ struct RecordStreamState {
   // read: a shard rewritten since is refused on restore, even with the same layout.
   std::vector<std::pair<uint64_t, std::string>> etags;
 
-  // A JSON object, e.g. {"version":1,"format":"tar","num_shards":64,...,"yielded":1000,
+  // A JSON object, e.g. {"version":2,"order":2,"format":"tar","num_shards":64,...,"yielded":1000,
   // "shards_done":3,"last_offset":81920,"buffered":[[17,0],[17,10240]],"rng":"123...",
   // "etags":[[17,"9b2c..."]]}.
-  // (rng is a decimal string: JSON readers differ on integers above 2^53.)
+  // (rng is a decimal string: JSON readers differ on integers above 2^53.) A version 1
+  // object, written before order versions, has no "order" and means order 1.
   std::string ToJson() const;
-  // InvalidArgument naming the field for malformed JSON or a missing or mistyped field.
+  // InvalidArgument naming the field for malformed JSON, a missing or mistyped field, an
+  // unknown version or an unsupported order version.
   static absl::StatusOr<RecordStreamState> FromJson(absl::string_view json);
 };
 
@@ -155,7 +164,7 @@ class RecordStream {
 
  private:
   RecordStream(std::shared_ptr<ObjectStore> store, std::shared_ptr<const SampleIndex> shards,
-               RecordStreamOptions options);
+               RecordStreamOptions options, const EpochOrder& shard_order);
 
   absl::Status Restore(const RecordStreamState& state);
   // Opens the next assigned shard when none is open; false when all were read.
@@ -174,7 +183,9 @@ class RecordStream {
   const std::shared_ptr<const SampleIndex> shards_;
   const RecordStreamOptions options_;
   const std::string fingerprint_;
-  std::vector<size_t> assigned_;  // shard positions this share reads, in order
+  // Shard positions this share reads, in order: at most the shard list's size (which the
+  // index holds anyway), computed from the epoch's order position by position.
+  std::vector<size_t> assigned_;
   size_t next_ = 0;               // next position in assigned_ to open
   size_t current_shard_ = 0;
   std::optional<uint64_t> last_offset_;  // last record taken from current_

@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 #include <utility>
 
-#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -14,49 +12,15 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr int kStateVersion = 1;
-
-uint64_t Mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+// The JSON layout: 1 before order versions (no "order": order 1), 2 with "order".
+constexpr uint64_t kLegacyStateVersion = 1;
+constexpr uint64_t kStateVersion = 2;
 
 absl::Status StateError(absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("parsing sampler state: ", message));
 }
 
 }  // namespace
-
-namespace internal {
-
-uint64_t SplitMix64::Next() {
-  state_ += 0x9e3779b97f4a7c15ULL;
-  return Mix64(state_);
-}
-
-uint64_t SplitMix64::Bounded(uint64_t bound) {
-  // Multiply-shift maps x to floor(x * bound / 2^64); rejecting the few x whose low product
-  // word falls below 2^64 mod bound makes every result equally likely.
-  absl::uint128 m = absl::uint128(Next()) * bound;
-  uint64_t low = absl::Uint128Low64(m);
-  if (low < bound) {
-    const uint64_t threshold = (0 - bound) % bound;
-    while (low < threshold) {
-      m = absl::uint128(Next()) * bound;
-      low = absl::Uint128Low64(m);
-    }
-  }
-  return absl::Uint128High64(m);
-}
-
-uint64_t EpochSeed(uint64_t seed, uint64_t epoch) {
-  // Two rounds of mixing so that nearby (seed, epoch) pairs give unrelated streams and
-  // (seed, epoch) != (epoch, seed).
-  return Mix64(Mix64(seed) ^ (epoch * 0xd1b54a32d192ed03ULL + 0x8bb84b93962eacc9ULL));
-}
-
-}  // namespace internal
 
 absl::Status Partition::Validate() const {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
@@ -77,6 +41,7 @@ std::string SamplerState::ToJson() const {
   // ordered_json keeps the fields in a readable order.
   nlohmann::ordered_json j;
   j["version"] = kStateVersion;
+  j["order"] = order;
   j["num_samples"] = num_samples;
   j["seed"] = seed;
   j["shuffle"] = shuffle;
@@ -101,11 +66,16 @@ absl::StatusOr<SamplerState> SamplerState::FromJson(absl::string_view json) {
   };
   uint64_t version = 0;
   if (absl::Status s = uint_field("version", &version); !s.ok()) return s;
-  if (version != kStateVersion) {
+  if (version != kStateVersion && version != kLegacyStateVersion) {
     return StateError(absl::StrCat("unsupported version ", version, " (this build reads ",
-                                   kStateVersion, ")"));
+                                   kLegacyStateVersion, " and ", kStateVersion, ")"));
   }
   SamplerState state;
+  state.order = kOrderFisherYates;  // what a state from before order versions was taken under
+  if (version == kStateVersion) {
+    if (absl::Status s = uint_field("order", &state.order); !s.ok()) return s;
+    if (absl::Status s = CheckOrderVersion(state.order); !s.ok()) return StateError(s.message());
+  }
   for (auto [name, out] : {std::pair{"num_samples", &state.num_samples},
                            std::pair{"seed", &state.seed}, std::pair{"epoch", &state.epoch},
                            std::pair{"consumed", &state.consumed}}) {
@@ -137,27 +107,49 @@ uint64_t Shard::GlobalPosition(uint64_t i) const {
          rank_local * static_cast<uint64_t>(partition.world_size);
 }
 
+uint64_t Shard::size() const {
+  // The rank's share is dealt in blocks of B to K workers: full rounds of K * B samples,
+  // then what is left of the last round, block by block.
+  const uint64_t block = partition.worker_block;
+  const uint64_t round = block * static_cast<uint64_t>(partition.num_workers);
+  const uint64_t rest = rank_count % round;
+  const uint64_t before = static_cast<uint64_t>(partition.worker) * block;
+  return rank_count / round * block + (rest > before ? std::min(rest - before, block) : 0);
+}
+
+uint64_t Shard::SampleAt(uint64_t i) const { return order.At(GlobalPosition(i) % order.size()); }
+
+std::vector<uint64_t> Shard::Samples() const {
+  std::vector<uint64_t> out(size());
+  for (uint64_t i = 0; i < out.size(); ++i) out[i] = SampleAt(i);
+  return out;
+}
+
 absl::StatusOr<Sampler> Sampler::Create(uint64_t num_samples, SamplerOptions options,
                                         std::string fingerprint) {
-  if (num_samples > std::numeric_limits<uint32_t>::max()) {
+  if (absl::Status s = CheckOrderVersion(options.order); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampler: ", s.message()));
+  }
+  if (options.order == kOrderFisherYates && num_samples > std::numeric_limits<uint32_t>::max()) {
     return absl::InvalidArgumentError(
         absl::StrCat("sampler: ", num_samples, " samples; at most ",
-                     std::numeric_limits<uint32_t>::max(), " are supported"));
+                     std::numeric_limits<uint32_t>::max(), " are supported by order version ",
+                     kOrderFisherYates));
   }
   return Sampler(num_samples, options, std::move(fingerprint));
 }
 
-std::vector<uint32_t> Sampler::Permutation(uint64_t epoch) const {
-  std::vector<uint32_t> order(num_samples_);
-  std::iota(order.begin(), order.end(), uint32_t{0});
-  if (!options_.shuffle || num_samples_ < 2) return order;
-  // Fisher-Yates (Durstenfeld): position i takes a uniform pick among positions [0, i].
-  internal::SplitMix64 rng(internal::EpochSeed(options_.seed, epoch));
-  for (uint64_t i = num_samples_ - 1; i > 0; --i) {
-    const uint64_t j = rng.Bounded(i + 1);
-    std::swap(order[i], order[j]);
-  }
-  return order;
+EpochOrder Sampler::Order(uint64_t epoch) const {
+  // Create() checked the version and the size, the only ways this can fail.
+  return *EpochOrder::Create(options_.order, OrderOf::kSamples, num_samples_, options_.seed,
+                             epoch, options_.shuffle);
+}
+
+std::vector<uint64_t> Sampler::Permutation(uint64_t epoch) const {
+  const EpochOrder order = Order(epoch);
+  std::vector<uint64_t> out(num_samples_);
+  for (uint64_t p = 0; p < num_samples_; ++p) out[p] = order.At(p);
+  return out;
 }
 
 uint64_t Sampler::EndOfEpoch(uint64_t consumed, int world_size) const {
@@ -174,7 +166,8 @@ SamplerState Sampler::State(uint64_t epoch, uint64_t consumed) const {
                       .shuffle = options_.shuffle,
                       .fingerprint = fingerprint_,
                       .epoch = epoch,
-                      .consumed = consumed};
+                      .consumed = consumed,
+                      .order = options_.order};
 }
 
 absl::Status Sampler::Validate(const SamplerState& state) const {
@@ -191,6 +184,12 @@ absl::Status Sampler::Validate(const SamplerState& state) const {
     return absl::FailedPreconditionError(
         absl::StrCat("sampler state has shuffle=", state.shuffle ? "true" : "false",
                      ", this sampler has shuffle=", options_.shuffle ? "true" : "false"));
+  }
+  if (state.order != options_.order) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sampler state was taken under order version ", state.order,
+        ", this sampler computes order version ", options_.order,
+        " (create the sampler with the state's order: a state continues in its own order)"));
   }
   if (!state.fingerprint.empty() && !fingerprint_.empty() &&
       state.fingerprint != fingerprint_) {
@@ -224,20 +223,7 @@ absl::StatusOr<Shard> Sampler::ShardOf(const SamplerState& state,
   shard.rank_count = (shard.end - shard.start) / w;
   if (shard.rank_count == 0) return shard;
 
-  const std::vector<uint32_t> order = Permutation(state.epoch);
-  const uint64_t k = static_cast<uint64_t>(partition.num_workers);
-  const uint64_t block = partition.worker_block;
-  // The rank's share is positions start + rank + j * W, j in [0, rank_count); this worker
-  // takes the blocks j / block == worker (mod K).
-  shard.samples.reserve(shard.rank_count / k + block);
-  for (uint64_t first = static_cast<uint64_t>(partition.worker) * block;
-       first < shard.rank_count; first += k * block) {
-    const uint64_t last = std::min(first + block, shard.rank_count);
-    for (uint64_t j = first; j < last; ++j) {
-      const uint64_t p = shard.start + static_cast<uint64_t>(partition.rank) + j * w;
-      shard.samples.push_back(order[p % num_samples_]);
-    }
-  }
+  shard.order = Order(state.epoch);
   return shard;
 }
 

@@ -2,10 +2,12 @@
 // workers, and a resumable position in it. See docs/design/dataset.md.
 //
 // The order. Epoch e of a dataset of N samples visits the samples in the order
-// P_e = a permutation of [0, N) that depends only on (seed, e, N): Fisher-Yates driven by
-// splitmix64 with Lemire's unbiased bounded integers, so it is the same on every machine,
-// compiler and standard library (std::shuffle and the std distributions are not), and the
-// same whatever the number of ranks and workers. shuffle=false gives the identity.
+// P_e = a permutation of [0, N) that depends only on (order version, seed, e, N)
+// (dataset/order.h: EpochOrder), so it is the same on every machine, compiler and standard
+// library, and the same whatever the number of ranks and workers. New samplers use the
+// counter-based order (version 2): P_e[p] is computed per position, nothing of size N is
+// held. A sampler restoring a state from before order versions uses version 1 (Fisher-Yates,
+// the permutation materialized). shuffle=false gives the identity.
 // The epoch's sequence extends P_e cyclically: position p holds sample P_e[p mod N];
 // positions >= N are padding.
 //
@@ -37,6 +39,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "dataset/order.h"
 
 namespace wharf {
 
@@ -47,6 +50,9 @@ struct SamplerOptions {
   // false: pad every rank to the same count by repeating samples from the start of the
   // order. true: drop the tail instead.
   bool drop_last = false;
+  // The order version (dataset/order.h). Keep the default for new runs; a run resuming a
+  // state sets the state's `order`, which a state always continues under.
+  uint64_t order = kCurrentOrder;
 };
 
 // Which share of an epoch a consumer takes.
@@ -76,13 +82,17 @@ struct SamplerState {
   std::string fingerprint;
   uint64_t epoch = 0;
   uint64_t consumed = 0;
+  // The order version the epoch is visited in (dataset/order.h).
+  uint64_t order = kCurrentOrder;
 
   // A small JSON object, e.g.
-  // {"version":1,"num_samples":1000,"seed":7,"shuffle":true,"fingerprint":"...",
+  // {"version":2,"order":2,"num_samples":1000,"seed":7,"shuffle":true,"fingerprint":"...",
   //  "epoch":2,"consumed":4096}
+  // (docs/design/dataset.md, "Resume states": version 1 objects, written before order
+  // versions, have no "order" and mean order 1.)
   std::string ToJson() const;
-  // InvalidArgument (naming the field) for malformed JSON, a missing or mistyped field or an
-  // unknown version.
+  // InvalidArgument (naming the field) for malformed JSON, a missing or mistyped field, an
+  // unknown version or an unsupported order version.
   static absl::StatusOr<SamplerState> FromJson(absl::string_view json);
 
   friend bool operator==(const SamplerState&, const SamplerState&) = default;
@@ -96,34 +106,44 @@ struct SamplerState {
 // It may exceed num_samples in the padded tail of an epoch; that means "complete".
 uint64_t ConsumedAfter(uint64_t start, uint64_t samples_per_rank, int world_size);
 
-// The samples one (rank, worker) takes from a cursor to the end of an epoch, in order.
+// The samples one (rank, worker) takes from a cursor to the end of an epoch, in order,
+// computed per position: a share of 10^9 samples holds no list of them.
 struct Shard {
   uint64_t epoch = 0;
   uint64_t start = 0;  // the global cursor it was cut from
   uint64_t end = 0;    // the end of the epoch's sequence for this world size
   Partition partition;
-  // Sample indices (into the SampleIndex) in the order to yield them.
-  std::vector<uint64_t> samples;
   // How many samples the whole rank takes (every rank takes the same number).
   uint64_t rank_count = 0;
+  // The epoch's order: position -> sample index.
+  EpochOrder order;
 
-  // The position in the epoch's sequence of samples[i]. REQUIRES: i < samples.size().
+  // How many samples this (rank, worker) takes.
+  uint64_t size() const;
+  // The sample index (into the SampleIndex) of the i-th sample to yield:
+  // order.At(GlobalPosition(i) mod N). REQUIRES: i < size().
+  uint64_t SampleAt(uint64_t i) const;
+  // The position in the epoch's sequence of the i-th sample. REQUIRES: i < size().
   uint64_t GlobalPosition(uint64_t i) const;
+  // SampleAt(0 .. size()-1): materializes the share (8 bytes a sample), for tests and
+  // bindings that hand out a list.
+  std::vector<uint64_t> Samples() const;
 };
 
 class Sampler {
  public:
-  // InvalidArgument when num_samples does not fit in 32 bits: the permutation is stored
-  // as 32-bit indices (4 bytes per sample), and an index of 2^32 keys would not fit in
-  // memory anyway.
+  // InvalidArgument for an unsupported options.order, or order 1 over more than 2^32 - 1
+  // samples (its permutation is stored as 32-bit indices).
   static absl::StatusOr<Sampler> Create(uint64_t num_samples, SamplerOptions options = {},
                                         std::string fingerprint = "");
 
   uint64_t num_samples() const { return num_samples_; }
   const SamplerOptions& options() const { return options_; }
 
-  // The permutation P_epoch of [0, num_samples).
-  std::vector<uint32_t> Permutation(uint64_t epoch) const;
+  // The order P_epoch of [0, num_samples), evaluated per position.
+  EpochOrder Order(uint64_t epoch) const;
+  // P_epoch materialized (8 bytes a sample): for tests and small datasets.
+  std::vector<uint64_t> Permutation(uint64_t epoch) const;
 
   // The end of the epoch's sequence when the positions from `consumed` on are dealt over
   // `world_size` ranks (see the header comment).
@@ -131,17 +151,19 @@ class Sampler {
 
   // The state at the given cursor, for checkpoints.
   SamplerState State(uint64_t epoch, uint64_t consumed) const;
-  // OK when `state` belongs to this sampler: same num_samples, seed, shuffle and (when both
-  // are known) fingerprint. Otherwise FailedPrecondition naming the mismatch, e.g.
+  // OK when `state` belongs to this sampler: same num_samples, seed, shuffle, order version
+  // and (when both are known) fingerprint. Otherwise FailedPrecondition naming the
+  // mismatch, e.g.
   //   "sampler state is for a dataset of 1000 samples, this dataset has 999".
   absl::Status Validate(const SamplerState& state) const;
   // FromJson + Validate.
   absl::StatusOr<SamplerState> Restore(absl::string_view json) const;
 
   // The samples of `partition` from `state` (epoch and cursor) to the end of the epoch;
-  // empty once the cursor is past the epoch's end. Materializes the epoch's permutation
-  // transiently (4 bytes per sample). FailedPrecondition when `state` is not this
-  // sampler's (see Validate), InvalidArgument for an invalid partition.
+  // empty once the cursor is past the epoch's end. O(1) memory under order 2 (order 1 holds
+  // the epoch's permutation, 4 bytes per sample, shared by the shard). FailedPrecondition
+  // when `state` is not this sampler's (see Validate), InvalidArgument for an invalid
+  // partition.
   absl::StatusOr<Shard> ShardOf(const SamplerState& state, const Partition& partition) const;
 
  private:
@@ -153,24 +175,4 @@ class Sampler {
   std::string fingerprint_;
 };
 
-namespace internal {
-
-// splitmix64 (Steele, Lea, Flood 2014): the generator behind the permutation. Pinned by
-// tests to the reference outputs, since the order of every dataset depends on it.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next();
-  // Uniform in [0, bound), unbiased (Lemire 2019, "Fast Random Integer Generation in an
-  // Interval"). REQUIRES: bound >= 1.
-  uint64_t Bounded(uint64_t bound);
-
- private:
-  uint64_t state_;
-};
-
-// The generator's seed for (seed, epoch).
-uint64_t EpochSeed(uint64_t seed, uint64_t epoch);
-
-}  // namespace internal
 }  // namespace wharf

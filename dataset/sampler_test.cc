@@ -22,10 +22,6 @@ Sampler MakeSampler(uint64_t n, SamplerOptions options = {}) {
   return *std::move(s);
 }
 
-std::vector<uint64_t> Widen(const std::vector<uint32_t>& v) {
-  return std::vector<uint64_t>(v.begin(), v.end());
-}
-
 // The epoch's sequence: position p holds P[p mod N].
 std::vector<uint64_t> Sequence(const Sampler& sampler, uint64_t epoch, uint64_t begin,
                                uint64_t end) {
@@ -59,7 +55,7 @@ std::vector<uint64_t> RankOrderFromWorkers(const std::vector<Shard>& workers, ui
   while (progress) {
     progress = false;
     for (size_t w = 0; w < workers.size(); ++w) {
-      const auto& s = workers[w].samples;
+      const auto s = workers[w].Samples();
       for (uint64_t i = 0; i < block && next[w] < s.size(); ++i, ++next[w]) {
         out.push_back(s[next[w]]);
         progress = true;
@@ -79,78 +75,96 @@ std::vector<uint64_t> Interleave(const std::vector<std::vector<uint64_t>>& ranks
   return out;
 }
 
-TEST(SplitMix64Test, MatchesTheReferenceOutputs) {
-  // splitmix64.c (Vigna) seeded with 0.
-  internal::SplitMix64 rng(0);
-  EXPECT_EQ(rng.Next(), 0xe220a8397b1dcdafULL);
-  EXPECT_EQ(rng.Next(), 0x6e789e6aa1b965f4ULL);
-  EXPECT_EQ(rng.Next(), 0x06c45d188009454fULL);
-}
-
-TEST(SplitMix64Test, BoundedIsInRangeAndRoughlyUniform) {
-  internal::SplitMix64 rng(42);
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(rng.Bounded(1), 0u);
-  std::vector<int> counts(7, 0);
-  constexpr int kDraws = 70000;
-  for (int i = 0; i < kDraws; ++i) {
-    const uint64_t x = rng.Bounded(7);
-    ASSERT_LT(x, 7u);
-    ++counts[x];
-  }
-  for (int c : counts) EXPECT_NEAR(c, kDraws / 7, 500);  // ~5 sigma
-  // A bound near 2^64 exercises the rejection path.
-  const uint64_t big = (uint64_t{1} << 63) + 12345;
-  for (int i = 0; i < 1000; ++i) EXPECT_LT(rng.Bounded(big), big);
-}
-
 TEST(PermutationTest, IsAPermutation) {
-  for (uint64_t n : {0, 1, 2, 3, 10, 1000, 4097}) {
-    auto order = MakeSampler(n, {.seed = 3}).Permutation(5);
-    ASSERT_EQ(order.size(), n);
-    std::vector<uint32_t> sorted = order;
-    std::sort(sorted.begin(), sorted.end());
-    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(sorted[i], i);
+  for (uint64_t version : {kOrderFisherYates, kOrderCounterBased}) {
+    for (uint64_t n : {0, 1, 2, 3, 10, 1000, 4097}) {
+      auto order = MakeSampler(n, {.seed = 3, .order = version}).Permutation(5);
+      ASSERT_EQ(order.size(), n);
+      std::vector<uint64_t> sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(sorted[i], i);
+    }
   }
 }
 
 TEST(PermutationTest, IsPinned) {
   // The order is part of the resume contract: a checkpoint taken by one build must mean the
   // same samples to the next. A change here is a breaking change of every saved state.
-  // (Cross-checked against an independent Python transcription of the algorithm.)
-  EXPECT_THAT(MakeSampler(10, {.seed = 0}).Permutation(0),
+  // Order 1: cross-checked against an independent Python transcription of the algorithm
+  // (tests/data/order_v1/generate.py).
+  EXPECT_THAT(MakeSampler(10, {.seed = 0, .order = kOrderFisherYates}).Permutation(0),
               ElementsAre(1, 0, 2, 3, 8, 5, 4, 9, 6, 7));
-  EXPECT_THAT(MakeSampler(10, {.seed = 1234}).Permutation(7),
+  EXPECT_THAT(MakeSampler(10, {.seed = 1234, .order = kOrderFisherYates}).Permutation(7),
               ElementsAre(5, 9, 7, 4, 1, 3, 0, 8, 6, 2));
+  // Order 2 (the default): pinned to what this build computes.
+  EXPECT_THAT(MakeSampler(10, {.seed = 0}).Permutation(0),
+              ElementsAreArray(MakeSampler(10, {.seed = 0, .order = kOrderCounterBased})
+                                   .Permutation(0)));
+  EXPECT_THAT(MakeSampler(10, {.seed = 0}).Permutation(0),
+              ElementsAre(2, 5, 9, 7, 1, 0, 8, 6, 4, 3));
+  EXPECT_THAT(MakeSampler(10, {.seed = 1234}).Permutation(7),
+              ElementsAre(1, 3, 2, 5, 0, 9, 4, 8, 7, 6));
 }
 
 TEST(PermutationTest, DeterministicAndDependsOnSeedAndEpoch) {
-  const Sampler a = MakeSampler(500, {.seed = 7});
-  const Sampler b = MakeSampler(500, {.seed = 7});
-  const Sampler c = MakeSampler(500, {.seed = 8});
+  for (uint64_t version : {kOrderFisherYates, kOrderCounterBased}) {
+  SCOPED_TRACE(testing::Message() << "order " << version);
+  const Sampler a = MakeSampler(500, {.seed = 7, .order = version});
+  const Sampler b = MakeSampler(500, {.seed = 7, .order = version});
+  const Sampler c = MakeSampler(500, {.seed = 8, .order = version});
   EXPECT_EQ(a.Permutation(0), b.Permutation(0));
   EXPECT_EQ(a.Permutation(3), b.Permutation(3));
   EXPECT_NE(a.Permutation(0), a.Permutation(1));
   EXPECT_NE(a.Permutation(0), c.Permutation(0));
   // Seed and epoch are not interchangeable.
-  EXPECT_NE(MakeSampler(500, {.seed = 1}).Permutation(2),
-            MakeSampler(500, {.seed = 2}).Permutation(1));
+  EXPECT_NE(MakeSampler(500, {.seed = 1, .order = version}).Permutation(2),
+            MakeSampler(500, {.seed = 2, .order = version}).Permutation(1));
   // And it really shuffles: few fixed points.
   const auto order = a.Permutation(0);
   int fixed = 0;
   for (size_t i = 0; i < order.size(); ++i) fixed += order[i] == i;
   EXPECT_LT(fixed, 10);
+  }
 }
 
 TEST(PermutationTest, NoShuffleIsTheIdentity) {
-  const auto order = MakeSampler(100, {.seed = 9, .shuffle = false}).Permutation(4);
-  std::vector<uint32_t> identity(100);
-  std::iota(identity.begin(), identity.end(), 0u);
-  EXPECT_EQ(order, identity);
+  std::vector<uint64_t> identity(100);
+  std::iota(identity.begin(), identity.end(), uint64_t{0});
+  for (uint64_t version : {kOrderFisherYates, kOrderCounterBased}) {
+    EXPECT_EQ(MakeSampler(100, {.seed = 9, .shuffle = false, .order = version}).Permutation(4),
+              identity);
+  }
 }
 
-TEST(SamplerTest, RefusesMoreThan32BitsOfSamples) {
-  EXPECT_FALSE(Sampler::Create(uint64_t{1} << 32).ok());
-  EXPECT_TRUE(Sampler::Create((uint64_t{1} << 32) - 1).ok());
+TEST(SamplerTest, OnlyOrderOneIsLimitedTo32BitsOfSamples) {
+  EXPECT_FALSE(Sampler::Create(uint64_t{1} << 32, {.order = kOrderFisherYates}).ok());
+  EXPECT_TRUE(Sampler::Create((uint64_t{1} << 32) - 1, {.order = kOrderFisherYates}).ok());
+  EXPECT_TRUE(Sampler::Create(uint64_t{1} << 40).ok());
+  auto unknown = Sampler::Create(10, {.order = 3});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("order version 3 is not supported"));
+}
+
+// A share of 10^9 samples (and one of 2^40) holds no list of them: its samples are computed
+// per position (a vector of 10^9 would take 8 GB here, 4 GB as 32-bit indices).
+TEST(SamplerTest, HugeSharesAreComputedPerPosition) {
+  for (uint64_t n : {uint64_t{1'000'000'000}, uint64_t{1} << 40}) {
+    const Sampler sampler = MakeSampler(n, {.seed = 17});
+    auto shard = sampler.ShardOf(sampler.State(3, 12345), {.rank = 1, .world_size = 4,
+                                                          .worker = 2, .num_workers = 3,
+                                                          .worker_block = 8});
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    EXPECT_EQ(shard->rank_count, (n - 12345 + 3) / 4);
+    std::set<uint64_t> seen;
+    for (uint64_t i : {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{8}, shard->size() / 2,
+                       shard->size() - 1}) {
+      const uint64_t sample = shard->SampleAt(i);
+      ASSERT_LT(sample, n);
+      EXPECT_EQ(sample, sampler.Order(3).At(shard->GlobalPosition(i) % n));
+      seen.insert(sample);
+    }
+    EXPECT_EQ(seen.size(), 6u);
+  }
 }
 
 // The heart of the contract: for any world size and worker count, the shares put back
@@ -174,10 +188,12 @@ TEST(PartitionTest, SharesReassembleIntoTheGlobalOrder) {
               ASSERT_EQ(ranks.back().size(), rank[0].rank_count);
               // GlobalPosition agrees with where each sample really sits.
               for (const Shard& s : rank) {
-                for (uint64_t i = 0; i < s.samples.size(); ++i) {
+                const std::vector<uint64_t> samples = s.Samples();
+                ASSERT_EQ(samples.size(), s.size());
+                for (uint64_t i = 0; i < samples.size(); ++i) {
                   const uint64_t p = s.GlobalPosition(i);
                   ASSERT_LT(p, end);
-                  ASSERT_EQ(s.samples[i], Sequence(sampler, 2, p, p + 1)[0]);
+                  ASSERT_EQ(samples[i], Sequence(sampler, 2, p, p + 1)[0]);
                 }
               }
             }
@@ -198,7 +214,10 @@ TEST(PartitionTest, DropLastSeesEverySampleAtMostOnceAndDropsOnlyTheTail) {
     for (int world = 1; world <= 8; ++world) {
       std::multiset<uint64_t> seen;
       for (const auto& rank : AllShards(sampler, sampler.State(0, 0), world, 3)) {
-        for (const Shard& s : rank) seen.insert(s.samples.begin(), s.samples.end());
+        for (const Shard& s : rank) {
+          const auto samples = s.Samples();
+          seen.insert(samples.begin(), samples.end());
+        }
       }
       const uint64_t kept = n / world * world;
       ASSERT_EQ(seen.size(), kept);
@@ -211,7 +230,10 @@ TEST(PartitionTest, DropLastSeesEverySampleAtMostOnceAndDropsOnlyTheTail) {
   for (int world : {1, 2, 3, 4, 6, 8}) {
     std::multiset<uint64_t> seen;
     for (const auto& rank : AllShards(sampler, sampler.State(0, 0), world, 2)) {
-      for (const Shard& s : rank) seen.insert(s.samples.begin(), s.samples.end());
+      for (const Shard& s : rank) {
+          const auto samples = s.Samples();
+          seen.insert(samples.begin(), samples.end());
+        }
     }
     std::multiset<uint64_t> all;
     for (uint64_t i = 0; i < 96; ++i) all.insert(i);
@@ -222,7 +244,7 @@ TEST(PartitionTest, DropLastSeesEverySampleAtMostOnceAndDropsOnlyTheTail) {
 TEST(PartitionTest, PadRepeatsTheFewestSamplesFromTheStartOfTheOrder) {
   for (uint64_t n : {1, 5, 101}) {
     const Sampler sampler = MakeSampler(n, {.seed = 4});
-    const auto order = Widen(sampler.Permutation(0));
+    const auto order = sampler.Permutation(0);
     for (int world = 1; world <= 8; ++world) {
       const uint64_t end = sampler.EndOfEpoch(0, world);
       ASSERT_GE(end, n);
@@ -232,8 +254,9 @@ TEST(PartitionTest, PadRepeatsTheFewestSamplesFromTheStartOfTheOrder) {
       for (const auto& rank : AllShards(sampler, sampler.State(0, 0), world, 2)) {
         uint64_t count = 0;
         for (const Shard& s : rank) {
-          seen.insert(s.samples.begin(), s.samples.end());
-          count += s.samples.size();
+          const auto samples = s.Samples();
+          seen.insert(samples.begin(), samples.end());
+          count += s.size();
         }
         EXPECT_EQ(count, end / world);
       }
@@ -262,14 +285,15 @@ TEST(ResumeTest, ChangingTheWorldSizeYieldsExactlyTheUnseenSamples) {
   for (bool drop_last : {false, true}) {
     const uint64_t n = 103;
     const Sampler sampler = MakeSampler(n, {.seed = 21, .drop_last = drop_last});
-    const auto order = Widen(sampler.Permutation(1));
+    const auto order = sampler.Permutation(1);
     for (uint64_t k : {0, 1, 10, 50}) {
       SCOPED_TRACE(testing::Message() << "drop_last=" << drop_last << " k=" << k);
       // World 2: each rank consumes its first k samples.
       std::multiset<uint64_t> seen_before;
       for (const auto& rank : AllShards(sampler, sampler.State(1, 0), 2, 1)) {
-        ASSERT_GE(rank[0].samples.size(), k);
-        seen_before.insert(rank[0].samples.begin(), rank[0].samples.begin() + k);
+        const auto samples = rank[0].Samples();
+        ASSERT_GE(samples.size(), k);
+        seen_before.insert(samples.begin(), samples.begin() + k);
       }
       const uint64_t consumed = ConsumedAfter(0, k, 2);
       EXPECT_EQ(seen_before,
@@ -316,7 +340,7 @@ TEST(ResumeTest, ChainedResumesSeeEverySampleOnce) {
     ASSERT_TRUE(state.ok());
     uint64_t took = 0;
     for (const auto& rank : AllShards(sampler, *state, world, 1)) {
-      const auto& s = rank[0].samples;
+      const auto s = rank[0].Samples();
       took = std::min<uint64_t>(per_rank, s.size());
       seen.insert(s.begin(), s.begin() + took);
     }
@@ -329,7 +353,7 @@ TEST(ResumeTest, ChainedResumesSeeEverySampleOnce) {
   // A finished epoch has nothing left.
   auto shard = sampler.ShardOf(sampler.State(0, consumed), {.world_size = 4});
   ASSERT_TRUE(shard.ok());
-  EXPECT_TRUE(shard->samples.empty());
+  EXPECT_EQ(shard->size(), 0u);
 }
 
 TEST(StateTest, RoundTripsThroughJson) {
@@ -340,6 +364,24 @@ TEST(StateTest, RoundTripsThroughJson) {
   auto back = SamplerState::FromJson(json);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, s);
+  EXPECT_THAT(json, HasSubstr("\"version\":2,\"order\":2,"));
+  s.order = kOrderFisherYates;
+  EXPECT_EQ(*SamplerState::FromJson(s.ToJson()), s);
+}
+
+// A state written before order versions: {"version":1,...} without "order" is order 1.
+TEST(StateTest, VersionOneStatesAreOrderOne) {
+  auto legacy = SamplerState::FromJson(
+      R"({"version":1,"num_samples":10,"seed":0,"shuffle":true,"fingerprint":"",)"
+      R"("epoch":0,"consumed":4})");
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  EXPECT_EQ(legacy->order, kOrderFisherYates);
+  // Only a sampler of that order continues it; the default one names the difference.
+  auto r = MakeSampler(10).Restore(legacy->ToJson());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("order version 1, this sampler computes order "
+                                              "version 2"));
+  EXPECT_TRUE(MakeSampler(10, {.order = kOrderFisherYates}).Restore(legacy->ToJson()).ok());
 }
 
 TEST(StateTest, RestoreNamesTheMismatch) {
@@ -368,7 +410,12 @@ TEST(StateTest, MalformedStatesAreInvalidArgument) {
            {"not json", "not valid JSON"},
            {"[1,2]", "expected a JSON object"},
            {R"({"num_samples":10})", "missing \"version\""},
-           {R"({"version":2})", "unsupported version 2"},
+           {R"({"version":3})", "unsupported version 3"},
+           {R"({"version":2,"num_samples":10,"seed":0,"shuffle":true,"epoch":0,"consumed":0})",
+            "missing \"order\""},
+           {R"({"version":2,"order":3,"num_samples":10,"seed":0,"shuffle":true,"epoch":0,)"
+            R"("consumed":0})",
+            "order version 3 is not supported (this build computes order versions 1 and 2)"},
            {R"({"version":1,"num_samples":10,"seed":0,"epoch":0})", "missing \"consumed\""},
            {R"({"version":1,"num_samples":10,"seed":0,"epoch":-1,"consumed":0})",
             "\"epoch\" must be a non-negative integer"},

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -302,10 +303,11 @@ class PyStream : public StreamBinding<PyStream, SampleStream> {
   PyStream(std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch, bool shuffle,
            bool drop_last, int rank, int world_size, int worker, int num_workers,
            uint64_t worker_block, uint64_t consumed, uint64_t skip, size_t prefetch,
-           uint64_t prefetch_bytes, EngineOptions engine)
+           uint64_t prefetch_bytes, uint64_t order, EngineOptions engine)
       : StreamBinding("SampleStream"), index_(std::move(index)) {
     Sampler sampler = Check(Sampler::Create(
-        index_->size(), {.seed = seed, .shuffle = shuffle, .drop_last = drop_last},
+        index_->size(),
+        {.seed = seed, .shuffle = shuffle, .drop_last = drop_last, .order = order},
         index_->Fingerprint()));
     const SamplerState state = sampler.State(epoch, consumed);
     const Partition partition{.rank = rank,
@@ -317,7 +319,7 @@ class PyStream : public StreamBinding<PyStream, SampleStream> {
         std::make_shared<FetchScheduler>(index_->handle().store(), engine.ToFetchOptions());
     const StreamOptions options{
         .prefetch = prefetch, .prefetch_bytes = prefetch_bytes, .skip = skip};
-    // The permutation of the whole epoch is computed here: without the GIL.
+    // An order 1 permutation of the whole epoch is computed here: without the GIL.
     stream_ = Check(WithoutGil([&] {
       return SampleStream::Create(index_->index(), sampler, state, partition, scheduler_, options);
     }));
@@ -326,13 +328,13 @@ class PyStream : public StreamBinding<PyStream, SampleStream> {
 
   uint64_t yielded() { return stream().yielded(); }
   uint64_t remaining() { return stream().remaining(); }
-  size_t size() { return stream().shard().samples.size(); }
+  size_t size() { return stream().shard().size(); }
   const Shard& shard() { return stream().shard(); }
   uint64_t GlobalPosition(uint64_t i) {
     const Shard& s = shard();
-    if (i >= s.samples.size()) {
-      Raise(absl::OutOfRangeError(absl::StrCat("position ", i, " of a share of ",
-                                               s.samples.size(), " samples")));
+    if (i >= s.size()) {
+      Raise(absl::OutOfRangeError(absl::StrCat("position ", i, " of a share of ", s.size(),
+                                               " samples")));
     }
     return s.GlobalPosition(i);
   }
@@ -418,14 +420,19 @@ void RegisterDataset(py::module_& m) {
                       "The global order of each epoch (the same for any world size), its "
                       "partition across ranks and workers, and resumable states (JSON)")
       .def(py::init([](uint64_t num_samples, uint64_t seed, bool shuffle, bool drop_last,
-                       std::string fingerprint) {
+                       std::string fingerprint, uint64_t order) {
              return Check(Sampler::Create(
-                 num_samples, {.seed = seed, .shuffle = shuffle, .drop_last = drop_last},
+                 num_samples,
+                 {.seed = seed, .shuffle = shuffle, .drop_last = drop_last, .order = order},
                  std::move(fingerprint)));
            }),
            py::arg("num_samples"), py::arg("seed") = 0, py::arg("shuffle") = true,
-           py::arg("drop_last") = false, py::arg("fingerprint") = "")
+           py::arg("drop_last") = false, py::arg("fingerprint") = "",
+           py::arg("order") = kCurrentOrder,
+           "order: the order version (current_order for new runs; a state continues only "
+           "under its own, parse_sampler_state(state)['order'])")
       .def_property_readonly("num_samples", &Sampler::num_samples)
+      .def_property_readonly("order", [](const Sampler& s) { return s.options().order; })
       .def("permutation",
            [](const Sampler& s, uint64_t epoch) {
              return WithoutGil([&] { return s.Permutation(epoch); });
@@ -448,18 +455,30 @@ void RegisterDataset(py::module_& m) {
            "sampler (size, seed, shuffle, fingerprint)")
       .def("shard",
            [](const Sampler& s, uint64_t epoch, uint64_t consumed, int rank, int world_size,
-              int worker, int num_workers, uint64_t worker_block) {
+              int worker, int num_workers, uint64_t worker_block, uint64_t start,
+              std::optional<uint64_t> count) {
              const Partition p{.rank = rank, .world_size = world_size, .worker = worker,
                                .num_workers = num_workers, .worker_block = worker_block};
              Shard shard = Check(WithoutGil(
                  [&] { return s.ShardOf(s.State(epoch, consumed), p); }));
-             return shard.samples;
+             // Computed per position: a slice costs its own length, whatever the epoch's.
+             return WithoutGil([&] {
+               const uint64_t begin = std::min(start, shard.size());
+               const uint64_t end = count ? std::min(shard.size(), begin + *count) : shard.size();
+               std::vector<uint64_t> out;
+               out.reserve(end - begin);
+               for (uint64_t i = begin; i < end; ++i) out.push_back(shard.SampleAt(i));
+               return out;
+             });
            },
            py::arg("epoch"), py::arg("consumed") = 0, py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("worker") = 0, py::arg("num_workers") = 1,
-           py::arg("worker_block") = 1,
-           "The sample indices one (rank, worker) takes from the cursor to the end of the epoch");
+           py::arg("worker_block") = 1, py::arg("start") = 0, py::arg("count") = py::none(),
+           "The sample indices one (rank, worker) takes from the cursor to the end of the "
+           "epoch; with start/count, only that slice of them");
 
+  m.attr("current_order") = kCurrentOrder;
+  m.attr("order_versions") = py::make_tuple(kOrderFisherYates, kOrderCounterBased);
   m.def("parse_sampler_state",
         [](const std::string& json) {
           SamplerState s = ParseState(json);
@@ -470,6 +489,7 @@ void RegisterDataset(py::module_& m) {
           d["fingerprint"] = s.fingerprint;
           d["epoch"] = s.epoch;
           d["consumed"] = s.consumed;
+          d["order"] = s.order;
           return d;
         },
         py::arg("state"), "The fields of a SamplerState JSON (ValueError when malformed)");
@@ -502,11 +522,12 @@ void RegisterDataset(py::module_& m) {
                        bool shuffle, bool drop_last, int rank, int world_size, int worker,
                        int num_workers, uint64_t worker_block, uint64_t consumed,
                        uint64_t skip, size_t prefetch, uint64_t prefetch_bytes,
-                       int max_in_flight, const py::object& memory_budget) {
+                       int max_in_flight, const py::object& memory_budget, uint64_t order) {
              const EngineOptions engine{max_in_flight, SizeArg(memory_budget, "memory_budget")};
-             return std::make_unique<PyStream>(
-                 std::move(index), seed, epoch, shuffle, drop_last, rank, world_size, worker,
-                 num_workers, worker_block, consumed, skip, prefetch, prefetch_bytes, engine);
+             return std::make_unique<PyStream>(std::move(index), seed, epoch, shuffle,
+                                               drop_last, rank, world_size, worker, num_workers,
+                                               worker_block, consumed, skip, prefetch,
+                                               prefetch_bytes, order, engine);
            }),
            py::arg("index"), py::kw_only(), py::arg("seed") = 0, py::arg("epoch") = 0,
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0,
@@ -514,7 +535,7 @@ void RegisterDataset(py::module_& m) {
            py::arg("worker_block") = 1, py::arg("consumed") = 0, py::arg("skip") = 0,
            py::arg("prefetch") = 64,
            py::arg("prefetch_bytes") = 0, py::arg("max_in_flight") = 0,
-           py::arg("memory_budget") = 0)
+           py::arg("memory_budget") = 0, py::arg("order") = kCurrentOrder)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyStream::Next)
       .def("next_batch", &PyStream::NextBatch, py::arg("n"),
@@ -526,8 +547,9 @@ void RegisterDataset(py::module_& m) {
       .def_property_readonly("end", [](PyStream& s) { return s.shard().end; })
       .def_property_readonly("rank_count", [](PyStream& s) { return s.shard().rank_count; },
                              "Samples the whole rank takes (equal for every rank)")
-      .def_property_readonly("samples", [](PyStream& s) { return s.shard().samples; },
-                             "The sample indices of this share, in order")
+      .def_property_readonly(
+          "samples", [](PyStream& s) { return WithoutGil([&] { return s.shard().Samples(); }); },
+          "The sample indices of this share, in order (a list: computed on each access)")
       .def("global_position", &PyStream::GlobalPosition, py::arg("i"),
            "The position in the epoch's sequence of this share's i-th sample")
       .def_property_readonly("stats", &PyStream::Stats);

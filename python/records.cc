@@ -133,7 +133,7 @@ void RegisterRecords(py::module_& m) {
                        const std::string& delimiter, const std::string& quote,
                        bool skip_empty_rows, uint64_t chunk_size, int read_ahead,
                        const py::object& memory_budget,
-                       const std::optional<std::string>& state) {
+                       const std::optional<std::string>& state, uint64_t order) {
              IndexParts parts = GetIndexParts(shards);
              RecordStreamOptions o;
              o.format = Check(FindRecordFormat(format))->name;
@@ -145,6 +145,7 @@ void RegisterRecords(py::module_& m) {
              o.world_size = world_size;
              o.worker = worker;
              o.num_workers = num_workers;
+             o.order = order;
              o.header = header;
              o.delimiter = OneChar(delimiter, "delimiter");
              o.quote = OneChar(quote, "quote");
@@ -167,7 +168,8 @@ void RegisterRecords(py::module_& m) {
            py::arg("num_workers") = 1, py::arg("header") = false, py::arg("delimiter") = ",",
            py::arg("quote") = "\"", py::arg("skip_empty_rows") = false,
            py::arg("chunk_size") = 0, py::arg("read_ahead") = -1,
-           py::arg("memory_budget") = 0, py::arg("state") = py::none())
+           py::arg("memory_budget") = 0, py::arg("state") = py::none(),
+           py::arg("order") = kCurrentOrder)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyRecordStream::Next)
       .def("next_batch", &PyRecordStream::NextBatch, py::arg("n"),

@@ -70,6 +70,7 @@ __all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "Distribu
            "distributed_info", "consumed_after"]
 
 consumed_after = _wharf.consumed_after
+_SHARE_SLICE = 4096  # DistributedSampler: indices computed per call
 
 
 class Sample:
@@ -178,6 +179,9 @@ class _GlobalOrder(_Distributed):
         self._init_dist(rank, world_size)
         self._epoch = 0
         self._start = 0      # the global cursor this epoch starts (or resumed) from
+        # The order version: the current one for a new run; a resumed run keeps its state's
+        # for every epoch (a state continues only in the order it was taken under).
+        self._order = _wharf.current_order
         self._sampler = None
 
     @property
@@ -197,7 +201,8 @@ class _GlobalOrder(_Distributed):
         if self._sampler is None:
             self._sampler = _wharf.Sampler(len(self._index), seed=self.seed, shuffle=self.shuffle,
                                            drop_last=self.drop_last,
-                                           fingerprint=self._index.fingerprint)
+                                           fingerprint=self._index.fingerprint,
+                                           order=self._order)
         return self._sampler
 
     def __len__(self) -> int:
@@ -210,7 +215,11 @@ class _GlobalOrder(_Distributed):
         return json.loads(self.sampler().state(self._epoch, consumed))
 
     def _restore(self, state: dict) -> None:
-        epoch, consumed = self.sampler().restore(json.dumps(state))
+        text = json.dumps(state)
+        order = _wharf.parse_sampler_state(text)["order"]  # 1 for states without "order"
+        if order != self._order:
+            self._order, self._sampler = order, None
+        epoch, consumed = self.sampler().restore(text)
         self._epoch, self._start = epoch, consumed
 
     def __getstate__(self):
@@ -245,21 +254,29 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[int]:
         rank, world = self._dist()
-        indices = self.sampler().shard(self._epoch, self._start, rank=rank, world_size=world)
+        sampler, epoch, start = self.sampler(), self._epoch, self._start
         self._yielded = 0  # now, not at the first next(): a state taken in between is exact
 
         def share():
-            for i in indices:
-                self._yielded += 1
-                yield i
+            # Computed in slices: no list of the whole share, whatever the dataset's size.
+            offset = 0
+            while True:
+                indices = sampler.shard(epoch, start, rank=rank, world_size=world,
+                                        start=offset, count=_SHARE_SLICE)
+                for i in indices:
+                    self._yielded += 1
+                    yield i
+                if len(indices) < _SHARE_SLICE:
+                    return
+                offset += len(indices)
         return share()
 
     def state_dict(self, steps: Optional[int] = None, batch_size: Optional[int] = None) -> dict:
-        """{"version", "num_samples", "seed", "shuffle", "fingerprint", "epoch", "consumed"}:
-        the state after `steps` batches of `batch_size` on every rank since the epoch started
-        (or resumed). Without them, after the indices this sampler has handed out, which is
-        what torchdata's StatefulDataLoader records for each batch it returns (a plain
-        DataLoader draws indices ahead of its batches: pass steps and batch_size there)."""
+        """{"version", "order", "num_samples", "seed", "shuffle", "fingerprint", "epoch",
+        "consumed"}: the state after `steps` batches of `batch_size` on every rank since the
+        epoch started (or resumed). Without them, after the indices this sampler has handed
+        out, which is what torchdata's StatefulDataLoader records for each batch it returns (a
+        plain DataLoader draws indices ahead of its batches: pass steps and batch_size there)."""
         _, world = self._dist()
         if steps is None:
             per_rank = self._yielded
@@ -456,8 +473,8 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
 
     def state_dict(self, steps: Optional[int] = None,
                    batch_size: Optional[int] = None) -> dict:
-        """{"version", "num_samples", "seed", "shuffle", "fingerprint", "epoch", "consumed"}
-        at the global cursor global_consumed(steps, batch_size).
+        """{"version", "order", "num_samples", "seed", "shuffle", "fingerprint", "epoch",
+        "consumed"} at the global cursor global_consumed(steps, batch_size).
 
         Called inside a DataLoader worker without steps (torchdata's StatefulDataLoader does
         this in every worker), the state is that worker's: the cursor its epoch started from
@@ -502,7 +519,7 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
             drop_last=self.drop_last, rank=here["rank"], world_size=here["world_size"],
             worker=here["worker"], num_workers=here["num_workers"],
             worker_block=self.batch_size_hint, consumed=self._start, skip=skip,
-            **self._stream_options)
+            order=self._order, **self._stream_options)
         self._worker_resume = None  # used only once the stream exists
         self._yielded, self._skipped = 0, skip
         return self._samples(stream)
@@ -600,6 +617,9 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
                              memory_budget=memory_budget)
         self._init_dist(rank, world_size)
         self._epoch = 0
+        # The order version of the shard order: the current one for a new run; a run resumed
+        # from a state keeps the state's.
+        self._order = _wharf.current_order
         self._resume = None  # a stream state to continue at the next __iter__
         self._live = None    # (pid, the stream the current __iter__ reads)
 
@@ -620,15 +640,15 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
                 "shuffle": self.shuffle, "fingerprint": self._index.fingerprint}
 
     def state_dict(self) -> dict:
-        """{"format", "shards", "seed", "shuffle", "fingerprint", "epoch", "stream"}: "stream"
-        is where the share read in this process stands (a RecordStream state), or None at
-        the start of the epoch."""
+        """{"format", "shards", "seed", "shuffle", "fingerprint", "epoch", "order", "stream"}:
+        "order" is the order version, "stream" where the share read in this process stands
+        (a RecordStream state), or None at the start of the epoch."""
         stream = None
         if self._live is not None and self._live[0] == os.getpid():
             stream = json.loads(self._live[1].state())
         elif self._resume is not None:
             stream = self._resume
-        return dict(self._identity(), epoch=self._epoch, stream=stream)
+        return dict(self._identity(), epoch=self._epoch, order=self._order, stream=stream)
 
     def load_state_dict(self, state: dict) -> None:
         """Continues from `state` at the next iteration. ValueError when it is for other
@@ -638,8 +658,16 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
         theirs = {k: state.get(k) for k in mine}
         if theirs != mine:
             raise ValueError(f"record dataset state {theirs} does not match this dataset {mine}")
+        # States from before order versions have no "order" (nor in "stream"): order 1.
+        stream = state.get("stream")
+        order = state.get("order", (stream or {}).get("order", 1))
+        if order not in _wharf.order_versions:
+            raise ValueError(f"record dataset state: order version {order} is not supported "
+                             f"(this build computes order versions "
+                             f"{' and '.join(map(str, _wharf.order_versions))})")
         self._epoch = int(state["epoch"])
-        self._resume = state.get("stream")
+        self._order = int(order)
+        self._resume = stream
         self._live = None
 
     def stream(self, rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -651,7 +679,7 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
         return _wharf.RecordStream(
             self._index, self.format, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle,
             rank=r if rank is None else rank, world_size=w if world_size is None else world_size,
-            worker=worker, num_workers=num_workers,
+            worker=worker, num_workers=num_workers, order=self._order,
             state=None if state is None else json.dumps(state), **self._options)
 
     def __iter__(self) -> Iterator[Any]:

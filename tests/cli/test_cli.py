@@ -365,6 +365,19 @@ def test_demo(tmp_path):
     assert "skipped (already present)" in out and "verification: OK" in out
 
 
+def test_demo_reads_through_the_engine_within_a_small_budget(tmp_path):
+    # The read phase is a SampleStream over the fetch engine: samples waiting for their
+    # checksum hold budget, and the engine waits for them instead of failing reads (a 256 KiB
+    # budget holds two of these objects; read-ahead and verification want more).
+    proc = run("demo", "--objects", "60", "--size", "100000", "--memory-budget", "256k",
+               "-j", "16", "--dir", tmp_path / "ds", check=0)
+    out = proc.stdout.decode()
+    assert "verification: OK, all 60 objects" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("|")}
+    assert rows["read"].split("|")[2].strip() == "60"
+    assert rows["read"].split("|")[3].strip() == str(60 * 100000)
+
+
 def test_demo_detects_bytes_that_do_not_match_the_etag(tmp_path):
     run("demo", "--objects", "20", "--size", "4096", "--dir", tmp_path / "ds", check=0)
     victim = tmp_path / "ds" / "train" / "class-03" / "img-000013.raw"
