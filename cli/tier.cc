@@ -43,7 +43,12 @@ absl::Status WalkFiles(const std::string& root, const std::string& path,
     return absl::OkStatus();
   }
   if (!S_ISDIR(st.st_mode)) return absl::OkStatus();
-  if (path == absl::StrCat(root, "/", Tier::kMetaDir)) return absl::OkStatus();
+  // The tier's own folder: only its read-through area holds entries.
+  if (path == absl::StrCat(root, "/", Tier::kMetaDir)) {
+    const std::string objects = absl::StrCat(path, "/objects");
+    if (lstat(objects.c_str(), &st) != 0) return absl::OkStatus();
+    return WalkFiles(root, objects, fn);
+  }
   DIR* dir = opendir(path.c_str());
   if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("reading ", path));
   std::vector<std::string> names;
@@ -226,6 +231,11 @@ absl::Status RunStatus(const TierArgs& args) {
     json imp = json::array();
     for (const TierImport& i : imports) imp.push_back({{"source", i.source}, {"dir", i.dir}});
     j["imports"] = imp;
+    const Tier::Stats stats = tier->ReadStats();
+    j["hits"] = stats.hits;
+    j["misses"] = stats.misses;
+    j["fills"] = stats.fills;
+    j["fill_bytes"] = stats.fill_bytes;
     Print(JsonLine(j));
     return absl::OkStatus();
   }
@@ -240,6 +250,9 @@ absl::Status RunStatus(const TierArgs& args) {
   if (have_fs) {
     Print(absl::StrFormat("disk      %s MB free of %s MB\n", Megabytes(fs_free), Megabytes(fs_size)));
   }
+  const Tier::Stats stats = tier->ReadStats();
+  Print(absl::StrFormat("reads     %d hits, %d misses; %d objects (%s MB) filled\n", stats.hits,
+                        stats.misses, stats.fills, Megabytes(stats.fill_bytes)));
   for (const TierImport& i : imports) {
     Print(absl::StrFormat("import    %s -> %s\n", OneLine(i.source), i.dir.empty() ? "." : i.dir));
   }
@@ -264,6 +277,11 @@ absl::Status Repair(const std::shared_ptr<Tier>& tier, const std::string& path,
                     const TierEntry& entry) {
   if (entry.source.empty()) {
     return absl::DataLossError("the data exists only in the tier (never exported)");
+  }
+  // A read-through copy: gone, it is filled again by the next read.
+  if (absl::StartsWith(tier->Relative(path), absl::StrCat(Tier::kMetaDir, "/objects/"))) {
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "removing");
+    return absl::OkStatus();
   }
   WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(entry.source));
   const size_t slash = path.rfind('/');

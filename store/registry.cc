@@ -57,10 +57,15 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(
     }
     StoreSpec inner = spec;
     inner.options.cache.reset();
-    auto store = Open(inner, runtime);
+    auto store = OpenBackend(factory, inner, runtime);
     if (!store.ok()) return store.status();
     return cache_decorator(*std::move(store), *cache, std::move(runtime));
   }
+  return OpenBackend(factory, spec, std::move(runtime));
+}
+
+absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::OpenBackend(
+    const StoreFactory& factory, const StoreSpec& spec, std::shared_ptr<Runtime> runtime) {
   if (!factory) {
     auto known = schemes();
     return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", spec.scheme,

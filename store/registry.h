@@ -59,6 +59,12 @@ class StoreRegistry {
       std::shared_ptr<Runtime> runtime = Runtime::Default());
 
  private:
+  // The scheme's factory over `spec` (without the cache option); InvalidArgument naming the
+  // known schemes when `factory` is empty.
+  absl::StatusOr<std::shared_ptr<ObjectStore>> OpenBackend(const StoreFactory& factory,
+                                                           const StoreSpec& spec,
+                                                           std::shared_ptr<Runtime> runtime);
+
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, StoreFactory> factories_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, BucketLister> bucket_listers_ ABSL_GUARDED_BY(mu_);

@@ -430,6 +430,42 @@ absl::Status Tier::SyncFs() {
   return absl::OkStatus();
 }
 
+absl::Status Tier::AddStats(const Stats& stats) {
+  const std::string dir = MetaPath("stats");
+  WHARF_RETURN_IF_ERROR(MakeDirs(dir));
+  WHARF_ASSIGN_OR_RETURN(std::string temp_dir, TempDir());
+  json j;
+  j["hits"] = stats.hits;
+  j["misses"] = stats.misses;
+  j["fills"] = stats.fills;
+  j["fill_bytes"] = stats.fill_bytes;
+  return WriteSmallFile(absl::StrCat(dir, "/", HostName(), "-", getpid(), "-", RandomHex(), ".json"),
+                        j.dump() + "\n", temp_dir);
+}
+
+Tier::Stats Tier::ReadStats() const {
+  Stats total;
+  const std::string dir = MetaPath("stats");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return total;
+  std::vector<std::string> names;
+  while (struct dirent* e = readdir(d)) {
+    if (absl::EndsWith(e->d_name, ".json")) names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  for (const std::string& name : names) {
+    auto text = ReadSmallFile(absl::StrCat(dir, "/", name));
+    if (!text.ok()) continue;
+    json j = json::parse(*text, nullptr, false);
+    if (!j.is_object()) continue;
+    total.hits += j.value("hits", uint64_t{0});
+    total.misses += j.value("misses", uint64_t{0});
+    total.fills += j.value("fills", uint64_t{0});
+    total.fill_bytes += j.value("fill_bytes", uint64_t{0});
+  }
+  return total;
+}
+
 absl::Status Tier::RecordImport(const TierImport& import) {
   json j;
   j["source"] = import.source;

@@ -121,6 +121,17 @@ class Tier {
   // Flushes the tier's file system (syncfs): everything written so far is on disk.
   absl::Status SyncFs();
 
+  // Read-through counters. Each process adds its own (one small file per process, written
+  // when its cache store closes); ReadStats sums every process's.
+  struct Stats {
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    uint64_t fills = 0;
+    uint64_t fill_bytes = 0;
+  };
+  absl::Status AddStats(const Stats& stats);
+  Stats ReadStats() const;
+
   // Records that the objects below `source` are files below `dir` (tier-relative), and lists
   // the records.
   absl::Status RecordImport(const TierImport& import);

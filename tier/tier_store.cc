@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "store/local/temp_object.h"
 #include "tier/tree_store.h"
@@ -85,10 +87,21 @@ struct TierStore::PendingRead {
     if (lock_fd >= 0) close(lock_fd);  // releases the flock
     lock_fd = -1;
   }
-  void Finish(absl::StatusOr<GetResult> result) {
+  // Records the outcome; Deliver() hands it to the caller. The steps of a read run in
+  // tasks that hold the store; each task drops its hold before it delivers, so a caller that
+  // lets go of the store in its callback destroys it there (and its counters are written),
+  // not later on a pool thread that process exit may never wait for.
+  void Finish(absl::StatusOr<GetResult> r) {
     Unlock();
-    std::move(done)(std::move(result));
+    result = std::move(r);
   }
+  void Deliver() {
+    if (!result) return;
+    absl::StatusOr<GetResult> r = *std::move(result);
+    result.reset();
+    std::move(done)(std::move(r));
+  }
+  std::optional<absl::StatusOr<GetResult>> result;
 };
 
 absl::StatusOr<std::shared_ptr<TierStore>> TierStore::Open(std::shared_ptr<ObjectStore> inner,
@@ -109,9 +122,49 @@ TierStore::TierStore(std::shared_ptr<ObjectStore> inner, std::shared_ptr<Tier> t
       inner_(std::move(inner)),
       tier_(std::move(tier)),
       runtime_(std::move(runtime)),
-      imports_(std::move(imports)) {}
+      imports_(std::move(imports)) {
+  Register();
+}
 
-TierStore::~TierStore() = default;
+// The live stores of the process, so their counters reach the tier at exit: a store's last
+// reference may be dropped on a pool thread that exit() does not wait for.
+namespace {
+absl::Mutex live_mu;
+std::vector<TierStore*>* live ABSL_GUARDED_BY(live_mu) = nullptr;
+bool exiting ABSL_GUARDED_BY(live_mu) = false;
+}  // namespace
+
+void TierStore::FlushStatsAtExit() {
+  absl::MutexLock lock(&live_mu);
+  if (live != nullptr) {
+    for (TierStore* store : *live) store->FlushStatsLocked();
+  }
+  exiting = true;
+}
+
+void TierStore::FlushStatsLocked() {
+  const Stats now = stats();
+  Tier::Stats delta{now.hits - flushed_.hits, now.misses - flushed_.misses,
+                    now.fills - flushed_.fills, now.fill_bytes - flushed_.fill_bytes};
+  if (delta.hits + delta.misses == 0) return;
+  flushed_ = now;
+  // Best effort: counters are for `tier status`, not for correctness.
+  (void)tier_->AddStats(delta);
+}
+
+void TierStore::Register() {
+  static const bool registered = [] { return std::atexit(&TierStore::FlushStatsAtExit) == 0; }();
+  (void)registered;
+  absl::MutexLock lock(&live_mu);
+  if (live == nullptr) live = new std::vector<TierStore*>;
+  live->push_back(this);
+}
+
+TierStore::~TierStore() {
+  absl::MutexLock lock(&live_mu);
+  if (live != nullptr) std::erase(*live, this);
+  if (!exiting) FlushStatsLocked();
+}
 
 TierStore::Stats TierStore::stats() const {
   Stats s;
@@ -161,10 +214,12 @@ void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   runtime_->blocking_pool().Schedule([self = shared_from_this(), read]() mutable {
     if (self->ServeLocal(*read, /*after_fill=*/false)) {
       self->hits_.fetch_add(1, std::memory_order_relaxed);
-      return;
+    } else {
+      self->misses_.fetch_add(1, std::memory_order_relaxed);
+      self->Acquire(read);
     }
-    self->misses_.fetch_add(1, std::memory_order_relaxed);
-    self->Acquire(std::move(read));
+    self.reset();
+    read->Deliver();
   });
 }
 
@@ -284,9 +339,11 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
     const absl::Duration delay = read->backoff;
     read->backoff = std::min(read->backoff * 2, kMaxBackoff);
     runtime_->timer().After(delay, [self = shared_from_this(), read]() mutable {
-      self->runtime_->blocking_pool().Schedule([self, read]() mutable {
-        if (self->ServeLocal(*read, /*after_fill=*/false)) return;
-        self->Acquire(std::move(read));
+      ThreadPool& pool = self->runtime_->blocking_pool();
+      pool.Schedule([self = std::move(self), read]() mutable {
+        if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
+        self.reset();
+        read->Deliver();
       });
     });
     return;
@@ -312,37 +369,43 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   inner_->GetAsync(std::move(whole), [self = shared_from_this(),
                                       read](absl::StatusOr<GetResult> got) mutable {
     // Sealing and publishing are syscalls: off the backing store's thread.
-    self->runtime_->blocking_pool().Schedule([self, read, got = std::move(got)]() mutable {
-      const std::string uri = self->inner_->Uri(read->request.key);
-      if (!got.ok()) return read->Finish(got.status());
-      if (read->sink->bytes() != got->meta.size) {
-        return read->Finish(absl::DataLossError(absl::StrCat(
-            "get ", uri, ": received ", read->sink->bytes(), " of ", got->meta.size, " bytes")));
-      }
-      auto sealed = read->temp->Seal(std::nullopt, /*fsync=*/false,
-                                     [&](int fd, const ObjectMeta& m) {
-                                       TierEntry entry;
-                                       entry.source = uri;
-                                       entry.etag = got->meta.etag;
-                                       entry.size = m.size;
-                                       entry.md5 = m.etag;
-                                       entry.filled = absl::Now();
-                                       return WriteEntryAttr(fd, entry);
-                                     });
-      absl::Status published = sealed.ok() ? read->temp->Publish() : sealed.status();
-      if (!published.ok()) {
-        return read->Finish(Annotate(published, absl::StrCat("get ", uri, ": filling the tier")));
-      }
-      read->temp.reset();
-      self->fills_.fetch_add(1, std::memory_order_relaxed);
-      self->fill_bytes_.fetch_add(got->meta.size, std::memory_order_relaxed);
-      read->Unlock();
-      if (!self->ServeLocal(*read, /*after_fill=*/true)) {
-        read->Finish(absl::UnavailableError(
-            absl::StrCat("get ", uri, ": the tier's copy vanished right after it was filled")));
-      }
+    ThreadPool& pool = self->runtime_->blocking_pool();
+    pool.Schedule([self = std::move(self), read, got = std::move(got)]() mutable {
+      self->Publish(*read, got);
+      self.reset();
+      read->Deliver();
     });
   });
+}
+
+void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got) {
+  const std::string uri = inner_->Uri(read.request.key);
+  if (!got.ok()) return read.Finish(got.status());
+  if (read.sink->bytes() != got->meta.size) {
+    return read.Finish(absl::DataLossError(absl::StrCat(
+        "get ", uri, ": received ", read.sink->bytes(), " of ", got->meta.size, " bytes")));
+  }
+  auto sealed = read.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+    TierEntry entry;
+    entry.source = uri;
+    entry.etag = got->meta.etag;
+    entry.size = m.size;
+    entry.md5 = m.etag;
+    entry.filled = absl::Now();
+    return WriteEntryAttr(fd, entry);
+  });
+  absl::Status published = sealed.ok() ? read.temp->Publish() : sealed.status();
+  if (!published.ok()) {
+    return read.Finish(Annotate(published, absl::StrCat("get ", uri, ": filling the tier")));
+  }
+  read.temp.reset();
+  fills_.fetch_add(1, std::memory_order_relaxed);
+  fill_bytes_.fetch_add(got->meta.size, std::memory_order_relaxed);
+  read.Unlock();
+  if (!ServeLocal(read, /*after_fill=*/true)) {
+    read.Finish(absl::UnavailableError(
+        absl::StrCat("get ", uri, ": the tier's copy vanished right after it was filled")));
+  }
 }
 
 void TierStore::Forget(const std::string& key) {
@@ -356,6 +419,7 @@ void TierStore::PutAsync(std::string key, absl::Cord data, const PutOptions& opt
                    [self = shared_from_this(), k = std::move(k),
                     done = std::move(done)](absl::StatusOr<ObjectMeta> meta) mutable {
                      self->Forget(k);
+                     self.reset();
                      std::move(done)(std::move(meta));
                    });
 }
@@ -372,6 +436,7 @@ void TierStore::DeleteAsync(std::string key, StatusCallback done) {
   inner_->DeleteAsync(std::move(key), [self = shared_from_this(), k = std::move(k),
                                        done = std::move(done)](absl::Status s) mutable {
     self->Forget(k);
+    self.reset();
     std::move(done)(std::move(s));
   });
 }
@@ -381,6 +446,7 @@ void TierStore::DeleteManyAsync(std::vector<std::string> keys, StatusCallback do
   inner_->DeleteManyAsync(std::move(keys), [self = shared_from_this(), copy = std::move(copy),
                                             done = std::move(done)](absl::Status s) mutable {
     for (const std::string& k : copy) self->Forget(k);
+    self.reset();
     std::move(done)(std::move(s));
   });
 }
@@ -391,6 +457,7 @@ void TierStore::CopyAsync(std::string src_key, std::string dst_key, Callback<Obj
                     [self = shared_from_this(), k = std::move(k),
                      done = std::move(done)](absl::StatusOr<ObjectMeta> meta) mutable {
                       self->Forget(k);
+                      self.reset();
                       std::move(done)(std::move(meta));
                     });
 }

@@ -80,7 +80,14 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   bool ServeLocal(PendingRead& read, bool after_fill);
   void Acquire(std::shared_ptr<PendingRead> read);
   void Fill(std::shared_ptr<PendingRead> read);
+  // Seals and publishes a filled object, then serves the read from it.
+  void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
   void Forget(const std::string& key);
+  // Counters: what was not yet written goes to the tier's stats (tier.h) when the store is
+  // destroyed or the process exits, whichever comes first.
+  void Register();
+  static void FlushStatsAtExit();
+  void FlushStatsLocked();
 
   const std::shared_ptr<ObjectStore> inner_;
   const std::shared_ptr<Tier> tier_;
@@ -88,6 +95,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   const std::vector<TierImport> imports_;  // source URI prefixes, longest first
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, fills_{0}, fill_bytes_{0}, bypassed_{0};
+  Stats flushed_;  // what FlushStatsLocked already wrote (guarded by the live-store lock)
 };
 
 // Makes `registry` open the `cache` store option (and WHARF_CACHE) as a TierStore over the
