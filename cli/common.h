@@ -15,11 +15,13 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "store/keys.h"
+#include "io/transfer.h"
 #include "store/object_store.h"
 
 namespace wharf::cli {
@@ -147,6 +149,32 @@ class Progress {
   bool drawn_ ABSL_GUARDED_BY(mu_) = false;  // a progress line is on screen
   int ticks_ ABSL_GUARDED_BY(mu_) = 0;        // redraws so far, to animate an open total
   std::thread thread_;
+};
+
+// A transfer observer for the verbs: progress on stderr, failures one per line above it,
+// dry-run lines on stdout.
+class ProgressObserver : public TransferObserver {
+ public:
+  explicit ProgressObserver(Progress& progress) : progress_(progress) {}
+  void OnPlanned(uint64_t objects, uint64_t bytes) override {
+    progress_.AddToTotal(objects, bytes);
+  }
+  void OnPlanFinal() override { progress_.TotalIsFinal(); }
+  void OnBytes(uint64_t bytes) override { progress_.AddBytes(bytes); }
+  void OnObjectDone(const std::string&, const std::string&) override { progress_.ObjectDone(); }
+  void OnError(const absl::Status& status) override {
+    progress_.PrintLine(absl::StrCat("wharf: ", OneLine(status.message())));
+  }
+  void OnDryrun(absl::string_view op, const std::string& src, const std::string& dst) override {
+    absl::MutexLock lock(&mu_);
+    Print(dst.empty() ? absl::StrCat("(dryrun) ", op, " ", OneLine(src), "\n")
+                      : absl::StrCat("(dryrun) ", op, " ", OneLine(src), " -> ", OneLine(dst),
+                                     "\n"));
+  }
+
+ private:
+  Progress& progress_;
+  absl::Mutex mu_;
 };
 
 }  // namespace wharf::cli

@@ -23,31 +23,6 @@
 namespace wharf::cli {
 namespace {
 
-// Progress on stderr, failures one per line above it, dry-run lines on stdout.
-class CliObserver : public TransferObserver {
- public:
-  explicit CliObserver(Progress& progress) : progress_(progress) {}
-  void OnPlanned(uint64_t objects, uint64_t bytes) override {
-    progress_.AddToTotal(objects, bytes);
-  }
-  void OnPlanFinal() override { progress_.TotalIsFinal(); }
-  void OnBytes(uint64_t bytes) override { progress_.AddBytes(bytes); }
-  void OnObjectDone(const std::string&, const std::string&) override { progress_.ObjectDone(); }
-  void OnError(const absl::Status& status) override {
-    progress_.PrintLine(absl::StrCat("wharf: ", OneLine(status.message())));
-  }
-  void OnDryrun(absl::string_view op, const std::string& src, const std::string& dst) override {
-    absl::MutexLock lock(&mu_);
-    Print(dst.empty() ? absl::StrCat("(dryrun) ", op, " ", OneLine(src), "\n")
-                      : absl::StrCat("(dryrun) ", op, " ", OneLine(src), " -> ", OneLine(dst),
-                                     "\n"));
-  }
-
- private:
-  Progress& progress_;
-  absl::Mutex mu_;
-};
-
 // True when `uri` is a file:// URI naming an existing directory. A local destination that
 // is a directory receives the source under its own name, as with cp(1).
 bool IsLocalDirectory(const ObjectUri& uri) {
@@ -156,7 +131,7 @@ absl::Status RunCp(const CpArgs& args) {
   WHARF_ASSIGN_OR_RETURN(TransferOptions options, OptionsFrom(args));
   const char* verb = args.sync ? "sync" : "cp";
   Progress progress(Progress::ShouldShow(args.quiet));
-  CliObserver observer(progress);
+  ProgressObserver observer(progress);
 
   if (args.src == "-" || args.dst == "-") {
     if (args.src == "-" && args.dst == "-") {

@@ -18,6 +18,8 @@
 #include "cli/common.h"
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
+#include "store/registry.h"
+#include "tier/tier_store.h"
 
 namespace wharf::cli {
 namespace {
@@ -41,6 +43,7 @@ std::string VerbOf(const CLI::App& app) {
 }
 
 int Main(int argc, char** argv) {
+  RegisterTierCache(StoreRegistry::Global());  // --cache and WHARF_CACHE
   // A closed stdout then fails writes with EPIPE, which the verbs take as "stop quietly",
   // instead of killing the process halfway through a copy's bookkeeping.
   std::signal(SIGPIPE, SIG_IGN);
@@ -64,6 +67,7 @@ int Main(int argc, char** argv) {
   RmArgs rm;
   DemoArgs demo;
   FetchArgs fetch;
+  TierArgs tier;
   AddLs(app, ls);
   AddStat(app, stat);
   AddCat(app, cat);
@@ -72,6 +76,7 @@ int Main(int argc, char** argv) {
   AddRm(app, rm);
   AddFetch(app, fetch);
   AddDemo(app, demo);
+  AddTier(app, tier);
   // After the verbs, which would otherwise inherit it.
   app.footer("Run 'wharf VERB --help' for the flags of a verb.");
 
@@ -117,6 +122,8 @@ int Main(int argc, char** argv) {
       status = RunFetch(fetch);
     } else if (verb == "demo") {
       status = RunDemo(demo);
+    } else if (verb == "tier") {
+      status = RunTier(tier);
     } else {
       status = absl::InternalError(absl::StrCat("verb '", verb, "' has no implementation"));
     }

@@ -22,6 +22,9 @@ void AddStoreFlags(CLI::App& app, StoreFlags& flags) {
                  "profile's; WHARF_GS_ENDPOINT for gs://)");
   app.add_option("--region", flags.region, "S3 region (default: AWS_REGION, the profile's)");
   app.add_option("--profile", flags.profile, "AWS profile (default: AWS_PROFILE)");
+  app.add_option("--cache", flags.cache,
+                 "Read s3:// and gs:// objects through the tier at TIER_DIR (filled on a miss, "
+                 "served from it after; default: WHARF_CACHE)");
 }
 
 absl::Status SetStoreFlags(const StoreFlags& flags) {
@@ -29,7 +32,8 @@ absl::Status SetStoreFlags(const StoreFlags& flags) {
   for (const auto& [flag, name, value] :
        {std::tuple{"--endpoint-url", "endpoint", flags.endpoint_url},
         std::tuple{"--region", "region", flags.region},
-        std::tuple{"--profile", "profile", flags.profile}}) {
+        std::tuple{"--profile", "profile", flags.profile},
+        std::tuple{"--cache", "cache", flags.cache}}) {
     if (value.empty()) continue;
     if (absl::Status s = options.Set(name, value); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));

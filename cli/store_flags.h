@@ -27,6 +27,7 @@ struct StoreFlags {
   std::string region;
   std::string profile;
   bool no_sign_request = false;
+  std::string cache;  // --cache TIER_DIR: remote stores read through the tier
 };
 
 // Registers the flags on `app` (global: they fall through to the verbs).

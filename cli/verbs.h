@@ -126,4 +126,29 @@ struct DemoArgs {
 void AddDemo(CLI::App& app, DemoArgs& args);
 absl::Status RunDemo(const DemoArgs& args);
 
+// wharf tier init|import|status|gc|verify|pin|unpin ... (docs/design/tier.md)
+struct TierArgs {
+  std::string action;  // the sub-verb given
+  std::string path;    // TIER_DIR, DEST_DIR or PATH
+  std::string src;     // import: SRC_URI
+  // init
+  std::string mode;        // "immutable" or "ttl"; empty: keep (or the default)
+  double ttl_seconds = 0;  // 0: keep (or the default)
+  std::string max_size;    // SIZE; empty: keep (or no bound)
+  double min_free = -1;    // percent; -1: keep (or the default)
+  // import
+  int rank = -1;
+  int world_size = 0;
+  int jobs = 0;
+  int list_workers = 16;
+  EngineArgs engine;
+  // import, status, verify
+  bool json = false;
+  bool quiet = false;
+  // verify
+  bool repair = false;
+};
+void AddTier(CLI::App& app, TierArgs& args);
+absl::Status RunTier(const TierArgs& args);
+
 }  // namespace wharf::cli

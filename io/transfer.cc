@@ -30,6 +30,15 @@
 
 namespace wharf {
 
+int TransferShardOf(absl::string_view relative_key, int count) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : relative_key) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return static_cast<int>(h % static_cast<uint64_t>(count));
+}
+
 bool PassesFilters(const std::vector<TransferFilter>& filters, absl::string_view relative_key) {
   bool included = true;
   const std::string key(relative_key);
@@ -478,6 +487,8 @@ class Engine {
   PutOptions PutFor(const ObjectMeta& meta) const {
     PutOptions put = options_.put;
     if (dst_local_ && meta.mtime != absl::InfinitePast()) put.mtime = meta.mtime;
+    put.source_uri = src_.store->Uri(meta.key);
+    put.source_etag = meta.etag;
     return put;
   }
 
@@ -556,6 +567,11 @@ class Engine {
     return JoinKey(dst_prefix_, rel);
   }
 
+  bool InShard(absl::string_view rel) const {
+    return options_.shard_count <= 1 ||
+           TransferShardOf(rel, options_.shard_count) == options_.shard_index;
+  }
+
   // Decides for one listed source object, on the listing thread: refused, filtered out,
   // already present, planned (dry run), copied on a worker (big, or server-side), or
   // fetched whole by the small-object fetch (returns true). Handing an object to a worker
@@ -565,8 +581,9 @@ class Engine {
     std::optional<std::string> dst_key;
     {
       absl::MutexLock lock(&select_mu_);
+      absl::string_view rel = meta.key;
+      if (absl::ConsumePrefix(&rel, src_prefix_) && !InShard(rel)) return false;
       ++listed_;
-      absl::string_view rel;
       dst_key = Destination(meta.key, &rel);
       if (!dst_key) return false;
       DstEntry* have = nullptr;
@@ -715,7 +732,10 @@ class Engine {
                             for (const ObjectMeta& m : page) {
                               absl::string_view rel =
                                   absl::string_view(m.key).substr(dst_prefix_.size());
-                              if (rel.empty() || !PassesFilters(options_.filters, rel)) continue;
+                              if (rel.empty() || !PassesFilters(options_.filters, rel) ||
+                                  !InShard(rel)) {
+                                continue;
+                              }
                               auto it = existing_.find(HashKey(rel));
                               if (it != existing_.end() && !it->second.seen) {
                                 doomed.push_back(m.key);
@@ -761,6 +781,12 @@ class Engine {
 absl::StatusOr<TransferSummary> Transfer(const TransferEndpoint& src, const TransferEndpoint& dst,
                                          const TransferOptions& options,
                                          TransferObserver* observer) {
+  if (options.shard_count < 1 || options.shard_index < 0 ||
+      options.shard_index >= options.shard_count) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard_index, " of ",
+                                                   options.shard_count,
+                                                   ": the index must be in [0, count)"));
+  }
   Engine engine(src, dst, options, observer);
   return engine.Run();
 }

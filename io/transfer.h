@@ -43,6 +43,10 @@ struct TransferFilter {
 };
 // Whether `relative_key` passes `filters`.
 bool PassesFilters(const std::vector<TransferFilter>& filters, absl::string_view relative_key);
+// The shard (0..count-1) of a key relative to the transfer's source prefix: FNV-1a 64 of the
+// key, modulo `count`. Stable across runs, machines and versions (distributed imports rely on
+// it). REQUIRES: count >= 1.
+int TransferShardOf(absl::string_view relative_key, int count);
 
 enum class TransferMode {
   // Copy everything selected; skip what the destination holds with the same size and ETag
@@ -64,6 +68,11 @@ struct TransferOptions {
   // Report what would be done (TransferObserver::OnPlanned) and do nothing.
   bool dryrun = false;
   std::vector<TransferFilter> filters;
+  // Distributed transfers: only the objects whose relative key falls in shard `shard_index`
+  // of `shard_count` (TransferShardOf), so `shard_count` processes with indexes 0..count-1
+  // together move every object exactly once. 1: everything.
+  int shard_index = 0;
+  int shard_count = 1;
   // Requests in flight (0: the runtime's setting, else derived) and this transfer's cap on
   // the runtime's memory budget (0: the whole budget).
   int inflight = 0;

@@ -25,6 +25,7 @@
 #include "io/parallel_list.h"
 #include "python/binding.h"
 #include "store/registry.h"
+#include "tier/tier_store.h"
 
 namespace wharf::python {
 namespace {
@@ -129,6 +130,8 @@ StoreOptions StoreOptionsFromKwargs(const py::kwargs& kwargs) {
     std::string text;
     if (py::isinstance<py::bool_>(value) && name == "anonymous") {
       text = value.cast<bool>() ? "true" : "false";
+    } else if (name == "cache" && py::hasattr(value, "__fspath__")) {  // a pathlib.Path
+      text = py::str(py::module_::import("os").attr("fspath")(value));
     } else if (py::isinstance<py::str>(value) && name != "anonymous") {
       text = value.cast<std::string>();
     } else if (std::find(StoreOptions::Names().begin(), StoreOptions::Names().end(), name) !=
@@ -287,6 +290,7 @@ class Store {
 
 PYBIND11_MODULE(_wharf, m) {
   m.doc() = "wharf: fast object-store I/O for ML (C++ core)";
+  RegisterTierCache(StoreRegistry::Global());  // cache= and WHARF_CACHE
 
   static py::exception<std::runtime_error> error(m, "WharfError", PyExc_OSError);
   g_error = error.ptr();

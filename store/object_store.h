@@ -80,8 +80,15 @@ struct PutOptions {
   std::string sse_kms_key_id;
   // Local store: the file's modification time. Ignored by S3 (the server sets Last-Modified).
   std::optional<absl::Time> mtime;
+  // Provenance: the object these bytes are a copy of (its URI and ETag or generation). A
+  // store that keeps copies of other stores' objects (the tier) records them with the entry,
+  // so a rerun can tell an unchanged copy from a stale one; every other store ignores them,
+  // and they do not count as options (is_default). The transfer engine sets them.
+  std::string source_uri;
+  std::string source_etag;
 
-  // True when every field has its default: the same as not passing options at all.
+  // True when every field that changes how the object is stored has its default: the same
+  // as not passing options at all (provenance aside).
   bool is_default() const {
     return content_type.empty() && storage_class.empty() && sse.empty() &&
            sse_kms_key_id.empty() && !mtime.has_value();

@@ -1,11 +1,13 @@
 #include "store/registry.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status.h"
 
 namespace wharf {
 
@@ -23,14 +25,47 @@ void StoreRegistry::Register(std::string scheme, StoreFactory factory) {
   factories_[std::move(scheme)] = std::move(factory);
 }
 
+void StoreRegistry::SetCacheDecorator(CacheDecorator decorator) {
+  absl::MutexLock lock(&mu_);
+  cache_decorator_ = std::move(decorator);
+}
+
 absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(
     const StoreSpec& spec, std::shared_ptr<Runtime> runtime) {
   StoreFactory factory;
+  CacheDecorator cache_decorator;
   {
     absl::MutexLock lock(&mu_);
     auto it = factories_.find(spec.scheme);
     if (it != factories_.end()) factory = it->second;
+    cache_decorator = cache_decorator_;
   }
+  // The cache option is the registry's: the backend opens the spec without it.
+  std::optional<std::string> cache = spec.options.cache;
+  if (!cache && spec.scheme != "file") {
+    if (const char* env = std::getenv("WHARF_CACHE"); env != nullptr && *env != '\0') {
+      StoreOptions from_env;
+      WHARF_RETURN_IF_ERROR(Annotate(from_env.Set("cache", env), "WHARF_CACHE"));
+      cache = from_env.cache;
+    }
+  }
+  if (cache) {
+    if (!cache_decorator) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cache=", *cache, ": this program has no tier to read through (the wharf CLI and the "
+          "Python module have)"));
+    }
+    StoreSpec inner = spec;
+    inner.options.cache.reset();
+    auto store = OpenBackend(factory, inner, runtime);
+    if (!store.ok()) return store.status();
+    return cache_decorator(*std::move(store), *cache, std::move(runtime));
+  }
+  return OpenBackend(factory, spec, std::move(runtime));
+}
+
+absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::OpenBackend(
+    const StoreFactory& factory, const StoreSpec& spec, std::shared_ptr<Runtime> runtime) {
   if (!factory) {
     auto known = schemes();
     return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", spec.scheme,

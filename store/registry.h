@@ -43,6 +43,13 @@ class StoreRegistry {
                                                     std::shared_ptr<Runtime> runtime);
   std::vector<std::string> schemes() const;
 
+  // What the `cache` option (and WHARF_CACHE) opens over a store: the tier's read-through
+  // decorator, registered by the programs that link the tier (the CLI, the Python module).
+  using CacheDecorator = std::function<absl::StatusOr<std::shared_ptr<ObjectStore>>(
+      std::shared_ptr<ObjectStore> store, const std::string& cache_dir,
+      std::shared_ptr<Runtime> runtime)>;
+  void SetCacheDecorator(CacheDecorator decorator);
+
   // Replaces any bucket lister registered for `scheme`.
   void RegisterBucketLister(std::string scheme, BucketLister lister);
   // The buckets of `scheme`'s endpoint ("s3", "gs"), configured by `options`. InvalidArgument
@@ -52,9 +59,16 @@ class StoreRegistry {
       std::shared_ptr<Runtime> runtime = Runtime::Default());
 
  private:
+  // The scheme's factory over `spec` (without the cache option); InvalidArgument naming the
+  // known schemes when `factory` is empty.
+  absl::StatusOr<std::shared_ptr<ObjectStore>> OpenBackend(const StoreFactory& factory,
+                                                           const StoreSpec& spec,
+                                                           std::shared_ptr<Runtime> runtime);
+
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, StoreFactory> factories_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, BucketLister> bucket_listers_ ABSL_GUARDED_BY(mu_);
+  CacheDecorator cache_decorator_ ABSL_GUARDED_BY(mu_);
 };
 
 // A store together with the key (or prefix) a URI names in it, and the spec it was opened

@@ -1,5 +1,7 @@
 #include "store/spec.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -60,7 +62,7 @@ absl::StatusOr<std::string> PercentDecode(absl::string_view s) {
 
 const std::vector<std::string>& StoreOptions::Names() {
   static const auto* const names = new std::vector<std::string>{
-      "endpoint", "region", "anonymous", "profile", "addressing_style", "api"};
+      "endpoint", "region", "anonymous", "profile", "addressing_style", "api", "cache"};
   return *names;
 }
 
@@ -101,8 +103,16 @@ absl::Status StoreOptions::Set(absl::string_view name, absl::string_view value) 
     } else {
       return InvalidOption(name, absl::StrCat("'", value, "' is not one of path, virtual, auto"));
     }
-  } else {  // "api"
+  } else if (name == "api") {
     api = std::string(value);
+  } else {  // "cache"
+    std::string dir(value);
+    if (dir[0] != '/') {
+      char cwd[4096];
+      if (getcwd(cwd, sizeof(cwd)) == nullptr) return InvalidOption(name, "no working directory");
+      dir = absl::StrCat(cwd, "/", dir);
+    }
+    cache = std::move(dir);
   }
   return absl::OkStatus();
 }
@@ -114,6 +124,7 @@ void StoreOptions::MergeFrom(const StoreOptions& overrides) {
   if (overrides.profile) profile = overrides.profile;
   if (overrides.addressing_style) addressing_style = overrides.addressing_style;
   if (overrides.api) api = overrides.api;
+  if (overrides.cache) cache = overrides.cache;
 }
 
 std::vector<std::string> StoreOptions::SetNames() const {
@@ -124,6 +135,7 @@ std::vector<std::string> StoreOptions::SetNames() const {
   if (profile) out.push_back("profile");
   if (addressing_style) out.push_back("addressing_style");
   if (api) out.push_back("api");
+  if (cache) out.push_back("cache");
   return out;
 }
 
@@ -137,6 +149,7 @@ std::string StoreSpec::ToJson() const {
     options["addressing_style"] = std::string(AddressingStyleName(*this->options.addressing_style));
   }
   if (this->options.api) options["api"] = *this->options.api;
+  if (this->options.cache) options["cache"] = *this->options.cache;
   nlohmann::ordered_json j;
   j["v"] = 1;
   j["scheme"] = scheme;

@@ -46,6 +46,10 @@ struct StoreOptions {
   std::optional<AddressingStyle> addressing_style;
   // gs:// only: "xml" (GCS's XML API, today's only mode); "json" comes later.
   std::optional<std::string> api;
+  // Every scheme: read through the tier at this directory (docs/design/tier.md), made
+  // absolute when set. The registry applies it over whatever the scheme opens; backends
+  // never see it. WHARF_CACHE sets it for every remote store a process opens.
+  std::optional<std::string> cache;
 
   // The option names, as query options, Python keyword arguments and JSON use them.
   static const std::vector<std::string>& Names();

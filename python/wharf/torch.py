@@ -147,7 +147,8 @@ class _Distributed:
 
 # Store options (wharf.Store's keyword arguments) that the dataset factories pass through to
 # the index's store; the index pickles them as its store spec, so workers reopen the same store.
-_STORE_OPTIONS = ("endpoint", "region", "anonymous", "profile", "addressing_style", "api")
+_STORE_OPTIONS = ("endpoint", "region", "anonymous", "profile", "addressing_style", "api",
+                  "cache")
 
 
 def _pop_store_options(kwargs: dict) -> dict:

@@ -1,4 +1,5 @@
 #include "store/local/local_store.h"
+#include "store/local/temp_object.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -28,32 +29,11 @@
 namespace wharf {
 namespace {
 
-constexpr absl::string_view kTempPrefix = ".wharf-tmp-";
-constexpr char kEtagXattr[] = "user.wharf.etag";
+constexpr absl::string_view kTempPrefix = kLocalTempPrefix;
 constexpr size_t kChunk = 1 << 20;
 // The most one pread into a caller's buffer reads, so a cancel is seen within this many bytes
 // (large enough that the extra syscalls cost nothing measurable).
 constexpr size_t kBufferChunk = 8 << 20;
-
-// The process umask, read once without changing it (umask(2) would race other threads).
-mode_t ProcessUmask() {
-  static const mode_t mask = [] {
-    std::ifstream in("/proc/self/status");
-    std::string line;
-    while (std::getline(in, line)) {
-      if (absl::StartsWith(line, "Umask:")) {
-        return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
-      }
-    }
-    return static_cast<mode_t>(022);
-  }();
-  return mask;
-}
-
-std::string RandomSuffix() {
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
-}
 
 bool IsValidUtf8(absl::string_view s) {
   size_t i = 0;
@@ -82,31 +62,10 @@ bool IsValidUtf8(absl::string_view s) {
 
 absl::Time MtimeOf(const struct stat& st) { return absl::TimeFromTimespec(st.st_mtim); }
 
-std::string EtagStamp(const struct stat& st) {
-  return absl::StrCat(st.st_size, " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
-}
-
-// The cached "<md5> <size> <mtime>" attribute, if it still describes this file.
-std::optional<std::string> CachedEtag(int fd, const std::string& path, const struct stat& st) {
-  char buf[128];
-  ssize_t n = fd >= 0 ? fgetxattr(fd, kEtagXattr, buf, sizeof(buf))
-                      : getxattr(path.c_str(), kEtagXattr, buf, sizeof(buf));
-  if (n <= 33) return std::nullopt;
-  absl::string_view value(buf, n);
-  if (value.substr(33) != EtagStamp(st)) return std::nullopt;
-  return std::string(value.substr(0, 32));
-}
-
-void StoreEtag(int fd, const struct stat& st, absl::string_view md5_hex) {
-  std::string value = absl::StrCat(md5_hex, " ", EtagStamp(st));
-  // Best effort: file systems without user xattrs fall back to hashing on use.
-  (void)fsetxattr(fd, kEtagXattr, value.data(), value.size(), 0);
-}
-
 // ETag of an existing file: the cached attribute, else the MD5 of its content.
 absl::StatusOr<std::string> EtagOf(const std::string& path, int fd_or_minus1,
                                    const struct stat& st) {
-  if (auto cached = CachedEtag(fd_or_minus1, path, st)) return *cached;
+  if (auto cached = CachedLocalEtag(fd_or_minus1, path, st)) return *cached;
   int fd = fd_or_minus1 >= 0 ? fd_or_minus1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, "hashing");
   Md5 md5;
@@ -131,137 +90,25 @@ absl::StatusOr<std::string> EtagOf(const std::string& path, int fd_or_minus1,
   std::string hex = HexLower(md5.Finish());
   if (status.ok()) {
     struct stat now;
-    if (fstat(fd, &now) == 0 && EtagStamp(now) == EtagStamp(st)) StoreEtag(fd, st, hex);
+    if (fstat(fd, &now) == 0 && now.st_size == st.st_size &&
+        now.st_mtim.tv_sec == st.st_mtim.tv_sec && now.st_mtim.tv_nsec == st.st_mtim.tv_nsec) {
+      StoreLocalEtag(fd, st, hex);
+    }
   }
   if (fd_or_minus1 < 0) close(fd);
   if (!status.ok()) return status;
   return hex;
 }
 
-absl::Status WriteAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, "write");
-    data.remove_prefix(n);
-  }
-  return absl::OkStatus();
-}
-
-// Creates every missing directory of `dir` (absolute). A path component that is a file means
-// an object already holds a prefix of the key: FailedPrecondition.
-absl::Status MakeDirs(const std::string& dir) {
-  struct stat st;
-  if (stat(dir.c_str(), &st) == 0) {
-    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("'", dir, "' is an object, so it cannot also be a prefix of other keys"));
-  }
-  const size_t slash = dir.rfind('/');
-  if (slash != std::string::npos && slash > 0) {
-    WHARF_RETURN_IF_ERROR(MakeDirs(dir.substr(0, slash)));
-  }
-  if (mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
-    if (errno == ENOTDIR) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("a parent of '", dir, "' is an object, so it cannot be a prefix"));
-    }
-    return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
-  }
-  return absl::OkStatus();
-}
-
-// A private temporary file in the target's directory that becomes the object on Commit.
-// Destroyed uncommitted, it removes itself: a half-written object is never visible.
-class TempObject {
- public:
-  static absl::StatusOr<std::unique_ptr<TempObject>> Create(const std::string& target,
-                                                            bool fsync) {
-    const std::string dir = target.substr(0, target.rfind('/'));
-    auto temp = std::unique_ptr<TempObject>(new TempObject(target, fsync));
-    // A concurrent delete may prune the directory between MakeDirs and open: retry.
-    for (int attempt = 0;; ++attempt) {
-      WHARF_RETURN_IF_ERROR(MakeDirs(dir.empty() ? "/" : dir));
-      temp->path_ = absl::StrCat(dir, "/", kTempPrefix, RandomSuffix());
-      temp->fd_ = open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (temp->fd_ >= 0) return temp;
-      if (errno != ENOENT || attempt == 3) return ErrnoToStatus(errno, "creating temporary file");
-    }
-  }
-
-  ~TempObject() {
-    if (fd_ >= 0) close(fd_);
-    if (!committed_ && !path_.empty()) unlink(path_.c_str());
-  }
-
-  absl::Status Append(absl::string_view data) {
-    md5_.Update(data);
-    return WriteAll(fd_, data);
-  }
-
-  absl::Status Append(const absl::Cord& data) {
-    for (absl::string_view chunk : data.Chunks()) WHARF_RETURN_IF_ERROR(Append(chunk));
-    return absl::OkStatus();
-  }
-
-  // Renames the finished file over the target and returns its metadata (key left empty).
-  // `mtime`, when set, becomes the file's modification time before the rename, so the object
-  // never appears with another one (and the cached ETag stamp names the final mtime).
-  absl::StatusOr<ObjectMeta> Commit(std::optional<absl::Time> mtime = std::nullopt) {
-    if (fchmod(fd_, 0666 & ~ProcessUmask()) != 0) return ErrnoToStatus(errno, "chmod");
-    if (mtime.has_value()) {
-      // atime stays as it is; only the modification time is the object's.
-      const struct timespec times[2] = {{0, UTIME_OMIT}, absl::ToTimespec(*mtime)};
-      if (futimens(fd_, times) != 0) return ErrnoToStatus(errno, "setting mtime");
-    }
-    if (fsync_ && fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync");
-    struct stat st;
-    if (fstat(fd_, &st) != 0) return ErrnoToStatus(errno, "stat");
-    ObjectMeta meta;
-    meta.size = st.st_size;
-    meta.mtime = MtimeOf(st);
-    meta.etag = HexLower(md5_.Finish());
-    StoreEtag(fd_, st, meta.etag);
-    if (close(fd_) != 0) {
-      fd_ = -1;
-      return ErrnoToStatus(errno, "close");
-    }
-    fd_ = -1;
-    if (rename(path_.c_str(), target_.c_str()) != 0) {
-      if (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST) {
-        return absl::FailedPreconditionError(
-            "other keys have this key as their prefix, so it cannot also be an object");
-      }
-      return ErrnoToStatus(errno, "rename");
-    }
-    committed_ = true;
-    if (fsync_) {
-      const std::string dir = target_.substr(0, target_.rfind('/'));
-      int dfd = open(dir.empty() ? "/" : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-      }
-    }
-    return meta;
-  }
-
- private:
-  TempObject(std::string target, bool fsync) : target_(std::move(target)), fsync_(fsync) {}
-
-  const std::string target_;
-  const bool fsync_;
-  std::string path_;
-  int fd_ = -1;
-  bool committed_ = false;
-  Md5 md5_;
-};
-
 class LocalWriter : public ObjectWriter {
  public:
   LocalWriter(std::unique_ptr<TempObject> temp, std::string key, std::string uri,
-              std::optional<absl::Time> mtime)
-      : temp_(std::move(temp)), key_(std::move(key)), uri_(std::move(uri)), mtime_(mtime) {}
+              std::optional<absl::Time> mtime, bool fsync)
+      : temp_(std::move(temp)),
+        key_(std::move(key)),
+        uri_(std::move(uri)),
+        mtime_(mtime),
+        fsync_(fsync) {}
 
   absl::Status Write(absl::Cord data) override {
     if (!temp_) return absl::FailedPreconditionError(absl::StrCat("write ", uri_, ": closed"));
@@ -272,7 +119,7 @@ class LocalWriter : public ObjectWriter {
 
   absl::StatusOr<ObjectMeta> Close() override {
     if (!temp_) return absl::FailedPreconditionError(absl::StrCat("close ", uri_, ": closed"));
-    auto meta = temp_->Commit(mtime_);
+    auto meta = temp_->Commit(mtime_, fsync_);
     temp_.reset();
     if (!meta.ok()) return Annotate(meta.status(), absl::StrCat("put ", uri_));
     meta->key = key_;
@@ -286,6 +133,7 @@ class LocalWriter : public ObjectWriter {
   const std::string key_;
   const std::string uri_;
   const std::optional<absl::Time> mtime_;
+  const bool fsync_;
 };
 
 // Lists a tree in S3 order (see ListPage in object_store.h). Within one directory, entries
@@ -617,10 +465,10 @@ absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord da
   const std::string op = absl::StrCat("put ", Uri(key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), op));
-  auto temp = TempObject::Create(PathOf(key), options_.fsync);
+  auto temp = TempObject::Create(PathOf(key));
   if (!temp.ok()) return Annotate(temp.status(), op);
   WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
-  auto meta = (*temp)->Commit(put_options.mtime);
+  auto meta = (*temp)->Commit(put_options.mtime, options_.fsync);
   if (!meta.ok()) return Annotate(meta.status(), op);
   meta->key = key;
   return meta;
@@ -635,10 +483,10 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(
   const std::string uri = Uri(key);
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), absl::StrCat("put ", uri)));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), absl::StrCat("put ", uri)));
-  auto temp = TempObject::Create(PathOf(key), options_.fsync);
+  auto temp = TempObject::Create(PathOf(key));
   if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
   return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri,
-                                       put_options.mtime);
+                                       put_options.mtime, options_.fsync);
 }
 
 void LocalStore::PruneEmptyParents(absl::string_view key) const {
@@ -678,7 +526,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Copy(const std::string& src_key,
                                             const std::string& dst_key) {
   const std::string op = absl::StrCat("copy ", Uri(src_key), " to ", Uri(dst_key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(dst_key), op));
-  auto temp = TempObject::Create(PathOf(dst_key), options_.fsync);
+  auto temp = TempObject::Create(PathOf(dst_key));
   if (!temp.ok()) return Annotate(temp.status(), op);
   // Stream through the temp object so the copy is atomic and its ETag computed.
   class TempSink : public ReadSink {
@@ -694,7 +542,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Copy(const std::string& src_key,
   request.sink = &sink;
   auto got = Get(request);
   if (!got.ok()) return Annotate(got.status(), "copy");
-  auto meta = (*temp)->Commit();
+  auto meta = (*temp)->Commit(std::nullopt, options_.fsync);
   if (!meta.ok()) return Annotate(meta.status(), op);
   meta->key = dst_key;
   return meta;

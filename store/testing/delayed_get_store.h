@@ -74,6 +74,7 @@ class DelayedGetStore : public ForwardingStore {
 
   int peak_in_flight() { return gets_.peak(); }
   int in_flight() { return gets_.in_flight(); }
+  int gets() { return gets_.calls(); }
 
  protected:
   // Called for every GET as it is issued.

@@ -1,0 +1,185 @@
+#include "store/local/temp_object.h"
+
+#include <fcntl.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <random>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace wharf {
+namespace {
+
+constexpr char kEtagXattr[] = "user.wharf.etag";
+
+std::string EtagStamp(const struct stat& st) {
+  return absl::StrCat(st.st_size, " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
+}  // namespace
+
+mode_t ProcessUmask() {
+  static const mode_t mask = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (absl::StartsWith(line, "Umask:")) {
+        return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+      }
+    }
+    return static_cast<mode_t>(022);
+  }();
+  return mask;
+}
+
+std::string RandomHex() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
+}
+
+void StoreLocalEtag(int fd, const struct stat& st, absl::string_view md5_hex) {
+  std::string value = absl::StrCat(md5_hex, " ", EtagStamp(st));
+  (void)fsetxattr(fd, kEtagXattr, value.data(), value.size(), 0);
+}
+
+std::optional<std::string> CachedLocalEtag(int fd, const std::string& path,
+                                           const struct stat& st) {
+  char buf[128];
+  ssize_t n = fd >= 0 ? fgetxattr(fd, kEtagXattr, buf, sizeof(buf))
+                      : getxattr(path.c_str(), kEtagXattr, buf, sizeof(buf));
+  if (n <= 33) return std::nullopt;
+  absl::string_view value(buf, n);
+  if (value.substr(33) != EtagStamp(st)) return std::nullopt;
+  return std::string(value.substr(0, 32));
+}
+
+absl::Status WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, "write");
+    data.remove_prefix(n);
+  }
+  return absl::OkStatus();
+}
+
+// Creates every missing directory of `dir` (absolute). A path component that is a file means
+// an object already holds a prefix of the key: FailedPrecondition.
+absl::Status MakeDirs(const std::string& dir) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("'", dir, "' is an object, so it cannot also be a prefix of other keys"));
+  }
+  const size_t slash = dir.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    WHARF_RETURN_IF_ERROR(MakeDirs(dir.substr(0, slash)));
+  }
+  if (mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
+    if (errno == ENOTDIR) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a parent of '", dir, "' is an object, so it cannot be a prefix"));
+    }
+    return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string target,
+                                                               const std::string& temp_dir) {
+  auto temp = std::unique_ptr<TempObject>(new TempObject(std::move(target)));
+  const std::string& t = temp->target_;
+  const bool beside = temp_dir.empty();
+  const std::string dir = beside ? t.substr(0, t.rfind('/')) : temp_dir;
+  // A concurrent delete may prune the directory between MakeDirs and open: retry.
+  for (int attempt = 0;; ++attempt) {
+    if (beside) WHARF_RETURN_IF_ERROR(MakeDirs(dir.empty() ? "/" : dir));
+    temp->path_ = absl::StrCat(dir, "/", kLocalTempPrefix, RandomHex());
+    temp->fd_ = open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (temp->fd_ >= 0) return temp;
+    if (errno != ENOENT || !beside || attempt == 3) {
+      return ErrnoToStatus(errno, "creating temporary file");
+    }
+  }
+}
+
+TempObject::~TempObject() {
+  if (fd_ >= 0) close(fd_);
+  if (!published_ && !path_.empty()) unlink(path_.c_str());
+}
+
+absl::Status TempObject::Append(absl::string_view data) {
+  md5_.Update(data);
+  return WriteAll(fd_, data);
+}
+
+absl::Status TempObject::Append(const absl::Cord& data) {
+  for (absl::string_view chunk : data.Chunks()) WHARF_RETURN_IF_ERROR(Append(chunk));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ObjectMeta> TempObject::Seal(
+    std::optional<absl::Time> mtime, bool fsync,
+    absl::FunctionRef<absl::Status(int fd, const ObjectMeta& meta)> before_close) {
+  if (fd_ < 0) return absl::FailedPreconditionError("sealing a temporary file twice");
+  if (fchmod(fd_, 0666 & ~ProcessUmask()) != 0) return ErrnoToStatus(errno, "chmod");
+  if (mtime.has_value()) {
+    // atime stays as it is; only the modification time is the object's.
+    const struct timespec times[2] = {{0, UTIME_OMIT}, absl::ToTimespec(*mtime)};
+    if (futimens(fd_, times) != 0) return ErrnoToStatus(errno, "setting mtime");
+  }
+  if (fsync && ::fsync(fd_) != 0) return ErrnoToStatus(errno, "fsync");
+  struct stat st;
+  if (fstat(fd_, &st) != 0) return ErrnoToStatus(errno, "stat");
+  ObjectMeta meta;
+  meta.size = st.st_size;
+  meta.mtime = absl::TimeFromTimespec(st.st_mtim);
+  meta.etag = HexLower(md5_.Finish());
+  StoreLocalEtag(fd_, st, meta.etag);
+  WHARF_RETURN_IF_ERROR(before_close(fd_, meta));
+  const int fd = fd_;
+  fd_ = -1;
+  if (close(fd) != 0) return ErrnoToStatus(errno, "close");
+  return meta;
+}
+
+absl::Status TempObject::Publish(bool sync_dir) {
+  const size_t slash = target_.rfind('/');
+  const std::string dir = slash == 0 ? "/" : target_.substr(0, slash);
+  if (rename(path_.c_str(), target_.c_str()) != 0) {
+    int err = errno;
+    if (err == ENOENT) {  // the target's directory is missing (a temp_dir elsewhere)
+      WHARF_RETURN_IF_ERROR(MakeDirs(dir));
+      if (rename(path_.c_str(), target_.c_str()) == 0) err = 0; else err = errno;
+    }
+    if (err == EISDIR || err == ENOTEMPTY || err == EEXIST) {
+      return absl::FailedPreconditionError(
+          "other keys have this key as their prefix, so it cannot also be an object");
+    }
+    if (err != 0) return ErrnoToStatus(err, "rename");
+  }
+  published_ = true;
+  if (sync_dir) {
+    int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      fsync(dfd);
+      close(dfd);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ObjectMeta> TempObject::Commit(std::optional<absl::Time> mtime, bool fsync) {
+  WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, Seal(mtime, fsync));
+  WHARF_RETURN_IF_ERROR(Publish(/*sync_dir=*/fsync));
+  return meta;
+}
+
+}  // namespace wharf

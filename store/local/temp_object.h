@@ -1,0 +1,95 @@
+// TempObject: a file written privately and then published at its path in one rename, the
+// way every file-backed object in wharf appears (the file:// store's puts, the tier's
+// entries). Destroyed unpublished, it removes itself: a half-written object is never visible.
+//
+//  - The temporary file has mode 0600 while it is written (never world-readable) and is
+//    created in `temp_dir` (on the target's file system), or, when that is empty, next to the
+//    target as ".wharf-tmp-<random>" (a name the file:// store never lists).
+//  - Seal() finishes the content: the final mode (0666 & ~umask), the modification time when
+//    given, the MD5 ETag (computed while writing) cached in the "user.wharf.etag" attribute
+//    so listings need not hash the file, and any attributes the caller adds; then it closes.
+//  - Publish() renames it over the target, creating the target's directories.
+// Sealing and publishing are separate so a caller can make many sealed files durable at once
+// (one syncfs) before publishing any of them.
+//
+// Thread-safety: one thread at a time per TempObject.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "base/hash.h"
+#include "store/object_store.h"
+
+namespace wharf {
+
+// Names the file:// store reserves for its temporary files.
+inline constexpr absl::string_view kLocalTempPrefix = ".wharf-tmp-";
+
+class TempObject {
+ public:
+  // A temporary file for `target` (an absolute path) in `temp_dir`, or next to the target
+  // when `temp_dir` is empty (its directories are created then).
+  static absl::StatusOr<std::unique_ptr<TempObject>> Create(std::string target,
+                                                            const std::string& temp_dir = "");
+  ~TempObject();
+  TempObject(const TempObject&) = delete;
+  TempObject& operator=(const TempObject&) = delete;
+
+  absl::Status Append(absl::string_view data);
+  absl::Status Append(const absl::Cord& data);
+
+  // Finishes the file (see above) and closes it. `before_close` may set more attributes on
+  // the file descriptor; `fsync` flushes the data to disk before closing. Returns the
+  // object's size, modification time and ETag (key left empty).
+  absl::StatusOr<ObjectMeta> Seal(
+      std::optional<absl::Time> mtime, bool fsync = false,
+      absl::FunctionRef<absl::Status(int fd, const ObjectMeta& meta)> before_close =
+          [](int, const ObjectMeta&) { return absl::OkStatus(); });
+  // Renames the sealed file over the target; with `sync_dir`, then fsyncs the directory.
+  // FailedPrecondition when the target is a directory (other keys have it as a prefix).
+  absl::Status Publish(bool sync_dir = false);
+  // Seal + Publish.
+  absl::StatusOr<ObjectMeta> Commit(std::optional<absl::Time> mtime, bool fsync = false);
+
+  const std::string& path() const { return path_; }
+  const std::string& target() const { return target_; }
+
+ private:
+  explicit TempObject(std::string target) : target_(std::move(target)) {}
+
+  const std::string target_;
+  std::string path_;
+  int fd_ = -1;
+  bool published_ = false;
+  Md5 md5_;
+};
+
+// Creates every missing directory of `dir` (absolute). A path component that is a file means
+// an object already holds a prefix of the key: FailedPrecondition.
+absl::Status MakeDirs(const std::string& dir);
+// write(2) until all of `data` is written (EINTR retried).
+absl::Status WriteAll(int fd, absl::string_view data);
+// The process umask, read once without changing it.
+mode_t ProcessUmask();
+// 16 random hex digits (per-thread generator seeded from the OS).
+std::string RandomHex();
+
+// The file:// store's ETag cache: the MD5 of a file's content kept in the attribute
+// "user.wharf.etag" with the size and modification time it belongs to. Store is best effort
+// (file systems without user attributes fall back to hashing on use); the cached value is
+// returned only while size and mtime still match `st`. `fd` may be -1 to read by path.
+void StoreLocalEtag(int fd, const struct stat& st, absl::string_view md5_hex);
+std::optional<std::string> CachedLocalEtag(int fd, const std::string& path,
+                                           const struct stat& st);
+
+}  // namespace wharf

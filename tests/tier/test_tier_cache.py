@@ -1,0 +1,107 @@
+"""The tier as a read-through cache (`cache=` / `--cache` / WHARF_CACHE) in front of the real
+Ceph RGW: a miss fills the tier once, later reads are hits, N processes reading the same data
+cold fetch it once, and the Python store and datasets read through it by name."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_wharf, wharf_bin
+
+
+def put_objects(s3_client, bucket, prefix, count, size=4096):
+    objects = {}
+    for i in range(count):
+        key = f"{prefix}{i:04d}.bin"
+        objects[key] = os.urandom(size)
+        s3_client.put_object(Bucket=bucket, Key=key, Body=objects[key])
+    return objects
+
+
+def status(path):
+    return json.loads(run_wharf("tier", "status", "--json", path, check=True).stdout)
+
+
+def test_cli_reads_fill_once_then_hit(tmp_path, bucket, s3_env, s3_client):
+    objects = put_objects(s3_client, bucket, "p/", 20)
+    tier = tmp_path / "tier"
+    run_wharf("fetch", "-r", "--cache", tier, f"s3://{bucket}/p/", env=s3_env, check=True)
+    first = status(tier)
+    assert (first["fills"], first["misses"], first["entries"]) == (20, 20, 20)
+    assert first["fill_bytes"] == sum(len(v) for v in objects.values())
+    copy = tier / ".wharf" / "objects" / "s3" / bucket / "p" / "0003.bin"
+    assert copy.read_bytes() == objects["p/0003.bin"]
+
+    run_wharf("fetch", "-r", "--cache", tier, f"s3://{bucket}/p/", env=s3_env, check=True)
+    second = status(tier)
+    assert (second["fills"], second["hits"]) == (20, 20)
+
+    # An immutable tier answers from its copy even after the source changed; a cat through
+    # WHARF_CACHE reads the same tier.
+    s3_client.put_object(Bucket=bucket, Key="p/0003.bin", Body=b"new")
+    env = dict(s3_env, WHARF_CACHE=str(tier))
+    cat = run_wharf("cat", f"s3://{bucket}/p/0003.bin", env=env, check=True)
+    assert cat.stdout == objects["p/0003.bin"]
+    assert status(tier)["hits"] == 21
+    # Without the tier the source's new bytes come back.
+    assert run_wharf("cat", f"s3://{bucket}/p/0003.bin", env=s3_env, check=True).stdout == b"new"
+
+
+def test_four_cold_processes_fetch_each_object_once(tmp_path, bucket, s3_env, s3_client):
+    put_objects(s3_client, bucket, "shared/", 120, size=20000)
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, check=True)
+    procs = [subprocess.Popen([wharf_bin(), "fetch", "-r", "--cache", str(tier),
+                               f"s3://{bucket}/shared/"], env=s3_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for _ in range(4)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+    s = status(tier)
+    assert s["fills"] == 120, s
+    assert s["fill_bytes"] == 120 * 20000
+    assert s["hits"] + s["misses"] == 4 * 120
+    assert s["entries"] == 120
+
+
+def test_python_store_and_dataset_read_through_the_tier(tmp_path, bucket, s3_env, s3_client,
+                                                         monkeypatch):
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, s3_env[k])
+    objects = put_objects(s3_client, bucket, "ds/", 12, size=1000)
+    tier = tmp_path / "tier"
+    import wharf
+    store = wharf.Store(f"s3://{bucket}/ds/", cache=tier)
+    assert bytes(store.get("0001.bin")) == objects["ds/0001.bin"]
+    assert (tier / ".wharf" / "objects" / "s3" / bucket / "ds" / "0001.bin").exists()
+    # The spec travels with the store: a copy in another process reads through the tier.
+    clone = pickle.loads(pickle.dumps(store))
+    assert bytes(clone.get("0001.bin")) == objects["ds/0001.bin"]
+
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT / 'python')!r})
+from wharf.torch import MapDataset
+ds = MapDataset.from_prefix("s3://{bucket}/ds/", cache={str(tier)!r})
+print(sum(len(memoryview(ds[i].data)) for i in range(len(ds))))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, env=os.environ,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr.decode()
+    assert int(out.stdout) == 12 * 1000
+    filled = sorted(p.name for p in (tier / ".wharf" / "objects" / "s3" / bucket / "ds").iterdir())
+    assert filled == sorted(k.split("/")[1] for k in objects)
+
+
+def test_cache_needs_no_init_and_bad_paths_fail_clearly(tmp_path, bucket, s3_env, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="x", Body=b"x")
+    tier = tmp_path / "fresh" / "tier"  # not a tier yet: it becomes one with defaults
+    run_wharf("cat", "--cache", tier, f"s3://{bucket}/x", env=s3_env, check=True)
+    assert (tier / ".wharf" / "tier.json").exists()
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    bad = run_wharf("cat", "--cache", blocker / "tier", f"s3://{bucket}/x", env=s3_env)
+    assert bad.returncode == 1 and "cache=" in bad.stderr

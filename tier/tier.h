@@ -1,0 +1,156 @@
+// Tier: a directory on a fast (possibly shared) file system that wharf manages in front of a
+// bucket (docs/design/tier.md). This header is the tier's on-disk model:
+//  - where a tier is (the nearest directory holding `.wharf/tier.json`) and its settings;
+//  - entries: data files whose attribute "user.wharf.entry" says what they are a copy of
+//    (TierEntry); the attribute travels with the file through the rename that publishes it,
+//    so data and metadata are committed together;
+//  - each process's temporary directory, owned through an flock the OS releases when the
+//    process dies (also on other nodes of a shared file system), and the garbage collection
+//    that removes what dead owners left.
+// Nothing here lives only in one process: every fact is in the tier's files.
+//
+// Thread-safety: a Tier is thread-safe. The free functions are safe to call concurrently.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace wharf {
+
+// A tier's settings, kept in <tier>/.wharf/tier.json (defaults when the file is absent).
+struct TierConfig {
+  enum class Mode {
+    kImmutable,  // an entry is valid forever (training data that never changes)
+    kTtl,        // an entry older than `ttl` is revalidated with its source
+  };
+  Mode mode = Mode::kImmutable;
+  absl::Duration ttl = absl::Hours(1);
+  uint64_t max_size = 0;     // bytes the tier may hold; 0: no bound but min_free
+  double min_free = 5;       // percent of the file system kept free
+  uint64_t block_size = uint64_t{8} << 20;
+  uint64_t block_threshold = uint64_t{64} << 20;
+
+  std::string ToJson() const;
+  // InvalidArgument naming `what` and the field on a malformed document or value.
+  static absl::StatusOr<TierConfig> FromJson(absl::string_view json, absl::string_view what);
+};
+const char* TierModeName(TierConfig::Mode mode);
+absl::StatusOr<TierConfig::Mode> ParseTierMode(absl::string_view name);
+
+// What an entry's attribute says.
+struct TierEntry {
+  std::string source;  // the source object's URI ("" for data written to the tier itself)
+  std::string etag;    // the source's ETag or generation when it was copied
+  uint64_t size = 0;   // bytes of the data file
+  std::string md5;     // hex MD5 of the data file (what `verify` recomputes)
+  absl::Time filled = absl::InfinitePast();
+  bool local = false;  // the data exists nowhere else (not exported yet): never evicted
+
+  std::string ToJson() const;
+  static std::optional<TierEntry> FromJson(absl::string_view json);
+};
+
+inline constexpr char kTierEntryXattr[] = "user.wharf.entry";
+inline constexpr char kTierPinXattr[] = "user.wharf.pin";
+
+// The entry attribute of an open file or a path, nullopt when there is none or it does not
+// parse. It does not compare sizes: IsCompleteEntry does.
+std::optional<TierEntry> ReadEntryAttr(int fd);
+std::optional<TierEntry> ReadEntryAttr(const std::string& path);
+// A complete entry: the attribute parses and its size is the file's.
+bool IsCompleteEntry(const std::optional<TierEntry>& entry, const struct stat& st);
+absl::Status WriteEntryAttr(int fd, const TierEntry& entry);
+absl::Status WriteEntryAttr(const std::string& path, const TierEntry& entry);
+bool IsPinned(const std::string& path);
+absl::Status SetPinned(const std::string& path, bool pinned);
+
+// One import: a source prefix whose objects are files below `dir` (relative to the tier).
+struct TierImport {
+  std::string source;  // URI of the source prefix
+  std::string dir;     // tier-relative directory ("" for the tier's root)
+};
+
+class Tier {
+ public:
+  // The tier's own folder inside its root.
+  static constexpr absl::string_view kMetaDir = ".wharf";
+
+  // The tier enclosing `path` (a file or directory, existing or not): the nearest ancestor
+  // holding .wharf/tier.json. NotFound naming `path` when there is none.
+  static absl::StatusOr<std::shared_ptr<Tier>> Find(const std::string& path);
+  // Find(), or else `dir` becomes a tier with the default settings.
+  static absl::StatusOr<std::shared_ptr<Tier>> FindOrCreate(const std::string& dir);
+  // Makes `dir` a tier with `config`, or sets the config of the tier rooted there.
+  // FailedPrecondition when the file system has no user extended attributes (the tier keeps
+  // its entries' metadata in them) or when `dir` is inside another tier.
+  static absl::StatusOr<std::shared_ptr<Tier>> Init(const std::string& dir,
+                                                    const TierConfig& config);
+  ~Tier();
+  Tier(const Tier&) = delete;
+  Tier& operator=(const Tier&) = delete;
+
+  const std::string& root() const { return root_; }
+  const TierConfig& config() const { return config_; }
+  std::string MetaPath(absl::string_view rel) const;
+  // `path` (absolute, inside the tier) relative to the root; "" for the root itself.
+  std::string Relative(const std::string& path) const;
+
+  // This process's temporary directory, created on first use (again after a fork), owned
+  // while the process lives. Files written there are published by rename.
+  absl::StatusOr<std::string> TempDir();
+
+  struct Garbage {
+    uint64_t owners = 0;  // dead owners' directories removed
+    uint64_t files = 0;   // files in them
+  };
+  // Removes the temporary directories of owners that are gone (their lock can be taken).
+  absl::StatusOr<Garbage> CollectGarbage();
+
+  // Flushes the tier's file system (syncfs): everything written so far is on disk.
+  absl::Status SyncFs();
+
+  // Read-through counters. Each process adds its own (one small file per process, written
+  // when its cache store closes); ReadStats sums every process's.
+  struct Stats {
+    uint64_t hits = 0;
+    uint64_t misses = 0;
+    uint64_t fills = 0;
+    uint64_t fill_bytes = 0;
+  };
+  absl::Status AddStats(const Stats& stats);
+  Stats ReadStats() const;
+
+  // Records that the objects below `source` are files below `dir` (tier-relative), and lists
+  // the records.
+  absl::Status RecordImport(const TierImport& import);
+  absl::StatusOr<std::vector<TierImport>> Imports() const;
+
+ private:
+  Tier(std::string root, TierConfig config);
+  static absl::StatusOr<std::shared_ptr<Tier>> Open(const std::string& root);
+
+  const std::string root_;  // absolute, no trailing '/'
+  const TierConfig config_;
+
+  absl::Mutex mu_;
+  std::string temp_dir_ ABSL_GUARDED_BY(mu_);
+  int temp_lock_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  int temp_owner_pid_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The absolute, normalized form of `path` ('.' and '..' resolved lexically, no trailing '/').
+std::string AbsolutePath(const std::string& path);
+
+}  // namespace wharf

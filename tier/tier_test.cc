@@ -1,0 +1,232 @@
+// The tier's on-disk model: where a tier is, its settings, entry attributes, and temporary
+// directories owned through locks the OS releases when their process dies.
+#include "tier/tier.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace wharf {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "wharf-tier-XXXXXX").string();
+    EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+size_t CountEntries(const std::string& dir) {
+  if (!std::filesystem::exists(dir)) return 0;
+  size_t n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+TEST(TierTest, InitWritesSettingsAndFindWalksUp) {
+  TempDir dir;
+  TierConfig config;
+  config.mode = TierConfig::Mode::kTtl;
+  config.ttl = absl::Seconds(90);
+  config.max_size = 12345;
+  config.min_free = 7.5;
+  auto tier = Tier::Init(dir.path(), config);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/.wharf/tier.json"));
+
+  auto found = Tier::Find(dir.path() + "/a/b/c.jpg");  // need not exist
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ((*found)->root(), AbsolutePath(dir.path()));
+  EXPECT_EQ((*found)->config().mode, TierConfig::Mode::kTtl);
+  EXPECT_EQ((*found)->config().ttl, absl::Seconds(90));
+  EXPECT_EQ((*found)->config().max_size, 12345u);
+  EXPECT_DOUBLE_EQ((*found)->config().min_free, 7.5);
+  EXPECT_EQ((*found)->Relative(dir.path() + "/a/b"), "a/b");
+  EXPECT_EQ((*found)->Relative(dir.path()), "");
+}
+
+TEST(TierTest, FindOutsideAnyTierIsNotFound) {
+  TempDir dir;
+  auto found = Tier::Find(dir.path() + "/x");
+  ASSERT_FALSE(found.ok());
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(found.status().message(), HasSubstr("wharf tier init"));
+}
+
+TEST(TierTest, InitInsideAnotherTierIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+  auto inner = Tier::Init(dir.path() + "/sub", {});
+  ASSERT_FALSE(inner.ok());
+  EXPECT_EQ(inner.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(inner.status().message(), HasSubstr("inside the tier"));
+  // Init again at the root changes the settings.
+  TierConfig c;
+  c.max_size = 99;
+  ASSERT_TRUE(Tier::Init(dir.path(), c).ok());
+  EXPECT_EQ((*Tier::Find(dir.path()))->config().max_size, 99u);
+}
+
+TEST(TierTest, FindOrCreateMakesATierWithDefaults) {
+  TempDir dir;
+  auto tier = Tier::FindOrCreate(dir.path() + "/new");
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  EXPECT_EQ((*tier)->root(), AbsolutePath(dir.path() + "/new"));
+  EXPECT_EQ((*tier)->config().mode, TierConfig::Mode::kImmutable);
+  auto again = Tier::FindOrCreate(dir.path() + "/new/deeper");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->root(), (*tier)->root());
+}
+
+TEST(TierConfigTest, MalformedSettingsNameTheFileAndField) {
+  EXPECT_EQ(TierConfig::FromJson("[]", "t.json").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto v2 = TierConfig::FromJson(R"({"version":2})", "t.json");
+  EXPECT_THAT(v2.status().message(), HasSubstr("unsupported version 2"));
+  auto mode = TierConfig::FromJson(R"({"version":1,"mode":"sometimes"})", "t.json");
+  EXPECT_THAT(mode.status().message(), HasSubstr("unknown tier mode 'sometimes'"));
+  auto ttl = TierConfig::FromJson(R"({"version":1,"ttl_seconds":-1})", "t.json");
+  EXPECT_THAT(ttl.status().message(), HasSubstr("t.json: ttl_seconds"));
+  auto type = TierConfig::FromJson(R"({"version":1,"max_size":"big"})", "t.json");
+  EXPECT_THAT(type.status().message(), HasSubstr("malformed field"));
+  TierConfig c;
+  c.max_size = 1 << 20;
+  auto back = TierConfig::FromJson(c.ToJson(), "x");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->max_size, c.max_size);
+}
+
+TEST(TierEntryTest, AttributeRoundTripsAndSizeDecidesCompleteness) {
+  TempDir dir;
+  const std::string path = dir.path() + "/f";
+  std::ofstream(path) << "hello";
+  TierEntry e;
+  e.source = "s3://b/k";
+  e.etag = "abc-2";
+  e.size = 5;
+  e.md5 = "5d41402abc4b2a76b9719d911017c592";
+  e.filled = absl::FromUnixSeconds(1700000000);
+  ASSERT_TRUE(WriteEntryAttr(path, e).ok());
+  auto back = ReadEntryAttr(path);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->source, e.source);
+  EXPECT_EQ(back->etag, e.etag);
+  EXPECT_EQ(back->md5, e.md5);
+  EXPECT_EQ(back->filled, e.filled);
+  EXPECT_FALSE(back->local);
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(IsCompleteEntry(back, st));
+  std::ofstream(path, std::ios::app) << "!";  // another program appended
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_FALSE(IsCompleteEntry(ReadEntryAttr(path), st));
+  // A file without the attribute is not an entry.
+  std::ofstream(dir.path() + "/plain") << "x";
+  EXPECT_FALSE(ReadEntryAttr(dir.path() + "/plain").has_value());
+
+  EXPECT_FALSE(IsPinned(path));
+  ASSERT_TRUE(SetPinned(path, true).ok());
+  EXPECT_TRUE(IsPinned(path));
+  ASSERT_TRUE(SetPinned(path, false).ok());
+  EXPECT_FALSE(IsPinned(path));
+  EXPECT_TRUE(SetPinned(path, false).ok());  // idempotent
+}
+
+TEST(TierTest, TempDirIsPrivateAndGarbageCollectionSparesLiveOwners) {
+  TempDir dir;
+  auto tier = Tier::Init(dir.path(), {});
+  ASSERT_TRUE(tier.ok());
+  auto temp = (*tier)->TempDir();
+  ASSERT_TRUE(temp.ok()) << temp.status();
+  EXPECT_EQ(*(*tier)->TempDir(), *temp);  // one per process
+  struct stat st;
+  ASSERT_EQ(stat(temp->c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  std::ofstream(*temp + "/partial") << "half";
+
+  // Another Tier object (another process, as far as the locks know) collects: we are alive.
+  auto other = Tier::Find(dir.path());
+  ASSERT_TRUE(other.ok());
+  auto garbage = (*other)->CollectGarbage();
+  ASSERT_TRUE(garbage.ok()) << garbage.status();
+  EXPECT_EQ(garbage->owners, 0u);
+  EXPECT_TRUE(std::filesystem::exists(*temp + "/partial"));
+}
+
+TEST(TierTest, GarbageOfAKilledProcessIsRemoved) {
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto tier = Tier::Find(dir.path());
+    auto temp = (*tier)->TempDir();
+    if (!temp.ok()) _exit(3);
+    for (int i = 0; i < 3; ++i) std::ofstream(*temp + "/t" + std::to_string(i)) << "x";
+    (void)!write(pipefd[1], "r", 1);
+    pause();  // killed below, like kill -9 mid-import
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
+  const std::string temp_root = dir.path() + "/.wharf/tmp";
+  EXPECT_EQ(CountEntries(temp_root), 5u);  // lock + dir + 3 files
+  {
+    auto tier = Tier::Find(dir.path());
+    auto alive = (*tier)->CollectGarbage();
+    ASSERT_TRUE(alive.ok());
+    EXPECT_EQ(alive->owners, 0u) << "the child still lives";
+  }
+  kill(child, SIGKILL);
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  auto tier = Tier::Find(dir.path());
+  auto garbage = (*tier)->CollectGarbage();
+  ASSERT_TRUE(garbage.ok()) << garbage.status();
+  EXPECT_EQ(garbage->owners, 1u);
+  EXPECT_EQ(garbage->files, 3u);
+  EXPECT_EQ(CountEntries(temp_root), 0u);
+  close(pipefd[0]);
+  close(pipefd[1]);
+}
+
+TEST(TierTest, ImportsAreRecorded) {
+  TempDir dir;
+  auto tier = Tier::Init(dir.path(), {});
+  ASSERT_TRUE(tier.ok());
+  ASSERT_TRUE((*tier)->RecordImport({"s3://b/train/", "train"}).ok());
+  ASSERT_TRUE((*tier)->RecordImport({"s3://b/train/", "train"}).ok());  // idempotent
+  ASSERT_TRUE((*tier)->RecordImport({"gs://c/val/", "val"}).ok());
+  auto imports = (*tier)->Imports();
+  ASSERT_TRUE(imports.ok());
+  ASSERT_EQ(imports->size(), 2u);
+}
+
+}  // namespace
+}  // namespace wharf

@@ -1,0 +1,333 @@
+#include "tier/tree_store.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "base/status.h"
+
+namespace wharf {
+
+struct TierTreeStore::Sealed {
+  std::unique_ptr<TempObject> temp;
+  ObjectMeta meta;
+  Callback<ObjectMeta> done;
+  absl::Time queued;
+};
+
+namespace {
+
+bool IsMd5Hex(absl::string_view etag) {
+  return etag.size() == 32 &&
+         std::all_of(etag.begin(), etag.end(), [](char c) { return absl::ascii_isxdigit(c); });
+}
+
+bool InMetaDir(absl::string_view key) {
+  return key == Tier::kMetaDir || absl::StartsWith(key, absl::StrCat(Tier::kMetaDir, "/"));
+}
+
+// A writer whose Close() seals the file and waits until the committer published it.
+class TierWriter : public ObjectWriter {
+ public:
+  TierWriter(TierTreeStore* store, std::unique_ptr<TempObject> temp, std::string key,
+             PutOptions options)
+      : store_(store), temp_(std::move(temp)), key_(std::move(key)), options_(std::move(options)) {}
+
+  absl::Status Write(absl::Cord data) override {
+    if (!temp_) return absl::FailedPreconditionError(absl::StrCat("write ", Uri(), ": closed"));
+    bytes_ += data.size();
+    absl::Status s = temp_->Append(data);
+    if (!s.ok()) temp_.reset();
+    return Annotate(s, absl::StrCat("write ", Uri()));
+  }
+
+  absl::StatusOr<ObjectMeta> Close() override;
+
+  void Abort() override { temp_.reset(); }
+
+ private:
+  std::string Uri() const { return store_->Uri(key_); }
+
+  TierTreeStore* const store_;
+  std::unique_ptr<TempObject> temp_;
+  const std::string key_;
+  const PutOptions options_;
+  uint64_t bytes_ = 0;
+};
+
+// Seals `temp` as the entry for `key`: checks the content against a source ETag that is an
+// MD5 and writes the entry attribute.
+absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
+                                     const PutOptions& options) {
+  auto meta = temp.Seal(options.mtime, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+    if (IsMd5Hex(options.source_etag) && absl::AsciiStrToLower(options.source_etag) != m.etag) {
+      return absl::DataLossError(absl::StrCat("the content's MD5 ", m.etag,
+                                              " is not the source's ETag ", options.source_etag,
+                                              " (", options.source_uri, ")"));
+    }
+    TierEntry entry;
+    entry.source = options.source_uri;
+    entry.etag = options.source_etag;
+    entry.size = m.size;
+    entry.md5 = m.etag;
+    entry.filled = absl::Now();
+    entry.local = options.source_uri.empty();
+    return WriteEntryAttr(fd, entry);
+  });
+  if (!meta.ok()) return meta.status();
+  meta->key = key;
+  if (!options.source_uri.empty()) meta->etag = options.source_etag;
+  return meta;
+}
+
+}  // namespace
+
+std::string EntryEtag(const TierEntry& entry) {
+  return entry.source.empty() ? entry.md5 : entry.etag;
+}
+
+absl::StatusOr<std::shared_ptr<TierTreeStore>> TierTreeStore::Open(
+    std::shared_ptr<Tier> tier, const std::string& dir, std::shared_ptr<Runtime> runtime,
+    TierTreeOptions options) {
+  const std::string abs = AbsolutePath(dir);
+  if (abs != tier->root() && !absl::StartsWith(abs, tier->root() + "/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(abs, " is not inside the tier at ", tier->root()));
+  }
+  if (InMetaDir(tier->Relative(abs))) {
+    return absl::InvalidArgumentError(absl::StrCat(abs, " is inside the tier's own folder"));
+  }
+  WHARF_ASSIGN_OR_RETURN(std::shared_ptr<LocalStore> local, LocalStore::Open(abs, runtime));
+  return std::shared_ptr<TierTreeStore>(
+      new TierTreeStore(std::move(tier), std::move(local), std::move(runtime), options));
+}
+
+TierTreeStore::TierTreeStore(std::shared_ptr<Tier> tier, std::shared_ptr<LocalStore> local,
+                             std::shared_ptr<Runtime> runtime, TierTreeOptions options)
+    : ForwardingStore(local),
+      tier_(std::move(tier)),
+      local_(std::move(local)),
+      runtime_(std::move(runtime)),
+      dir_(local_->root()),
+      at_root_(dir_ == tier_->root()),
+      options_(options) {
+  committer_ = std::thread([this] { CommitLoop(); });
+}
+
+TierTreeStore::~TierTreeStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  committer_.join();  // publishes what is queued first
+}
+
+void TierTreeStore::Describe(ListPage& page) const {
+  if (at_root_) {
+    const std::string meta_prefix = absl::StrCat(Tier::kMetaDir, "/");
+    std::erase_if(page.objects, [](const ObjectMeta& m) { return InMetaDir(m.key); });
+    std::erase(page.common_prefixes, meta_prefix);
+  }
+  for (ObjectMeta& meta : page.objects) {
+    const std::string path = absl::StrCat(dir_, "/", meta.key);
+    struct stat st;
+    const auto entry = ReadEntryAttr(path);
+    meta.etag = stat(path.c_str(), &st) == 0 && IsCompleteEntry(entry, st) ? EntryEtag(*entry)
+                                                                            : "";
+  }
+}
+
+absl::StatusOr<ObjectMeta> TierTreeStore::Describe(ObjectMeta meta) const {
+  if (at_root_ && InMetaDir(meta.key)) {
+    return absl::NotFoundError(absl::StrCat("head ", Uri(meta.key), ": no such object"));
+  }
+  ListPage page;
+  page.objects.push_back(std::move(meta));
+  Describe(page);
+  return std::move(page.objects.front());
+}
+
+void TierTreeStore::ListAsync(ListOptions options, std::string continuation,
+                              Callback<ListPage> done) {
+  local_->ListAsync(std::move(options), std::move(continuation),
+                    [this, done = std::move(done)](absl::StatusOr<ListPage> page) mutable {
+                      if (page.ok()) Describe(*page);
+                      std::move(done)(std::move(page));
+                    });
+}
+
+absl::StatusOr<ListPage> TierTreeStore::List(const ListOptions& options,
+                                             const std::string& continuation) {
+  WHARF_ASSIGN_OR_RETURN(ListPage page, local_->List(options, continuation));
+  Describe(page);
+  return page;
+}
+
+void TierTreeStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
+  local_->HeadAsync(std::move(key),
+                    [this, done = std::move(done)](absl::StatusOr<ObjectMeta> meta) mutable {
+                      if (meta.ok()) meta = Describe(*std::move(meta));
+                      std::move(done)(std::move(meta));
+                    });
+}
+
+absl::StatusOr<ObjectMeta> TierTreeStore::Head(const std::string& key) {
+  WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, local_->Head(key));
+  return Describe(std::move(meta));
+}
+
+absl::StatusOr<std::unique_ptr<TempObject>> TierTreeStore::NewTemp(const std::string& key,
+                                                                    const PutOptions& options) {
+  const std::string op = absl::StrCat("put ", Uri(key));
+  if (at_root_ && InMetaDir(key)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": '.wharf' is the tier's own folder"));
+  }
+  WHARF_RETURN_IF_ERROR(Annotate(LocalStore::ValidateKey(key), op));
+  WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(options), op));
+  auto temp_dir = tier_->TempDir();
+  if (!temp_dir.ok()) return Annotate(temp_dir.status(), op);
+  auto temp = TempObject::Create(absl::StrCat(dir_, "/", key), *temp_dir);
+  if (!temp.ok()) return Annotate(temp.status(), op);
+  return temp;
+}
+
+absl::StatusOr<TierTreeStore::Sealed> TierTreeStore::Seal(const std::string& key,
+                                                          const absl::Cord& data,
+                                                          const PutOptions& options) {
+  const std::string op = absl::StrCat("put ", Uri(key));
+  auto temp = NewTemp(key, options);
+  if (!temp.ok()) return temp.status();
+  WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
+  auto meta = SealEntry(**temp, key, options);
+  if (!meta.ok()) return Annotate(meta.status(), op);
+  Sealed sealed;
+  sealed.temp = *std::move(temp);
+  sealed.meta = *std::move(meta);
+  return sealed;
+}
+
+void TierTreeStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                             Callback<ObjectMeta> done) {
+  runtime_->blocking_pool().Schedule([this, key = std::move(key), data = std::move(data),
+                                      options, done = std::move(done)]() mutable {
+    auto sealed = Seal(key, data, options);
+    data = absl::Cord();  // the bytes are in the file: release them before the batch waits
+    if (!sealed.ok()) return std::move(done)(sealed.status());
+    sealed->done = std::move(done);
+    Enqueue(*std::move(sealed));
+  });
+}
+
+absl::StatusOr<ObjectMeta> TierTreeStore::Put(const std::string& key, absl::Cord data,
+                                              const PutOptions& options) {
+  return WaitFor<ObjectMeta>([&](Callback<ObjectMeta> cb) {
+    PutAsync(key, std::move(data), options, std::move(cb));
+  });
+}
+
+absl::StatusOr<std::unique_ptr<ObjectWriter>> TierTreeStore::NewWriter(std::string key,
+                                                                       const PutOptions& options) {
+  auto temp = NewTemp(key, options);
+  if (!temp.ok()) return temp.status();
+  return std::make_unique<TierWriter>(this, *std::move(temp), std::move(key), options);
+}
+
+absl::StatusOr<ObjectMeta> TierWriter::Close() {
+  if (!temp_) return absl::FailedPreconditionError(absl::StrCat("close ", Uri(), ": closed"));
+  auto meta = SealEntry(*temp_, key_, options_);
+  if (!meta.ok()) {
+    temp_.reset();
+    return Annotate(meta.status(), absl::StrCat("put ", Uri()));
+  }
+  TierTreeStore::Sealed sealed;
+  sealed.temp = std::move(temp_);
+  sealed.meta = *std::move(meta);
+  return WaitFor<ObjectMeta>([&](Callback<ObjectMeta> cb) {
+    sealed.done = std::move(cb);
+    store_->Enqueue(std::move(sealed));
+  });
+}
+
+void TierTreeStore::CopyAsync(std::string src_key, std::string dst_key,
+                              Callback<ObjectMeta> done) {
+  runtime_->blocking_pool().Schedule([this, src_key = std::move(src_key),
+                                      dst_key = std::move(dst_key),
+                                      done = std::move(done)]() mutable {
+    std::move(done)(Copy(src_key, dst_key));
+  });
+}
+
+absl::StatusOr<ObjectMeta> TierTreeStore::Copy(const std::string& src_key,
+                                               const std::string& dst_key) {
+  // The copy is an entry of the same provenance as its source.
+  PutOptions options;
+  if (auto entry = ReadEntryAttr(absl::StrCat(dir_, "/", src_key)); entry.has_value()) {
+    options.source_uri = entry->source;
+    options.source_etag = entry->etag;
+  }
+  WHARF_ASSIGN_OR_RETURN(std::string data, local_->Read(src_key));
+  return Put(dst_key, absl::Cord(std::move(data)), options);
+}
+
+void TierTreeStore::Enqueue(Sealed sealed) {
+  absl::MutexLock lock(&mu_);
+  sealed.queued = absl::Now();
+  queued_bytes_ += sealed.meta.size;
+  queue_.push_back(std::move(sealed));
+}
+
+void TierTreeStore::CommitLoop() {
+  while (true) {
+    std::vector<Sealed> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      auto full = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || queue_.size() >= options_.batch_files ||
+               queued_bytes_ >= options_.batch_bytes;
+      };
+      auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&any));
+      if (!full()) {
+        mu_.AwaitWithDeadline(absl::Condition(&full), queue_.front().queued + options_.max_delay);
+      }
+      if (queue_.empty()) {
+        if (stop_) return;
+        continue;
+      }
+      batch.reserve(queue_.size());
+      for (Sealed& s : queue_) batch.push_back(std::move(s));
+      queue_.clear();
+      queued_bytes_ = 0;
+    }
+    PublishBatch(std::move(batch));
+  }
+}
+
+void TierTreeStore::PublishBatch(std::vector<Sealed> batch) {
+  // Data first (one syncfs for the whole batch), then the renames that publish it, then the
+  // directory entries (a second syncfs): a published file is never one whose data could be
+  // lost, and a completed put survives a crash.
+  absl::Status synced = tier_->SyncFs();
+  std::vector<absl::Status> results(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    results[i] = synced.ok() ? batch[i].temp->Publish() : synced;
+  }
+  if (synced.ok()) synced = tier_->SyncFs();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sealed& s = batch[i];
+    absl::Status status = results[i].ok() ? synced : results[i];
+    s.temp.reset();
+    if (status.ok()) {
+      std::move(s.done)(std::move(s.meta));
+    } else {
+      std::move(s.done)(Annotate(status, absl::StrCat("put ", Uri(s.meta.key))));
+    }
+  }
+}
+
+}  // namespace wharf

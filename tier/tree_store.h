@@ -1,0 +1,115 @@
+// TierTreeStore: the files of a tier below one directory, as a store whose puts become tier
+// entries. It is the destination of `wharf tier import` (the transfer engine copies into it)
+// and later of checkpoints written to the tier.
+//
+//  - Reads and listings are the file:// store's over the directory (the tier's own `.wharf`
+//    folder is never listed), except that an object's ETag is the ETag of the source it was
+//    copied from (its entry's provenance), so the transfer engine's rerun check (same size
+//    and ETag) skips exactly the entries that are current. A file that is not a complete
+//    entry lists with an empty ETag: a rerun copies it again.
+//  - A put writes the bytes into the process's temporary directory in the tier, checks them
+//    (the MD5 against a source ETag that is an MD5), seals the file with its entry attribute
+//    (PutOptions' provenance; `local` when there is none) and queues it. A committer thread
+//    publishes the queue in batches: one syncfs of the tier's file system, then one rename per
+//    file, then one fsync per directory touched. A put completes when its file is published,
+//    so a completed put is durable and visible; a process killed before that leaves only
+//    temporary files, which garbage collection removes (tier.h).
+//
+// Thread-safety: thread-safe, as every ObjectStore.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/runtime.h"
+#include "store/forwarding_store.h"
+#include "store/local/local_store.h"
+#include "store/local/temp_object.h"
+#include "tier/tier.h"
+
+namespace wharf {
+
+struct TierTreeOptions {
+  // A batch is published when it holds this many files or bytes, or when its oldest file
+  // has waited `max_delay`.
+  size_t batch_files = 256;
+  uint64_t batch_bytes = uint64_t{256} << 20;
+  absl::Duration max_delay = absl::Milliseconds(20);
+  // Entries written without provenance (data that exists nowhere else) are marked `local`.
+};
+
+class TierTreeStore : public ForwardingStore {
+ public:
+  // The tree below `dir` (absolute, inside `tier`; created when missing).
+  static absl::StatusOr<std::shared_ptr<TierTreeStore>> Open(std::shared_ptr<Tier> tier,
+                                                             const std::string& dir,
+                                                             std::shared_ptr<Runtime> runtime,
+                                                             TierTreeOptions options = {});
+  ~TierTreeStore() override;
+
+  void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override;
+  void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
+  absl::StatusOr<ListPage> List(const ListOptions& options,
+                                const std::string& continuation = "") override;
+  absl::StatusOr<ObjectMeta> Head(const std::string& key) override;
+  void PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                Callback<ObjectMeta> done) override;
+  absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data,
+                                 const PutOptions& options) override;
+  absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key,
+                                                          const PutOptions& options) override;
+  void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
+  absl::StatusOr<ObjectMeta> Copy(const std::string& src_key, const std::string& dst_key) override;
+
+  const std::shared_ptr<Tier>& tier() const { return tier_; }
+  const std::string& dir() const { return dir_; }
+
+  // Not for callers: a sealed file queued for publishing (used by the writer).
+  struct Sealed;
+  void Enqueue(Sealed sealed);
+
+ private:
+  TierTreeStore(std::shared_ptr<Tier> tier, std::shared_ptr<LocalStore> local,
+                std::shared_ptr<Runtime> runtime, TierTreeOptions options);
+  // A temporary file for `key` in the process's temporary directory, after the checks
+  // every put makes (key, options, not the tier's own folder); errors name the key's URI.
+  absl::StatusOr<std::unique_ptr<TempObject>> NewTemp(const std::string& key,
+                                                      const PutOptions& options);
+  // Writes `data` as a sealed entry file for `key`; the error names the key's URI.
+  absl::StatusOr<Sealed> Seal(const std::string& key, const absl::Cord& data,
+                              const PutOptions& options);
+  // Replaces each object's ETag by its entry's source ETag ("" when not an entry) and
+  // drops the tier's own folder.
+  void Describe(ListPage& page) const;
+  absl::StatusOr<ObjectMeta> Describe(ObjectMeta meta) const;
+  void CommitLoop();
+  void PublishBatch(std::vector<Sealed> batch);
+
+  const std::shared_ptr<Tier> tier_;
+  const std::shared_ptr<LocalStore> local_;
+  const std::shared_ptr<Runtime> runtime_;
+  const std::string dir_;
+  const bool at_root_;  // dir_ is the tier's root: hide .wharf
+  const TierTreeOptions options_;
+
+  absl::Mutex mu_;
+  std::deque<Sealed> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread committer_;
+};
+
+// The ETag an entry lists with: its source's, or for data written to the tier itself (no
+// source), the MD5 of its content.
+std::string EntryEtag(const TierEntry& entry);
+
+}  // namespace wharf

@@ -1,0 +1,226 @@
+// A tier's tree as a store: puts become entries carrying their provenance, published in
+// batches; listings report the source's ETag so the transfer engine skips current entries.
+#include "tier/tree_store.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "base/hash.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io/transfer.h"
+#include "store/testing/temp_store.h"
+
+namespace wharf {
+namespace {
+
+using store_testing::TempStore;
+using ::testing::HasSubstr;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class TierTreeStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tier = Tier::Init(tier_dir_.root() + "/tier", {});
+    ASSERT_TRUE(tier.ok()) << tier.status();
+    tier_ = *tier;
+  }
+  std::shared_ptr<TierTreeStore> Tree(const std::string& rel) {
+    auto tree = TierTreeStore::Open(tier_, tier_->root() + "/" + rel, Runtime::Default());
+    EXPECT_TRUE(tree.ok()) << tree.status();
+    return *tree;
+  }
+
+  TempStore tier_dir_;
+  TempStore source_;
+  std::shared_ptr<Tier> tier_;
+};
+
+TEST_F(TierTreeStoreTest, PutMakesAnEntryWithProvenance) {
+  auto tree = Tree("train");
+  PutOptions o;
+  o.source_uri = "s3://b/train/a.bin";
+  o.source_etag = "0123456789abcdef-3";  // a multipart ETag: not an MD5, not checked
+  auto meta = tree->Put("a.bin", absl::Cord("payload"), o);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(meta->etag, o.source_etag);
+  const std::string path = tier_->root() + "/train/a.bin";
+  EXPECT_EQ(ReadFile(path), "payload");
+  auto entry = ReadEntryAttr(path);
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_EQ(entry->source, o.source_uri);
+  EXPECT_EQ(entry->md5, Md5Hex("payload"));
+  EXPECT_FALSE(entry->local);
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0077, 0644u & 0077 & ~ProcessUmask());  // readable as any file
+
+  auto page = tree->List({});
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->objects.size(), 1u);
+  EXPECT_EQ(page->objects[0].etag, o.source_etag);
+  auto head = tree->Head("a.bin");
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(head->etag, o.source_etag);
+}
+
+TEST_F(TierTreeStoreTest, ContentThatDisagreesWithAnMd5EtagIsRefusedAndLeavesNothing) {
+  auto tree = Tree("");
+  PutOptions o;
+  o.source_uri = "s3://b/x";
+  o.source_etag = Md5Hex("the real content");
+  auto meta = tree->Put("x", absl::Cord("corrupted content"), o);
+  ASSERT_FALSE(meta.ok());
+  EXPECT_EQ(meta.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(meta.status().message(), HasSubstr("is not the source's ETag"));
+  EXPECT_THAT(meta.status().message(), HasSubstr("/tier/x"));
+  EXPECT_FALSE(std::filesystem::exists(tier_->root() + "/x"));
+  // The temporary file went with the failed put.
+  auto temp = tier_->TempDir();
+  ASSERT_TRUE(temp.ok());
+  EXPECT_TRUE(std::filesystem::is_empty(*temp));
+}
+
+TEST_F(TierTreeStoreTest, DataWithoutASourceIsLocalAndTheRootHidesTheTiersFolder) {
+  auto tree = Tree("");
+  ASSERT_TRUE(tree->Put("ckpt/step-1", absl::Cord("state"), PutOptions{}).ok());
+  auto entry = ReadEntryAttr(tier_->root() + "/ckpt/step-1");
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_TRUE(entry->local);
+  ListOptions all;
+  auto page = tree->List(all);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->objects.size(), 1u);
+  EXPECT_EQ(page->objects[0].key, "ckpt/step-1");
+  EXPECT_EQ(page->objects[0].etag, Md5Hex("state"));
+  ListOptions top;
+  top.delimiter = "/";
+  page = tree->List(top);
+  ASSERT_TRUE(page.ok());
+  EXPECT_THAT(page->common_prefixes, ::testing::ElementsAre("ckpt/"));
+  EXPECT_EQ(tree->Put(".wharf/tier.json", absl::Cord("x"), PutOptions{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TierTreeStoreTest, AFileThatIsNotAnEntryListsWithoutAnEtag) {
+  auto tree = Tree("d");
+  std::filesystem::create_directories(tier_->root() + "/d");
+  std::ofstream(tier_->root() + "/d/users-own-file") << "abc";
+  auto page = tree->List({});
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->objects.size(), 1u);
+  EXPECT_EQ(page->objects[0].etag, "");
+}
+
+TEST_F(TierTreeStoreTest, ImportThroughTheTransferEngineResumesByEtag) {
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(source_.store()
+                    ->Put(absl::StrCat("train/", i % 4, "/obj", i),
+                          absl::Cord(std::string(1000 + i, static_cast<char>('a' + i % 26))))
+                    .ok());
+  }
+  // One object bigger than the stream threshold goes through a writer in parts.
+  ASSERT_TRUE(source_.store()->Put("train/big", absl::Cord(std::string(3 << 20, 'z'))).ok());
+  auto tree = Tree("imported");
+  TransferOptions o;
+  o.recursive = true;
+  o.stream_threshold = 1 << 20;
+  o.part_size = 1 << 20;
+  auto first = Transfer({source_.store(), "train/"}, {tree, ""}, o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->objects, 41u);
+  EXPECT_EQ(first->skipped, 0u);
+  EXPECT_EQ(ReadFile(tier_->root() + "/imported/big"), std::string(3 << 20, 'z'));
+  auto big = ReadEntryAttr(tier_->root() + "/imported/big");
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(big->source, source_.store()->Uri("train/big"));
+
+  auto again = Transfer({source_.store(), "train/"}, {tree, ""}, o);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->objects, 0u);
+  EXPECT_EQ(again->skipped, 41u);
+
+  // A changed source object, and an entry damaged behind the tier's back, are fetched again.
+  ASSERT_TRUE(source_.store()->Put("train/0/obj0", absl::Cord("changed")).ok());
+  std::ofstream(tier_->root() + "/imported/1/obj1", std::ios::app) << "junk";
+  auto third = Transfer({source_.store(), "train/"}, {tree, ""}, o);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->objects, 2u);
+  EXPECT_EQ(ReadFile(tier_->root() + "/imported/0/obj0"), "changed");
+  EXPECT_EQ(ReadFile(tier_->root() + "/imported/1/obj1"), std::string(1001, 'b'));
+}
+
+TEST_F(TierTreeStoreTest, ShardsTogetherImportEveryObjectOnce) {
+  constexpr int kObjects = 60, kShards = 3;
+  for (int i = 0; i < kObjects; ++i) {
+    ASSERT_TRUE(source_.store()->Put(absl::StrCat("s/k", i), absl::Cord("v")).ok());
+  }
+  uint64_t total = 0;
+  for (int shard = 0; shard < kShards; ++shard) {
+    auto tree = Tree("sharded");
+    TransferOptions o;
+    o.recursive = true;
+    o.shard_index = shard;
+    o.shard_count = kShards;
+    auto r = Transfer({source_.store(), "s/"}, {tree, ""}, o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LT(r->objects, static_cast<uint64_t>(kObjects));
+    EXPECT_EQ(r->skipped, 0u) << "shards are disjoint";
+    total += r->objects;
+  }
+  EXPECT_EQ(total, static_cast<uint64_t>(kObjects));
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(tier_->root() + "/sharded")) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, static_cast<size_t>(kObjects));
+  TransferOptions bad;
+  bad.recursive = true;
+  bad.shard_index = 3;
+  bad.shard_count = 3;
+  EXPECT_EQ(Transfer({source_.store(), "s/"}, {Tree("x"), ""}, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TierTreeStoreTest, ManyConcurrentPutsArePublishedInBatches) {
+  TierTreeOptions options;
+  options.batch_files = 8;
+  auto tree = TierTreeStore::Open(tier_, tier_->root() + "/many", Runtime::Default(), options);
+  ASSERT_TRUE(tree.ok());
+  absl::Mutex mu;
+  int done = 0, failed = 0;
+  constexpr int kPuts = 100;
+  for (int i = 0; i < kPuts; ++i) {
+    (*tree)->PutAsync(absl::StrCat("k", i), absl::Cord(absl::StrCat("v", i)), PutOptions{},
+                      [&](absl::StatusOr<ObjectMeta> m) {
+                        absl::MutexLock lock(&mu);
+                        ++done;
+                        if (!m.ok()) ++failed;
+                      });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(+[](int* d) { return *d == kPuts; }, &done));
+  }
+  EXPECT_EQ(failed, 0);
+  for (int i = 0; i < kPuts; ++i) {
+    EXPECT_EQ(ReadFile(absl::StrCat(tier_->root(), "/many/k", i)), absl::StrCat("v", i));
+  }
+}
+
+}  // namespace
+}  // namespace wharf
