@@ -8,8 +8,8 @@
 
 namespace wharf {
 
-CredentialsCache::CredentialsCache(std::unique_ptr<CredentialsProvider> provider,
-                                   ThreadPool* pool, CredentialsCacheOptions options)
+CredentialsCache::CredentialsCache(std::unique_ptr<CredentialsProvider> provider, ThreadPool* pool,
+                                   CredentialsCacheOptions options)
     : provider_(std::move(provider)),
       source_(provider_->Describe()),
       pool_(pool),

@@ -3,8 +3,8 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/string_view.h"
 
 namespace wharf {
 
@@ -18,7 +18,9 @@ Md5::Md5() : state_(std::make_unique<State>()) {
 }
 Md5::~Md5() = default;
 
-void Md5::Update(absl::string_view data) { EVP_DigestUpdate(state_->ctx, data.data(), data.size()); }
+void Md5::Update(absl::string_view data) {
+  EVP_DigestUpdate(state_->ctx, data.data(), data.size());
+}
 
 void Md5::Update(const absl::Cord& data) {
   for (absl::string_view chunk : data.Chunks()) Update(chunk);

@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 
 namespace wharf {
 

@@ -35,8 +35,7 @@ double LinkEstimator::bytes_per_second() const {
 }
 
 int LinkEstimator::InFlightFor(double target_bytes_per_second, uint64_t object_bytes) const {
-  const double ttfb =
-      std::max(kPriorTtfbSeconds, absl::ToDoubleSeconds(time_to_first_byte()));
+  const double ttfb = std::max(kPriorTtfbSeconds, absl::ToDoubleSeconds(time_to_first_byte()));
   const double objects_per_second =
       target_bytes_per_second / static_cast<double>(std::max<uint64_t>(1, object_bytes));
   return static_cast<int>(std::clamp(std::ceil(objects_per_second * ttfb), 32.0, 4096.0));

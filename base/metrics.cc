@@ -11,8 +11,7 @@
 namespace wharf {
 
 Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)),
-      buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+    : bounds_(std::move(bounds)), buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
   for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0);
 }
 
@@ -62,9 +61,12 @@ bool ValidName(const std::string& name) {
 
 const char* KindName(MetricsRegistry::Kind kind) {
   switch (kind) {
-    case MetricsRegistry::Kind::kCounter: return "counter";
-    case MetricsRegistry::Kind::kGauge: return "gauge";
-    case MetricsRegistry::Kind::kHistogram: return "histogram";
+    case MetricsRegistry::Kind::kCounter:
+      return "counter";
+    case MetricsRegistry::Kind::kGauge:
+      return "gauge";
+    case MetricsRegistry::Kind::kHistogram:
+      return "histogram";
   }
   return "untyped";
 }

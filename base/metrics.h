@@ -84,7 +84,7 @@ class MetricsRegistry {
     Kind kind;
     std::string help;
     MetricLabels labels;
-    double value = 0;                 // counters and gauges
+    double value = 0;                      // counters and gauges
     const Histogram* histogram = nullptr;  // histograms (alive as long as the registry)
   };
   // Every metric, sorted by name then labels.

@@ -25,15 +25,23 @@ absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
   }
   std::string suffix = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(s.substr(digits)));
   // "K", "KB", "KIB", "B", "" are accepted; every multiple is a power of 1024.
-  if (absl::EndsWith(suffix, "IB")) suffix.resize(suffix.size() - 2);
-  else if (suffix.size() == 2 && suffix.back() == 'B') suffix.resize(1);
-  else if (suffix == "B") suffix.clear();
+  if (absl::EndsWith(suffix, "IB"))
+    suffix.resize(suffix.size() - 2);
+  else if (suffix.size() == 2 && suffix.back() == 'B')
+    suffix.resize(1);
+  else if (suffix == "B")
+    suffix.clear();
   int shift = 0;
-  if (suffix.empty()) shift = 0;
-  else if (suffix == "K") shift = 10;
-  else if (suffix == "M") shift = 20;
-  else if (suffix == "G") shift = 30;
-  else if (suffix == "T") shift = 40;
+  if (suffix.empty())
+    shift = 0;
+  else if (suffix == "K")
+    shift = 10;
+  else if (suffix == "M")
+    shift = 20;
+  else if (suffix == "G")
+    shift = 30;
+  else if (suffix == "T")
+    shift = 40;
   else {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid size '", text, "': the suffix must be K, M, G or T (powers of 1024)"));

@@ -81,7 +81,8 @@ class Runtime {
   // One object of type T per key for the runtime's life (transports keyed by TLS settings,
   // credential caches keyed by source): `make` runs once per (T, key).
   template <typename T>
-  std::shared_ptr<T> Shared(const std::string& key, const std::function<std::shared_ptr<T>()>& make) {
+  std::shared_ptr<T> Shared(const std::string& key,
+                            const std::function<std::shared_ptr<T>()>& make) {
     absl::MutexLock lock(&mu_);
     auto& slot = shared_[{std::type_index(typeid(T)), key}];
     if (!slot) slot = make();

@@ -6,9 +6,9 @@
 
 #include <string_view>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace wharf {
 
@@ -25,10 +25,10 @@ absl::Status ErrnoToStatus(int err, absl::string_view context);
 #define WHARF_STATUS_CONCAT_(a, b) WHARF_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (an absl::Status); returns it from the enclosing function if not OK.
-#define WHARF_RETURN_IF_ERROR(expr)                  \
-  do {                                               \
-    ::absl::Status wharf_status_ = (expr);           \
-    if (!wharf_status_.ok()) return wharf_status_;   \
+#define WHARF_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::absl::Status wharf_status_ = (expr);         \
+    if (!wharf_status_.ok()) return wharf_status_; \
   } while (0)
 
 // `lhs = *expr` for an absl::StatusOr<T> expression; returns its status if not OK.

@@ -28,7 +28,8 @@ void Timer::Loop() {
   while (!stopping_) {
     if (queue_.empty()) {
       mu_.Await(absl::Condition(
-          +[](Timer* t) ABSL_NO_THREAD_SAFETY_ANALYSIS { return t->stopping_ || !t->queue_.empty(); },
+          +[](Timer* t)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return t->stopping_ || !t->queue_.empty(); },
           this));
       continue;
     }

@@ -220,9 +220,8 @@ void Progress::DrawLocked() {
   std::string bar(kWidth, '.');
   if (final_total) {
     // Bytes when there are any (one large object moves the bar too), else objects.
-    const double fraction =
-        total_bytes > 0 ? static_cast<double>(bytes()) / total_bytes
-                        : (total > 0 ? static_cast<double>(done) / total : 1.0);
+    const double fraction = total_bytes > 0 ? static_cast<double>(bytes()) / total_bytes
+                                            : (total > 0 ? static_cast<double>(done) / total : 1.0);
     bar.replace(0, static_cast<size_t>(kWidth * std::min(fraction, 1.0)),
                 static_cast<size_t>(kWidth * std::min(fraction, 1.0)), '#');
   } else {
@@ -236,13 +235,12 @@ void Progress::DrawLocked() {
   const double secs = absl::ToDoubleSeconds(elapsed());
   if (final_total && bytes() > 0 && total_bytes > bytes() && secs > 0) {
     const double left = (total_bytes - bytes()) / (bytes() / secs);
-    eta = absl::StrFormat("  ETA %d:%02d", static_cast<int>(left) / 60,
-                          static_cast<int>(left) % 60);
+    eta =
+        absl::StrFormat("  ETA %d:%02d", static_cast<int>(left) / 60, static_cast<int>(left) % 60);
   }
   const std::string line = absl::StrCat(
-      "\r[", bar, "]  ", done, "/", total, final_total ? "" : "+", " objects  ",
-      Megabytes(bytes()), " MB  ", MegabytesPerSecond(bytes(), elapsed()), " MB/s", eta,
-      "\033[K");
+      "\r[", bar, "]  ", done, "/", total, final_total ? "" : "+", " objects  ", Megabytes(bytes()),
+      " MB  ", MegabytesPerSecond(bytes(), elapsed()), " MB/s", eta, "\033[K");
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
   drawn_ = true;

@@ -19,9 +19,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "io/transfer.h"
 #include "nlohmann/json.hpp"
 #include "store/keys.h"
-#include "io/transfer.h"
 #include "store/object_store.h"
 
 namespace wharf::cli {
@@ -147,7 +147,7 @@ class Progress {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool drawn_ ABSL_GUARDED_BY(mu_) = false;  // a progress line is on screen
-  int ticks_ ABSL_GUARDED_BY(mu_) = 0;        // redraws so far, to animate an open total
+  int ticks_ ABSL_GUARDED_BY(mu_) = 0;       // redraws so far, to animate an open total
   std::thread thread_;
 };
 
@@ -167,9 +167,9 @@ class ProgressObserver : public TransferObserver {
   }
   void OnDryrun(absl::string_view op, const std::string& src, const std::string& dst) override {
     absl::MutexLock lock(&mu_);
-    Print(dst.empty() ? absl::StrCat("(dryrun) ", op, " ", OneLine(src), "\n")
-                      : absl::StrCat("(dryrun) ", op, " ", OneLine(src), " -> ", OneLine(dst),
-                                     "\n"));
+    Print(dst.empty()
+              ? absl::StrCat("(dryrun) ", op, " ", OneLine(src), "\n")
+              : absl::StrCat("(dryrun) ", op, " ", OneLine(src), " -> ", OneLine(dst), "\n"));
   }
 
  private:

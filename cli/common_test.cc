@@ -8,16 +8,16 @@ namespace wharf::cli {
 namespace {
 
 TEST(IsSafeRelativeKeyTest, AcceptsKeysBelowTheDestination) {
-  for (const char* rel : {"ok/key", "x", "é/x", "日本/データ.bin", "a b/c+d%20=e&f~g",
-                          "a..b/c", "...", "a/.hidden", "a/b..", "dir/file.", "a\\b"}) {
+  for (const char* rel : {"ok/key", "x", "é/x", "日本/データ.bin", "a b/c+d%20=e&f~g", "a..b/c",
+                          "...", "a/.hidden", "a/b..", "dir/file.", "a\\b"}) {
     EXPECT_TRUE(IsSafeRelativeKey(rel)) << rel;
   }
 }
 
 TEST(IsSafeRelativeKeyTest, RefusesKeysThatEscapeOrAlias) {
-  for (const char* rel : {"", "..", ".", "../x", "a/../../x", "a/..", "/abs", "a//b", "a/./b",
-                          "./a", "a/", "a/b/", "//x", "..\\x", "a\\..\\..\\x", "a\\..", "\\abs",
-                          "a/.\\b", "x/..\\"}) {
+  for (const char* rel :
+       {"", "..", ".", "../x", "a/../../x", "a/..", "/abs", "a//b", "a/./b", "./a", "a/", "a/b/",
+        "//x", "..\\x", "a\\..\\..\\x", "a\\..", "\\abs", "a/.\\b", "x/..\\"}) {
     EXPECT_FALSE(IsSafeRelativeKey(rel)) << rel;
   }
   EXPECT_FALSE(IsSafeRelativeKey(std::string("a\0b", 3)));

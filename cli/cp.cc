@@ -39,9 +39,9 @@ void PrintSummary(const TransferSummary& s, const CpArgs& args) {
                         s.objects == 1 ? "object" : "objects", Megabytes(s.bytes),
                         absl::ToDoubleSeconds(elapsed), MegabytesPerSecond(s.bytes, elapsed)));
   if (s.skipped > 0) {
-    Print(absl::StrFormat(args.sync ? "skipped %d up to date\n"
-                                    : "skipped %d already present (same size and ETag)\n",
-                          s.skipped));
+    Print(absl::StrFormat(
+        args.sync ? "skipped %d up to date\n" : "skipped %d already present (same size and ETag)\n",
+        s.skipped));
   }
   if (s.deleted > 0) Print(absl::StrFormat("deleted %d not in the source\n", s.deleted));
 }
@@ -190,7 +190,8 @@ absl::Status RunCp(const CpArgs& args) {
     // Not an object: say whether -r was meant.
     WHARF_ASSIGN_OR_RETURN(bool is_prefix, PrefixHasObjects(*src.store, AsPrefix(key)));
     const std::string uri = src.store->Uri(key);
-    if (is_prefix) return absl::InvalidArgumentError(absl::StrCat(verb, " ", uri, ": is a prefix; use -r"));
+    if (is_prefix)
+      return absl::InvalidArgumentError(absl::StrCat(verb, " ", uri, ": is a prefix; use -r"));
     return absl::NotFoundError(absl::StrCat(verb, " ", uri, ": no such object"));
   }
   if (IsLocalDirectory(dst_uri)) dst_key = AsPrefix(dst_key);

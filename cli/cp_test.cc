@@ -50,8 +50,9 @@ class CpHostileKeysTest : public testing::Test {
       ASSERT_TRUE(store_->Put(key, absl::Cord(data)).ok());
     }
     StoreRegistry::Global().Register(
-        "mem", [store = store_](const StoreSpec&, std::shared_ptr<Runtime>)
-                   -> absl::StatusOr<std::shared_ptr<ObjectStore>> { return store; });
+        "mem",
+        [store = store_](const StoreSpec&, std::shared_ptr<Runtime>)
+            -> absl::StatusOr<std::shared_ptr<ObjectStore>> { return store; });
     char tmpl[] = "/tmp/wharf-cp-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     root_ = tmpl;
@@ -72,8 +73,8 @@ class CpHostileKeysTest : public testing::Test {
 };
 
 TEST_F(CpHostileKeysTest, ToLocalRefusesEscapingKeysAndCopiesTheRest) {
-  CpArgs args{.src = "mem://bkt/p", .dst = root_ + "/dst", .recursive = true, .jobs = 4,
-              .quiet = true};
+  CpArgs args{
+      .src = "mem://bkt/p", .dst = root_ + "/dst", .recursive = true, .jobs = 4, .quiet = true};
   testing::internal::CaptureStderr();
   absl::Status status = RunCp(args);
   const std::string err = testing::internal::GetCapturedStderr();

@@ -19,11 +19,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "base/hash.h"
 #include "base/runtime.h"
@@ -189,8 +189,8 @@ class Demo {
             args.jobs))) {}
 
   absl::Status Run() {
-    Print(absl::StrFormat("wharf demo: %d objects of %d bytes in %s\n\n", args_.objects,
-                          args_.size, OneLine(store_.Uri(prefix_))));
+    Print(absl::StrFormat("wharf demo: %d objects of %d bytes in %s\n\n", args_.objects, args_.size,
+                          OneLine(store_.Uri(prefix_))));
     std::vector<Row> rows;
     absl::Status status = Generate(rows);
     if (status.ok()) status = List(rows);
@@ -265,9 +265,9 @@ class Demo {
     if (missing > 0) {
       const int first =
           static_cast<int>(std::find(found.begin(), found.end(), false) - found.begin());
-      return absl::NotFoundError(absl::StrCat("demo: ", missing,
-                                              " objects missing from the listing (first: ",
-                                              store_.Uri(prefix_ + KeyOf(first)), ")"));
+      return absl::NotFoundError(absl::StrCat(
+          "demo: ", missing,
+          " objects missing from the listing (first: ", store_.Uri(prefix_ + KeyOf(first)), ")"));
     }
     return absl::OkStatus();
   }
@@ -312,8 +312,7 @@ class Demo {
           break;
         }
         cpu.Schedule([this, &bytes, &checks, sample = **std::move(next)] {
-          const absl::Status verified =
-              Verify(static_cast<int>(sample.index), sample.data.view());
+          const absl::Status verified = Verify(static_cast<int>(sample.index), sample.data.view());
           if (verified.ok()) bytes += sample.data.size();
           checks.Release(verified);
         });
@@ -337,8 +336,8 @@ class Demo {
     if (IsMd5Hex(meta.etag)) {
       const std::string md5 = Md5Hex(data);
       if (md5 != absl::AsciiStrToLower(meta.etag)) {
-        return absl::DataLossError(absl::StrCat("verify ", uri, ": MD5 of the bytes read is ",
-                                                md5, ", listed ETag is ", meta.etag));
+        return absl::DataLossError(absl::StrCat("verify ", uri, ": MD5 of the bytes read is ", md5,
+                                                ", listed ETag is ", meta.etag));
       }
     } else if (data != MakeImage(index, meta.size)) {
       return absl::DataLossError(

@@ -12,15 +12,16 @@
 namespace wharf::cli {
 
 void AddEngineFlags(CLI::App* cmd, EngineArgs& args, bool budget_mb_alias) {
-  CLI::Option* budget = cmd->add_option("--memory-budget", args.memory_budget,
-                  "Most bytes of data held at once (SIZE: an integer with an optional K, M, G "
-                  "or T suffix, powers of 1024); default: WHARF_MEMORY_BUDGET, else 1G")
-      ->check([](const std::string& v) -> std::string {
-        auto size = ParseSize(v);
-        if (!size.ok()) return std::string(size.status().message());
-        if (*size == 0) return "the memory budget must be positive";
-        return "";
-      });
+  CLI::Option* budget =
+      cmd->add_option("--memory-budget", args.memory_budget,
+                      "Most bytes of data held at once (SIZE: an integer with an optional K, M, G "
+                      "or T suffix, powers of 1024); default: WHARF_MEMORY_BUDGET, else 1G")
+          ->check([](const std::string& v) -> std::string {
+            auto size = ParseSize(v);
+            if (!size.ok()) return std::string(size.status().message());
+            if (*size == 0) return "the memory budget must be positive";
+            return "";
+          });
   if (budget_mb_alias) {
     cmd->add_option("--budget-mb", args.budget_mb, "Same as --memory-budget, in MiB")
         ->check(CLI::Range(1, 1 << 24))

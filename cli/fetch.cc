@@ -88,8 +88,8 @@ absl::Status RunFetch(const FetchArgs& args) {
   std::sort(ttfb.begin(), ttfb.end());
   auto pct = [&](double p) {
     if (ttfb.empty()) return 0.0;
-    return absl::ToDoubleMilliseconds(ttfb[std::min(ttfb.size() - 1,
-                                                    static_cast<size_t>(p * ttfb.size()))]);
+    return absl::ToDoubleMilliseconds(
+        ttfb[std::min(ttfb.size() - 1, static_cast<size_t>(p * ttfb.size()))]);
   };
   const double secs = std::max(1e-9, absl::ToDoubleSeconds(elapsed));
   if (args.json) {
@@ -111,17 +111,18 @@ absl::Status RunFetch(const FetchArgs& args) {
     j["ttfb_p99_ms"] = pct(0.99);
     Print(JsonLine(j));
   } else {
-    Print(absl::StrFormat(
-        "| objects | MB | seconds | objects/s | MB/s | TTFB p50 ms | TTFB p99 ms | peak in flight |\n"
-        "|---|---|---|---|---|---|---|---|\n"
-        "| %d | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %d |\n",
-        objects, Megabytes(bytes), secs, objects / secs, bytes / secs / 1e6, pct(0.5), pct(0.99),
-        fetch_stats.peak_in_flight));
+    Print(
+        absl::StrFormat("| objects | MB | seconds | objects/s | MB/s | TTFB p50 ms | TTFB p99 ms | "
+                        "peak in flight |\n"
+                        "|---|---|---|---|---|---|---|---|\n"
+                        "| %d | %s | %.2f | %.0f | %.1f | %.1f | %.1f | %d |\n",
+                        objects, Megabytes(bytes), secs, objects / secs, bytes / secs / 1e6,
+                        pct(0.5), pct(0.99), fetch_stats.peak_in_flight));
   }
   if (errors > 0) {
-    return absl::Status(first_error.code(), absl::StrCat("fetch ", args.uri, ": ", errors,
-                                                         " objects failed; first: ",
-                                                         first_error.message()));
+    return absl::Status(first_error.code(),
+                        absl::StrCat("fetch ", args.uri, ": ", errors,
+                                     " objects failed; first: ", first_error.message()));
   }
   if (objects == 0 && args.recursive) {
     return absl::NotFoundError(absl::StrCat("fetch ", args.uri, ": no objects match"));

@@ -33,8 +33,7 @@ class Printer {
                       {"etag", meta.etag},
                       {"mtime", FormatMtime(meta.mtime)}}));
     } else {
-      Print(absl::StrFormat("%12d  %-20s  %s\n", meta.size, FormatMtime(meta.mtime),
-                            OneLine(uri)));
+      Print(absl::StrFormat("%12d  %-20s  %s\n", meta.size, FormatMtime(meta.mtime), OneLine(uri)));
     }
     ++count_;
   }
@@ -71,15 +70,13 @@ absl::Status ListBuckets(const std::string& scheme, bool json) {
   for (const BucketInfo& bucket : buckets) {
     const std::string uri = absl::StrCat(scheme, "://", bucket.name, "/");
     if (json) {
-      Print(JsonLine({{"uri", uri},
-                      {"bucket", bucket.name},
-                      {"created", FormatMtime(bucket.creation_time)}}));
+      Print(JsonLine(
+          {{"uri", uri}, {"bucket", bucket.name}, {"created", FormatMtime(bucket.creation_time)}}));
     } else {
       const std::string created =
           bucket.creation_time == absl::InfinitePast()
               ? std::string(19, '-')
-              : absl::FormatTime("%Y-%m-%d %H:%M:%S", bucket.creation_time,
-                                 absl::LocalTimeZone());
+              : absl::FormatTime("%Y-%m-%d %H:%M:%S", bucket.creation_time, absl::LocalTimeZone());
       Print(absl::StrCat(created, " ", OneLine(bucket.name), "\n"));
     }
   }

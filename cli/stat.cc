@@ -39,10 +39,10 @@ absl::Status RunStat(const StatArgs& args) {
 
   if (args.json) {
     nlohmann::ordered_json j = {{"uri", store.Uri(meta->key)},
-                        {"key", meta->key},
-                        {"size", meta->size},
-                        {"etag", meta->etag},
-                        {"mtime", FormatMtime(meta->mtime)}};
+                                {"key", meta->key},
+                                {"size", meta->size},
+                                {"etag", meta->etag},
+                                {"mtime", FormatMtime(meta->mtime)}};
     Print(JsonLine(j));
   } else {
     Print(absl::StrCat("uri:   ", store.Uri(meta->key), "\n",  //

@@ -1,5 +1,7 @@
 // wharf tier: flag parsing and output around tier/ (docs/design/tier.md). Import is a
 // transfer (io/transfer.h) into the tier's tree store; the other sub-verbs walk the tier.
+#include "tier/tier.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -24,7 +26,6 @@
 #include "cli/verbs.h"
 #include "io/transfer.h"
 #include "store/keys.h"
-#include "tier/tier.h"
 #include "tier/tree_store.h"
 
 namespace wharf::cli {
@@ -118,8 +119,7 @@ absl::Status RunImport(const TierArgs& args) {
   }
   if (args.world_size > 0 && args.rank >= args.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("tier import: --rank ", args.rank,
-                                                   " is not below --world-size ",
-                                                   args.world_size));
+                                                   " is not below --world-size ", args.world_size));
   }
   WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.jobs));
   WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(args.src));
@@ -180,8 +180,7 @@ absl::Status RunImport(const TierArgs& args) {
                           summary->objects, summary->listed, Megabytes(summary->bytes), seconds,
                           MegabytesPerSecond(summary->bytes, summary->elapsed), dest));
     if (summary->skipped > 0) {
-      Print(absl::StrFormat("skipped %d already current (same size and ETag)\n",
-                            summary->skipped));
+      Print(absl::StrFormat("skipped %d already current (same size and ETag)\n", summary->skipped));
     }
     if (garbage.files > 0) {
       Print(absl::StrFormat("removed %d temporary files left by %d interrupted runs\n",
@@ -195,18 +194,18 @@ absl::Status RunStatus(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   const std::string path = AbsolutePath(args.path);
   uint64_t entries = 0, bytes = 0, pinned = 0, local = 0, other_files = 0;
-  WHARF_RETURN_IF_ERROR(WalkFiles(tier->root(), path, [&](const std::string& p,
-                                                          const struct stat& st) {
-    const auto entry = ReadEntryAttr(p);
-    if (!IsCompleteEntry(entry, st)) {
-      ++other_files;
-      return;
-    }
-    ++entries;
-    bytes += st.st_size;
-    if (IsPinned(p)) ++pinned;
-    if (entry->local) ++local;
-  }));
+  WHARF_RETURN_IF_ERROR(
+      WalkFiles(tier->root(), path, [&](const std::string& p, const struct stat& st) {
+        const auto entry = ReadEntryAttr(p);
+        if (!IsCompleteEntry(entry, st)) {
+          ++other_files;
+          return;
+        }
+        ++entries;
+        bytes += st.st_size;
+        if (IsPinned(p)) ++pinned;
+        if (entry->local) ++local;
+      }));
   WHARF_ASSIGN_OR_RETURN(std::vector<TierImport> imports, tier->Imports());
   const TierConfig& c = tier->config();
   struct statvfs vfs;
@@ -243,12 +242,14 @@ absl::Status RunStatus(const TierArgs& args) {
   if (path != tier->root()) Print(absl::StrFormat("path      %s\n", path));
   Print(absl::StrFormat("entries   %d (%s MB), %d pinned, %d only here (not exported)\n", entries,
                         Megabytes(bytes), pinned, local));
-  if (other_files > 0) Print(absl::StrFormat("other     %d files that are not entries\n", other_files));
-  Print(absl::StrFormat("bound     %s, keep %.1f%% free\n",
-                        c.max_size == 0 ? "no size bound" : absl::StrCat(Megabytes(c.max_size), " MB"),
-                        c.min_free));
+  if (other_files > 0)
+    Print(absl::StrFormat("other     %d files that are not entries\n", other_files));
+  Print(absl::StrFormat(
+      "bound     %s, keep %.1f%% free\n",
+      c.max_size == 0 ? "no size bound" : absl::StrCat(Megabytes(c.max_size), " MB"), c.min_free));
   if (have_fs) {
-    Print(absl::StrFormat("disk      %s MB free of %s MB\n", Megabytes(fs_free), Megabytes(fs_size)));
+    Print(
+        absl::StrFormat("disk      %s MB free of %s MB\n", Megabytes(fs_free), Megabytes(fs_size)));
   }
   const Tier::Stats stats = tier->ReadStats();
   Print(absl::StrFormat("reads     %d hits, %d misses; %d objects (%s MB) filled\n", stats.hits,
@@ -327,7 +328,9 @@ absl::Status RunVerify(const TierArgs& args) {
   WHARF_RETURN_IF_ERROR(walk);
   const uint64_t remaining = damaged - repaired;
   if (args.json) {
-    Print(JsonLine({{"checked", checked}, {"damaged", damaged}, {"repaired", repaired},
+    Print(JsonLine({{"checked", checked},
+                    {"damaged", damaged},
+                    {"repaired", repaired},
                     {"remaining", remaining}}));
   } else if (!args.quiet) {
     Print(absl::StrFormat("verified %d entries: %d damaged, %d repaired\n", checked, damaged,
@@ -386,14 +389,16 @@ void AddTier(CLI::App& app, TierArgs& args) {
   init->add_option("TIER_DIR", args.path, "The tier's directory")->required();
 
   CLI::App* import = sub("import", "Copy every object below SRC_URI into DEST_DIR in a tier");
-  import->add_option("--rank", args.rank,
-                     "With --world-size: import only this share of the keys (W importers on W "
-                     "nodes together import everything once)")
+  import
+      ->add_option("--rank", args.rank,
+                   "With --world-size: import only this share of the keys (W importers on W "
+                   "nodes together import everything once)")
       ->check(CLI::NonNegativeNumber);
   import->add_option("--world-size", args.world_size, "Number of importers sharing the work")
       ->check(CLI::PositiveNumber);
-  import->add_option("-j,--jobs,--inflight", args.jobs,
-                     "Requests in flight; default: sized from the store's measured latency")
+  import
+      ->add_option("-j,--jobs,--inflight", args.jobs,
+                   "Requests in flight; default: sized from the store's measured latency")
       ->check(CLI::Range(1, 65536));
   AddEngineFlags(import, args.engine, /*budget_mb_alias=*/false);
   import->add_option("--list-workers", args.list_workers, "Parallel listing workers")
@@ -403,8 +408,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
                    "Print a JSON summary: objects, bytes, fetched, skipped, failed, seconds");
   import->add_flag("-q,--quiet", args.quiet, "No progress line and no summary");
   import->add_option("SRC_URI", args.src, "The source prefix (s3://, gs://, file://)")->required();
-  import->add_option("DEST_DIR", args.path,
-                     "Where the objects appear as files (inside a tier, or it becomes one)")
+  import
+      ->add_option("DEST_DIR", args.path,
+                   "Where the objects appear as files (inside a tier, or it becomes one)")
       ->required();
   import->footer(
       "Each object becomes DEST_DIR/<key relative to SRC_URI>, verified (size, and the MD5\n"

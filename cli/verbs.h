@@ -78,8 +78,8 @@ struct CpArgs {
   int list_workers = 16;
   bool quiet = false;
   bool dryrun = false;
-  bool sync = false;          // the sync verb
-  bool delete_extra = false;  // sync --delete
+  bool sync = false;                          // the sync verb
+  bool delete_extra = false;                  // sync --delete
   std::vector<std::string> include, exclude;  // for --help; the order comes from `filters`
   std::vector<TransferFilter> filters;
   std::string content_type, storage_class, sse, sse_kms_key_id;

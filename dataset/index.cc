@@ -60,8 +60,8 @@ absl::StatusOr<std::string> ResolveKey(absl::string_view key, absl::string_view 
   if (key.empty()) return absl::InvalidArgumentError("empty key");
   if (LooksLikeUri(key)) {
     if (store_root_uri.empty() || !absl::StartsWith(key, store_root_uri)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", key, "' is not in this dataset's store (", store_root_uri, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", key, "' is not in this dataset's store (", store_root_uri, ")"));
     }
     key.remove_prefix(store_root_uri.size());
     if (key.empty()) return absl::InvalidArgumentError("URI names no object");
@@ -91,8 +91,7 @@ SampleIndex SampleIndex::FromKeys(std::vector<std::string> keys) {
   return SampleIndex(std::move(entries));
 }
 
-absl::StatusOr<SampleIndex> SampleIndex::FromListing(ObjectStore& store,
-                                                     absl::string_view prefix,
+absl::StatusOr<SampleIndex> SampleIndex::FromListing(ObjectStore& store, absl::string_view prefix,
                                                      const ListingIndexOptions& options) {
   ListOptions range;
   range.prefix = std::string(prefix);
@@ -115,8 +114,8 @@ absl::StatusOr<SampleIndex> SampleIndex::FromListing(ObjectStore& store,
       }
       if (!match) continue;
     }
-    entries.push_back({.key = std::move(meta.key), .size = meta.size,
-                       .etag = std::move(meta.etag)});
+    entries.push_back(
+        {.key = std::move(meta.key), .size = meta.size, .etag = std::move(meta.etag)});
   }
   return SampleIndex(std::move(entries));
 }
@@ -153,8 +152,7 @@ absl::StatusOr<SampleIndex> SampleIndex::ParseManifest(absl::string_view text,
     const absl::string_view stripped = absl::StripAsciiWhitespace(line);
     if (stripped.empty()) continue;
     if (format == ManifestFormat::kAuto) {
-      format = absl::StartsWith(stripped, "{") ? ManifestFormat::kJsonLines
-                                               : ManifestFormat::kKeys;
+      format = absl::StartsWith(stripped, "{") ? ManifestFormat::kJsonLines : ManifestFormat::kKeys;
     }
     auto line_error = [&](absl::string_view message) {
       return absl::InvalidArgumentError(

@@ -30,8 +30,8 @@ absl::StatusOr<SampleIndex> Parse(absl::string_view text,
 TEST(ManifestTest, PlainKeys) {
   auto index = Parse("a/1.jpg\n\n  b/2.jpg \r\n/other/3.jpg\r\ns3://bucket/x/4.jpg\n5.jpg");
   ASSERT_TRUE(index.ok()) << index.status();
-  EXPECT_THAT(Keys(*index), ElementsAre("ds/a/1.jpg", "ds/b/2.jpg", "other/3.jpg", "x/4.jpg",
-                                        "ds/5.jpg"));
+  EXPECT_THAT(Keys(*index),
+              ElementsAre("ds/a/1.jpg", "ds/b/2.jpg", "other/3.jpg", "x/4.jpg", "ds/5.jpg"));
   EXPECT_FALSE((*index)[0].size.has_value());
 }
 
@@ -119,10 +119,8 @@ TEST_F(LocalIndexTest, ListingIsSortedAndIndependentOfParallelism) {
   ASSERT_TRUE(store_->Put("val/z.jpg", absl::Cord("v")).ok());
   std::sort(expected.begin(), expected.end());
 
-  auto one = SampleIndex::FromListing(*store_, "train/",
-                                      {.list = {.workers = 1, .page_size = 7}});
-  auto many = SampleIndex::FromListing(*store_, "train/",
-                                       {.list = {.workers = 8, .page_size = 7}});
+  auto one = SampleIndex::FromListing(*store_, "train/", {.list = {.workers = 1, .page_size = 7}});
+  auto many = SampleIndex::FromListing(*store_, "train/", {.list = {.workers = 8, .page_size = 7}});
   ASSERT_TRUE(one.ok()) << one.status();
   ASSERT_TRUE(many.ok()) << many.status();
   EXPECT_EQ(Keys(*one), expected);
@@ -146,10 +144,11 @@ TEST_F(LocalIndexTest, ManifestKeysAreRelativeToTheManifest) {
   EXPECT_THAT(Keys(*index), ElementsAre("ds/v1/a/1.jpg", "ds/v1/b/2.jpg", "top.jpg"));
 
   // A URI inside the store is accepted; the manifest's own error names its URI.
-  ASSERT_TRUE(store_->Put("m.jsonl", absl::Cord(absl::StrCat(
-                                         "{\"key\":\"", store_->Uri("x/y.bin"), "\"}\n",
-                                         "{\"key\":\"z\",\"size\":true}\n")))
-                  .ok());
+  ASSERT_TRUE(
+      store_
+          ->Put("m.jsonl", absl::Cord(absl::StrCat("{\"key\":\"", store_->Uri("x/y.bin"), "\"}\n",
+                                                   "{\"key\":\"z\",\"size\":true}\n")))
+          .ok());
   auto bad = SampleIndex::FromManifest(*store_, "m.jsonl");
   EXPECT_THAT(bad.status().message(),
               HasSubstr(absl::StrCat("manifest ", store_->Uri("m.jsonl"), " line 2")));

@@ -20,10 +20,9 @@ absl::StatusOr<Sample> ToSample(const SampleIndex& samples, uint64_t index, Fetc
   // The engine reads the extent the index gives; an object that grew or shrank since
   // indexing would otherwise come back silently truncated or short.
   if (entry.size.has_value() && r.object_size != *entry.size) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(SampleContext(index, entry), ": the object is ", r.object_size,
-                     " bytes, the index says ", *entry.size,
-                     " (it changed since indexing: rebuild the index)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        SampleContext(index, entry), ": the object is ", r.object_size, " bytes, the index says ",
+        *entry.size, " (it changed since indexing: rebuild the index)"));
   }
   return Sample{.index = index, .key = std::move(r.key), .data = *std::move(r.data)};
 }
@@ -65,8 +64,8 @@ absl::StatusOr<std::vector<Sample>> SampleReader::GetBatch(absl::Span<const uint
   }
   if (stats != nullptr) *stats = batch->stats();
   if (received != indices.size()) {
-    return absl::InternalError(absl::StrCat("fetch batch ended after ", received, " of ",
-                                            indices.size(), " samples"));
+    return absl::InternalError(
+        absl::StrCat("fetch batch ended after ", received, " of ", indices.size(), " samples"));
   }
   std::vector<Sample> out;
   out.reserve(indices.size());
@@ -81,12 +80,10 @@ absl::StatusOr<std::vector<Sample>> SampleReader::GetBatch(absl::Span<const uint
 
 absl::StatusOr<std::unique_ptr<SampleStream>> SampleStream::Create(
     std::shared_ptr<const SampleIndex> index, const Sampler& sampler, const SamplerState& state,
-    const Partition& partition, std::shared_ptr<FetchScheduler> scheduler,
-    StreamOptions options) {
+    const Partition& partition, std::shared_ptr<FetchScheduler> scheduler, StreamOptions options) {
   if (sampler.num_samples() != index->size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("sampler is for ", sampler.num_samples(), " samples, the index has ",
-                     index->size()));
+    return absl::FailedPreconditionError(absl::StrCat("sampler is for ", sampler.num_samples(),
+                                                      " samples, the index has ", index->size()));
   }
   WHARF_ASSIGN_OR_RETURN(Shard shard, sampler.ShardOf(state, partition));
   return Create(std::move(index), std::move(shard), std::move(scheduler), options);
@@ -160,8 +157,8 @@ absl::StatusOr<Sample> SampleStream::TakeOne() {
     if (at == position) return ToSample(*index_, sample, *std::move(r));
     early_.emplace(at, *std::move(r));
   }
-  return absl::InternalError(absl::StrCat("fetch batch ended before ",
-                                          SampleContext(sample, (*index_)[sample])));
+  return absl::InternalError(
+      absl::StrCat("fetch batch ended before ", SampleContext(sample, (*index_)[sample])));
 }
 
 absl::StatusOr<std::optional<Sample>> SampleStream::Next() {

@@ -52,8 +52,7 @@ class SampleReader {
  public:
   // REQUIRES: index != nullptr, scheduler != nullptr, and the scheduler reads the store the
   // index's keys belong to.
-  SampleReader(std::shared_ptr<const SampleIndex> index,
-               std::shared_ptr<FetchScheduler> scheduler);
+  SampleReader(std::shared_ptr<const SampleIndex> index, std::shared_ptr<FetchScheduler> scheduler);
 
   // One sample. OutOfRange when index >= the index's size.
   absl::StatusOr<Sample> Get(uint64_t index) const;
@@ -99,9 +98,9 @@ class SampleStream {
   // for a bad partition.
   // REQUIRES: index != nullptr, scheduler != nullptr.
   static absl::StatusOr<std::unique_ptr<SampleStream>> Create(
-      std::shared_ptr<const SampleIndex> index, const Sampler& sampler,
-      const SamplerState& state, const Partition& partition,
-      std::shared_ptr<FetchScheduler> scheduler, StreamOptions options = {});
+      std::shared_ptr<const SampleIndex> index, const Sampler& sampler, const SamplerState& state,
+      const Partition& partition, std::shared_ptr<FetchScheduler> scheduler,
+      StreamOptions options = {});
 
   // The samples of `shard` (which must index into `index`: InvalidArgument otherwise).
   static absl::StatusOr<std::unique_ptr<SampleStream>> Create(

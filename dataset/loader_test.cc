@@ -28,8 +28,7 @@ class LoaderTest : public testing::Test {
 
   void SetUp() override {
     for (int i = 0; i < kSamples; ++i) {
-      ASSERT_TRUE(
-          store_->Put(absl::StrCat("ds/", 1000 + i, ".bin"), absl::Cord(Content(i))).ok());
+      ASSERT_TRUE(store_->Put(absl::StrCat("ds/", 1000 + i, ".bin"), absl::Cord(Content(i))).ok());
     }
     auto index = SampleIndex::FromListing(*store_, "ds/");
     ASSERT_TRUE(index.ok()) << index.status();
@@ -67,9 +66,9 @@ TEST_F(LoaderTest, StreamYieldsTheShareInOrderWithReadAhead) {
     const Partition partition{.rank = 1, .world_size = 2, .worker = 0, .num_workers = 2};
     auto shard = sampler.ShardOf(state, partition);
     ASSERT_TRUE(shard.ok());
-    auto stream = SampleStream::Create(index_, sampler, state, partition,
-                                       Scheduler({.max_in_flight = 4, .ordered = ordered}),
-                                       {.prefetch = 8});
+    auto stream =
+        SampleStream::Create(index_, sampler, state, partition,
+                             Scheduler({.max_in_flight = 4, .ordered = ordered}), {.prefetch = 8});
     ASSERT_TRUE(stream.ok()) << stream.status();
     auto first = (*stream)->Next();
     ASSERT_TRUE(first.ok() && first->has_value());
@@ -113,10 +112,10 @@ TEST_F(LoaderTest, AllSharesTogetherReadEverySampleOnce) {
   std::multiset<uint64_t> seen;
   for (int rank = 0; rank < 3; ++rank) {
     for (int worker = 0; worker < 2; ++worker) {
-      auto stream = SampleStream::Create(
-          index_, sampler, sampler.State(4, 0),
-          {.rank = rank, .world_size = 3, .worker = worker, .num_workers = 2},
-          scheduler, {.prefetch = 5});
+      auto stream =
+          SampleStream::Create(index_, sampler, sampler.State(4, 0),
+                               {.rank = rank, .world_size = 3, .worker = worker, .num_workers = 2},
+                               scheduler, {.prefetch = 5});
       ASSERT_TRUE(stream.ok()) << stream.status();
       for (uint64_t i : Drain(**stream)) seen.insert(i);
     }
@@ -163,9 +162,9 @@ TEST_F(LoaderTest, ResumedStreamsReadExactlyTheUnseenSamples) {
 
 TEST_F(LoaderTest, NextBatchIsOneEngineBatchOfItsSamples) {
   const Sampler sampler = *Sampler::Create(kSamples, {.seed = 2});
-  auto stream = SampleStream::Create(index_, sampler, sampler.State(0, 0), {},
-                                     Scheduler({.max_in_flight = 64, .ordered = true}),
-                                     {.prefetch = 0});
+  auto stream =
+      SampleStream::Create(index_, sampler, sampler.State(0, 0), {},
+                           Scheduler({.max_in_flight = 64, .ordered = true}), {.prefetch = 0});
   ASSERT_TRUE(stream.ok());
   auto batch = (*stream)->NextBatch(16);
   ASSERT_TRUE(batch.ok()) << batch.status();
@@ -249,8 +248,7 @@ TEST_F(LoaderTest, SmallMemoryBudgetStillStreams) {
   const Sampler sampler = *Sampler::Create(kSamples, {.seed = 6});
   auto stream = SampleStream::Create(
       index_, sampler, sampler.State(0, 0), {},
-      Scheduler({.max_in_flight = 16, .memory_budget = 1200, .ordered = true}),
-      {.prefetch = 32});
+      Scheduler({.max_in_flight = 16, .memory_budget = 1200, .ordered = true}), {.prefetch = 32});
   ASSERT_TRUE(stream.ok());
   EXPECT_EQ(Drain(**stream).size(), static_cast<size_t>(kSamples));
   EXPECT_LE((*stream)->stats().peak_bytes_held, 1200u);
@@ -263,9 +261,9 @@ TEST_F(LoaderTest, StreamsSharingASchedulerSplitTheBudgetWithPrefetchBytes) {
   auto scheduler = Scheduler({.max_in_flight = 16, .memory_budget = 1200, .ordered = true});
   std::vector<std::unique_ptr<SampleStream>> streams;
   for (int rank = 0; rank < 2; ++rank) {
-    auto stream = SampleStream::Create(index_, sampler, sampler.State(0, 0),
-                                       {.rank = rank, .world_size = 2}, scheduler,
-                                       {.prefetch = 32, .prefetch_bytes = 600});
+    auto stream =
+        SampleStream::Create(index_, sampler, sampler.State(0, 0), {.rank = rank, .world_size = 2},
+                             scheduler, {.prefetch = 32, .prefetch_bytes = 600});
     ASSERT_TRUE(stream.ok());
     streams.push_back(*std::move(stream));
   }

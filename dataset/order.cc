@@ -59,9 +59,11 @@ uint64_t DeriveSeed(uint64_t seed, uint64_t stream) {
 
 absl::Status CheckOrderVersion(uint64_t version) {
   if (version == kOrderFisherYates || version == kOrderCounterBased) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("order version ", version, " is not supported (this build computes order "
-                   "versions ", kOrderFisherYates, " and ", kOrderCounterBased, ")"));
+  return absl::InvalidArgumentError(absl::StrCat("order version ", version,
+                                                 " is not supported (this build computes order "
+                                                 "versions ",
+                                                 kOrderFisherYates, " and ", kOrderCounterBased,
+                                                 ")"));
 }
 
 // ---- FeistelPermutation ----

@@ -86,7 +86,7 @@ class FeistelPermutation {
   uint64_t Encrypt(uint64_t x) const;
 
   uint64_t n_;
-  int left_bits_;   // the domain's width is left_bits_ + right_bits_
+  int left_bits_;  // the domain's width is left_bits_ + right_bits_
   int right_bits_;
   uint64_t round_keys_[kRounds];
 };

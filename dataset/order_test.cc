@@ -87,9 +87,7 @@ TEST(OrderV1Test, IsPinned) {
   EXPECT_THAT(Materialize(Order(1, OrderOf::kSamples, 10, 0, 0)),
               ElementsAre(1, 0, 2, 3, 8, 5, 4, 9, 6, 7));
   // Materialized as 32-bit indices: larger orders are refused.
-  EXPECT_EQ(EpochOrder::Create(1, OrderOf::kSamples, uint64_t{1} << 32, 0, 0, true)
-                .status()
-                .code(),
+  EXPECT_EQ(EpochOrder::Create(1, OrderOf::kSamples, uint64_t{1} << 32, 0, 0, true).status().code(),
             absl::StatusCode::kInvalidArgument);
   // Without shuffle, nothing is materialized, whatever the size.
   EXPECT_EQ(Order(1, OrderOf::kSamples, uint64_t{1} << 40, 0, 0, false).At(12345), 12345u);
@@ -261,7 +259,7 @@ TEST(ShuffleBufferTest, IsBoundedDeterministicAndLosesNothing) {
 
 TEST(ShuffleBufferTest, EdgeCases) {
   EXPECT_EQ(RunBuffer(0, 1, 5), (std::vector<int>{0, 1, 2, 3, 4}));  // pass-through
-  std::vector<int> small = RunBuffer(10, 1, 3);                       // never fills
+  std::vector<int> small = RunBuffer(10, 1, 3);                      // never fills
   std::sort(small.begin(), small.end());
   EXPECT_EQ(small, (std::vector<int>{0, 1, 2}));
   ShuffleBuffer<std::string> strings(2, 9);

@@ -57,8 +57,7 @@ TEST(OrderV1SamplerTest, SavedStatesContinueExactly) {
     ASSERT_TRUE(sampler.ok()) << sampler.status();
     auto restored = sampler->Restore(json);
     ASSERT_TRUE(restored.ok()) << restored.status();
-    EXPECT_EQ(sampler->Permutation(state->epoch),
-              c["permutation"].get<std::vector<uint64_t>>());
+    EXPECT_EQ(sampler->Permutation(state->epoch), c["permutation"].get<std::vector<uint64_t>>());
     for (const Json& resume : c["resume"]) {
       for (const Json& share : resume["shares"]) {
         const Partition partition{.rank = share["rank"].get<int>(),
@@ -163,7 +162,8 @@ TEST_F(OrderV1RecordsTest, SavedStatesContinueExactly) {
       auto r = (*stream)->Next();
       ASSERT_TRUE(r.ok()) << r.status();
       if (!r->has_value()) break;
-      after.push_back(Json::array({keys[(*r)->shard], (*r)->offset, std::string(*(*r)->Find("data"))}));
+      after.push_back(
+          Json::array({keys[(*r)->shard], (*r)->offset, std::string(*(*r)->Find("data"))}));
     }
     EXPECT_EQ(Json(after), c["after"]);
 

@@ -30,8 +30,7 @@ uint64_t ReaderShare(uint64_t cap, bool single_record) {
 }
 size_t RestoreGroup(uint64_t cap) {
   if (cap == 0) return kRestoreGroup;
-  return static_cast<size_t>(
-      std::clamp<uint64_t>(cap / ReaderShare(cap, true), 1, kRestoreGroup));
+  return static_cast<size_t>(std::clamp<uint64_t>(cap / ReaderShare(cap, true), 1, kRestoreGroup));
 }
 
 absl::Status StateError(absl::string_view message) {
@@ -43,9 +42,9 @@ absl::Status StateError(absl::string_view message) {
 absl::Status RecordStreamOptions::Validate() const {
   if (world_size < 1 || rank < 0 || rank >= world_size || num_workers < 1 || worker < 0 ||
       worker >= num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "partition: rank ", rank, " of ", world_size, ", worker ", worker, " of ", num_workers,
-        " (need 0 <= rank < world_size and 0 <= worker < num_workers)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition: rank ", rank, " of ", world_size, ", worker ", worker, " of ",
+                     num_workers, " (need 0 <= rank < world_size and 0 <= worker < num_workers)"));
   }
   return CheckOrderVersion(order);
 }
@@ -135,9 +134,9 @@ absl::StatusOr<RecordStreamState> RecordStreamState::FromJson(absl::string_view 
         std::pair{"yielded", &s.yielded}, std::pair{"shards_done", &s.shards_done}}) {
     WHARF_RETURN_IF_ERROR(uint_field(name, out));
   }
-  for (auto [name, out] : {std::pair{"rank", &s.rank}, std::pair{"world_size", &s.world_size},
-                           std::pair{"worker", &s.worker},
-                           std::pair{"num_workers", &s.num_workers}}) {
+  for (auto [name, out] :
+       {std::pair{"rank", &s.rank}, std::pair{"world_size", &s.world_size},
+        std::pair{"worker", &s.worker}, std::pair{"num_workers", &s.num_workers}}) {
     WHARF_RETURN_IF_ERROR(int_field(name, out));
   }
   WHARF_ASSIGN_OR_RETURN(const Json* last, field("last_offset"));
@@ -290,16 +289,15 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
     if (auto it = saved_etags.find(shard);
         it != saved_etags.end() && !etag.empty() && etag != it->second) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "resuming: ", store_->Uri((*shards_)[shard].key),
-          " changed since the checkpoint (ETag ", it->second, " then, ", etag, " now)"));
+          "resuming: ", store_->Uri((*shards_)[shard].key), " changed since the checkpoint (ETag ",
+          it->second, " then, ", etag, " now)"));
     }
     etags_[shard] = etag;
     WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, reader.Next());
     if (!r || r->offset != offset) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "resuming: ", store_->Uri((*shards_)[shard].key), " has no ",
-          options_.format, " record at byte offset ", offset,
-          " (the shard changed since the checkpoint)"));
+          "resuming: ", store_->Uri((*shards_)[shard].key), " has no ", options_.format,
+          " record at byte offset ", offset, " (the shard changed since the checkpoint)"));
     }
     r->shard = shard;
     return *std::move(r);
@@ -344,8 +342,7 @@ std::optional<std::string> RecordStream::header() const {
   return current_ ? current_->header() : last_header_;
 }
 
-absl::StatusOr<std::unique_ptr<RecordReader>> RecordStream::OpenShard(size_t shard,
-                                                                      uint64_t offset,
+absl::StatusOr<std::unique_ptr<RecordReader>> RecordStream::OpenShard(size_t shard, uint64_t offset,
                                                                       bool single_record) {
   RecordReaderOptions o;
   o.io = options_.io;

@@ -186,7 +186,7 @@ class RecordStream {
   // Shard positions this share reads, in order: at most the shard list's size (which the
   // index holds anyway), computed from the epoch's order position by position.
   std::vector<size_t> assigned_;
-  size_t next_ = 0;               // next position in assigned_ to open
+  size_t next_ = 0;  // next position in assigned_ to open
   size_t current_shard_ = 0;
   std::optional<uint64_t> last_offset_;  // last record taken from current_
   std::unique_ptr<RecordReader> current_;

@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
-#include <optional>
-#include <utility>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -318,8 +318,7 @@ TEST_P(RecordStreamStateTest, MalformedStatesAreInvalidArgument) {
   EXPECT_EQ(back->ToJson(), state.ToJson());
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, RecordStreamStateTest, testing::ValuesIn(AllFormats()),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(Formats, RecordStreamStateTest, testing::ValuesIn(AllFormats()), CaseName);
 
 // memory_budget caps what the stream's readers hold at once (the current shard's, the next
 // one's read ahead, and the group of reads that restores a shuffle buffer) inside the

@@ -24,12 +24,12 @@ absl::Status StateError(absl::string_view message) {
 
 absl::Status Partition::Validate() const {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid partition: rank ", rank,
-                                                   " of world size ", world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid partition: rank ", rank, " of world size ", world_size));
   }
   if (num_workers < 1 || worker < 0 || worker >= num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid partition: worker ", worker,
-                                                   " of ", num_workers, " workers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid partition: worker ", worker, " of ", num_workers, " workers"));
   }
   if (worker_block < 1) {
     return absl::InvalidArgumentError("invalid partition: worker_block must be >= 1");
@@ -76,9 +76,9 @@ absl::StatusOr<SamplerState> SamplerState::FromJson(absl::string_view json) {
     if (absl::Status s = uint_field("order", &state.order); !s.ok()) return s;
     if (absl::Status s = CheckOrderVersion(state.order); !s.ok()) return StateError(s.message());
   }
-  for (auto [name, out] : {std::pair{"num_samples", &state.num_samples},
-                           std::pair{"seed", &state.seed}, std::pair{"epoch", &state.epoch},
-                           std::pair{"consumed", &state.consumed}}) {
+  for (auto [name, out] :
+       {std::pair{"num_samples", &state.num_samples}, std::pair{"seed", &state.seed},
+        std::pair{"epoch", &state.epoch}, std::pair{"consumed", &state.consumed}}) {
     if (absl::Status s = uint_field(name, out); !s.ok()) return s;
   }
   auto shuffle = j.find("shuffle");
@@ -131,18 +131,17 @@ absl::StatusOr<Sampler> Sampler::Create(uint64_t num_samples, SamplerOptions opt
     return absl::InvalidArgumentError(absl::StrCat("sampler: ", s.message()));
   }
   if (options.order == kOrderFisherYates && num_samples > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampler: ", num_samples, " samples; at most ",
-                     std::numeric_limits<uint32_t>::max(), " are supported by order version ",
-                     kOrderFisherYates));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampler: ", num_samples, " samples; at most ", std::numeric_limits<uint32_t>::max(),
+        " are supported by order version ", kOrderFisherYates));
   }
   return Sampler(num_samples, options, std::move(fingerprint));
 }
 
 EpochOrder Sampler::Order(uint64_t epoch) const {
   // Create() checked the version and the size, the only ways this can fail.
-  return *EpochOrder::Create(options_.order, OrderOf::kSamples, num_samples_, options_.seed,
-                             epoch, options_.shuffle);
+  return *EpochOrder::Create(options_.order, OrderOf::kSamples, num_samples_, options_.seed, epoch,
+                             options_.shuffle);
 }
 
 std::vector<uint64_t> Sampler::Permutation(uint64_t epoch) const {
@@ -172,13 +171,13 @@ SamplerState Sampler::State(uint64_t epoch, uint64_t consumed) const {
 
 absl::Status Sampler::Validate(const SamplerState& state) const {
   if (state.num_samples != num_samples_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("sampler state is for a dataset of ", state.num_samples,
-                     " samples, this dataset has ", num_samples_));
+    return absl::FailedPreconditionError(absl::StrCat("sampler state is for a dataset of ",
+                                                      state.num_samples,
+                                                      " samples, this dataset has ", num_samples_));
   }
   if (state.seed != options_.seed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "sampler state has seed ", state.seed, ", this sampler has seed ", options_.seed));
+    return absl::FailedPreconditionError(absl::StrCat("sampler state has seed ", state.seed,
+                                                      ", this sampler has seed ", options_.seed));
   }
   if (state.shuffle != options_.shuffle) {
     return absl::FailedPreconditionError(
@@ -191,12 +190,10 @@ absl::Status Sampler::Validate(const SamplerState& state) const {
         ", this sampler computes order version ", options_.order,
         " (create the sampler with the state's order: a state continues in its own order)"));
   }
-  if (!state.fingerprint.empty() && !fingerprint_.empty() &&
-      state.fingerprint != fingerprint_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("sampler state is for a dataset with fingerprint ", state.fingerprint,
-                     ", this dataset has ", fingerprint_,
-                     " (same size, different keys or key order)"));
+  if (!state.fingerprint.empty() && !fingerprint_.empty() && state.fingerprint != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sampler state is for a dataset with fingerprint ", state.fingerprint,
+        ", this dataset has ", fingerprint_, " (same size, different keys or key order)"));
   }
   return absl::OkStatus();
 }

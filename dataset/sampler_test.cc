@@ -37,8 +37,11 @@ std::vector<std::vector<Shard>> AllShards(const Sampler& sampler, const SamplerS
   std::vector<std::vector<Shard>> out(world);
   for (int r = 0; r < world; ++r) {
     for (int w = 0; w < workers; ++w) {
-      auto shard = sampler.ShardOf(state, {.rank = r, .world_size = world, .worker = w,
-                                           .num_workers = workers, .worker_block = block});
+      auto shard = sampler.ShardOf(state, {.rank = r,
+                                           .world_size = world,
+                                           .worker = w,
+                                           .num_workers = workers,
+                                           .worker_block = block});
       EXPECT_TRUE(shard.ok()) << shard.status();
       out[r].push_back(*std::move(shard));
     }
@@ -97,9 +100,9 @@ TEST(PermutationTest, IsPinned) {
   EXPECT_THAT(MakeSampler(10, {.seed = 1234, .order = kOrderFisherYates}).Permutation(7),
               ElementsAre(5, 9, 7, 4, 1, 3, 0, 8, 6, 2));
   // Order 2 (the default): pinned to what this build computes.
-  EXPECT_THAT(MakeSampler(10, {.seed = 0}).Permutation(0),
-              ElementsAreArray(MakeSampler(10, {.seed = 0, .order = kOrderCounterBased})
-                                   .Permutation(0)));
+  EXPECT_THAT(
+      MakeSampler(10, {.seed = 0}).Permutation(0),
+      ElementsAreArray(MakeSampler(10, {.seed = 0, .order = kOrderCounterBased}).Permutation(0)));
   EXPECT_THAT(MakeSampler(10, {.seed = 0}).Permutation(0),
               ElementsAre(2, 5, 9, 7, 1, 0, 8, 6, 4, 3));
   EXPECT_THAT(MakeSampler(10, {.seed = 1234}).Permutation(7),
@@ -108,22 +111,22 @@ TEST(PermutationTest, IsPinned) {
 
 TEST(PermutationTest, DeterministicAndDependsOnSeedAndEpoch) {
   for (uint64_t version : {kOrderFisherYates, kOrderCounterBased}) {
-  SCOPED_TRACE(testing::Message() << "order " << version);
-  const Sampler a = MakeSampler(500, {.seed = 7, .order = version});
-  const Sampler b = MakeSampler(500, {.seed = 7, .order = version});
-  const Sampler c = MakeSampler(500, {.seed = 8, .order = version});
-  EXPECT_EQ(a.Permutation(0), b.Permutation(0));
-  EXPECT_EQ(a.Permutation(3), b.Permutation(3));
-  EXPECT_NE(a.Permutation(0), a.Permutation(1));
-  EXPECT_NE(a.Permutation(0), c.Permutation(0));
-  // Seed and epoch are not interchangeable.
-  EXPECT_NE(MakeSampler(500, {.seed = 1, .order = version}).Permutation(2),
-            MakeSampler(500, {.seed = 2, .order = version}).Permutation(1));
-  // And it really shuffles: few fixed points.
-  const auto order = a.Permutation(0);
-  int fixed = 0;
-  for (size_t i = 0; i < order.size(); ++i) fixed += order[i] == i;
-  EXPECT_LT(fixed, 10);
+    SCOPED_TRACE(testing::Message() << "order " << version);
+    const Sampler a = MakeSampler(500, {.seed = 7, .order = version});
+    const Sampler b = MakeSampler(500, {.seed = 7, .order = version});
+    const Sampler c = MakeSampler(500, {.seed = 8, .order = version});
+    EXPECT_EQ(a.Permutation(0), b.Permutation(0));
+    EXPECT_EQ(a.Permutation(3), b.Permutation(3));
+    EXPECT_NE(a.Permutation(0), a.Permutation(1));
+    EXPECT_NE(a.Permutation(0), c.Permutation(0));
+    // Seed and epoch are not interchangeable.
+    EXPECT_NE(MakeSampler(500, {.seed = 1, .order = version}).Permutation(2),
+              MakeSampler(500, {.seed = 2, .order = version}).Permutation(1));
+    // And it really shuffles: few fixed points.
+    const auto order = a.Permutation(0);
+    int fixed = 0;
+    for (size_t i = 0; i < order.size(); ++i) fixed += order[i] == i;
+    EXPECT_LT(fixed, 10);
   }
 }
 
@@ -150,9 +153,9 @@ TEST(SamplerTest, OnlyOrderOneIsLimitedTo32BitsOfSamples) {
 TEST(SamplerTest, HugeSharesAreComputedPerPosition) {
   for (uint64_t n : {uint64_t{1'000'000'000}, uint64_t{1} << 40}) {
     const Sampler sampler = MakeSampler(n, {.seed = 17});
-    auto shard = sampler.ShardOf(sampler.State(3, 12345), {.rank = 1, .world_size = 4,
-                                                          .worker = 2, .num_workers = 3,
-                                                          .worker_block = 8});
+    auto shard = sampler.ShardOf(
+        sampler.State(3, 12345),
+        {.rank = 1, .world_size = 4, .worker = 2, .num_workers = 3, .worker_block = 8});
     ASSERT_TRUE(shard.ok()) << shard.status();
     EXPECT_EQ(shard->rank_count, (n - 12345 + 3) / 4);
     std::set<uint64_t> seen;
@@ -178,9 +181,9 @@ TEST(PartitionTest, SharesReassembleIntoTheGlobalOrder) {
         const uint64_t end = sampler.EndOfEpoch(0, world);
         for (int workers = 1; workers <= 4; ++workers) {
           for (uint64_t block : {1, 3}) {
-            SCOPED_TRACE(testing::Message() << "n=" << n << " drop_last=" << drop_last
-                                            << " world=" << world << " workers=" << workers
-                                            << " block=" << block);
+            SCOPED_TRACE(testing::Message()
+                         << "n=" << n << " drop_last=" << drop_last << " world=" << world
+                         << " workers=" << workers << " block=" << block);
             auto shards = AllShards(sampler, state, world, workers, block);
             std::vector<std::vector<uint64_t>> ranks;
             for (const auto& rank : shards) {
@@ -231,9 +234,9 @@ TEST(PartitionTest, DropLastSeesEverySampleAtMostOnceAndDropsOnlyTheTail) {
     std::multiset<uint64_t> seen;
     for (const auto& rank : AllShards(sampler, sampler.State(0, 0), world, 2)) {
       for (const Shard& s : rank) {
-          const auto samples = s.Samples();
-          seen.insert(samples.begin(), samples.end());
-        }
+        const auto samples = s.Samples();
+        seen.insert(samples.begin(), samples.end());
+      }
     }
     std::multiset<uint64_t> all;
     for (uint64_t i = 0; i < 96; ++i) all.insert(i);
@@ -296,8 +299,7 @@ TEST(ResumeTest, ChangingTheWorldSizeYieldsExactlyTheUnseenSamples) {
         seen_before.insert(samples.begin(), samples.begin() + k);
       }
       const uint64_t consumed = ConsumedAfter(0, k, 2);
-      EXPECT_EQ(seen_before,
-                std::multiset<uint64_t>(order.begin(), order.begin() + consumed));
+      EXPECT_EQ(seen_before, std::multiset<uint64_t>(order.begin(), order.begin() + consumed));
 
       // Checkpoint, restore, resume with world 3 and 2 workers per rank.
       const std::string json = sampler.State(1, consumed).ToJson();
@@ -357,8 +359,12 @@ TEST(ResumeTest, ChainedResumesSeeEverySampleOnce) {
 }
 
 TEST(StateTest, RoundTripsThroughJson) {
-  SamplerState s{.num_samples = 1000, .seed = 0xfedcba9876543210ULL, .shuffle = false,
-                 .fingerprint = "abc", .epoch = 3, .consumed = 4096};
+  SamplerState s{.num_samples = 1000,
+                 .seed = 0xfedcba9876543210ULL,
+                 .shuffle = false,
+                 .fingerprint = "abc",
+                 .epoch = 3,
+                 .consumed = 4096};
   const std::string json = s.ToJson();
   EXPECT_THAT(json, HasSubstr("\"consumed\":4096"));
   auto back = SamplerState::FromJson(json);

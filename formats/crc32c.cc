@@ -38,8 +38,7 @@ inline uint64_t LoadLE64(const unsigned char* p) {
 }
 
 #ifdef WHARF_CRC32C_SSE42
-__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const char* data,
-                                                       size_t n) {
+__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const char* data, size_t n) {
   const auto* p = reinterpret_cast<const unsigned char*>(data);
   uint64_t l = crc ^ 0xffffffffu;
   while (n >= 8) {
@@ -88,8 +87,8 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const char* data, size_t n) {
   while (n >= 8) {
     const uint64_t v = LoadLE64(p) ^ l;
     l = kTables[7][v & 0xff] ^ kTables[6][(v >> 8) & 0xff] ^ kTables[5][(v >> 16) & 0xff] ^
-        kTables[4][(v >> 24) & 0xff] ^ kTables[3][(v >> 32) & 0xff] ^
-        kTables[2][(v >> 40) & 0xff] ^ kTables[1][(v >> 48) & 0xff] ^ kTables[0][v >> 56];
+        kTables[4][(v >> 24) & 0xff] ^ kTables[3][(v >> 32) & 0xff] ^ kTables[2][(v >> 40) & 0xff] ^
+        kTables[1][(v >> 48) & 0xff] ^ kTables[0][v >> 56];
     p += 8;
     n -= 8;
   }

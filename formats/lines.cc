@@ -71,9 +71,9 @@ absl::StatusOr<std::unique_ptr<LineReader>> LineReader::Open(std::shared_ptr<Obj
   const std::string uri = store->Uri(key);
   auto reader = ObjectReader::Open(std::move(store), std::move(key), options.io);
   if (!reader.ok()) {
-    return Annotate(reader.status(),
-                    absl::StrCat("read ", options.format == LineFormat::kCsv ? "csv " : "jsonl ",
-                                 uri));
+    return Annotate(
+        reader.status(),
+        absl::StrCat("read ", options.format == LineFormat::kCsv ? "csv " : "jsonl ", uri));
   }
   return Create(*std::move(reader), options);
 }
@@ -96,8 +96,8 @@ LineReader::LineReader(std::unique_ptr<ObjectReader> reader, LineReaderOptions o
       kind_(options.format == LineFormat::kCsv ? "csv" : "jsonl") {}
 
 absl::Status LineReader::Fail(absl::StatusCode code, uint64_t at, absl::string_view what) {
-  status_ = absl::Status(code, absl::StrCat("read ", kind_, " ", reader_->uri(), " at byte ", at,
-                                            ": ", what));
+  status_ = absl::Status(
+      code, absl::StrCat("read ", kind_, " ", reader_->uri(), " at byte ", at, ": ", what));
   return status_;
 }
 
@@ -277,8 +277,8 @@ absl::StatusOr<std::vector<std::string>> SplitCsvFields(absl::string_view row, c
       while (true) {
         const size_t q = row.find(quote, i);
         if (q == absl::string_view::npos) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "csv row: quoted field opened at column ", open, " is not closed"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("csv row: quoted field opened at column ", open, " is not closed"));
         }
         field.append(row.data() + i, q - i);
         if (q + 1 < row.size() && row[q + 1] == quote) {

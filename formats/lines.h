@@ -136,8 +136,7 @@ absl::StatusOr<std::unique_ptr<RecordReader>> OpenJsonLinesRecordReader(
 // delimiters and newlines. A quote inside an unquoted field is an ordinary character. An
 // empty row is one empty field. InvalidArgument (with the column) for an unterminated quoted
 // field or text after a closing quote.
-absl::StatusOr<std::vector<std::string>> SplitCsvFields(absl::string_view row,
-                                                        char delimiter = ',',
+absl::StatusOr<std::vector<std::string>> SplitCsvFields(absl::string_view row, char delimiter = ',',
                                                         char quote = '"');
 
 }  // namespace wharf

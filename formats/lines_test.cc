@@ -6,9 +6,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "store/testing/temp_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
@@ -17,9 +17,8 @@ using store_testing::TempStore;
 
 using testing::ElementsAre;
 
-std::vector<std::string> ReadRows(const std::shared_ptr<ObjectStore>& store,
-                                  const std::string& key, LineReaderOptions options,
-                                  absl::Status* status = nullptr,
+std::vector<std::string> ReadRows(const std::shared_ptr<ObjectStore>& store, const std::string& key,
+                                  LineReaderOptions options, absl::Status* status = nullptr,
                                   std::optional<std::string>* header = nullptr) {
   std::vector<std::string> rows;
   auto reader = LineReader::Open(store, key, options);
@@ -95,9 +94,9 @@ TEST(LinesTest, CsvQuotedNewlinesStayInTheirRowAndTheHeaderIsSeparate) {
     auto rows = ReadRows(tmp.store(), "a.csv", Csv(chunk, true), &status, &header);
     ASSERT_TRUE(status.ok()) << status;
     EXPECT_EQ(header, "id,text,n");
-    EXPECT_THAT(rows, ElementsAre("1,\"line one\nline two\",3",
-                                  "2,\"has \"\"quotes\"\" and, commas\",4",
-                                  "3,\"crlf inside\r\nquotes\",5", "4,plain\"quote,6", "5,\"\",7"))
+    EXPECT_THAT(rows,
+                ElementsAre("1,\"line one\nline two\",3", "2,\"has \"\"quotes\"\" and, commas\",4",
+                            "3,\"crlf inside\r\nquotes\",5", "4,plain\"quote,6", "5,\"\",7"))
         << chunk;
   }
   auto fields = SplitCsvFields("3,\"crlf inside\r\nquotes\",5");
@@ -245,8 +244,7 @@ TEST(LinesTest, UnbalancedQuotesAndOverlongRowsAreErrorsWithOffsets) {
   rows = ReadRows(tmp.store(), "long.jsonl", options, &status);
   EXPECT_THAT(rows, ElementsAre("short"));
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(absl::StrContains(status.message(), "long.jsonl at byte 6: row exceeds"))
-      << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "long.jsonl at byte 6: row exceeds")) << status;
 
   rows = ReadRows(tmp.store(), "missing.csv", Csv(5), &status);
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);

@@ -20,10 +20,16 @@ namespace {
 std::deque<RecordFormatSpec> BuiltinFormats() {
   std::deque<RecordFormatSpec> builtins;
   builtins.push_back({"tar", {".tar"}, RecordShape::kFields, false, OpenTarRecordReader});
-  builtins.push_back({"tfrecord", {".tfrecord", ".tfrecords"}, RecordShape::kPayload, false,
+  builtins.push_back({"tfrecord",
+                      {".tfrecord", ".tfrecords"},
+                      RecordShape::kPayload,
+                      false,
                       OpenTFRecordRecordReader});
   builtins.push_back({"csv", {".csv"}, RecordShape::kPayload, true, OpenCsvRecordReader});
-  builtins.push_back({"jsonl", {".jsonl", ".json", ".ndjson"}, RecordShape::kPayload, true,
+  builtins.push_back({"jsonl",
+                      {".jsonl", ".json", ".ndjson"},
+                      RecordShape::kPayload,
+                      true,
                       OpenJsonLinesRecordReader});
   return builtins;
 }
@@ -51,8 +57,8 @@ class Registry {
 
   absl::Status Add(RecordFormatSpec spec) {
     if (spec.name.empty() || !spec.open) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "registering record format \"", spec.name, "\": it needs a name and an opener"));
+      return absl::InvalidArgumentError(absl::StrCat("registering record format \"", spec.name,
+                                                     "\": it needs a name and an opener"));
     }
     absl::MutexLock lock(&mu_);
     if (FindLocked(spec.name) != nullptr) {
@@ -88,16 +94,16 @@ absl::StatusOr<const RecordFormatSpec*> FindRecordFormat(absl::string_view name)
     if (i > 0) absl::StrAppend(&known, i + 1 == all.size() ? " or " : ", ");
     absl::StrAppend(&known, "\"", all[i]->name, "\"");
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("record format \"", name, "\": expected ", known));
+  return absl::InvalidArgumentError(absl::StrCat("record format \"", name, "\": expected ", known));
 }
 
 absl::Status RegisterRecordFormat(RecordFormatSpec spec) {
   return Registry::Get().Add(std::move(spec));
 }
 
-absl::StatusOr<std::unique_ptr<RecordReader>> OpenRecordReader(
-    absl::string_view format, const RecordObject& object, const RecordReaderOptions& options) {
+absl::StatusOr<std::unique_ptr<RecordReader>> OpenRecordReader(absl::string_view format,
+                                                               const RecordObject& object,
+                                                               const RecordReaderOptions& options) {
   WHARF_ASSIGN_OR_RETURN(const RecordFormatSpec* spec, FindRecordFormat(format));
   return spec->open(object, options);
 }

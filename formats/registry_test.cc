@@ -102,7 +102,8 @@ std::vector<std::string> Payloads() {
 // A record as a comparable string.
 std::string Describe(const Record& r) {
   std::string out = absl::StrCat(r.offset, ":", r.key, ":");
-  for (const auto& [name, bytes] : r.fields) absl::StrAppend(&out, name, "=", std::string(bytes), ";");
+  for (const auto& [name, bytes] : r.fields)
+    absl::StrAppend(&out, name, "=", std::string(bytes), ";");
   return out;
 }
 

@@ -4,8 +4,8 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -71,15 +71,15 @@ bool AllZero(const char* block) {
 
 // Pax extended header records: "<length> <key>=<value>\n", length counting the whole record.
 // Returns an error message, or "" when well formed.
-std::string ParsePax(absl::string_view data, std::optional<std::string>* path,
-                     bool* has_size, uint64_t* size, bool* sparse) {
+std::string ParsePax(absl::string_view data, std::optional<std::string>* path, bool* has_size,
+                     uint64_t* size, bool* sparse) {
   while (!data.empty()) {
     if (std::all_of(data.begin(), data.end(), [](char c) { return c == '\0'; })) break;
     const size_t space = data.find(' ');
     uint64_t len = 0;
     if (space == absl::string_view::npos || space == 0 ||
-        !absl::SimpleAtoi(data.substr(0, space), &len) || len <= space + 1 ||
-        len > data.size() || data[len - 1] != '\n') {
+        !absl::SimpleAtoi(data.substr(0, space), &len) || len <= space + 1 || len > data.size() ||
+        data[len - 1] != '\n') {
       return "malformed pax extended header record";
     }
     const absl::string_view record = data.substr(space + 1, len - space - 2);
@@ -114,8 +114,8 @@ TarReader::TarReader(std::unique_ptr<ObjectReader> reader, TarOptions options)
     : reader_(std::move(reader)), options_(options) {}
 
 absl::Status TarReader::Fail(absl::StatusCode code, uint64_t at, absl::string_view what) {
-  status_ = absl::Status(code, absl::StrCat("read tar ", reader_->uri(), " at byte ", at, ": ",
-                                            what));
+  status_ =
+      absl::Status(code, absl::StrCat("read tar ", reader_->uri(), " at byte ", at, ": ", what));
   return status_;
 }
 
@@ -126,10 +126,10 @@ absl::Status TarReader::IoError(const absl::Status& status, uint64_t at) {
 
 absl::Status TarReader::ReadSmall(uint64_t at, uint64_t size, std::string* out) {
   if (size > options_.max_extended_header_bytes) {
-    return Fail(absl::StatusCode::kResourceExhausted, at,
-                absl::StrCat("extended header of ", size,
-                             " bytes exceeds max_extended_header_bytes (",
-                             options_.max_extended_header_bytes, ")"));
+    return Fail(
+        absl::StatusCode::kResourceExhausted, at,
+        absl::StrCat("extended header of ", size, " bytes exceeds max_extended_header_bytes (",
+                     options_.max_extended_header_bytes, ")"));
   }
   if (reader_->remaining() < size) {
     return Fail(absl::StatusCode::kDataLoss, at,
@@ -147,8 +147,8 @@ absl::Status TarReader::ReadSmall(uint64_t at, uint64_t size, std::string* out) 
 absl::Status TarReader::SkipData(uint64_t at, uint64_t size) {
   if (reader_->remaining() < size) {
     return Fail(absl::StatusCode::kDataLoss, at,
-                absl::StrCat("truncated entry: ", size, " data bytes at byte ",
-                             reader_->position(), ", the object ends at byte ", reader_->end()));
+                absl::StrCat("truncated entry: ", size, " data bytes at byte ", reader_->position(),
+                             ", the object ends at byte ", reader_->end()));
   }
   const uint64_t n = size + std::min(Padding(size), reader_->remaining() - size);
   if (absl::Status s = reader_->Skip(n); !s.ok()) return IoError(s, at);
@@ -205,19 +205,18 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
       signed_sum += in_field ? ' ' : static_cast<signed char>(block[i]);
     }
     if (!stored || (*stored != unsigned_sum && static_cast<int64_t>(*stored) != signed_sum)) {
-      return Fail(absl::StatusCode::kDataLoss, at,
-                  absl::StrCat("header checksum mismatch (stored '",
-                               absl::CEscape(absl::string_view(block + kChecksumOffset,
-                                                               kChecksumLen)),
-                               "', computed ", Octal(unsigned_sum),
-                               "): not a tar archive, or corrupt"));
+      return Fail(
+          absl::StatusCode::kDataLoss, at,
+          absl::StrCat("header checksum mismatch (stored '",
+                       absl::CEscape(absl::string_view(block + kChecksumOffset, kChecksumLen)),
+                       "', computed ", Octal(unsigned_sum), "): not a tar archive, or corrupt"));
     }
     const std::optional<uint64_t> size = ParseNumber(block + kSizeOffset, kSizeLen);
     if (!size) {
-      return Fail(absl::StatusCode::kDataLoss, at,
-                  absl::StrCat("bad size field '",
-                               absl::CEscape(absl::string_view(block + kSizeOffset, kSizeLen)),
-                               "'"));
+      return Fail(
+          absl::StatusCode::kDataLoss, at,
+          absl::StrCat("bad size field '",
+                       absl::CEscape(absl::string_view(block + kSizeOffset, kSizeLen)), "'"));
     }
     const char type = block[kTypeOffset];
     switch (type) {
@@ -271,14 +270,13 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
       continue;
     }
     if (pax_sparse) {
-      return Fail(absl::StatusCode::kUnimplemented, first,
-                  "pax sparse members are not supported");
+      return Fail(absl::StatusCode::kUnimplemented, first, "pax sparse members are not supported");
     }
     if (data_size > options_.max_member_bytes) {
-      return Fail(absl::StatusCode::kResourceExhausted, at,
-                  absl::StrCat("member '", name, "' of ", data_size,
-                               " bytes exceeds max_member_bytes (", options_.max_member_bytes,
-                               ")"));
+      return Fail(
+          absl::StatusCode::kResourceExhausted, at,
+          absl::StrCat("member '", name, "' of ", data_size, " bytes exceeds max_member_bytes (",
+                       options_.max_member_bytes, ")"));
     }
     TarMember member;
     member.header_offset = first;
@@ -354,9 +352,9 @@ absl::StatusOr<std::optional<TarSample>> TarSampleReader::Next() {
       return sample;
     }
     if (sample->Find(extension) != nullptr) {
-      status_ = absl::InvalidArgumentError(absl::StrCat(
-          "read tar ", tar_->uri(), " at byte ", member->header_offset, ": sample '",
-          sample->key, "' has two members with extension '", extension, "'"));
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat("read tar ", tar_->uri(), " at byte ", member->header_offset, ": sample '",
+                       sample->key, "' has two members with extension '", extension, "'"));
       return status_;
     }
     sample->fields.emplace_back(std::string(extension), std::move(member->data));

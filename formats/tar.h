@@ -51,7 +51,7 @@ struct TarOptions {
 
 // One regular file of the archive.
 struct TarMember {
-  std::string name;          // full path: pax path, else GNU long name, else prefix/name
+  std::string name;            // full path: pax path, else GNU long name, else prefix/name
   uint64_t header_offset = 0;  // first header of the member (its 'L'/'x' entries included)
   uint64_t data_offset = 0;    // first byte of its data
   absl::Cord data;             // zero-copy slices of the read chunks where large
@@ -61,8 +61,7 @@ class TarReader {
  public:
   // REQUIRES: store != nullptr.
   static absl::StatusOr<std::unique_ptr<TarReader>> Open(std::shared_ptr<ObjectStore> store,
-                                                         std::string key,
-                                                         TarOptions options = {});
+                                                         std::string key, TarOptions options = {});
   // Reads from an opened reader (e.g. opened with meta from a listing). REQUIRES: reader.
   explicit TarReader(std::unique_ptr<ObjectReader> reader, TarOptions options = {});
   TarReader(const TarReader&) = delete;
@@ -89,9 +88,9 @@ class TarReader {
 
 // One WebDataset sample: the members sharing a key, in shard order.
 struct TarSample {
-  std::string key;  // e.g. "a/b/sample001"
+  std::string key;                                         // e.g. "a/b/sample001"
   std::vector<std::pair<std::string, absl::Cord>> fields;  // extension -> bytes
-  uint64_t offset = 0;  // header offset of its first member
+  uint64_t offset = 0;                                     // header offset of its first member
 
   // The bytes for `extension`, or null.
   const absl::Cord* Find(absl::string_view extension) const;
@@ -104,8 +103,9 @@ std::optional<std::pair<absl::string_view, absl::string_view>> SplitSampleName(
 class TarSampleReader {
  public:
   // REQUIRES: store != nullptr.
-  static absl::StatusOr<std::unique_ptr<TarSampleReader>> Open(
-      std::shared_ptr<ObjectStore> store, std::string key, TarOptions options = {});
+  static absl::StatusOr<std::unique_ptr<TarSampleReader>> Open(std::shared_ptr<ObjectStore> store,
+                                                               std::string key,
+                                                               TarOptions options = {});
   // REQUIRES: tar != nullptr.
   explicit TarSampleReader(std::unique_ptr<TarReader> tar);
   TarSampleReader(const TarSampleReader&) = delete;
@@ -114,9 +114,7 @@ class TarSampleReader {
   // The next sample; nullopt at the end of the shard.
   absl::StatusOr<std::optional<TarSample>> Next();
   // Where the next sample's first header starts (or the end): a resume point.
-  uint64_t offset() const {
-    return pending_ ? pending_->header_offset : tar_->reader().position();
-  }
+  uint64_t offset() const { return pending_ ? pending_->header_offset : tar_->reader().position(); }
 
   const TarReader& tar() const { return *tar_; }
 

@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "formats/testing/record_objects.h"
-#include "store/testing/temp_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
@@ -79,10 +79,10 @@ TEST(TarTest, GroupsMembersIntoSamplesAtEveryChunkSize) {
     auto flat = ReadSamples(tmp.store(), "shard.tar", options);
     ASSERT_TRUE(flat.ok()) << flat.status();
     EXPECT_THAT(flat->keys, testing::ElementsAre("a/b/sample001", "a/b/sample002", "sample003"));
-    EXPECT_EQ(flat->samples["a/b/sample001"],
-              (std::map<std::string, std::string>{{"jpg", Content("jpg1", 1000)},
-                                                  {"cls", "7"},
-                                                  {"seg.png", Content("png1", 5000)}}));
+    EXPECT_EQ(
+        flat->samples["a/b/sample001"],
+        (std::map<std::string, std::string>{
+            {"jpg", Content("jpg1", 1000)}, {"cls", "7"}, {"seg.png", Content("png1", 5000)}}));
     EXPECT_EQ(flat->samples["a/b/sample002"],
               (std::map<std::string, std::string>{{"jpg", Content("jpg2", 512)}, {"cls", ""}}));
     EXPECT_EQ(flat->samples["sample003"]["txt"], Content("t3", 70'000));
@@ -93,8 +93,8 @@ TEST(TarTest, MembersCarryOffsetsAndUstarPrefixesAndBase256Sizes) {
   TempStore tmp;
   std::string tar;
   tar += TarHeader("sample.jpg", 3, '0', "very/long/directory") + TarPadded("abc");
-  tar += TarHeader("big.bin", 600, '0', "", /*base256_size=*/true) +
-         TarPadded(std::string(600, 'x'));
+  tar +=
+      TarHeader("big.bin", 600, '0', "", /*base256_size=*/true) + TarPadded(std::string(600, 'x'));
   tar += TarHeader("pax_global", 18, 'g') + TarPadded("18 comment=hello\n");
   tar += TarEntry("old_style", "v7", '\0');
   ASSERT_TRUE(tmp.store()->Put("t.tar", absl::Cord(tar)).ok());  // no end-of-archive blocks
@@ -228,7 +228,7 @@ TEST(TarTest, ReadsShardsWrittenByGnuTar) {
   for (const char* format : {"gnu", "posix", "oldgnu"}) {
     const std::string key = absl::StrCat("gnu-", format, ".tar");
     ASSERT_EQ(RunShell(absl::StrCat("tar --sort=name --format=", format, " -C '", src, "' -cf '",
-                               tmp.PathOf(key), "' .")),
+                                    tmp.PathOf(key), "' .")),
               0);
     ExpectShardHoldsTree(tmp, key, tree, {1000, 65536});
   }
@@ -255,7 +255,7 @@ with tarfile.open(out, "w", format=fmt) as tf:
   for (const char* format : {"pax", "gnu"}) {
     const std::string key = absl::StrCat("py-", format, ".tar");
     ASSERT_EQ(RunShell(absl::StrCat("python3 '", script, "' '", src, "' '", tmp.PathOf(key), "' ",
-                               format)),
+                                    format)),
               0);
     ExpectShardHoldsTree(tmp, key, tree, {4096, uint64_t{8} << 20});
   }
@@ -276,10 +276,9 @@ TEST(TarTest, ACorruptHeaderNamesTheShardAndTheOffset) {
   ASSERT_TRUE(reader.ok());
   auto sample = (*reader)->Next();
   EXPECT_EQ(sample.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(absl::StrContains(
-      sample.status().message(),
-      absl::StrCat("read tar ", tmp.store()->Uri("bad.tar"), " at byte ", second_header,
-                   ": header checksum mismatch")))
+  EXPECT_TRUE(absl::StrContains(sample.status().message(),
+                                absl::StrCat("read tar ", tmp.store()->Uri("bad.tar"), " at byte ",
+                                             second_header, ": header checksum mismatch")))
       << sample.status();
   EXPECT_EQ((*reader)->Next().status(), sample.status());  // sticky
 

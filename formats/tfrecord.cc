@@ -32,13 +32,12 @@ absl::StatusOr<std::unique_ptr<TFRecordReader>> TFRecordReader::Open(
   return std::make_unique<TFRecordReader>(*std::move(reader), options);
 }
 
-TFRecordReader::TFRecordReader(std::unique_ptr<ObjectReader> reader,
-                               TFRecordReaderOptions options)
+TFRecordReader::TFRecordReader(std::unique_ptr<ObjectReader> reader, TFRecordReaderOptions options)
     : reader_(std::move(reader)), options_(options) {}
 
 absl::Status TFRecordReader::Fail(absl::StatusCode code, uint64_t at, absl::string_view what) {
-  status_ = absl::Status(code, absl::StrCat("read tfrecord ", reader_->uri(), " at byte ", at,
-                                            ": ", what));
+  status_ = absl::Status(
+      code, absl::StrCat("read tfrecord ", reader_->uri(), " at byte ", at, ": ", what));
   return status_;
 }
 
@@ -142,7 +141,9 @@ absl::StatusOr<std::unique_ptr<TFRecordWriter>> TFRecordWriter::Open(
 TFRecordWriter::TFRecordWriter(std::shared_ptr<ObjectStore> store,
                                std::unique_ptr<ObjectWriter> writer, std::string uri,
                                TFRecordWriterOptions options)
-    : store_(std::move(store)), writer_(std::move(writer)), uri_(std::move(uri)),
+    : store_(std::move(store)),
+      writer_(std::move(writer)),
+      uri_(std::move(uri)),
       options_(options) {}
 
 TFRecordWriter::~TFRecordWriter() {

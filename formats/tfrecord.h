@@ -44,12 +44,12 @@ struct TFRecordReaderOptions {
 class TFRecordReader {
  public:
   // REQUIRES: store != nullptr.
-  static absl::StatusOr<std::unique_ptr<TFRecordReader>> Open(
-      std::shared_ptr<ObjectStore> store, std::string key, TFRecordReaderOptions options = {});
+  static absl::StatusOr<std::unique_ptr<TFRecordReader>> Open(std::shared_ptr<ObjectStore> store,
+                                                              std::string key,
+                                                              TFRecordReaderOptions options = {});
   // Reads from an already opened reader (e.g. one opened with meta from a listing, or at a
   // record boundary offset to resume). REQUIRES: reader != nullptr.
-  explicit TFRecordReader(std::unique_ptr<ObjectReader> reader,
-                          TFRecordReaderOptions options = {});
+  explicit TFRecordReader(std::unique_ptr<ObjectReader> reader, TFRecordReaderOptions options = {});
   TFRecordReader(const TFRecordReader&) = delete;
   TFRecordReader& operator=(const TFRecordReader&) = delete;
 
@@ -83,8 +83,9 @@ struct TFRecordWriterOptions {
 class TFRecordWriter {
  public:
   // REQUIRES: store != nullptr.
-  static absl::StatusOr<std::unique_ptr<TFRecordWriter>> Open(
-      std::shared_ptr<ObjectStore> store, std::string key, TFRecordWriterOptions options = {});
+  static absl::StatusOr<std::unique_ptr<TFRecordWriter>> Open(std::shared_ptr<ObjectStore> store,
+                                                              std::string key,
+                                                              TFRecordWriterOptions options = {});
   // Aborts (leaves nothing behind) unless Close() succeeded.
   ~TFRecordWriter();
   TFRecordWriter(const TFRecordWriter&) = delete;

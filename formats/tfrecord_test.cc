@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "formats/crc32c.h"
-#include "store/testing/temp_store.h"
 #include "gtest/gtest.h"
+#include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
@@ -128,8 +128,8 @@ TEST_F(TFRecordCorruptionTest, AFlippedDataByteIsADataCrcError) {
   bytes[second_ + 12 + 4321] ^= 1;
   const absl::Status status = ReadEdited(bytes, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(absl::StartsWith(status.message(),
-                               absl::StrCat(Prefix(), second_, ": data CRC mismatch")))
+  EXPECT_TRUE(
+      absl::StartsWith(status.message(), absl::StrCat(Prefix(), second_, ": data CRC mismatch")))
       << status;
 }
 
@@ -138,8 +138,8 @@ TEST_F(TFRecordCorruptionTest, AFlippedLengthByteIsALengthCrcError) {
   bytes[second_ + 1] ^= 0x10;
   const absl::Status status = ReadEdited(bytes, 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
-  EXPECT_TRUE(absl::StartsWith(status.message(),
-                               absl::StrCat(Prefix(), second_, ": length CRC mismatch")))
+  EXPECT_TRUE(
+      absl::StartsWith(status.message(), absl::StrCat(Prefix(), second_, ": length CRC mismatch")))
       << status;
   // A flipped length CRC byte reads the same.
   bytes = std::string(file_);
@@ -157,8 +157,8 @@ TEST_F(TFRecordCorruptionTest, TruncationAnywhereIsAnError) {
   for (size_t cut : {second_ + 5, second_ + 12, second_ + 100, third - 1}) {
     const absl::Status status = ReadEdited(bytes.substr(0, cut), 1);
     EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << cut;
-    EXPECT_TRUE(absl::StartsWith(status.message(),
-                                 absl::StrCat(Prefix(), second_, ": truncated record")))
+    EXPECT_TRUE(
+        absl::StartsWith(status.message(), absl::StrCat(Prefix(), second_, ": truncated record")))
         << status;
   }
   // Cut exactly at a record boundary: a shorter, valid file.

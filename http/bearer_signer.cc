@@ -17,14 +17,13 @@ absl::Status SignBearer(const Credentials& credentials, absl::string_view source
   }
   // RFC 6750's b64token is a subset of this; any visible ASCII keeps the header intact.
   if (!std::all_of(token.begin(), token.end(), [](char c) { return c > ' ' && c < 0x7f; })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the bearer token from ", source, " has a byte not allowed in an HTTP header"));
+    return absl::InvalidArgumentError(absl::StrCat("the bearer token from ", source,
+                                                   " has a byte not allowed in an HTTP header"));
   }
   auto& headers = request.headers;
-  headers.erase(std::remove_if(headers.begin(), headers.end(),
-                               [](const auto& h) {
-                                 return absl::EqualsIgnoreCase(h.first, "authorization");
-                               }),
+  headers.erase(std::remove_if(
+                    headers.begin(), headers.end(),
+                    [](const auto& h) { return absl::EqualsIgnoreCase(h.first, "authorization"); }),
                 headers.end());
   headers.emplace_back("authorization", absl::StrCat("Bearer ", token));
   return absl::OkStatus();

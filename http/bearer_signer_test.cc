@@ -77,9 +77,9 @@ TEST(SignBearerTest, SetsOneAuthorizationHeaderAndKeepsTheOthers) {
   c.bearer_token = "ya29.a0Af-_~+/x==";
   HttpRequest request = Get();
   ASSERT_TRUE(SignBearer(c, kSource, request).ok());
-  EXPECT_THAT(request.headers, testing::ElementsAre(Pair("x-goog-user-project", "p"),
-                                                    Pair("authorization",
-                                                         "Bearer ya29.a0Af-_~+/x==")));
+  EXPECT_THAT(request.headers,
+              testing::ElementsAre(Pair("x-goog-user-project", "p"),
+                                   Pair("authorization", "Bearer ya29.a0Af-_~+/x==")));
 }
 
 TEST(SignBearerTest, RefusesMissingOrHeaderBreakingTokensWithoutQuotingThem) {

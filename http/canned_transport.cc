@@ -40,8 +40,8 @@ absl::StatusOr<HttpResponse> Deliver(const HttpRequest& request, const CannedRes
   if (!ok) return finish(absl::OkStatus());  // the builder's own error wins
 
   absl::string_view body = request.method == "HEAD" ? absl::string_view() : canned.body;
-  if (!canned.failure.ok()) body = body.substr(0, std::min<uint64_t>(body.size(),
-                                                                      canned.fail_after_bytes));
+  if (!canned.failure.ok())
+    body = body.substr(0, std::min<uint64_t>(body.size(), canned.fail_after_bytes));
   const size_t chunk = std::max<size_t>(1, canned.chunk_bytes);
   for (size_t offset = 0; offset < body.size(); offset += chunk) {
     // A token that fired mid-body aborts between chunks, as curl's loop would.

@@ -43,9 +43,8 @@ CannedHandler Always(CannedResponse canned) {
 }
 
 TEST(CannedTransportTest, DeliversIntoStringOnItsOwnThread) {
-  CannedTransport transport(Always({.status = 200,
-                                    .headers = {{"ETag", "\"abc\""}},
-                                    .body = "hello"}));
+  CannedTransport transport(
+      Always({.status = 200, .headers = {{"ETag", "\"abc\""}}, .body = "hello"}));
   std::thread::id done_thread;
   absl::StatusOr<HttpResponse> response = SendAndWait(transport, Get(), &done_thread);
   ASSERT_TRUE(response.ok()) << response.status();
@@ -54,7 +53,7 @@ TEST(CannedTransportTest, DeliversIntoStringOnItsOwnThread) {
   EXPECT_EQ(response->body_bytes, 5u);
   EXPECT_EQ(response->header("etag"), "\"abc\"");
   EXPECT_EQ(response->header("Content-Length"), "5");  // added like a server would
-  EXPECT_EQ(response->headers[0].first, "etag");        // names lowercased as with curl
+  EXPECT_EQ(response->headers[0].first, "etag");       // names lowercased as with curl
   EXPECT_NE(done_thread, std::this_thread::get_id());
 }
 

@@ -382,8 +382,9 @@ Transfer* CurlTransport::AcquireTransfer() {
   if (options_.low_speed_limit_bytes > 0) {
     curl_easy_setopt(easy, CURLOPT_LOW_SPEED_LIMIT,
                      static_cast<long>(options_.low_speed_limit_bytes));
-    curl_easy_setopt(easy, CURLOPT_LOW_SPEED_TIME,
-                     static_cast<long>(std::max<int64_t>(1, absl::ToInt64Seconds(options_.low_speed_time))));
+    curl_easy_setopt(
+        easy, CURLOPT_LOW_SPEED_TIME,
+        static_cast<long>(std::max<int64_t>(1, absl::ToInt64Seconds(options_.low_speed_time))));
   }
   curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, options_.verify_tls ? 1L : 0L);
   curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, options_.verify_tls ? 2L : 0L);
@@ -435,8 +436,7 @@ void CurlTransport::Start(Pending pending) {
     // UPLOAD streams the body from OnRead with Content-Length; CUSTOMREQUEST turns the PUT
     // into POST (or anything else) without curl's form-encoding behaviour.
     curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE,
-                     static_cast<curl_off_t>(request.body.size()));
+    curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
     if (method != "PUT") curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method.c_str());
   } else if (method != "GET") {
     curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method.c_str());
@@ -486,8 +486,8 @@ void CurlTransport::DrainCompletions() {
     curl_easy_getinfo(easy, CURLINFO_PRIVATE, &slot);
     auto* transfer = reinterpret_cast<Transfer*>(slot);
     curl_multi_remove_handle(multi_, easy);
-    Complete(transfer, code == CURLE_OK ? absl::OkStatus()
-                                        : CurlError(code, transfer->error_buffer));
+    Complete(transfer,
+             code == CURLE_OK ? absl::OkStatus() : CurlError(code, transfer->error_buffer));
   }
 }
 
@@ -523,8 +523,7 @@ void CurlTransport::Complete(Transfer* transfer, absl::Status transport_error) {
   free_.push_back(transfer);
   --in_flight_;
 
-  connections_.fetch_add(static_cast<uint64_t>(std::max(0L, connects)),
-                         std::memory_order_relaxed);
+  connections_.fetch_add(static_cast<uint64_t>(std::max(0L, connects)), std::memory_order_relaxed);
   bytes_sent_.fetch_add(static_cast<uint64_t>(std::max<curl_off_t>(0, uploaded)),
                         std::memory_order_relaxed);
   bytes_received_.fetch_add(static_cast<uint64_t>(std::max<curl_off_t>(0, downloaded)),

@@ -395,9 +395,8 @@ TEST_F(CurlTransportTest, SendFromDoneReusesTheConnection) {
       finished.Notify();
       return;
     }
-    transport_->Send(Request("GET", server_.Url("/ok")), [&](absl::StatusOr<HttpResponse> r) {
-      next(std::move(r));
-    });
+    transport_->Send(Request("GET", server_.Url("/ok")),
+                     [&](absl::StatusOr<HttpResponse> r) { next(std::move(r)); });
   };
   transport_->Send(Request("GET", server_.Url("/ok")),
                    [&](absl::StatusOr<HttpResponse> r) { next(std::move(r)); });

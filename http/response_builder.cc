@@ -83,8 +83,8 @@ bool ResponseBuilder::OnHeaderLine(absl::string_view line) {
     }
     uint64_t length = 0;
     std::optional<std::string_view> value = response_.header("content-length");
-    if (!value.has_value() || !absl::SimpleAtoi(absl::string_view(value->data(), value->size()),
-                                               &length)) {
+    if (!value.has_value() ||
+        !absl::SimpleAtoi(absl::string_view(value->data(), value->size()), &length)) {
       return true;
     }
     if (!is_success()) {
@@ -92,9 +92,8 @@ bool ResponseBuilder::OnHeaderLine(absl::string_view line) {
     } else if (const absl::Span<char>* buffer = request_->response.buffer()) {
       if (length > buffer->size()) {
         return Abort(Failure(absl::StatusCode::kOutOfRange,
-                             absl::StrCat("response body of ", length,
-                                          " bytes does not fit the ", buffer->size(),
-                                          "-byte buffer")));
+                             absl::StrCat("response body of ", length, " bytes does not fit the ",
+                                          buffer->size(), "-byte buffer")));
       }
     } else if (request_->response.is_string()) {
       response_.body.reserve(std::min(length, kMaxReserveBytes));
@@ -134,10 +133,10 @@ bool ResponseBuilder::OnBody(absl::string_view data) {
   }
   if (const absl::Span<char>* buffer = request_->response.buffer()) {
     if (data.size() > buffer->size() - delivered_) {
-      return Abort(Failure(absl::StatusCode::kOutOfRange,
-                           absl::StrCat("response body of at least ", delivered_ + data.size(),
-                                        " bytes does not fit the ", buffer->size(),
-                                        "-byte buffer")));
+      return Abort(
+          Failure(absl::StatusCode::kOutOfRange,
+                  absl::StrCat("response body of at least ", delivered_ + data.size(),
+                               " bytes does not fit the ", buffer->size(), "-byte buffer")));
     }
     std::memcpy(buffer->data() + delivered_, data.data(), data.size());
     delivered_ += data.size();
@@ -153,8 +152,7 @@ bool ResponseBuilder::OnBody(absl::string_view data) {
   return true;
 }
 
-absl::StatusOr<HttpResponse> ResponseBuilder::Finish(absl::Status transport_error,
-                                                     int status_code,
+absl::StatusOr<HttpResponse> ResponseBuilder::Finish(absl::Status transport_error, int status_code,
                                                      absl::Duration time_to_first_byte,
                                                      absl::Duration total_time) {
   if (!error_.ok()) return error_;

@@ -47,8 +47,7 @@ class ResponseBuilder {
   // builder itself (error()) takes precedence over the transport's own report of it.
   // `status_code` overrides the parsed status when non-zero (the transport's own view).
   absl::StatusOr<HttpResponse> Finish(absl::Status transport_error, int status_code,
-                                      absl::Duration time_to_first_byte,
-                                      absl::Duration total_time);
+                                      absl::Duration time_to_first_byte, absl::Duration total_time);
 
   // A failure status for this exchange: "HTTP <method> <url>: <message>", with the
   // delivered byte count in the message (when non-zero) and as a payload.

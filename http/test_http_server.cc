@@ -32,8 +32,8 @@ bool SendAll(int fd, absl::string_view data) {
 }
 
 std::string Head(int status, uint64_t content_length, absl::string_view extra = "") {
-  return absl::StrCat("HTTP/1.1 ", status, " X\r\nContent-Length: ", content_length, "\r\n",
-                      extra, "\r\n");
+  return absl::StrCat("HTTP/1.1 ", status, " X\r\nContent-Length: ", content_length, "\r\n", extra,
+                      "\r\n");
 }
 
 }  // namespace
@@ -174,8 +174,9 @@ bool TestHttpServer::Respond(int fd, absl::string_view method, absl::string_view
                              const std::string& body, bool* closed) {
   uint64_t n = 0;
   if (path == "/ok") {
-    return SendAll(fd, absl::StrCat(Head(200, 11, "Content-Type: text/plain\r\n"
-                                                  "X-Padded:   spaced  \r\n"),
+    return SendAll(fd, absl::StrCat(Head(200, 11,
+                                         "Content-Type: text/plain\r\n"
+                                         "X-Padded:   spaced  \r\n"),
                                     "hello world"));
   }
   if (absl::ConsumePrefix(&path, "/bytes/") && absl::SimpleAtoi(path, &n)) {
@@ -217,9 +218,9 @@ bool TestHttpServer::Respond(int fd, absl::string_view method, absl::string_view
   }
   int code = 0;
   if (absl::ConsumePrefix(&path, "/status/") && absl::SimpleAtoi(path, &code)) {
-    return SendAll(fd, absl::StrCat(Head(code, kErrorXml.size(),
-                                         "Content-Type: application/xml\r\n"),
-                                    kErrorXml));
+    return SendAll(
+        fd,
+        absl::StrCat(Head(code, kErrorXml.size(), "Content-Type: application/xml\r\n"), kErrorXml));
   }
   if (path == "/big-error") {
     return SendAll(fd, absl::StrCat(Head(500, 2 << 20), std::string(2 << 20, 'e')));

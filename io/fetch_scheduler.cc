@@ -104,8 +104,7 @@ struct Deferred {
   }
 };
 
-class BatchImpl : public FetchScheduler::Batch,
-                  public std::enable_shared_from_this<BatchImpl> {
+class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_this<BatchImpl> {
  public:
   // Coalesced wake-ups of the consumer (WakeConsumerLocked).
   static constexpr int kWakeBatch = 8;
@@ -113,7 +112,9 @@ class BatchImpl : public FetchScheduler::Batch,
 
   BatchImpl(std::shared_ptr<ObjectStore> store, const FetchOptions& options, int max_in_flight,
             std::shared_ptr<FetchScheduler::Common> common)
-      : store_(std::move(store)), options_(options), common_(std::move(common)),
+      : store_(std::move(store)),
+        options_(options),
+        common_(std::move(common)),
         max_in_flight_(max_in_flight) {
     // Releases anywhere in the process may let this batch go on.
     listener_ = common_->budget->AddListener([waker = waker_] {
@@ -171,9 +172,10 @@ class BatchImpl : public FetchScheduler::Batch,
       if (item.size.has_value()) {
         auto resolved = item.range.Resolve(*item.size);
         if (!resolved.ok()) {
-          Deliver(ErrorResult(i, item.key,
-                              Annotate(resolved.status(), absl::StrCat("get ", store_->Uri(item.key)))),
-                  deferred);
+          Deliver(
+              ErrorResult(i, item.key,
+                          Annotate(resolved.status(), absl::StrCat("get ", store_->Uri(item.key)))),
+              deferred);
           continue;
         }
         extent = *resolved;
@@ -188,8 +190,8 @@ class BatchImpl : public FetchScheduler::Batch,
       } else if (!item.range.suffix && item.range.length.has_value()) {
         if (*item.range.length == 0) {
           Deliver(ErrorResult(i, item.key,
-                              absl::OutOfRangeError(absl::StrCat(
-                                  "get ", store_->Uri(item.key), ": empty range"))),
+                              absl::OutOfRangeError(
+                                  absl::StrCat("get ", store_->Uri(item.key), ": empty range"))),
                   deferred);
           continue;
         }
@@ -208,9 +210,8 @@ class BatchImpl : public FetchScheduler::Batch,
     }
     std::vector<Group> groups;
     for (auto& [key, slices] : ranged) {
-      std::sort(slices.begin(), slices.end(), [](const auto& a, const auto& b) {
-        return a.first.begin < b.first.begin;
-      });
+      std::sort(slices.begin(), slices.end(),
+                [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
       Group* open = nullptr;
       for (auto& [slice, item] : slices) {
         const bool joins = open != nullptr && options_.coalesce_gap > 0 &&
@@ -260,10 +261,10 @@ class BatchImpl : public FetchScheduler::Batch,
           // by results the caller still owns. Say so rather than wait forever.
           Group g = std::move(queue_.front());
           queue_.pop_front();
-          FailGroupLocked(g, absl::ResourceExhaustedError(absl::StrCat(
-                                 "get ", store_->Uri(g.key), ": the fetch memory budget (",
-                                 FormatSize(CapLocked()),
-                                 ") is held by results not yet released")),
+          FailGroupLocked(g,
+                          absl::ResourceExhaustedError(absl::StrCat(
+                              "get ", store_->Uri(g.key), ": the fetch memory budget (",
+                              FormatSize(CapLocked()), ") is held by results not yet released")),
                           deferred);
           continue;
         }
@@ -416,8 +417,8 @@ class BatchImpl : public FetchScheduler::Batch,
       // a ranged read (RGW: ~80 us more CPU per GET, ~9% of small-object throughput when it
       // is the bottleneck). An object grown past the buffer then fails (OutOfRange) instead
       // of passing a prefix off as the object.
-      const bool whole_object = g->parts == 1 && g->begin == 0 && g->object_size.has_value() &&
-                                g->end >= *g->object_size;
+      const bool whole_object =
+          g->parts == 1 && g->begin == 0 && g->object_size.has_value() && g->end >= *g->object_size;
       request.range = whole_object ? ByteRange::All() : ByteRange::Of(g->begin + off, len);
       request.buffer = absl::Span<char>(g->block.data() + off, len);
       request.if_match = g->etag;  // every range of one object from the same version
@@ -490,9 +491,9 @@ class BatchImpl : public FetchScheduler::Batch,
       const uint64_t size = g->object_size.value_or(g->end);
       const uint64_t want = size > g->begin ? std::min(g->end, size) - g->begin : 0;
       if (g->bytes_received < want) {
-        g->status = absl::DataLossError(absl::StrCat(
-            "get ", store_->Uri(g->key), ": received ", g->bytes_received, " of the ", want,
-            " bytes from byte ", g->begin));
+        g->status = absl::DataLossError(absl::StrCat("get ", store_->Uri(g->key), ": received ",
+                                                     g->bytes_received, " of the ", want,
+                                                     " bytes from byte ", g->begin));
       }
     }
     if (!g->status.ok()) {
@@ -537,24 +538,24 @@ class BatchImpl : public FetchScheduler::Batch,
     common_->requests->Add();
     stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
     const size_t index = g.first_item;
-    deferred.calls.push_back([self = shared_from_this(), index,
-                              item = *std::move(g.head_item)]() mutable {
-      std::string key = item.key;
-      self->store_->HeadAsync(std::move(key), [self, index, item = std::move(item)](
-                                                  absl::StatusOr<ObjectMeta> m) mutable {
-        Deferred more;
-        {
-          absl::MutexLock lock(&self->mu_);
-          self->OnHeadLocked(index, std::move(item), std::move(m), more);
-        }
-        more.Run();
-        self->waker_->Signal();
-      });
-    });
+    deferred.calls.push_back(
+        [self = shared_from_this(), index, item = *std::move(g.head_item)]() mutable {
+          std::string key = item.key;
+          self->store_->HeadAsync(std::move(key), [self, index, item = std::move(item)](
+                                                      absl::StatusOr<ObjectMeta> m) mutable {
+            Deferred more;
+            {
+              absl::MutexLock lock(&self->mu_);
+              self->OnHeadLocked(index, std::move(item), std::move(m), more);
+            }
+            more.Run();
+            self->waker_->Signal();
+          });
+        });
   }
 
-  void OnHeadLocked(size_t index, FetchItem item, absl::StatusOr<ObjectMeta> m,
-                    Deferred& deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void OnHeadLocked(size_t index, FetchItem item, absl::StatusOr<ObjectMeta> m, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     --in_flight_;
     if (!m.ok()) {
       Deliver(ErrorResult(index, item.key, m.status()), deferred);
@@ -595,7 +596,7 @@ class BatchImpl : public FetchScheduler::Batch,
 
   mutable absl::Mutex mu_;
   size_t added_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Group> queue_ ABSL_GUARDED_BY(mu_);                  // not started
+  std::deque<Group> queue_ ABSL_GUARDED_BY(mu_);                      // not started
   std::vector<std::shared_ptr<Group>> running_ ABSL_GUARDED_BY(mu_);  // parts left to start
   std::deque<FetchResult> ready_ ABSL_GUARDED_BY(mu_);
   std::map<size_t, FetchResult> ready_by_index_ ABSL_GUARDED_BY(mu_);
@@ -628,15 +629,15 @@ FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions 
   common_->requests = m.GetCounter("wharf_fetch_requests_total",
                                    "Store requests (GET and HEAD) issued by fetch engines", labels);
   common_->bytes = m.GetCounter("wharf_fetch_bytes_total", "Payload bytes fetched", labels);
-  common_->retries = m.GetCounter("wharf_fetch_retries_total",
-                                  "Request attempts beyond the first", labels);
-  common_->errors = m.GetCounter("wharf_fetch_errors_total",
-                                 "Items delivered with an error", labels);
+  common_->retries =
+      m.GetCounter("wharf_fetch_retries_total", "Request attempts beyond the first", labels);
+  common_->errors =
+      m.GetCounter("wharf_fetch_errors_total", "Items delivered with an error", labels);
   common_->ttfb = m.GetHistogram("wharf_fetch_time_to_first_byte_seconds",
                                  "Time from sending a GET to its first response byte",
                                  Histogram::LatencyBounds(), labels);
-  common_->in_flight = m.GetGauge("wharf_fetch_requests_in_flight",
-                                  "GET requests outstanding", labels);
+  common_->in_flight =
+      m.GetGauge("wharf_fetch_requests_in_flight", "GET requests outstanding", labels);
   if (options_.max_in_flight > 0) {
     max_in_flight_ = options_.max_in_flight;
   } else if (rt.inflight() > 0) {
@@ -645,9 +646,9 @@ FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions 
     // A measured link slower to answer than the prior asks for more requests in flight.
     max_in_flight_ = options_.EffectiveMaxInFlight();
     if (common_->link->samples() >= LinkEstimator::kWarmup) {
-      max_in_flight_ = std::max(max_in_flight_,
-                                common_->link->InFlightFor(options_.target_bytes_per_second,
-                                                           options_.typical_object_bytes));
+      max_in_flight_ =
+          std::max(max_in_flight_, common_->link->InFlightFor(options_.target_bytes_per_second,
+                                                              options_.typical_object_bytes));
     }
   }
 }

@@ -112,14 +112,14 @@ struct FetchResult {
   uint64_t object_size = 0;  // size of the whole object
   absl::Duration time_to_first_byte = absl::ZeroDuration();
   absl::Duration latency = absl::ZeroDuration();  // submission of its request to completion
-  int requests = 0;   // store requests it took (parts), 0 if it shared a coalesced one
-  int attempts = 0;   // attempts over those requests (1 each unless retried)
+  int requests = 0;  // store requests it took (parts), 0 if it shared a coalesced one
+  int attempts = 0;  // attempts over those requests (1 each unless retried)
 };
 
 struct FetchStats {
   uint64_t items = 0;
-  uint64_t requests = 0;    // store GETs (+ HEADs) issued
-  uint64_t bytes = 0;       // payload bytes delivered
+  uint64_t requests = 0;  // store GETs (+ HEADs) issued
+  uint64_t bytes = 0;     // payload bytes delivered
   uint64_t retries = 0;
   int peak_in_flight = 0;
   uint64_t peak_bytes_held = 0;

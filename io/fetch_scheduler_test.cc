@@ -54,7 +54,8 @@ class FetchSchedulerTest : public testing::Test {
   // Puts n objects; returns their listing.
   std::vector<ObjectMeta> PutObjects(int n, size_t size) {
     for (int i = 0; i < n; ++i) {
-      EXPECT_TRUE(local_->Put(absl::StrCat("o/", 100000 + i), absl::Cord(RandomBytes(size, i))).ok());
+      EXPECT_TRUE(
+          local_->Put(absl::StrCat("o/", 100000 + i), absl::Cord(RandomBytes(size, i))).ok());
     }
     return local_->ListAll({.prefix = "o/"})->objects;
   }
@@ -77,8 +78,8 @@ TEST_F(FetchSchedulerTest, FetchesEverythingWithManyInFlight) {
     EXPECT_TRUE(seen.insert(r->index).second);
   }
   EXPECT_EQ(seen.size(), 300u);
-  EXPECT_GE(slow->peak(), 32);  // concurrency really happened
-  EXPECT_LE(slow->peak(), 64);  // and stayed under the limit
+  EXPECT_GE(slow->peak(), 32);        // concurrency really happened
+  EXPECT_LE(slow->peak(), 64);        // and stayed under the limit
   EXPECT_EQ(slow->heads_.load(), 0);  // sizes from the listing: no HEADs
 }
 
@@ -140,8 +141,8 @@ TEST_F(FetchSchedulerTest, LargeObjectsAreSplitIntoParallelParts) {
   ASSERT_TRUE(local_->Put("big", absl::Cord(big)).ok());
   auto meta = *local_->Head("big");
   auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(10));
-  FetchScheduler scheduler(slow, {.max_in_flight = 8, .part_size = 100000,
-                                  .split_threshold = 200000});
+  FetchScheduler scheduler(slow,
+                           {.max_in_flight = 8, .part_size = 100000, .split_threshold = 200000});
   auto batch = scheduler.Fetch({{.key = "big", .size = meta.size, .etag = meta.etag}});
   auto r = batch->Next();
   ASSERT_TRUE(r.has_value());
@@ -158,8 +159,10 @@ TEST_F(FetchSchedulerTest, PartsOfOneObjectAreCappedWhileOthersProceed) {
   ASSERT_TRUE(local_->Put("big", absl::Cord(big)).ok());
   auto small = PutObjects(10, 100);
   auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(10));
-  FetchScheduler scheduler(slow, {.max_in_flight = 64, .part_size = 100000,
-                                  .split_threshold = 200000, .max_parts_per_object = 3});
+  FetchScheduler scheduler(slow, {.max_in_flight = 64,
+                                  .part_size = 100000,
+                                  .split_threshold = 200000,
+                                  .max_parts_per_object = 3});
   std::vector<FetchItem> items = {{.key = "big", .size = big.size()}};
   for (const auto& o : small) items.push_back({.key = o.key, .size = o.size});
   auto batch = scheduler.Fetch(items);
@@ -183,9 +186,9 @@ TEST_F(FetchSchedulerTest, NearbyRangesAreCoalescedIntoOneRequest) {
   FetchScheduler scheduler(slow, {.coalesce_gap = 1000});
   std::vector<FetchItem> items = {
       {.key = "shard.tar", .range = ByteRange::Of(0, 100)},
-      {.key = "shard.tar", .range = ByteRange::Of(500, 100)},    // gap 400: joins
-      {.key = "shard.tar", .range = ByteRange::Of(1000, 50)},    // gap 400: joins
-      {.key = "shard.tar", .range = ByteRange::Of(50000, 10)},   // far: its own request
+      {.key = "shard.tar", .range = ByteRange::Of(500, 100)},   // gap 400: joins
+      {.key = "shard.tar", .range = ByteRange::Of(1000, 50)},   // gap 400: joins
+      {.key = "shard.tar", .range = ByteRange::Of(50000, 10)},  // far: its own request
   };
   auto batch = scheduler.Fetch(items);
   int n = 0;
@@ -214,8 +217,8 @@ TEST_F(FetchSchedulerTest, LargeBlocksAreReusedWithinTheBudgetAndShowOnlyTheirOb
   // The budget holds one object at a time: each starts once the previous one is dropped.
   // A runtime of its own: the pool belongs to the runtime's budget.
   auto runtime = std::make_shared<Runtime>(RuntimeOptions{.memory_budget = 8 * kMiB});
-  FetchScheduler scheduler(local_, {.runtime = runtime, .max_in_flight = 8,
-                                    .memory_budget = 8 * kMiB, .ordered = true});
+  FetchScheduler scheduler(
+      local_, {.runtime = runtime, .max_in_flight = 8, .memory_budget = 8 * kMiB, .ordered = true});
   auto batch = scheduler.Fetch(items);
   size_t n = 0;
   while (auto r = batch->Next()) {
@@ -252,10 +255,11 @@ class ShortReads : public ForwardingStore {
  public:
   using ForwardingStore::ForwardingStore;
   void GetAsync(GetRequest r, Callback<GetResult> d) override {
-    ForwardingStore::GetAsync(std::move(r), [d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
-      if (res.ok() && res->bytes > 0) --res->bytes;
-      std::move(d)(std::move(res));
-    });
+    ForwardingStore::GetAsync(std::move(r),
+                              [d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
+                                if (res.ok() && res->bytes > 0) --res->bytes;
+                                std::move(d)(std::move(res));
+                              });
   }
 };
 
@@ -269,7 +273,8 @@ TEST_F(FetchSchedulerTest, ShortReadsAreDataLossNamingTheObject) {
   while (auto r = batch->Next()) {
     ASSERT_FALSE(r->data.ok());
     EXPECT_EQ(r->data.status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_THAT(std::string(r->data.status().message()), testing::HasSubstr("received 4999 of the 5000"));
+    EXPECT_THAT(std::string(r->data.status().message()),
+                testing::HasSubstr("received 4999 of the 5000"));
     EXPECT_THAT(std::string(r->data.status().message()), testing::HasSubstr(items[r->index].key));
     ++n;
   }
@@ -312,7 +317,8 @@ TEST_F(FetchSchedulerTest, WholeObjectsAreReadWithoutARange) {
 TEST_F(FetchSchedulerTest, ErrorsNameTheObjectAndOthersStillArrive) {
   auto listed = PutObjects(3, 10);
   FetchScheduler scheduler(local_);
-  std::vector<FetchItem> items = {{.key = listed[0].key}, {.key = "o/missing"},
+  std::vector<FetchItem> items = {{.key = listed[0].key},
+                                  {.key = "o/missing"},
                                   {.key = listed[1].key, .range = ByteRange::From(999)}};
   auto batch = scheduler.Fetch(items);
   int ok = 0, notfound = 0, range = 0;
@@ -369,7 +375,7 @@ class ParkingStore : public ForwardingStore {
       Timer::Global().After(absl::ZeroDuration(), [this, pending, uri] {
         ++cancelled_;
         parked_.Leave();
-        std::move(*pending)(absl::CancelledError(absl::StrCat("get ", uri, ": cancelled")));
+        std::move (*pending)(absl::CancelledError(absl::StrCat("get ", uri, ": cancelled")));
       });
     });
   }

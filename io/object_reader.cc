@@ -30,8 +30,7 @@ ObjectReaderOptions ObjectReaderOptions::Resolved(const LinkEstimator& link) con
   if (o.read_ahead < 0) {
     // Bytes that arrive during one time to first byte: the chunks to keep on the wire so the
     // consumer never waits for a first byte.
-    const double cover =
-        link.bytes_per_second() * absl::ToDoubleSeconds(link.time_to_first_byte());
+    const double cover = link.bytes_per_second() * absl::ToDoubleSeconds(link.time_to_first_byte());
     const double parts = std::ceil(cover / static_cast<double>(o.chunk_size));
     o.read_ahead = static_cast<int>(std::clamp<double>(parts, kMinReadAhead, kMaxReadAhead));
   }
@@ -59,15 +58,17 @@ struct ObjectReader::Shared {
   uint64_t bytes_fetched ABSL_GUARDED_BY(mu) = 0;
 };
 
-absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(
-    std::shared_ptr<ObjectStore> store, std::string key, ObjectReaderOptions options) {
+absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(std::shared_ptr<ObjectStore> store,
+                                                                 std::string key,
+                                                                 ObjectReaderOptions options) {
   WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, store->Head(key));
   meta.key = std::move(key);
   return Open(std::move(store), std::move(meta), options);
 }
 
-absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(
-    std::shared_ptr<ObjectStore> store, ObjectMeta meta, ObjectReaderOptions options) {
+absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(std::shared_ptr<ObjectStore> store,
+                                                                 ObjectMeta meta,
+                                                                 ObjectReaderOptions options) {
   std::string uri = store->Uri(meta.key);
   if (options.read_ahead < -1) {
     return absl::InvalidArgumentError(
@@ -81,8 +82,7 @@ absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(
                                               options.offset, " of a ", size, "-byte object"));
   }
   const uint64_t begin = options.offset;
-  const uint64_t end = options.length.has_value() ? std::min(size, begin + *options.length)
-                                                  : size;
+  const uint64_t end = options.length.has_value() ? std::min(size, begin + *options.length) : size;
   auto reader = std::unique_ptr<ObjectReader>(new ObjectReader(
       std::move(store), std::move(meta), std::move(uri), std::move(options), begin, end));
   reader->Schedule();
@@ -108,8 +108,8 @@ ObjectReader::~ObjectReader() {
   // when they run, and the caller owns the store.
   {
     absl::MutexLock lock(&shared_->mu);
-    shared_->mu.Await(
-        absl::Condition(+[](Shared* s) { return s->in_flight == 0; }, shared_.get()));
+    shared_->mu.Await(absl::Condition(
+        +[](Shared* s) { return s->in_flight == 0; }, shared_.get()));
   }
   // Return the charges now: a store may destroy a completion (which shares its chunk) a
   // little after running it.
@@ -220,8 +220,7 @@ void ObjectReader::Issue(std::shared_ptr<Chunk> chunk) {
   request.buffer = absl::Span<char>(chunk->block.data(), chunk->size);
   if (options_.pin_version) request.if_match = meta_.etag;
   store_->GetAsync(
-      std::move(request),
-      [shared = shared_, chunk, uri = uri_](absl::StatusOr<GetResult> result) {
+      std::move(request), [shared = shared_, chunk, uri = uri_](absl::StatusOr<GetResult> result) {
         absl::Status status = result.status();
         if (status.ok() && result->bytes != chunk->size) {
           status = absl::DataLossError(absl::StrCat(

@@ -11,10 +11,10 @@
 #include "absl/synchronization/mutex.h"
 #include "base/runtime.h"
 #include "base/timer.h"
-#include "store/testing/random_bytes.h"
-#include "store/testing/temp_store.h"
 #include "gtest/gtest.h"
 #include "store/testing/delayed_get_store.h"
+#include "store/testing/random_bytes.h"
+#include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
@@ -130,12 +130,12 @@ TEST(ObjectReaderTest, ReadsARangeAndKnownMetaSkipsTheHead) {
   const std::string data = RandomBytes(5000, 5);
   auto meta = tmp.store()->Put("obj", absl::Cord(data));
   ASSERT_TRUE(meta.ok());
-  auto reader = ObjectReader::Open(tmp.store(), *meta,
-                                   {.chunk_size = 300, .offset = 1234, .length = 2000});
+  auto reader =
+      ObjectReader::Open(tmp.store(), *meta, {.chunk_size = 300, .offset = 1234, .length = 2000});
   ASSERT_TRUE(reader.ok());
   EXPECT_EQ(ReadAllByPeek(**reader), data.substr(1234, 2000));
-  auto tail = ObjectReader::Open(tmp.store(), "obj", {.chunk_size = 300, .offset = 4900,
-                                                      .length = 1000});
+  auto tail =
+      ObjectReader::Open(tmp.store(), "obj", {.chunk_size = 300, .offset = 4900, .length = 1000});
   ASSERT_TRUE(tail.ok());
   EXPECT_EQ(ReadAllByPeek(**tail), data.substr(4900));
   auto past = ObjectReader::Open(tmp.store(), "obj", {.offset = 5001});
@@ -202,8 +202,8 @@ TEST(ObjectReaderTest, ChunksAreChargedToTheRuntimeBudget) {
   ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
   auto slow = std::make_shared<SlowStore>(tmp.store(), absl::Milliseconds(2));
   auto rt = SmallRuntime(uint64_t{1} << 30);
-  auto reader = ObjectReader::Open(
-      slow, "obj", {.chunk_size = 4096, .read_ahead = 3, .runtime = rt});
+  auto reader =
+      ObjectReader::Open(slow, "obj", {.chunk_size = 4096, .read_ahead = 3, .runtime = rt});
   ASSERT_TRUE(reader.ok()) << reader.status();
   // The reader's bound is its account's cap; what it started is charged to the budget.
   EXPECT_EQ((*reader)->account().cap(), 4 * 4096u);
@@ -226,8 +226,8 @@ TEST(ObjectReaderTest, WaitsForRoomInTheBudgetAndNeverPassesIt) {
   auto other = rt->budget().NewAccount(0, "other");
   Block hog = rt->budget().TryAllocate(other, 16 << 10);
   ASSERT_TRUE(hog);
-  auto reader = ObjectReader::Open(tmp.store(), "obj",
-                                   {.chunk_size = 4096, .read_ahead = 8, .runtime = rt});
+  auto reader =
+      ObjectReader::Open(tmp.store(), "obj", {.chunk_size = 4096, .read_ahead = 8, .runtime = rt});
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ((*reader)->stats().requests, 0u);
   std::thread release([&] {
@@ -257,7 +257,7 @@ TEST(ObjectReaderTest, PiecesTheCallerKeepsStayChargedButDoNotStopTheReader) {
     kept.push_back(*std::move(piece));
   }
   EXPECT_EQ((*reader)->stats().bytes_copied, 0u);
-  EXPECT_EQ(rt->budget().held(), 64u << 10);  // the kept pieces are still charged
+  EXPECT_EQ(rt->budget().held(), 64u << 10);                 // the kept pieces are still charged
   EXPECT_LE((*reader)->stats().peak_buffered_bytes, 2048u);  // but not as the reader's
   std::string joined;
   for (const auto& c : kept) joined += std::string(c);
@@ -271,8 +271,8 @@ TEST(ObjectReaderTest, KeptPiecesFillingTheWholeBudgetAreAnErrorNotAHang) {
   TempStore tmp;
   ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(16 << 10, 12))).ok());
   auto rt = SmallRuntime(4096);
-  auto reader = ObjectReader::Open(tmp.store(), "obj",
-                                   {.chunk_size = 1024, .read_ahead = 0, .runtime = rt});
+  auto reader =
+      ObjectReader::Open(tmp.store(), "obj", {.chunk_size = 1024, .read_ahead = 0, .runtime = rt});
   ASSERT_TRUE(reader.ok());
   std::vector<absl::Cord> kept;
   absl::Status status;
@@ -310,8 +310,8 @@ TEST(ObjectReaderTest, UnsetChunkSizeAndReadAheadComeFromTheLinkEstimate) {
   EXPECT_EQ((*reader)->stats().chunk_size, uint64_t{64} << 20);
   EXPECT_EQ((*reader)->stats().read_ahead, 3);
   // Options that are set win over the estimate.
-  auto fixed = ObjectReader::Open(tmp.store(), "obj",
-                                  {.chunk_size = 4096, .read_ahead = 0, .runtime = rt});
+  auto fixed =
+      ObjectReader::Open(tmp.store(), "obj", {.chunk_size = 4096, .read_ahead = 0, .runtime = rt});
   ASSERT_TRUE(fixed.ok());
   EXPECT_EQ((*fixed)->stats().chunk_size, 4096u);
   EXPECT_EQ((*fixed)->stats().read_ahead, 0);

@@ -119,8 +119,8 @@ std::optional<Digits> ExtrapolateDigits(const Digits& p, const Digits& a, uint32
 // The split point for (a, b) after a page that held every key in (p, a]: the midpoint, or
 // the extrapolation when that is smaller (then the bound is loose, as when `b` is
 // unbounded, and the midpoint would lie far past the keys).
-std::optional<Digits> SplitDigits(const Digits* p, const Digits& a, const Digits* b,
-                                  uint32_t radix, uint64_t stride) {
+std::optional<Digits> SplitDigits(const Digits* p, const Digits& a, const Digits* b, uint32_t radix,
+                                  uint64_t stride) {
   std::optional<Digits> mid = MidpointDigits(a, b, radix);
   if (p == nullptr || stride == 0) return mid;
   std::optional<Digits> est = ExtrapolateDigits(*p, a, radix, stride);
@@ -197,8 +197,8 @@ Digits ToAlphabetDigits(const std::vector<char32_t>& cps, const std::vector<char
   Digits d;
   d.reserve(cps.size());
   for (char32_t cp : cps) {
-    d.push_back(static_cast<uint32_t>(std::lower_bound(digits.begin(), digits.end(), cp) -
-                                      digits.begin()));
+    d.push_back(
+        static_cast<uint32_t>(std::lower_bound(digits.begin(), digits.end(), cp) - digits.begin()));
   }
   return d;
 }
@@ -234,8 +234,7 @@ std::optional<std::string> Utf8MidpointKey(absl::string_view lower, absl::string
   if (digits.empty()) return std::nullopt;
   const Digits a = ToAlphabetDigits(lo, digits);
   const Digits b = ToAlphabetDigits(hi, digits);
-  auto mid = MidpointDigits(a, upper.empty() ? nullptr : &b,
-                            static_cast<uint32_t>(digits.size()));
+  auto mid = MidpointDigits(a, upper.empty() ? nullptr : &b, static_cast<uint32_t>(digits.size()));
   if (!mid.has_value()) return std::nullopt;
   std::string out;
   for (uint32_t d : *mid) AppendUtf8(digits[d], &out);
@@ -247,8 +246,7 @@ std::optional<std::string> SplitKey(absl::string_view listed_from, absl::string_
                                     absl::Span<const char32_t> alphabet) {
   stride = std::min<uint64_t>(stride, uint64_t{1} << 31);
   if (!IsValidUtf8(lower)) {
-    const Digits p = BytesToDigits(listed_from), a = BytesToDigits(lower),
-                 b = BytesToDigits(upper);
+    const Digits p = BytesToDigits(listed_from), a = BytesToDigits(lower), b = BytesToDigits(upper);
     auto mid = SplitDigits(&p, a, upper.empty() ? nullptr : &b, 256, stride);
     if (!mid.has_value()) return std::nullopt;
     return std::string(mid->begin(), mid->end());
@@ -297,22 +295,22 @@ namespace {
 std::string Quote(absl::string_view key) { return absl::StrCat("\"", absl::CHexEscape(key), "\""); }
 
 std::string DescribeRange(absl::string_view lower, absl::string_view upper) {
-  return absl::StrCat("listing keys in (", Quote(lower), ", ",
-                      upper.empty() ? "end" : Quote(upper), ")");
+  return absl::StrCat("listing keys in (", Quote(lower), ", ", upper.empty() ? "end" : Quote(upper),
+                      ")");
 }
 
 absl::Status ValidateOptions(ObjectStore& store, const ListOptions& range,
                              const ParallelListOptions& options) {
   if (!range.delimiter.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "list ", store.Uri(range.prefix),
-        ": a delimiter is not supported by parallel listing (flat listings only)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("list ", store.Uri(range.prefix),
+                     ": a delimiter is not supported by parallel listing (flat listings only)"));
   }
   if (options.workers < 1 || options.page_size < 1 || options.max_pending_pages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "list ", store.Uri(range.prefix), ": workers (", options.workers, "), page_size (",
-        options.page_size, ") and max_pending_pages (", options.max_pending_pages,
-        ") must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("list ", store.Uri(range.prefix), ": workers (", options.workers,
+                     "), page_size (", options.page_size, ") and max_pending_pages (",
+                     options.max_pending_pages, ") must be at least 1"));
   }
   return absl::OkStatus();
 }
@@ -490,8 +488,8 @@ class Lister : public std::enable_shared_from_this<Lister> {
         std::string kept_upper = *mid + '\0';
         if (kept_upper != task.upper) {  // else (mid, upper) is empty: not worth a call
           task.stride *= 2;
-          tasks.push_back(Task{.lower = *mid, .upper = std::move(task.upper),
-                               .stride = task.stride});
+          tasks.push_back(
+              Task{.lower = *mid, .upper = std::move(task.upper), .stride = task.stride});
           task.upper = std::move(kept_upper);
           ++stats_.splits;
         }
@@ -510,7 +508,7 @@ class Lister : public std::enable_shared_from_this<Lister> {
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // calls whose callback has not run
   int launching_ ABSL_GUARDED_BY(mu_) = 0;  // calls whose ListAsync() has not returned
   std::deque<std::vector<ObjectMeta>> pages_ ABSL_GUARDED_BY(mu_);  // for on_page
-  std::vector<Task> paused_ ABSL_GUARDED_BY(mu_);  // workers waiting for on_page
+  std::vector<Task> paused_ ABSL_GUARDED_BY(mu_);                   // workers waiting for on_page
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<char32_t> alphabet_ ABSL_GUARDED_BY(mu_);  // code points of keys split at
   ParallelListStats stats_ ABSL_GUARDED_BY(mu_);

@@ -32,11 +32,11 @@ namespace wharf {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using internal::MidpointKey;
 using internal::PrefixSuccessor;
 using internal::SplitKey;
 using internal::Utf8MidpointKey;
+using ::testing::HasSubstr;
 
 std::string Esc(absl::string_view s) { return absl::StrCat("\"", absl::CHexEscape(s), "\""); }
 
@@ -133,9 +133,23 @@ TEST(MidpointKeyTest, StrictlyBetweenRandomByteStrings) {
 // A string of code points drawn from a pool with edge cases of UTF-8 (1-4 bytes, U+0001,
 // U+D7FF and U+E000 around the surrogates, U+FFFF, U+10FFFF).
 std::string RandomUtf8(std::mt19937_64& rng, size_t max_len) {
-  static const char* kPool[] = {"\x01", "a",  "b",  "z",  "/",  "0",  "9",  "\x7f", "é",
-                                "ÿ",    "日", "本", "😀", "\xed\x9f\xbf", "\xee\x80\x80",
-                                "\xef\xbf\xbf", "\xf4\x8f\xbf\xbf"};
+  static const char* kPool[] = {"\x01",
+                                "a",
+                                "b",
+                                "z",
+                                "/",
+                                "0",
+                                "9",
+                                "\x7f",
+                                "é",
+                                "ÿ",
+                                "日",
+                                "本",
+                                "😀",
+                                "\xed\x9f\xbf",
+                                "\xee\x80\x80",
+                                "\xef\xbf\xbf",
+                                "\xf4\x8f\xbf\xbf"};
   std::string s;
   const size_t len = rng() % (max_len + 1);
   for (size_t i = 0; i < len; ++i) s += kPool[rng() % std::size(kPool)];
@@ -258,9 +272,11 @@ enum class KeyKind { kBytes, kLocal, kS3 };
 
 // Key pieces with awkward bytes for URLs, XML and file systems.
 const std::vector<std::string>& Tokens(KeyKind kind) {
-  static const std::vector<std::string> kS3 = {
-      "a", "b", "c", "m", "z", "A", "Z", "0", "1", "7", "9", " ", "é", "日本", "😀",
-      "+", "%", "=", "&", "~", "-", "_", ".", "ÿ", "aaaaaaaaaaaaaaaa"};
+  static const std::vector<std::string> kS3 = {"a", "b", "c", "m",    "z",
+                                               "A", "Z", "0", "1",    "7",
+                                               "9", " ", "é", "日本", "😀",
+                                               "+", "%", "=", "&",    "~",
+                                               "-", "_", ".", "ÿ",    "aaaaaaaaaaaaaaaa"};
   static const std::vector<std::string> kLocal = [] {
     std::vector<std::string> t = kS3;
     for (const char* extra : {"\x01", "\x7f", "\xef\xbf\xbf", "\xf4\x8f\xbf\xbf"}) {
@@ -338,8 +354,7 @@ std::string RandomPrefixOf(std::mt19937_64& rng, const std::string& key, bool by
 }
 
 // A bound near the keys: a key, a key's prefix, a key plus a character, or nothing.
-std::string RandomBound(std::mt19937_64& rng, const std::vector<std::string>& keys,
-                        KeyKind kind) {
+std::string RandomBound(std::mt19937_64& rng, const std::vector<std::string>& keys, KeyKind kind) {
   const std::string& key = keys[rng() % keys.size()];
   switch (rng() % (kind == KeyKind::kBytes ? 7 : 5)) {
     case 0:
@@ -359,8 +374,7 @@ std::string RandomBound(std::mt19937_64& rng, const std::vector<std::string>& ke
   }
 }
 
-ListOptions RandomRange(std::mt19937_64& rng, const std::vector<std::string>& keys,
-                        KeyKind kind) {
+ListOptions RandomRange(std::mt19937_64& rng, const std::vector<std::string>& keys, KeyKind kind) {
   ListOptions range;
   const int variant = static_cast<int>(rng() % 4);
   if (variant == 1 || variant == 3) {
@@ -426,8 +440,7 @@ std::vector<std::string> KeysOf(const std::vector<ObjectMeta>& objects) {
 // `exact_pages` (every page but a range's last is full), also that no page was listed
 // twice: only the last call of each of the splits + 1 ranges returns a short page.
 void CheckListing(ObjectStore& store, const std::vector<std::string>& keys,
-                  const ListOptions& range, const ParallelListOptions& options,
-                  bool exact_pages) {
+                  const ListOptions& range, const ParallelListOptions& options, bool exact_pages) {
   SCOPED_TRACE(Describe(range, options));
   const std::vector<std::string> expected = Expected(keys, range);
 
@@ -462,8 +475,7 @@ class QuirkyPages : public ForwardingStore {
  public:
   QuirkyPages(ObjectStore& inner, uint64_t seed) : ForwardingStore(inner), rng_(seed) {}
 
-  void ListAsync(ListOptions options, std::string continuation,
-                 Callback<ListPage> done) override {
+  void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override {
     bool empty_page;
     {
       absl::MutexLock lock(&mu_);
@@ -587,9 +599,9 @@ TEST(ParallelListPropertyTest, MatchesTheSequentialListingOnS3) {
   auto config = s3::ResolveS3ClientConfig(overrides);
   ASSERT_TRUE(config.ok()) << config.status();
   std::mt19937_64 bucket_rng(std::random_device{}());
-  auto store = s3::S3Store::Open(
-      absl::StrCat("wharf-plist-", absl::Hex(bucket_rng(), absl::kZeroPad16)), *config,
-      SharedTransport());
+  auto store =
+      s3::S3Store::Open(absl::StrCat("wharf-plist-", absl::Hex(bucket_rng(), absl::kZeroPad16)),
+                        *config, SharedTransport());
   ASSERT_TRUE(store.ok()) << store.status();
   ASSERT_TRUE((*store)->CreateBucket().ok());
 
@@ -624,8 +636,7 @@ TEST(ParallelListPropertyTest, MatchesTheSequentialListingOnS3) {
 // calls in flight; optionally fails call number `fail_call` (1-based).
 class SlowListStore : public ForwardingStore {
  public:
-  SlowListStore(ObjectStore& inner, absl::Duration delay)
-      : ForwardingStore(inner), delay_(delay) {}
+  SlowListStore(ObjectStore& inner, absl::Duration delay) : ForwardingStore(inner), delay_(delay) {}
 
   void FailCall(int n, absl::Status status) {
     absl::MutexLock lock(&mu_);
@@ -636,8 +647,7 @@ class SlowListStore : public ForwardingStore {
   int in_flight() { return lists_.in_flight(); }
   int calls() { return lists_.calls(); }
 
-  void ListAsync(ListOptions options, std::string continuation,
-                 Callback<ListPage> done) override {
+  void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override {
     const int call = lists_.Enter();
     absl::Status fail_status;
     {
@@ -667,8 +677,8 @@ class SlowListStore : public ForwardingStore {
 std::vector<std::string> NumberedKeys(int n) {
   std::vector<std::string> keys;
   for (int i = 0; i < n; ++i) {
-    keys.push_back(absl::StrCat("train/shard-", i % 7, "/sample-", absl::Dec(i, absl::kZeroPad6),
-                                ".jpg"));
+    keys.push_back(
+        absl::StrCat("train/shard-", i % 7, "/sample-", absl::Dec(i, absl::kZeroPad6), ".jpg"));
   }
   std::sort(keys.begin(), keys.end());
   return keys;
@@ -709,12 +719,13 @@ TEST_F(LocalListTest, SlowListingsRunInParallel) {
 
   ParallelListStats sequential;
   int64_t sequential_keys = 0;
-  ASSERT_TRUE(SequentialList(slow, {}, options,
-                             [&](std::vector<ObjectMeta> page) {
-                               sequential_keys += static_cast<int64_t>(page.size());
-                               return absl::OkStatus();
-                             },
-                             &sequential)
+  ASSERT_TRUE(SequentialList(
+                  slow, {}, options,
+                  [&](std::vector<ObjectMeta> page) {
+                    sequential_keys += static_cast<int64_t>(page.size());
+                    return absl::OkStatus();
+                  },
+                  &sequential)
                   .ok());
   EXPECT_EQ(sequential_keys, 5000);
   EXPECT_EQ(sequential.list_calls, 50);
@@ -733,9 +744,9 @@ TEST_F(LocalListTest, SlowListingsRunInParallel) {
     EXPECT_EQ(slow.in_flight(), 0);
     // Information only: tests never assert speed.
     std::cout << "prefix " << Esc(range.prefix) << ": sequential " << sequential.list_calls
-              << " calls in " << sequential.wall << "; parallel (16 workers) "
-              << stats.list_calls << " calls, " << stats.splits << " splits, peak "
-              << stats.peak_in_flight << " in flight, " << stats.wall << "\n";
+              << " calls in " << sequential.wall << "; parallel (16 workers) " << stats.list_calls
+              << " calls, " << stats.splits << " splits, peak " << stats.peak_in_flight
+              << " in flight, " << stats.wall << "\n";
   }
 }
 
@@ -778,8 +789,8 @@ TEST_F(LocalListTest, AListErrorStopsTheListingAndNamesTheRange) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("listing keys in ("));
   EXPECT_THAT(std::string(status.message()), HasSubstr("injected failure"));
   EXPECT_LT(seen, 5000);
-  EXPECT_LT(slow.calls(), 300);      // stopped early: 5,000 keys take 500+ calls
-  EXPECT_EQ(slow.in_flight(), 0);    // and waited for the calls in flight
+  EXPECT_LT(slow.calls(), 300);    // stopped early: 5,000 keys take 500+ calls
+  EXPECT_EQ(slow.in_flight(), 0);  // and waited for the calls in flight
 }
 
 TEST_F(LocalListTest, AnOnPageErrorStopsTheListingAndIsReturned) {
@@ -818,8 +829,7 @@ TEST(ParallelListTest, EmptyStoreAndEmptyRanges) {
   EXPECT_TRUE(listed->empty());
   EXPECT_EQ(stats.list_calls, 1);
   PutAll(**store, {"a", "b", "c"});
-  listed = ParallelListAll(**store, ListOptions{.start_after = "c", .end_before = "a"}, {},
-                           &stats);
+  listed = ParallelListAll(**store, ListOptions{.start_after = "c", .end_before = "a"}, {}, &stats);
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
   EXPECT_EQ(stats.list_calls, 0);

@@ -18,8 +18,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
@@ -91,9 +91,7 @@ uint64_t HashKey(absl::string_view s) {
   return std::hash<std::string_view>()(std::string_view(s.data(), s.size()));
 }
 
-int64_t Seconds(absl::Time t) {
-  return t == absl::InfinitePast() ? 0 : absl::ToUnixSeconds(t);
-}
+int64_t Seconds(absl::Time t) { return t == absl::InfinitePast() ? 0 : absl::ToUnixSeconds(t); }
 
 bool IsLocal(const ObjectStore& store) { return absl::StartsWith(store.Uri(""), "file://"); }
 
@@ -305,10 +303,12 @@ class ObjectParts : public PartSource {
 // parts held by the sink and the one being read stay within the budget.
 class FdParts : public PartSource {
  public:
-  FdParts(int fd, std::shared_ptr<Runtime> runtime, uint64_t cap, uint64_t base,
-          std::string what)
-      : fd_(fd), runtime_(std::move(runtime)),
-        account_(runtime_->budget().NewAccount(cap, what)), base_(base), what_(std::move(what)) {}
+  FdParts(int fd, std::shared_ptr<Runtime> runtime, uint64_t cap, uint64_t base, std::string what)
+      : fd_(fd),
+        runtime_(std::move(runtime)),
+        account_(runtime_->budget().NewAccount(cap, what)),
+        base_(base),
+        what_(std::move(what)) {}
 
   absl::StatusOr<std::optional<FetchBuffer>> Next() override {
     if (eof_) return std::optional<FetchBuffer>();
@@ -435,8 +435,8 @@ absl::StatusOr<DstIndex> IndexDestination(ObjectStore& dst, const std::string& p
   absl::Status s = ParallelList(dst, range, list, [&](std::vector<ObjectMeta> page) {
     absl::MutexLock lock(&mu);
     for (const ObjectMeta& m : page) {
-      index[HashKey(absl::string_view(m.key).substr(prefix.size()))] = {
-          m.size, HashKey(m.etag), Seconds(m.mtime), false};
+      index[HashKey(absl::string_view(m.key).substr(prefix.size()))] = {m.size, HashKey(m.etag),
+                                                                        Seconds(m.mtime), false};
     }
     return absl::OkStatus();
   });
@@ -453,9 +453,10 @@ class Engine {
     same_store_ = src_.store == dst_.store;
     src_local_ = IsLocal(*src_.store);
     dst_local_ = IsLocal(*dst_.store);
-    op_ = same_store_ ? "copy" : src_local_ && !dst_local_ ? "upload"
-                                : !src_local_ && dst_local_ ? "download"
-                                                            : "copy";
+    op_ = same_store_                 ? "copy"
+          : src_local_ && !dst_local_ ? "upload"
+          : !src_local_ && dst_local_ ? "download"
+                                      : "copy";
     options_.part_size = PartBase(options_, *src_.store);
     inflight_ = options_.inflight > 0 ? options_.inflight : options_.runtime->inflight();
   }
@@ -508,8 +509,7 @@ class Engine {
                            dst_.store->NewWriter(dst_key, PutFor(meta)));
     ObjectParts source(parts, meta, options_.part_size, kPartsAhead);
     WriterSink sink(std::move(writer));
-    WHARF_RETURN_IF_ERROR(
-        Pump(source, sink, [this](uint64_t n) { outcome_.Bytes(n); }).status());
+    WHARF_RETURN_IF_ERROR(Pump(source, sink, [this](uint64_t n) { outcome_.Bytes(n); }).status());
     outcome_.Done(meta.size, src_uri, dst_uri);
     return absl::OkStatus();
   }
@@ -619,12 +619,13 @@ class Engine {
         absl::StrCat(op_, " ", src_.store->Uri(src_prefix_), " to ", dst_.store->Uri(dst_prefix_));
     // Listing a prefix while writing into it could copy the copies, without end.
     if (same_store_ && absl::StartsWith(dst_prefix_, src_prefix_)) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": the destination is inside the source"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the destination is inside the source"));
     }
     dst_keeps_markers_ = dst_.store->capabilities().trailing_slash_keys;
     {
-      WHARF_ASSIGN_OR_RETURN(DstIndex index,
-                             IndexDestination(*dst_.store, dst_prefix_, ListOptionsFor(*dst_.store)));
+      WHARF_ASSIGN_OR_RETURN(
+          DstIndex index, IndexDestination(*dst_.store, dst_prefix_, ListOptionsFor(*dst_.store)));
       absl::MutexLock lock(&select_mu_);
       existing_ = std::move(index);
     }
@@ -654,9 +655,9 @@ class Engine {
       // The listing runs this many selected small objects ahead of the puts: enough to keep
       // every request slot busy, few enough that their metadata stays small.
       const size_t ahead = std::max<size_t>(256, 2 * static_cast<size_t>(small.max_in_flight()));
-      PrefixFetch fetch(src_.store, small, range, ListOptionsFor(*src_.store),
-                        [&](const ObjectMeta& meta) { return Select(meta, workers, parts); },
-                        ahead);
+      PrefixFetch fetch(
+          src_.store, small, range, ListOptionsFor(*src_.store),
+          [&](const ObjectMeta& meta) { return Select(meta, workers, parts); }, ahead);
       PutQueue puts(*dst_.store, std::max(16, small.max_in_flight()), outcome_);
       bool final_reported = false;
       uint64_t taken = 0;
@@ -695,9 +696,9 @@ class Engine {
     }
     if (const uint64_t failed = outcome_.failed(); failed > 0) {
       // Each failure went to the observer as it happened; the code is the first one's.
-      return absl::Status(outcome_.first_error().code(),
-                          absl::StrCat(what, ": ", failed, " of ", summary.listed,
-                                       " objects failed"));
+      return absl::Status(
+          outcome_.first_error().code(),
+          absl::StrCat(what, ": ", failed, " of ", summary.listed, " objects failed"));
     }
     return absl::OkStatus();
   }
@@ -724,40 +725,38 @@ class Engine {
   absl::Status DeleteExtra(TransferSummary& summary) {
     ListOptions range;
     range.prefix = dst_prefix_;
-    return ParallelList(*dst_.store, range, ListOptionsFor(*dst_.store),
-                        [&](std::vector<ObjectMeta> page) {
-                          std::vector<std::string> doomed;
-                          {
-                            absl::MutexLock lock(&select_mu_);
-                            for (const ObjectMeta& m : page) {
-                              absl::string_view rel =
-                                  absl::string_view(m.key).substr(dst_prefix_.size());
-                              if (rel.empty() || !PassesFilters(options_.filters, rel) ||
-                                  !InShard(rel)) {
-                                continue;
-                              }
-                              auto it = existing_.find(HashKey(rel));
-                              if (it != existing_.end() && !it->second.seen) {
-                                doomed.push_back(m.key);
-                              }
-                            }
-                          }
-                          if (doomed.empty()) return absl::OkStatus();
-                          if (options_.dryrun) {
-                            for (const std::string& key : doomed) {
-                              if (observer_) observer_->OnDryrun("delete", dst_.store->Uri(key), "");
-                            }
-                            return absl::OkStatus();
-                          }
-                          const size_t n = doomed.size();
-                          absl::Status s = dst_.store->DeleteMany(std::move(doomed));
-                          if (!s.ok()) {
-                            outcome_.Fail(s);
-                            return s;
-                          }
-                          summary.deleted += n;
-                          return absl::OkStatus();
-                        });
+    return ParallelList(
+        *dst_.store, range, ListOptionsFor(*dst_.store), [&](std::vector<ObjectMeta> page) {
+          std::vector<std::string> doomed;
+          {
+            absl::MutexLock lock(&select_mu_);
+            for (const ObjectMeta& m : page) {
+              absl::string_view rel = absl::string_view(m.key).substr(dst_prefix_.size());
+              if (rel.empty() || !PassesFilters(options_.filters, rel) || !InShard(rel)) {
+                continue;
+              }
+              auto it = existing_.find(HashKey(rel));
+              if (it != existing_.end() && !it->second.seen) {
+                doomed.push_back(m.key);
+              }
+            }
+          }
+          if (doomed.empty()) return absl::OkStatus();
+          if (options_.dryrun) {
+            for (const std::string& key : doomed) {
+              if (observer_) observer_->OnDryrun("delete", dst_.store->Uri(key), "");
+            }
+            return absl::OkStatus();
+          }
+          const size_t n = doomed.size();
+          absl::Status s = dst_.store->DeleteMany(std::move(doomed));
+          if (!s.ok()) {
+            outcome_.Fail(s);
+            return s;
+          }
+          summary.deleted += n;
+          return absl::OkStatus();
+        });
   }
 
   TransferEndpoint src_, dst_;

@@ -105,12 +105,12 @@ class TransferObserver {
 };
 
 struct TransferSummary {
-  uint64_t listed = 0;    // source objects listed (recursive) or 1
-  uint64_t objects = 0;   // copied
-  uint64_t bytes = 0;     // copied
-  uint64_t skipped = 0;   // already at the destination
+  uint64_t listed = 0;   // source objects listed (recursive) or 1
+  uint64_t objects = 0;  // copied
+  uint64_t bytes = 0;    // copied
+  uint64_t skipped = 0;  // already at the destination
   uint64_t failed = 0;
-  uint64_t deleted = 0;   // sync --delete
+  uint64_t deleted = 0;  // sync --delete
   absl::Duration elapsed;
 };
 

@@ -97,11 +97,10 @@ class SlowPutStore : public ForwardingStore {
   using ForwardingStore::PutAsync;
   void PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                 Callback<ObjectMeta> done) override {
-    Runtime::Default()->timer().After(
-        delay_, [this, key = std::move(key), data = std::move(data), options,
-                 done = std::move(done)]() mutable {
-          ForwardingStore::PutAsync(std::move(key), std::move(data), options, std::move(done));
-        });
+    Runtime::Default()->timer().After(delay_, [this, key = std::move(key), data = std::move(data),
+                                               options, done = std::move(done)]() mutable {
+      ForwardingStore::PutAsync(std::move(key), std::move(data), options, std::move(done));
+    });
   }
 
  private:

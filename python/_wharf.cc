@@ -31,21 +31,28 @@ namespace wharf::python {
 namespace {
 
 // Exception types, created in the module init.
-PyObject* g_error = nullptr;            // wharf.WharfError(OSError)
-PyObject* g_not_found = nullptr;        // wharf.NotFoundError(WharfError, FileNotFoundError)
-PyObject* g_permission = nullptr;       // wharf.PermissionDeniedError(WharfError, PermissionError)
+PyObject* g_error = nullptr;       // wharf.WharfError(OSError)
+PyObject* g_not_found = nullptr;   // wharf.NotFoundError(WharfError, FileNotFoundError)
+PyObject* g_permission = nullptr;  // wharf.PermissionDeniedError(WharfError, PermissionError)
 
 }  // namespace
 
 [[noreturn]] void Raise(const absl::Status& status) {
   PyObject* type = g_error;
   switch (status.code()) {
-    case absl::StatusCode::kNotFound: type = g_not_found; break;
+    case absl::StatusCode::kNotFound:
+      type = g_not_found;
+      break;
     case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated: type = g_permission; break;
+    case absl::StatusCode::kUnauthenticated:
+      type = g_permission;
+      break;
     case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange: type = PyExc_ValueError; break;
-    default: break;
+    case absl::StatusCode::kOutOfRange:
+      type = PyExc_ValueError;
+      break;
+    default:
+      break;
   }
   PyErr_SetString(type, std::string(status.message()).c_str());
   throw py::error_already_set();
@@ -94,9 +101,9 @@ py::tuple StoreHandle::State() const { return py::make_tuple(uri_, spec_.ToJson(
 StoreHandle StoreHandle::FromState(const py::object& state) {
   if (py::isinstance<py::str>(state)) return StoreHandle(state.cast<std::string>());
   auto t = state.cast<py::tuple>();
-  if (t.size() != 3) Raise(absl::InvalidArgumentError("pickled store: expected (uri, spec, prefix)"));
-  return StoreHandle(t[0].cast<std::string>(),
-                     Check(StoreSpec::FromJson(t[1].cast<std::string>())),
+  if (t.size() != 3)
+    Raise(absl::InvalidArgumentError("pickled store: expected (uri, spec, prefix)"));
+  return StoreHandle(t[0].cast<std::string>(), Check(StoreSpec::FromJson(t[1].cast<std::string>())),
                      t[2].cast<std::string>());
 }
 
@@ -136,11 +143,10 @@ StoreOptions StoreOptionsFromKwargs(const py::kwargs& kwargs) {
       text = value.cast<std::string>();
     } else if (std::find(StoreOptions::Names().begin(), StoreOptions::Names().end(), name) !=
                StoreOptions::Names().end()) {
-      PyErr_SetString(PyExc_TypeError,
-                      absl::StrCat("store option '", name, "' takes ",
-                                   name == "anonymous" ? "a bool" : "a str", ", not ",
-                                   Py_TYPE(value.ptr())->tp_name)
-                          .c_str());
+      PyErr_SetString(PyExc_TypeError, absl::StrCat("store option '", name, "' takes ",
+                                                    name == "anonymous" ? "a bool" : "a str",
+                                                    ", not ", Py_TYPE(value.ptr())->tp_name)
+                                           .c_str());
       throw py::error_already_set();
     }
     Check(options.Set(name, text));
@@ -179,8 +185,8 @@ class Store {
     options.prefix = Key(prefix);
     ListPage all;
     if (recursive && parallel > 0) {
-      all.objects = Check(WithoutGil(
-          [&] { return ParallelListAll(*s, options, {.workers = parallel}); }));
+      all.objects =
+          Check(WithoutGil([&] { return ParallelListAll(*s, options, {.workers = parallel}); }));
     } else {
       if (!recursive) options.delimiter = "/";
       all = Check(WithoutGil([&] { return s->ListAll(options); }));
@@ -315,7 +321,8 @@ PYBIND11_MODULE(_wharf, m) {
       })
       .def("__len__", &Buffer::size)
       .def("__bytes__", [](const Buffer& b) { return py::bytes(b.data(), b.size()); })
-      .def("__repr__", [](const Buffer& b) { return absl::StrCat("<wharf.Buffer ", b.size(), " bytes>"); })
+      .def("__repr__",
+           [](const Buffer& b) { return absl::StrCat("<wharf.Buffer ", b.size(), " bytes>"); })
       // Pickled as its bytes (a copy), e.g. when a DataLoader worker sends samples to the main
       // process; the copy is a Buffer again.
       .def(py::pickle([](const Buffer& b) { return py::bytes(b.data(), b.size()); },

@@ -206,10 +206,11 @@ class StreamBinding {
 
   Stream& stream() {
     if (generation_ != ForkGeneration()) {
-      Raise(absl::FailedPreconditionError(absl::StrCat(
-          "this ", name_, " was created in another process (before a fork): its read-ahead "
-          "is in flight there; create streams in the process that reads them (each "
-          "DataLoader worker creates its own in __iter__)")));
+      Raise(absl::FailedPreconditionError(
+          absl::StrCat("this ", name_,
+                       " was created in another process (before a fork): its read-ahead "
+                       "is in flight there; create streams in the process that reads them (each "
+                       "DataLoader worker creates its own in __iter__)")));
     }
     return *stream_;
   }

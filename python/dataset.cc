@@ -109,13 +109,11 @@ absl::StatusOr<SampleIndex> DecodeEntries(absl::string_view blob) {
 class PyIndex {
  public:
   PyIndex(StoreHandle handle, SampleIndex index)
-      : handle_(std::move(handle)),
-        index_(std::make_shared<const SampleIndex>(std::move(index))) {}
+      : handle_(std::move(handle)), index_(std::make_shared<const SampleIndex>(std::move(index))) {}
 
   static std::shared_ptr<PyIndex> FromPrefix(const std::string& uri,
-                                             const std::vector<std::string>& suffixes,
-                                             int workers, int page_size,
-                                             bool keep_directory_markers,
+                                             const std::vector<std::string>& suffixes, int workers,
+                                             int page_size, bool keep_directory_markers,
                                              const py::kwargs& store_options) {
     StoreHandle handle(uri, StoreOptionsFromKwargs(store_options));
     auto store = handle.store();
@@ -124,8 +122,8 @@ class PyIndex {
     options.keep_directory_markers = keep_directory_markers;
     options.list.workers = workers;
     options.list.page_size = page_size;
-    SampleIndex index = Check(WithoutGil(
-        [&] { return SampleIndex::FromListing(*store, handle.prefix(), options); }));
+    SampleIndex index = Check(
+        WithoutGil([&] { return SampleIndex::FromListing(*store, handle.prefix(), options); }));
     return std::make_shared<PyIndex>(std::move(handle), std::move(index));
   }
 
@@ -145,14 +143,13 @@ class PyIndex {
     }
     // Sample keys are shown relative to the manifest's folder, which relative keys of the
     // manifest are resolved against too.
-    SpecAndKey parsed =
-        Check(ParseStoreUri(manifest_uri, StoreOptionsFromKwargs(store_options)));
+    SpecAndKey parsed = Check(ParseStoreUri(manifest_uri, StoreOptionsFromKwargs(store_options)));
     const std::string manifest_key = parsed.key;
     parsed.key = parsed.key.substr(0, parsed.key.rfind('/') + 1);  // npos + 1 == 0
     StoreHandle handle(parsed.uri().ToString(), parsed.spec, parsed.key);
     auto store = handle.store();
-    SampleIndex index = Check(WithoutGil(
-        [&] { return SampleIndex::FromManifest(*store, manifest_key, options); }));
+    SampleIndex index =
+        Check(WithoutGil([&] { return SampleIndex::FromManifest(*store, manifest_key, options); }));
     return std::make_shared<PyIndex>(std::move(handle), std::move(index));
   }
 
@@ -280,8 +277,8 @@ class PyReader {
       LeakOrDestroy(reader_, generation_);
       LeakOrDestroy(scheduler_, generation_);
       batches_ = samples_ = requests_ = bytes_ = retries_ = 0;
-      scheduler_ = std::make_shared<FetchScheduler>(index_->handle().store(),
-                                                    options_.ToFetchOptions());
+      scheduler_ =
+          std::make_shared<FetchScheduler>(index_->handle().store(), options_.ToFetchOptions());
       reader_ = std::make_unique<SampleReader>(index_->index(), scheduler_);
       generation_ = ForkGeneration();
     }
@@ -306,8 +303,7 @@ class PyStream : public StreamBinding<PyStream, SampleStream> {
            uint64_t prefetch_bytes, uint64_t order, EngineOptions engine)
       : StreamBinding("SampleStream"), index_(std::move(index)) {
     Sampler sampler = Check(Sampler::Create(
-        index_->size(),
-        {.seed = seed, .shuffle = shuffle, .drop_last = drop_last, .order = order},
+        index_->size(), {.seed = seed, .shuffle = shuffle, .drop_last = drop_last, .order = order},
         index_->Fingerprint()));
     const SamplerState state = sampler.State(epoch, consumed);
     const Partition partition{.rank = rank,
@@ -333,8 +329,8 @@ class PyStream : public StreamBinding<PyStream, SampleStream> {
   uint64_t GlobalPosition(uint64_t i) {
     const Shard& s = shard();
     if (i >= s.size()) {
-      Raise(absl::OutOfRangeError(absl::StrCat("position ", i, " of a share of ", s.size(),
-                                               " samples")));
+      Raise(absl::OutOfRangeError(
+          absl::StrCat("position ", i, " of a share of ", s.size(), " samples")));
     }
     return s.GlobalPosition(i);
   }
@@ -433,66 +429,73 @@ void RegisterDataset(py::module_& m) {
            "under its own, parse_sampler_state(state)['order'])")
       .def_property_readonly("num_samples", &Sampler::num_samples)
       .def_property_readonly("order", [](const Sampler& s) { return s.options().order; })
-      .def("permutation",
-           [](const Sampler& s, uint64_t epoch) {
-             return WithoutGil([&] { return s.Permutation(epoch); });
-           },
-           py::arg("epoch"))
+      .def(
+          "permutation",
+          [](const Sampler& s, uint64_t epoch) {
+            return WithoutGil([&] { return s.Permutation(epoch); });
+          },
+          py::arg("epoch"))
       .def("end_of_epoch", &Sampler::EndOfEpoch, py::arg("consumed"), py::arg("world_size"),
            "The end of the epoch's sequence (padding included) from the cursor `consumed`")
-      .def("state",
-           [](const Sampler& s, uint64_t epoch, uint64_t consumed) {
-             return s.State(epoch, consumed).ToJson();
-           },
-           py::arg("epoch"), py::arg("consumed"), "The SamplerState JSON at this cursor")
-      .def("restore",
-           [](const Sampler& s, const std::string& json) {
-             SamplerState state = Check(s.Restore(json));
-             return py::make_tuple(state.epoch, state.consumed);
-           },
-           py::arg("state"),
-           "(epoch, consumed) of a SamplerState JSON, after checking it belongs to this "
-           "sampler (size, seed, shuffle, fingerprint)")
-      .def("shard",
-           [](const Sampler& s, uint64_t epoch, uint64_t consumed, int rank, int world_size,
-              int worker, int num_workers, uint64_t worker_block, uint64_t start,
-              std::optional<uint64_t> count) {
-             const Partition p{.rank = rank, .world_size = world_size, .worker = worker,
-                               .num_workers = num_workers, .worker_block = worker_block};
-             Shard shard = Check(WithoutGil(
-                 [&] { return s.ShardOf(s.State(epoch, consumed), p); }));
-             // Computed per position: a slice costs its own length, whatever the epoch's.
-             return WithoutGil([&] {
-               const uint64_t begin = std::min(start, shard.size());
-               const uint64_t end = count ? std::min(shard.size(), begin + *count) : shard.size();
-               std::vector<uint64_t> out;
-               out.reserve(end - begin);
-               for (uint64_t i = begin; i < end; ++i) out.push_back(shard.SampleAt(i));
-               return out;
-             });
-           },
-           py::arg("epoch"), py::arg("consumed") = 0, py::arg("rank") = 0,
-           py::arg("world_size") = 1, py::arg("worker") = 0, py::arg("num_workers") = 1,
-           py::arg("worker_block") = 1, py::arg("start") = 0, py::arg("count") = py::none(),
-           "The sample indices one (rank, worker) takes from the cursor to the end of the "
-           "epoch; with start/count, only that slice of them");
+      .def(
+          "state",
+          [](const Sampler& s, uint64_t epoch, uint64_t consumed) {
+            return s.State(epoch, consumed).ToJson();
+          },
+          py::arg("epoch"), py::arg("consumed"), "The SamplerState JSON at this cursor")
+      .def(
+          "restore",
+          [](const Sampler& s, const std::string& json) {
+            SamplerState state = Check(s.Restore(json));
+            return py::make_tuple(state.epoch, state.consumed);
+          },
+          py::arg("state"),
+          "(epoch, consumed) of a SamplerState JSON, after checking it belongs to this "
+          "sampler (size, seed, shuffle, fingerprint)")
+      .def(
+          "shard",
+          [](const Sampler& s, uint64_t epoch, uint64_t consumed, int rank, int world_size,
+             int worker, int num_workers, uint64_t worker_block, uint64_t start,
+             std::optional<uint64_t> count) {
+            const Partition p{.rank = rank,
+                              .world_size = world_size,
+                              .worker = worker,
+                              .num_workers = num_workers,
+                              .worker_block = worker_block};
+            Shard shard = Check(WithoutGil([&] { return s.ShardOf(s.State(epoch, consumed), p); }));
+            // Computed per position: a slice costs its own length, whatever the epoch's.
+            return WithoutGil([&] {
+              const uint64_t begin = std::min(start, shard.size());
+              const uint64_t end = count ? std::min(shard.size(), begin + *count) : shard.size();
+              std::vector<uint64_t> out;
+              out.reserve(end - begin);
+              for (uint64_t i = begin; i < end; ++i) out.push_back(shard.SampleAt(i));
+              return out;
+            });
+          },
+          py::arg("epoch"), py::arg("consumed") = 0, py::arg("rank") = 0, py::arg("world_size") = 1,
+          py::arg("worker") = 0, py::arg("num_workers") = 1, py::arg("worker_block") = 1,
+          py::arg("start") = 0, py::arg("count") = py::none(),
+          "The sample indices one (rank, worker) takes from the cursor to the end of the "
+          "epoch; with start/count, only that slice of them");
 
   m.attr("current_order") = kCurrentOrder;
   m.attr("order_versions") = py::make_tuple(kOrderFisherYates, kOrderCounterBased);
-  m.def("parse_sampler_state",
-        [](const std::string& json) {
-          SamplerState s = ParseState(json);
-          py::dict d;
-          d["num_samples"] = s.num_samples;
-          d["seed"] = s.seed;
-          d["shuffle"] = s.shuffle;
-          d["fingerprint"] = s.fingerprint;
-          d["epoch"] = s.epoch;
-          d["consumed"] = s.consumed;
-          d["order"] = s.order;
-          return d;
-        },
-        py::arg("state"), "The fields of a SamplerState JSON (ValueError when malformed)");
+  m.def(
+      "parse_sampler_state",
+      [](const std::string& json) {
+        SamplerState s = ParseState(json);
+        py::dict d;
+        d["num_samples"] = s.num_samples;
+        d["seed"] = s.seed;
+        d["shuffle"] = s.shuffle;
+        d["fingerprint"] = s.fingerprint;
+        d["epoch"] = s.epoch;
+        d["consumed"] = s.consumed;
+        d["order"] = s.order;
+        return d;
+      },
+      py::arg("state"), "The fields of a SamplerState JSON (ValueError when malformed)");
   m.def("consumed_after", &ConsumedAfter, py::arg("start"), py::arg("samples_per_rank"),
         py::arg("world_size"),
         "The global cursor after every rank took samples_per_rank more samples from `start`: "
@@ -518,23 +521,22 @@ void RegisterDataset(py::module_& m) {
   py::class_<PyStream>(m, "SampleStream",
                        "One (rank, worker) share of an epoch from a cursor, in order, read "
                        "ahead; iterating yields (index, key, Buffer)")
-      .def(py::init([](std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch,
-                       bool shuffle, bool drop_last, int rank, int world_size, int worker,
-                       int num_workers, uint64_t worker_block, uint64_t consumed,
-                       uint64_t skip, size_t prefetch, uint64_t prefetch_bytes,
-                       int max_in_flight, const py::object& memory_budget, uint64_t order) {
+      .def(py::init([](std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch, bool shuffle,
+                       bool drop_last, int rank, int world_size, int worker, int num_workers,
+                       uint64_t worker_block, uint64_t consumed, uint64_t skip, size_t prefetch,
+                       uint64_t prefetch_bytes, int max_in_flight, const py::object& memory_budget,
+                       uint64_t order) {
              const EngineOptions engine{max_in_flight, SizeArg(memory_budget, "memory_budget")};
-             return std::make_unique<PyStream>(std::move(index), seed, epoch, shuffle,
-                                               drop_last, rank, world_size, worker, num_workers,
-                                               worker_block, consumed, skip, prefetch,
-                                               prefetch_bytes, order, engine);
+             return std::make_unique<PyStream>(std::move(index), seed, epoch, shuffle, drop_last,
+                                               rank, world_size, worker, num_workers, worker_block,
+                                               consumed, skip, prefetch, prefetch_bytes, order,
+                                               engine);
            }),
            py::arg("index"), py::kw_only(), py::arg("seed") = 0, py::arg("epoch") = 0,
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("worker") = 0, py::arg("num_workers") = 1,
            py::arg("worker_block") = 1, py::arg("consumed") = 0, py::arg("skip") = 0,
-           py::arg("prefetch") = 64,
-           py::arg("prefetch_bytes") = 0, py::arg("max_in_flight") = 0,
+           py::arg("prefetch") = 64, py::arg("prefetch_bytes") = 0, py::arg("max_in_flight") = 0,
            py::arg("memory_budget") = 0, py::arg("order") = kCurrentOrder)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyStream::Next)
@@ -545,8 +547,9 @@ void RegisterDataset(py::module_& m) {
       .def_property_readonly("remaining", &PyStream::remaining)
       .def_property_readonly("start", [](PyStream& s) { return s.shard().start; })
       .def_property_readonly("end", [](PyStream& s) { return s.shard().end; })
-      .def_property_readonly("rank_count", [](PyStream& s) { return s.shard().rank_count; },
-                             "Samples the whole rank takes (equal for every rank)")
+      .def_property_readonly(
+          "rank_count", [](PyStream& s) { return s.shard().rank_count; },
+          "Samples the whole rank takes (equal for every rank)")
       .def_property_readonly(
           "samples", [](PyStream& s) { return WithoutGil([&] { return s.shard().Samples(); }); },
           "The sample indices of this share, in order (a list: computed on each access)")

@@ -2,6 +2,8 @@
 // the registry (formats/registry.h: tar, TFRecord, CSV, JSON lines, ...), resumable mid-epoch
 // through state(), and of the registry itself (record_formats(), record_format()). Records
 // are converted by their format's shape, never by its name.
+#include "dataset/records.h"
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -15,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "dataset/index.h"
-#include "dataset/records.h"
 #include "formats/lines.h"
 #include "formats/registry.h"
 #include "python/binding.h"
@@ -111,8 +112,8 @@ py::tuple Suffixes(const RecordFormatSpec& spec) {
 
 char OneChar(const std::string& s, const char* what) {
   if (s.size() != 1) {
-    Raise(absl::InvalidArgumentError(
-        absl::StrCat(what, " must be one character, got \"", s, "\"")));
+    Raise(
+        absl::InvalidArgumentError(absl::StrCat(what, " must be one character, got \"", s, "\"")));
   }
   return s[0];
 }
@@ -127,12 +128,11 @@ void RegisterRecords(py::module_& m) {
       "formats (tfrecord, csv, jsonl) yield (shard URI, byte offset, Buffer). chunk_size 0 "
       "and read_ahead -1 derive them from the store's link estimate; memory_budget: this "
       "stream's cap inside the process's budget (int or \"64M\"; 0: none of its own)")
-      .def(py::init([](py::handle shards, const std::string& format, uint64_t seed,
-                       uint64_t epoch, bool shuffle, size_t shuffle_buffer, int rank,
-                       int world_size, int worker, int num_workers, bool header,
-                       const std::string& delimiter, const std::string& quote,
-                       bool skip_empty_rows, uint64_t chunk_size, int read_ahead,
-                       const py::object& memory_budget,
+      .def(py::init([](py::handle shards, const std::string& format, uint64_t seed, uint64_t epoch,
+                       bool shuffle, size_t shuffle_buffer, int rank, int world_size, int worker,
+                       int num_workers, bool header, const std::string& delimiter,
+                       const std::string& quote, bool skip_empty_rows, uint64_t chunk_size,
+                       int read_ahead, const py::object& memory_budget,
                        const std::optional<std::string>& state, uint64_t order) {
              IndexParts parts = GetIndexParts(shards);
              RecordStreamOptions o;
@@ -157,8 +157,7 @@ void RegisterRecords(py::module_& m) {
                Raise(absl::InvalidArgumentError(
                    "read_ahead must be >= 0 (or -1: derived from the store's link estimate)"));
              }
-             return std::make_unique<PyRecordStream>(std::move(parts.index),
-                                                     std::move(parts.store),
+             return std::make_unique<PyRecordStream>(std::move(parts.index), std::move(parts.store),
                                                      std::move(parts.prefix), std::move(o),
                                                      state.value_or(""));
            }),
@@ -166,9 +165,8 @@ void RegisterRecords(py::module_& m) {
            py::arg("epoch") = 0, py::arg("shuffle") = true, py::arg("shuffle_buffer") = 0,
            py::arg("rank") = 0, py::arg("world_size") = 1, py::arg("worker") = 0,
            py::arg("num_workers") = 1, py::arg("header") = false, py::arg("delimiter") = ",",
-           py::arg("quote") = "\"", py::arg("skip_empty_rows") = false,
-           py::arg("chunk_size") = 0, py::arg("read_ahead") = -1,
-           py::arg("memory_budget") = 0, py::arg("state") = py::none(),
+           py::arg("quote") = "\"", py::arg("skip_empty_rows") = false, py::arg("chunk_size") = 0,
+           py::arg("read_ahead") = -1, py::arg("memory_budget") = 0, py::arg("state") = py::none(),
            py::arg("order") = kCurrentOrder)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyRecordStream::Next)
@@ -185,44 +183,48 @@ void RegisterRecords(py::module_& m) {
            "it as state= to a stream of the same share to continue exactly there")
       .def_property_readonly("yielded", [](PyRecordStream& s) { return s.yielded(); });
 
-  m.def("record_formats",
-        [] {
-          py::dict out;
-          for (const RecordFormatSpec* spec : RecordFormats()) {
-            out[py::str(spec->name)] = Suffixes(*spec);
-          }
-          return out;
-        },
-        "Every record format of the registry: {name: (object name suffixes, ...)}");
-  m.def("record_format",
-        [](const std::string& name) {
-          const RecordFormatSpec* spec = Check(FindRecordFormat(name));
-          py::dict out;
-          out["name"] = spec->name;
-          out["suffixes"] = Suffixes(*spec);
-          out["shape"] = spec->shape == RecordShape::kFields ? "fields" : "payload";
-          out["rows"] = spec->rows;
-          return out;
-        },
-        py::arg("name"),
-        "One record format: {'name', 'suffixes', 'shape': 'fields' (a key and named fields, "
-        "e.g. tar) or 'payload' (one 'data' field), 'rows': whether its records are rows of "
-        "text (header=, delimiter=, quote=, skip_empty_rows= and rows_per_item= apply)}; "
-        "ValueError listing the known formats for an unknown name");
+  m.def(
+      "record_formats",
+      [] {
+        py::dict out;
+        for (const RecordFormatSpec* spec : RecordFormats()) {
+          out[py::str(spec->name)] = Suffixes(*spec);
+        }
+        return out;
+      },
+      "Every record format of the registry: {name: (object name suffixes, ...)}");
+  m.def(
+      "record_format",
+      [](const std::string& name) {
+        const RecordFormatSpec* spec = Check(FindRecordFormat(name));
+        py::dict out;
+        out["name"] = spec->name;
+        out["suffixes"] = Suffixes(*spec);
+        out["shape"] = spec->shape == RecordShape::kFields ? "fields" : "payload";
+        out["rows"] = spec->rows;
+        return out;
+      },
+      py::arg("name"),
+      "One record format: {'name', 'suffixes', 'shape': 'fields' (a key and named fields, "
+      "e.g. tar) or 'payload' (one 'data' field), 'rows': whether its records are rows of "
+      "text (header=, delimiter=, quote=, skip_empty_rows= and rows_per_item= apply)}; "
+      "ValueError listing the known formats for an unknown name");
 
-  m.def("split_csv",
-        [](py::buffer row, const std::string& delimiter, const std::string& quote) {
-          py::buffer_info info = row.request();
-          absl::string_view view(static_cast<const char*>(info.ptr), info.size * info.itemsize);
-          return SplitCsv(view, OneChar(delimiter, "delimiter"), OneChar(quote, "quote"));
-        },
-        py::arg("row"), py::arg("delimiter") = ",", py::arg("quote") = "\"",
-        "The fields of one CSV row (RFC 4180 quoting) as str")
-      .def("split_csv",
-           [](const std::string& row, const std::string& delimiter, const std::string& quote) {
-             return SplitCsv(row, OneChar(delimiter, "delimiter"), OneChar(quote, "quote"));
-           },
-           py::arg("row"), py::arg("delimiter") = ",", py::arg("quote") = "\"");
+  m.def(
+       "split_csv",
+       [](py::buffer row, const std::string& delimiter, const std::string& quote) {
+         py::buffer_info info = row.request();
+         absl::string_view view(static_cast<const char*>(info.ptr), info.size * info.itemsize);
+         return SplitCsv(view, OneChar(delimiter, "delimiter"), OneChar(quote, "quote"));
+       },
+       py::arg("row"), py::arg("delimiter") = ",", py::arg("quote") = "\"",
+       "The fields of one CSV row (RFC 4180 quoting) as str")
+      .def(
+          "split_csv",
+          [](const std::string& row, const std::string& delimiter, const std::string& quote) {
+            return SplitCsv(row, OneChar(delimiter, "delimiter"), OneChar(quote, "quote"));
+          },
+          py::arg("row"), py::arg("delimiter") = ",", py::arg("quote") = "\"");
 }
 
 }  // namespace wharf::python

@@ -4,6 +4,8 @@
 // The budget is the process's one bound on data bytes; every engine object of the module
 // (get_many, SampleReader, SampleStream, RecordStream) takes its buffers from it, and a
 // `memory_budget=` argument is that call's cap inside it (docs/design/python.md).
+#include "base/runtime.h"
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/runtime.h"
 #include "python/binding.h"
 
 namespace wharf::python {
@@ -32,7 +33,8 @@ uint64_t SizeArg(const py::handle& value, const char* name) {
   }
   if (py::isinstance<py::str>(value)) {
     absl::StatusOr<uint64_t> size = ParseSize(value.cast<std::string>());
-    if (!size.ok()) Raise(absl::InvalidArgumentError(absl::StrCat(name, ": ", size.status().message())));
+    if (!size.ok())
+      Raise(absl::InvalidArgumentError(absl::StrCat(name, ": ", size.status().message())));
     return *size;
   }
   PyErr_SetString(PyExc_TypeError,
@@ -70,8 +72,7 @@ py::dict Metrics() {
     if (!s.labels.empty()) {
       key += "{";
       for (size_t i = 0; i < s.labels.size(); ++i) {
-        absl::StrAppend(&key, i > 0 ? "," : "", s.labels[i].first, "=\"", s.labels[i].second,
-                        "\"");
+        absl::StrAppend(&key, i > 0 ? "," : "", s.labels[i].first, "=\"", s.labels[i].second, "\"");
       }
       key += "}";
     }
@@ -113,9 +114,10 @@ py::dict Metrics() {
 }  // namespace
 
 void RegisterRuntime(py::module_& m) {
-  m.def("parse_size", [](py::handle v) { return SizeArg(v, "size"); }, py::arg("size"),
-        "Bytes of a SIZE: an int, or a str with an optional K, M, G or T suffix (powers of "
-        "1024): \"256M\" is 268435456");
+  m.def(
+      "parse_size", [](py::handle v) { return SizeArg(v, "size"); }, py::arg("size"),
+      "Bytes of a SIZE: an int, or a str with an optional K, M, G or T suffix (powers of "
+      "1024): \"256M\" is 268435456");
   m.def(
       "_configure",
       [](py::object memory_budget, std::optional<int> inflight) {
@@ -141,8 +143,9 @@ void RegisterRuntime(py::module_& m) {
     d["inflight"] = o.inflight;  // 0: derived per engine
     return d;
   });
-  m.def("_reset_peak", [] { Runtime::Default()->budget().ResetPeak(); },
-        "Resets the budget's peak to what is held now (tests and benchmarks measure a phase)");
+  m.def(
+      "_reset_peak", [] { Runtime::Default()->budget().ResetPeak(); },
+      "Resets the budget's peak to what is held now (tests and benchmarks measure a phase)");
   m.def("metrics", &Metrics,
         "The runtime's metrics: {'counters': {...}, 'gauges': {...}, 'histograms': {...}}, "
         "each keyed by series: 'name' or 'name{label=\"value\",...}' (docs/design/metrics.md). "

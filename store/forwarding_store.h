@@ -50,8 +50,7 @@ class ForwardingStore : public ObjectStore {
   std::string Uri(absl::string_view key) const override { return inner_->Uri(key); }
   const Capabilities& capabilities() const override { return inner_->capabilities(); }
 
-  void ListAsync(ListOptions options, std::string continuation,
-                 Callback<ListPage> done) override {
+  void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override {
     inner_->ListAsync(std::move(options), std::move(continuation), std::move(done));
   }
   void HeadAsync(std::string key, Callback<ObjectMeta> done) override {

@@ -48,8 +48,7 @@ void DestroyForwardedStore(ObjectStore& store) {
 // A decorator passes the whole contract as its inner store does: read options, cancellation,
 // put options and writers included.
 INSTANTIATE_TEST_SUITE_P(Forwarded, ObjectStoreConformance,
-                         testing::Values(ConformanceBackend{"local_forwarded",
-                                                            MakeForwardedStore,
+                         testing::Values(ConformanceBackend{"local_forwarded", MakeForwardedStore,
                                                             DestroyForwardedStore}),
                          ConformanceBackendName);
 
@@ -102,7 +101,9 @@ TEST(ForwardingStoreTest, ReadOptionsCrossEveryDecoratorUnchanged) {
   ASSERT_TRUE(put.ok()) << put.status();
 
   std::string buffer(7, '\0');
-  GetRequest request{.key = "k", .buffer = absl::MakeSpan(buffer), .if_match = put->etag,
+  GetRequest request{.key = "k",
+                     .buffer = absl::MakeSpan(buffer),
+                     .if_match = put->etag,
                      .if_none_match = "another-etag"};
   request.max_staleness = absl::Minutes(3);
   request.cancel = NewCancelToken();

@@ -3,8 +3,8 @@
 #include <optional>
 #include <utility>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 
 namespace wharf {
@@ -21,8 +21,7 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> ByteRange::Resolve(uint64_t size) 
         absl::StrCat("range starts at byte ", offset, " of a ", size, "-byte object"));
   }
   if (length.has_value() && *length == 0) return absl::OutOfRangeError("empty range");
-  const uint64_t end =
-      length.has_value() && *length < size - offset ? offset + *length : size;
+  const uint64_t end = length.has_value() && *length < size - offset ? offset + *length : size;
   return std::make_pair(offset, end);
 }
 
@@ -34,12 +33,11 @@ std::string ByteRange::ToHttp() const {
 
 absl::Status ValidatePutOptions(const PutOptions& options) {
   if (!options.sse.empty() && options.sse != "AES256" && options.sse != "aws:kms") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "server-side encryption '", options.sse, "' is neither AES256 nor aws:kms"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("server-side encryption '", options.sse, "' is neither AES256 nor aws:kms"));
   }
   if (!options.sse_kms_key_id.empty() && options.sse != "aws:kms") {
-    return absl::InvalidArgumentError(
-        "a KMS key id needs server-side encryption aws:kms");
+    return absl::InvalidArgumentError("a KMS key id needs server-side encryption aws:kms");
   }
   // Each text field travels as a header value.
   for (const auto& [name, value] :
@@ -81,8 +79,7 @@ namespace {
 absl::Status NoPutOptions(const ObjectStore& store, absl::string_view key,
                           const PutOptions& options) {
   if (absl::Status valid = ValidatePutOptions(options); !valid.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("put ", store.Uri(key), ": ", valid.message()));
+    return absl::InvalidArgumentError(absl::StrCat("put ", store.Uri(key), ": ", valid.message()));
   }
   return absl::UnimplementedError(absl::StrCat(
       "put ", store.Uri(key),
@@ -123,7 +120,7 @@ absl::StatusOr<ObjectMeta> ObjectStore::Put(const std::string& key, absl::Cord d
 }
 
 absl::StatusOr<ObjectMeta> ObjectStore::Put(const std::string& key, absl::Cord data,
-                                             const PutOptions& options) {
+                                            const PutOptions& options) {
   return WaitFor<ObjectMeta>(
       [&](Callback<ObjectMeta> cb) { PutAsync(key, std::move(data), options, std::move(cb)); });
 }
@@ -144,9 +141,8 @@ absl::StatusOr<ObjectMeta> ObjectStore::Copy(const std::string& src_key,
 
 absl::StatusOr<ObjectMeta> ObjectStore::Compose(std::vector<std::string> sources,
                                                 const std::string& dst_key) {
-  return WaitFor<ObjectMeta>([&](Callback<ObjectMeta> cb) {
-    ComposeAsync(std::move(sources), dst_key, std::move(cb));
-  });
+  return WaitFor<ObjectMeta>(
+      [&](Callback<ObjectMeta> cb) { ComposeAsync(std::move(sources), dst_key, std::move(cb)); });
 }
 
 absl::StatusOr<ListPage> ObjectStore::ListAll(ListOptions options) {

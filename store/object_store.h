@@ -34,11 +34,11 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "base/cancel.h"
@@ -90,8 +90,8 @@ struct PutOptions {
   // True when every field that changes how the object is stored has its default: the same
   // as not passing options at all (provenance aside).
   bool is_default() const {
-    return content_type.empty() && storage_class.empty() && sse.empty() &&
-           sse_kms_key_id.empty() && !mtime.has_value();
+    return content_type.empty() && storage_class.empty() && sse.empty() && sse_kms_key_id.empty() &&
+           !mtime.has_value();
   }
 };
 
@@ -116,7 +116,7 @@ struct ListOptions {
 };
 
 struct ListPage {
-  std::vector<ObjectMeta> objects;      // in key order
+  std::vector<ObjectMeta> objects;           // in key order
   std::vector<std::string> common_prefixes;  // in key order
   // Opaque token for the next page; empty when this is the last page.
   std::string continuation;
@@ -195,7 +195,7 @@ struct GetResult {
   // From sending the request to the first response byte (of the last attempt); zero for
   // stores without a network hop.
   absl::Duration time_to_first_byte = absl::ZeroDuration();
-  int attempts = 1;     // 1 + retries
+  int attempts = 1;  // 1 + retries
 };
 
 // Writes one large object. Bytes become visible only at Close(), atomically; a writer that

@@ -4,9 +4,9 @@
 #include <cstdlib>
 #include <utility>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "base/status.h"
 
 namespace wharf {
@@ -30,8 +30,8 @@ void StoreRegistry::SetCacheDecorator(CacheDecorator decorator) {
   cache_decorator_ = std::move(decorator);
 }
 
-absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(
-    const StoreSpec& spec, std::shared_ptr<Runtime> runtime) {
+absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(const StoreSpec& spec,
+                                                                 std::shared_ptr<Runtime> runtime) {
   StoreFactory factory;
   CacheDecorator cache_decorator;
   {
@@ -51,9 +51,10 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::Open(
   }
   if (cache) {
     if (!cache_decorator) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cache=", *cache, ": this program has no tier to read through (the wharf CLI and the "
-          "Python module have)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("cache=", *cache,
+                       ": this program has no tier to read through (the wharf CLI and the "
+                       "Python module have)"));
     }
     StoreSpec inner = spec;
     inner.options.cache.reset();
@@ -68,9 +69,8 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::OpenBackend(
     const StoreFactory& factory, const StoreSpec& spec, std::shared_ptr<Runtime> runtime) {
   if (!factory) {
     auto known = schemes();
-    return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", spec.scheme,
-                                                   "://' (known: ", absl::StrJoin(known, ", "),
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported URI scheme '", spec.scheme, "://' (known: ", absl::StrJoin(known, ", "), ")"));
   }
   return factory(spec, std::move(runtime));
 }
@@ -92,9 +92,8 @@ absl::StatusOr<std::vector<BucketInfo>> StoreRegistry::ListBuckets(
   }
   if (lister) return lister(StoreSpec{std::string(scheme), "", options}, std::move(runtime));
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported URI scheme '", scheme,
-                                                   "://' (known: ", absl::StrJoin(schemes(), ", "),
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported URI scheme '", scheme, "://' (known: ", absl::StrJoin(schemes(), ", "), ")"));
   }
   return absl::UnimplementedError(
       absl::StrCat("list buckets: ", scheme, ":// has no buckets to list"));

@@ -21,21 +21,24 @@ TEST(RegistryTest, UnknownSchemeNamesTheKnownOnes) {
 
 TEST(RegistryTest, RegisteredFactoryIsUsed) {
   int calls = 0;
-  StoreRegistry::Global().Register("test", [&](const StoreSpec&, std::shared_ptr<Runtime>)
-                                               -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
-    ++calls;
-    return absl::UnavailableError("test factory");
-  });
+  StoreRegistry::Global().Register(
+      "test",
+      [&](const StoreSpec&,
+          std::shared_ptr<Runtime>) -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
+        ++calls;
+        return absl::UnavailableError("test factory");
+      });
   EXPECT_EQ(OpenUri("test://bucket/x").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(calls, 1);
 }
 
 TEST(RegistryTest, BucketListersByScheme) {
   StoreRegistry& registry = StoreRegistry::Global();
-  registry.RegisterBucketLister("listed", [](const StoreSpec&, std::shared_ptr<Runtime>)
-                                              -> absl::StatusOr<std::vector<BucketInfo>> {
-    return std::vector<BucketInfo>{{"one", absl::FromUnixSeconds(1)}, {"two"}};
-  });
+  registry.RegisterBucketLister(
+      "listed",
+      [](const StoreSpec&, std::shared_ptr<Runtime>) -> absl::StatusOr<std::vector<BucketInfo>> {
+        return std::vector<BucketInfo>{{"one", absl::FromUnixSeconds(1)}, {"two"}};
+      });
   auto buckets = registry.ListBuckets("listed");
   ASSERT_TRUE(buckets.ok()) << buckets.status();
   ASSERT_EQ(buckets->size(), 2u);

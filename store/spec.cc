@@ -23,7 +23,8 @@ absl::StatusOr<bool> ParseBool(absl::string_view name, absl::string_view value) 
   const std::string v = absl::AsciiStrToLower(value);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
-  return InvalidOption(name, absl::StrCat("'", value, "' is not one of true, false, 1, 0, yes, "
+  return InvalidOption(name, absl::StrCat("'", value,
+                                          "' is not one of true, false, 1, 0, yes, "
                                           "no, on, off"));
 }
 
@@ -51,7 +52,9 @@ absl::StatusOr<std::string> PercentDecode(absl::string_view s) {
     if (i + 2 >= s.size() || !absl::ascii_isxdigit(s[i + 1]) || !absl::ascii_isxdigit(s[i + 2])) {
       return absl::InvalidArgumentError(absl::StrCat("bad %-escape in '", s, "'"));
     }
-    auto hex = [](char c) { return absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10; };
+    auto hex = [](char c) {
+      return absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10;
+    };
     out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
     i += 2;
   }
@@ -68,18 +71,20 @@ const std::vector<std::string>& StoreOptions::Names() {
 
 absl::string_view AddressingStyleName(AddressingStyle style) {
   switch (style) {
-    case AddressingStyle::kPath: return "path";
-    case AddressingStyle::kVirtual: return "virtual";
-    case AddressingStyle::kAuto: break;
+    case AddressingStyle::kPath:
+      return "path";
+    case AddressingStyle::kVirtual:
+      return "virtual";
+    case AddressingStyle::kAuto:
+      break;
   }
   return "auto";
 }
 
 absl::Status StoreOptions::Set(absl::string_view name, absl::string_view value) {
   if (std::find(Names().begin(), Names().end(), name) == Names().end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown store option '", name,
-                                                   "' (valid: ", absl::StrJoin(Names(), ", "),
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown store option '", name, "' (valid: ", absl::StrJoin(Names(), ", "), ")"));
   }
   if (value.empty()) return InvalidOption(name, "empty value");
   if (name == "endpoint") {
@@ -203,11 +208,11 @@ absl::StatusOr<SpecAndKey> ParseStoreUri(absl::string_view uri_or_path,
   absl::string_view location = uri_or_path;
   StoreOptions options;
   const size_t question = uri_or_path.find('?');
-  if (LooksLikeUri(uri_or_path) && question != absl::string_view::npos &&
-      question > 0 && uri_or_path[question - 1] == '/') {
+  if (LooksLikeUri(uri_or_path) && question != absl::string_view::npos && question > 0 &&
+      uri_or_path[question - 1] == '/') {
     location = uri_or_path.substr(0, question);
-    for (absl::string_view pair : absl::StrSplit(uri_or_path.substr(question + 1), '&',
-                                                absl::SkipEmpty())) {
+    for (absl::string_view pair :
+         absl::StrSplit(uri_or_path.substr(question + 1), '&', absl::SkipEmpty())) {
       const size_t eq = pair.find('=');
       const absl::string_view name = pair.substr(0, eq);
       auto value = PercentDecode(eq == absl::string_view::npos ? "" : pair.substr(eq + 1));

@@ -83,9 +83,10 @@ TEST(StoreSpecTest, UnknownOptionNamesTheValidOnes) {
 }
 
 TEST(StoreSpecTest, MalformedValuesAreRefused) {
-  for (const char* uri : {"s3://bucket/?anonymous=maybe", "s3://bucket/?addressing_style=dns",
-                          "s3://bucket/?endpoint=ftp://x", "s3://bucket/?endpoint=http://u:p@h",
-                          "s3://bucket/?region=", "s3://bucket/?region", "s3://bucket/?region=%zz"}) {
+  for (const char* uri :
+       {"s3://bucket/?anonymous=maybe", "s3://bucket/?addressing_style=dns",
+        "s3://bucket/?endpoint=ftp://x", "s3://bucket/?endpoint=http://u:p@h",
+        "s3://bucket/?region=", "s3://bucket/?region", "s3://bucket/?region=%zz"}) {
     auto parsed = ParseStoreUri(uri);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << uri;
     EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(uri));
@@ -96,8 +97,8 @@ TEST(StoreSpecTest, ExplicitOptionsBeatTheQuery) {
   StoreOptions explicit_options;
   explicit_options.region = "us-west-2";
   explicit_options.profile = "dev";
-  auto parsed = ParseStoreUri("s3://bucket/?region=eu-west-1&endpoint=http%3A%2F%2Fh%3A1",
-                              explicit_options);
+  auto parsed =
+      ParseStoreUri("s3://bucket/?region=eu-west-1&endpoint=http%3A%2F%2Fh%3A1", explicit_options);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->spec.options.region, "us-west-2");
   EXPECT_EQ(parsed->spec.options.profile, "dev");
@@ -111,10 +112,9 @@ TEST(StoreSpecTest, JsonRoundTrip) {
   spec.options.addressing_style = AddressingStyle::kPath;
   spec.options.profile = "dev";
   const std::string json = spec.ToJson();
-  EXPECT_EQ(json,
-            R"({"v":1,"scheme":"s3","bucket":"bucket","options":{"endpoint":)"
-            R"("http://127.0.0.1:9000","anonymous":false,"profile":"dev",)"
-            R"("addressing_style":"path"}})");
+  EXPECT_EQ(json, R"({"v":1,"scheme":"s3","bucket":"bucket","options":{"endpoint":)"
+                  R"("http://127.0.0.1:9000","anonymous":false,"profile":"dev",)"
+                  R"("addressing_style":"path"}})");
   auto back = StoreSpec::FromJson(json);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, spec);
@@ -126,8 +126,8 @@ TEST(StoreSpecTest, JsonRoundTrip) {
 }
 
 TEST(StoreSpecTest, JsonErrors) {
-  for (const char* json : {"", "[]", R"({"scheme":"s3"})", R"({"v":2,"scheme":"s3"})",
-                           R"({"v":1})", R"({"v":1,"scheme":"s3","options":{"key":"x"}})",
+  for (const char* json : {"", "[]", R"({"scheme":"s3"})", R"({"v":2,"scheme":"s3"})", R"({"v":1})",
+                           R"({"v":1,"scheme":"s3","options":{"key":"x"}})",
                            R"({"v":1,"scheme":"s3","options":{"region":3}})"}) {
     auto spec = StoreSpec::FromJson(json);
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << json;

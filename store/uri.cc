@@ -4,12 +4,12 @@
 
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace wharf {
 namespace {
@@ -22,16 +22,16 @@ absl::Status ValidateBucket(absl::string_view scheme, absl::string_view bucket,
   // S3 and GCS share the core rules: 3-63 characters of lowercase letters, digits, '.', '-',
   // beginning and ending with a letter or digit. GCS also allows '_'.
   const bool allow_underscore = scheme == "gs";
-  bool ok = bucket.size() >= 3 && bucket.size() <= 63 &&
-            absl::ascii_isalnum(bucket.front()) && absl::ascii_isalnum(bucket.back());
+  bool ok = bucket.size() >= 3 && bucket.size() <= 63 && absl::ascii_isalnum(bucket.front()) &&
+            absl::ascii_isalnum(bucket.back());
   for (char c : bucket) {
     ok = ok && (absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '.' || c == '-' ||
                 (allow_underscore && c == '_'));
   }
   if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid URI '", uri, "': '", bucket,
-        "' is not a valid bucket name (3-63 lowercase letters, digits, '.', '-')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid URI '", uri, "': '", bucket,
+                     "' is not a valid bucket name (3-63 lowercase letters, digits, '.', '-')"));
   }
   return absl::OkStatus();
 }

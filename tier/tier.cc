@@ -290,9 +290,10 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Find(const std::string& path) {
     const size_t slash = dir.rfind('/');
     dir = slash == 0 ? "/" : dir.substr(0, slash);
   }
-  return absl::NotFoundError(absl::StrCat(
-      path, " is in no tier (no enclosing directory has .wharf/tier.json; create one with "
-            "`wharf tier init DIR`)"));
+  return absl::NotFoundError(
+      absl::StrCat(path,
+                   " is in no tier (no enclosing directory has .wharf/tier.json; create one with "
+                   "`wharf tier init DIR`)"));
 }
 
 absl::StatusOr<std::shared_ptr<Tier>> Tier::FindOrCreate(const std::string& dir) {
@@ -301,12 +302,11 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::FindOrCreate(const std::string& dir)
   return Init(dir, TierConfig{});
 }
 
-absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir,
-                                                 const TierConfig& config) {
+absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir, const TierConfig& config) {
   const std::string root = AbsolutePath(dir);
   if (auto enclosing = Find(root); enclosing.ok() && (*enclosing)->root() != root) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tier init ", root, ": it is inside the tier at ", (*enclosing)->root()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tier init ", root, ": it is inside the tier at ", (*enclosing)->root()));
   }
   const std::string temp_root = absl::StrCat(root, "/", kMetaDir, "/", kTempDir);
   WHARF_RETURN_IF_ERROR(Annotate(MakeDirs(temp_root), absl::StrCat("tier init ", root)));
@@ -328,10 +328,9 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir,
           strerror(err), "), which a tier keeps its entries' metadata in"));
     }
   }
-  WHARF_RETURN_IF_ERROR(
-      Annotate(WriteSmallFile(absl::StrCat(root, "/", kMetaDir, "/", kConfigFile),
-                              config.ToJson(), *temp),
-               absl::StrCat("tier init ", root)));
+  WHARF_RETURN_IF_ERROR(Annotate(
+      WriteSmallFile(absl::StrCat(root, "/", kMetaDir, "/", kConfigFile), config.ToJson(), *temp),
+      absl::StrCat("tier init ", root)));
   return tier;
 }
 
@@ -439,8 +438,9 @@ absl::Status Tier::AddStats(const Stats& stats) {
   j["misses"] = stats.misses;
   j["fills"] = stats.fills;
   j["fill_bytes"] = stats.fill_bytes;
-  return WriteSmallFile(absl::StrCat(dir, "/", HostName(), "-", getpid(), "-", RandomHex(), ".json"),
-                        j.dump() + "\n", temp_dir);
+  return WriteSmallFile(
+      absl::StrCat(dir, "/", HostName(), "-", getpid(), "-", RandomHex(), ".json"), j.dump() + "\n",
+      temp_dir);
 }
 
 Tier::Stats Tier::ReadStats() const {

@@ -37,8 +37,8 @@ struct TierConfig {
   };
   Mode mode = Mode::kImmutable;
   absl::Duration ttl = absl::Hours(1);
-  uint64_t max_size = 0;     // bytes the tier may hold; 0: no bound but min_free
-  double min_free = 5;       // percent of the file system kept free
+  uint64_t max_size = 0;  // bytes the tier may hold; 0: no bound but min_free
+  double min_free = 5;    // percent of the file system kept free
   uint64_t block_size = uint64_t{8} << 20;
   uint64_t block_threshold = uint64_t{64} << 20;
 

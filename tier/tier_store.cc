@@ -249,8 +249,8 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
     if (fresh && !req.if_match.empty() && req.if_match != etag) {
       if (after_fill) {
         close(fd);
-        read.Finish(absl::FailedPreconditionError(absl::StrCat(
-            op, ": object changed (etag ", etag, ", expected ", req.if_match, ")")));
+        read.Finish(absl::FailedPreconditionError(
+            absl::StrCat(op, ": object changed (etag ", etag, ", expected ", req.if_match, ")")));
         return true;
       }
       fresh = false;  // perhaps changed at the source: fill again
@@ -366,16 +366,16 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   whole.key = key;
   whole.sink = read->sink.get();
   whole.cancel = read->request.cancel;
-  inner_->GetAsync(std::move(whole), [self = shared_from_this(),
-                                      read](absl::StatusOr<GetResult> got) mutable {
-    // Sealing and publishing are syscalls: off the backing store's thread.
-    ThreadPool& pool = self->runtime_->blocking_pool();
-    pool.Schedule([self = std::move(self), read, got = std::move(got)]() mutable {
-      self->Publish(*read, got);
-      self.reset();
-      read->Deliver();
-    });
-  });
+  inner_->GetAsync(std::move(whole),
+                   [self = shared_from_this(), read](absl::StatusOr<GetResult> got) mutable {
+                     // Sealing and publishing are syscalls: off the backing store's thread.
+                     ThreadPool& pool = self->runtime_->blocking_pool();
+                     pool.Schedule([self = std::move(self), read, got = std::move(got)]() mutable {
+                       self->Publish(*read, got);
+                       self.reset();
+                       read->Deliver();
+                     });
+                   });
 }
 
 void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got) {
@@ -463,15 +463,15 @@ void TierStore::CopyAsync(std::string src_key, std::string dst_key, Callback<Obj
 }
 
 void RegisterTierCache(StoreRegistry& registry) {
-  registry.SetCacheDecorator([](std::shared_ptr<ObjectStore> store, const std::string& dir,
-                                std::shared_ptr<Runtime> runtime)
-                                 -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
-    auto tier = Tier::FindOrCreate(dir);
-    if (!tier.ok()) return Annotate(tier.status(), absl::StrCat("cache=", dir));
-    auto cached = TierStore::Open(std::move(store), *std::move(tier), std::move(runtime));
-    if (!cached.ok()) return Annotate(cached.status(), absl::StrCat("cache=", dir));
-    return std::shared_ptr<ObjectStore>(*std::move(cached));
-  });
+  registry.SetCacheDecorator(
+      [](std::shared_ptr<ObjectStore> store, const std::string& dir,
+         std::shared_ptr<Runtime> runtime) -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
+        auto tier = Tier::FindOrCreate(dir);
+        if (!tier.ok()) return Annotate(tier.status(), absl::StrCat("cache=", dir));
+        auto cached = TierStore::Open(std::move(store), *std::move(tier), std::move(runtime));
+        if (!cached.ok()) return Annotate(cached.status(), absl::StrCat("cache=", dir));
+        return std::shared_ptr<ObjectStore>(*std::move(cached));
+      });
 }
 
 }  // namespace wharf

@@ -57,9 +57,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
 
   struct Stats {
-    uint64_t hits = 0;      // reads served from the tier
-    uint64_t misses = 0;    // reads that found no fresh entry
-    uint64_t fills = 0;     // objects this process fetched into the tier
+    uint64_t hits = 0;    // reads served from the tier
+    uint64_t misses = 0;  // reads that found no fresh entry
+    uint64_t fills = 0;   // objects this process fetched into the tier
     uint64_t fill_bytes = 0;
     uint64_t bypassed = 0;  // reads of keys that cannot be paths
   };

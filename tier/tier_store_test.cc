@@ -101,8 +101,7 @@ TEST_F(TierStoreTest, HitsHonourRangesSinksAndConditions) {
   ASSERT_TRUE(store->Read("obj").ok());  // fill
   EXPECT_EQ(*store->Read("obj", ByteRange::Of(2, 3)), "234");
   EXPECT_EQ(*store->Read("obj", ByteRange::Last(4)), "6789");
-  EXPECT_EQ(store->Read("obj", ByteRange::From(10)).status().code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(store->Read("obj", ByteRange::From(10)).status().code(), absl::StatusCode::kOutOfRange);
   std::string small(3, '\0');
   GetRequest too_small;
   too_small.key = "obj";
@@ -150,7 +149,8 @@ TEST_F(TierStoreTest, KeysThatCannotBePathsBypassTheTier) {
 
 TEST_F(TierStoreTest, AnImportedTreeAnswersForItsSource) {
   for (int i = 0; i < 5; ++i) {
-    ASSERT_TRUE(source_.store()->Put(absl::StrCat("ds/", i), absl::Cord(absl::StrCat("v", i))).ok());
+    ASSERT_TRUE(
+        source_.store()->Put(absl::StrCat("ds/", i), absl::Cord(absl::StrCat("v", i))).ok());
   }
   auto tier = MakeTier();
   {
@@ -197,9 +197,9 @@ TEST_F(TierStoreTest, ProcessesShareOneFillAndAKilledFillerBlocksNoOne) {
   auto child_source = [&](absl::Duration delay) {
     auto runtime = std::make_shared<Runtime>();
     auto local = LocalStore::Open(source_.root(), runtime);
-    return std::make_pair(std::make_shared<DelayedGetStore>(
-                              std::shared_ptr<ObjectStore>(*std::move(local)), delay),
-                          runtime);
+    return std::make_pair(
+        std::make_shared<DelayedGetStore>(std::shared_ptr<ObjectStore>(*std::move(local)), delay),
+        runtime);
   };
   auto child_read = [&](absl::Duration delay) -> pid_t {
     const pid_t pid = fork();

@@ -91,9 +91,10 @@ std::string EntryEtag(const TierEntry& entry) {
   return entry.source.empty() ? entry.md5 : entry.etag;
 }
 
-absl::StatusOr<std::shared_ptr<TierTreeStore>> TierTreeStore::Open(
-    std::shared_ptr<Tier> tier, const std::string& dir, std::shared_ptr<Runtime> runtime,
-    TierTreeOptions options) {
+absl::StatusOr<std::shared_ptr<TierTreeStore>> TierTreeStore::Open(std::shared_ptr<Tier> tier,
+                                                                   const std::string& dir,
+                                                                   std::shared_ptr<Runtime> runtime,
+                                                                   TierTreeOptions options) {
   const std::string abs = AbsolutePath(dir);
   if (abs != tier->root() && !absl::StartsWith(abs, tier->root() + "/")) {
     return absl::InvalidArgumentError(
@@ -137,8 +138,7 @@ void TierTreeStore::Describe(ListPage& page) const {
     const std::string path = absl::StrCat(dir_, "/", meta.key);
     struct stat st;
     const auto entry = ReadEntryAttr(path);
-    meta.etag = stat(path.c_str(), &st) == 0 && IsCompleteEntry(entry, st) ? EntryEtag(*entry)
-                                                                            : "";
+    meta.etag = stat(path.c_str(), &st) == 0 && IsCompleteEntry(entry, st) ? EntryEtag(*entry) : "";
   }
 }
 
@@ -182,7 +182,7 @@ absl::StatusOr<ObjectMeta> TierTreeStore::Head(const std::string& key) {
 }
 
 absl::StatusOr<std::unique_ptr<TempObject>> TierTreeStore::NewTemp(const std::string& key,
-                                                                    const PutOptions& options) {
+                                                                   const PutOptions& options) {
   const std::string op = absl::StrCat("put ", Uri(key));
   if (at_root_ && InMetaDir(key)) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": '.wharf' is the tier's own folder"));
@@ -213,8 +213,8 @@ absl::StatusOr<TierTreeStore::Sealed> TierTreeStore::Seal(const std::string& key
 
 void TierTreeStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                              Callback<ObjectMeta> done) {
-  runtime_->blocking_pool().Schedule([this, key = std::move(key), data = std::move(data),
-                                      options, done = std::move(done)]() mutable {
+  runtime_->blocking_pool().Schedule([this, key = std::move(key), data = std::move(data), options,
+                                      done = std::move(done)]() mutable {
     auto sealed = Seal(key, data, options);
     data = absl::Cord();  // the bytes are in the file: release them before the batch waits
     if (!sealed.ok()) return std::move(done)(sealed.status());
@@ -225,9 +225,8 @@ void TierTreeStore::PutAsync(std::string key, absl::Cord data, const PutOptions&
 
 absl::StatusOr<ObjectMeta> TierTreeStore::Put(const std::string& key, absl::Cord data,
                                               const PutOptions& options) {
-  return WaitFor<ObjectMeta>([&](Callback<ObjectMeta> cb) {
-    PutAsync(key, std::move(data), options, std::move(cb));
-  });
+  return WaitFor<ObjectMeta>(
+      [&](Callback<ObjectMeta> cb) { PutAsync(key, std::move(data), options, std::move(cb)); });
 }
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> TierTreeStore::NewWriter(std::string key,
@@ -253,13 +252,10 @@ absl::StatusOr<ObjectMeta> TierWriter::Close() {
   });
 }
 
-void TierTreeStore::CopyAsync(std::string src_key, std::string dst_key,
-                              Callback<ObjectMeta> done) {
-  runtime_->blocking_pool().Schedule([this, src_key = std::move(src_key),
-                                      dst_key = std::move(dst_key),
-                                      done = std::move(done)]() mutable {
-    std::move(done)(Copy(src_key, dst_key));
-  });
+void TierTreeStore::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
+  runtime_->blocking_pool().Schedule(
+      [this, src_key = std::move(src_key), dst_key = std::move(dst_key),
+       done = std::move(done)]() mutable { std::move(done)(Copy(src_key, dst_key)); });
 }
 
 absl::StatusOr<ObjectMeta> TierTreeStore::Copy(const std::string& src_key,

@@ -214,7 +214,8 @@ TEST_F(TierTreeStoreTest, ManyConcurrentPutsArePublishedInBatches) {
   }
   {
     absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(+[](int* d) { return *d == kPuts; }, &done));
+    mu.Await(absl::Condition(
+        +[](int* d) { return *d == kPuts; }, &done));
   }
   EXPECT_EQ(failed, 0);
   for (int i = 0; i < kPuts; ++i) {

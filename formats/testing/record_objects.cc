@@ -19,8 +19,8 @@ std::string TarOctal(uint64_t v, size_t width) {
   return s + '\0';
 }
 
-std::string TarHeader(const std::string& name, uint64_t size, char type,
-                      const std::string& prefix, bool base256_size) {
+std::string TarHeader(const std::string& name, uint64_t size, char type, const std::string& prefix,
+                      bool base256_size) {
   std::string h(512, '\0');
   h.replace(0, std::min<size_t>(name.size(), 100), name.substr(0, 100));
   h.replace(100, 8, TarOctal(0644, 7));
@@ -79,8 +79,8 @@ class Len32Reader : public RecordReader {
       s = data.status();
     }
     if (!s.ok()) {
-      status_ = Annotate(s, absl::StrCat("read ", kTestFormat, " ", reader_->uri(), " at byte ",
-                                         at));
+      status_ =
+          Annotate(s, absl::StrCat("read ", kTestFormat, " ", reader_->uri(), " at byte ", at));
       return status_;
     }
     return Record::Payload(at, *std::move(data));
@@ -130,16 +130,19 @@ absl::StatusOr<absl::Cord> EncodeRecords(absl::string_view format,
       out += p;
     }
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        "formats_testing::EncodeRecords cannot write \"", format,
-        "\" yet: add a writer for it in formats/testing/record_objects.cc"));
+    return absl::NotFoundError(
+        absl::StrCat("formats_testing::EncodeRecords cannot write \"", format,
+                     "\" yet: add a writer for it in formats/testing/record_objects.cc"));
   }
   return absl::Cord(std::move(out));
 }
 
 absl::Status RegisterTestFormat() {
   absl::Status s = RegisterRecordFormat(
-      {std::string(kTestFormat), {".len32"}, RecordShape::kPayload, false,
+      {std::string(kTestFormat),
+       {".len32"},
+       RecordShape::kPayload,
+       false,
        [](const RecordObject& object,
           const RecordReaderOptions& options) -> absl::StatusOr<std::unique_ptr<RecordReader>> {
          WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, object.Open(options.io));

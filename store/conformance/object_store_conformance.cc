@@ -27,12 +27,33 @@ std::string Pattern(size_t n, uint32_t seed = 1) { return store_testing::RandomB
 
 // Awkward but valid on every backend: none is a "directory" of another.
 std::vector<std::string> AwkwardKeys() {
-  return {"dir/a b",          "dir/a+b",        "dir/a%2Bb",    "dir/a=b",      "dir/a&b",
-          "dir/a~b",          "dir/a*b",        "dir/é.txt",    "dir/日本/語.bin", "dir/A",
-          "dir/a.txt",        "dir/a-b",        "dir/a/b",      "dir/a0",       "dir/a!",
-          "dir/a(1)",         "dir/'q'",        "dir/z",        "dir/Z~",       "dir/ä/x",
-          "dir/deep/1/2/3/4/5/6/leaf", "dir/deep/1/2/x", "dir/a,b", "dir/a;b", "dir/a@b",
-          "dir/ ", "dir/  "};  // whitespace-only names: S3 continuation tokens can be " "
+  return {"dir/a b",
+          "dir/a+b",
+          "dir/a%2Bb",
+          "dir/a=b",
+          "dir/a&b",
+          "dir/a~b",
+          "dir/a*b",
+          "dir/é.txt",
+          "dir/日本/語.bin",
+          "dir/A",
+          "dir/a.txt",
+          "dir/a-b",
+          "dir/a/b",
+          "dir/a0",
+          "dir/a!",
+          "dir/a(1)",
+          "dir/'q'",
+          "dir/z",
+          "dir/Z~",
+          "dir/ä/x",
+          "dir/deep/1/2/3/4/5/6/leaf",
+          "dir/deep/1/2/x",
+          "dir/a,b",
+          "dir/a;b",
+          "dir/a@b",
+          "dir/ ",
+          "dir/  "};  // whitespace-only names: S3 continuation tokens can be " "
 }
 
 std::vector<std::string> Sorted(std::vector<std::string> keys) {
@@ -169,13 +190,13 @@ TEST_P(ObjectStoreConformance, RangesAtTheEdges) {
     std::string expect;
   };
   const Case cases[] = {
-      {ByteRange::Of(0, 1), data.substr(0, 1)},        // first byte
-      {ByteRange::Of(999, 1), data.substr(999, 1)},    // last byte
-      {ByteRange::Of(10, 90), data.substr(10, 90)},    // middle
-      {ByteRange::Of(990, 100), data.substr(990)},     // length past the end: truncated
-      {ByteRange::From(500), data.substr(500)},        // open-ended
-      {ByteRange::Last(10), data.substr(990)},         // suffix
-      {ByteRange::Last(5000), data},                   // suffix longer than the object
+      {ByteRange::Of(0, 1), data.substr(0, 1)},      // first byte
+      {ByteRange::Of(999, 1), data.substr(999, 1)},  // last byte
+      {ByteRange::Of(10, 90), data.substr(10, 90)},  // middle
+      {ByteRange::Of(990, 100), data.substr(990)},   // length past the end: truncated
+      {ByteRange::From(500), data.substr(500)},      // open-ended
+      {ByteRange::Last(10), data.substr(990)},       // suffix
+      {ByteRange::Last(5000), data},                 // suffix longer than the object
       {ByteRange::All(), data},
   };
   for (const auto& c : cases) {
@@ -193,8 +214,8 @@ TEST_P(ObjectStoreConformance, GetIntoCallerBuffer) {
   const std::string data = Pattern(4096, 3);
   ASSERT_TRUE(store().Put("buf", absl::Cord(data)).ok());
   std::string buffer(100, '\0');
-  GetRequest request{.key = "buf", .range = ByteRange::Of(4000, 100),
-                     .buffer = absl::MakeSpan(buffer)};
+  GetRequest request{
+      .key = "buf", .range = ByteRange::Of(4000, 100), .buffer = absl::MakeSpan(buffer)};
   auto got = store().Get(request);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->offset, 4000u);
@@ -213,8 +234,8 @@ TEST_P(ObjectStoreConformance, IfMatchGuardsAgainstChangedObjects) {
   std::string buffer(5, '\0');
   GetRequest ok_request{.key = "v", .buffer = absl::MakeSpan(buffer), .if_match = put->etag};
   EXPECT_TRUE(store().Get(ok_request).ok());
-  GetRequest stale{.key = "v", .buffer = absl::MakeSpan(buffer),
-                   .if_match = "0123456789abcdef0123456789abcdef"};
+  GetRequest stale{
+      .key = "v", .buffer = absl::MakeSpan(buffer), .if_match = "0123456789abcdef0123456789abcdef"};
   EXPECT_EQ(store().Get(stale).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -239,8 +260,8 @@ TEST_P(ObjectStoreConformance, IfNoneMatchOfTheCurrentEtagIsNotModifiedWithoutBy
   auto put = store().Put("inm/obj", absl::Cord(data));
   ASSERT_TRUE(put.ok()) << put.status();
   std::string buffer(data.size(), 'x');
-  GetRequest request{.key = "inm/obj", .buffer = absl::MakeSpan(buffer),
-                     .if_none_match = put->etag};
+  GetRequest request{
+      .key = "inm/obj", .buffer = absl::MakeSpan(buffer), .if_none_match = put->etag};
   auto got = store().Get(request);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(got->not_modified);
@@ -250,8 +271,8 @@ TEST_P(ObjectStoreConformance, IfNoneMatchOfTheCurrentEtagIsNotModifiedWithoutBy
   EXPECT_EQ(buffer, std::string(data.size(), 'x'));  // untouched
   // Into a sink, and with if_match of the same version: still nothing delivered.
   RecordingSink sink;
-  GetRequest to_sink{.key = "inm/obj", .sink = &sink, .if_match = put->etag,
-                     .if_none_match = put->etag};
+  GetRequest to_sink{
+      .key = "inm/obj", .sink = &sink, .if_match = put->etag, .if_none_match = put->etag};
   auto streamed = store().Get(to_sink);
   ASSERT_TRUE(streamed.ok()) << streamed.status();
   EXPECT_TRUE(streamed->not_modified);
@@ -265,8 +286,8 @@ TEST_P(ObjectStoreConformance, IfNoneMatchOfAnotherEtagReadsTheObject) {
   auto v2 = store().Put("inm/changing", absl::Cord(data));
   ASSERT_TRUE(v2.ok()) << v2.status();
   std::string buffer(data.size(), '\0');
-  GetRequest request{.key = "inm/changing", .buffer = absl::MakeSpan(buffer),
-                     .if_none_match = v1->etag};
+  GetRequest request{
+      .key = "inm/changing", .buffer = absl::MakeSpan(buffer), .if_none_match = v1->etag};
   auto got = store().Get(request);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_FALSE(got->not_modified);
@@ -275,8 +296,10 @@ TEST_P(ObjectStoreConformance, IfNoneMatchOfAnotherEtagReadsTheObject) {
   EXPECT_EQ(buffer, data);
   // A range with a stale if_none_match: the range, as without the option.
   std::string part(100, '\0');
-  GetRequest ranged{.key = "inm/changing", .range = ByteRange::Of(10, 100),
-                    .buffer = absl::MakeSpan(part), .if_none_match = v1->etag};
+  GetRequest ranged{.key = "inm/changing",
+                    .range = ByteRange::Of(10, 100),
+                    .buffer = absl::MakeSpan(part),
+                    .if_none_match = v1->etag};
   auto got_range = store().Get(ranged);
   ASSERT_TRUE(got_range.ok()) << got_range.status();
   EXPECT_FALSE(got_range->not_modified);
@@ -287,7 +310,8 @@ TEST_P(ObjectStoreConformance, IfMatchMismatchFailsEvenWithIfNoneMatch) {
   auto put = store().Put("inm/guarded", absl::Cord("guarded"));
   ASSERT_TRUE(put.ok()) << put.status();
   std::string buffer(7, '\0');
-  GetRequest request{.key = "inm/guarded", .buffer = absl::MakeSpan(buffer),
+  GetRequest request{.key = "inm/guarded",
+                     .buffer = absl::MakeSpan(buffer),
                      .if_match = "0123456789abcdef0123456789abcdef",
                      .if_none_match = "fedcba9876543210fedcba9876543210"};
   auto got = store().Get(request);
@@ -394,8 +418,8 @@ TEST_P(ObjectStoreConformance, CancelFromAnotherThreadStopsAGetInFlight) {
   EXPECT_LT(sink.bytes.load(), kLargeObject / 4);
   // Other requests, with their own tokens, are unaffected.
   std::string buffer(10, '\0');
-  GetRequest next{.key = "cancel/large", .range = ByteRange::Of(0, 10),
-                  .buffer = absl::MakeSpan(buffer)};
+  GetRequest next{
+      .key = "cancel/large", .range = ByteRange::Of(0, 10), .buffer = absl::MakeSpan(buffer)};
   next.cancel = NewCancelToken();
   auto got = store().Get(next);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -473,8 +497,8 @@ TEST_P(ObjectStoreConformance, ListBoundsMatchFilteredSortedKeys) {
       if (k > lo && (hi.empty() || k < hi)) expect.push_back(k);
     }
     auto got = ListPaged(store(), {.start_after = lo, .end_before = hi, .page_size = 4});
-    EXPECT_THAT(KeysOf(got), ElementsAreArray(expect)) << "start_after='" << lo
-                                                       << "' end_before='" << hi << "'";
+    EXPECT_THAT(KeysOf(got), ElementsAreArray(expect))
+        << "start_after='" << lo << "' end_before='" << hi << "'";
   }
 }
 
@@ -518,7 +542,10 @@ TEST_P(ObjectStoreConformance, WriterIsInvisibleUntilCloseAndAbortLeavesNothing)
   ASSERT_TRUE((*aborted)->Write(absl::Cord("partial")).ok());
   (*aborted)->Abort();
   EXPECT_EQ(store().Head("big/aborted").status().code(), absl::StatusCode::kNotFound);
-  { auto dropped = store().NewWriter("big/dropped"); ASSERT_TRUE(dropped.ok()); }
+  {
+    auto dropped = store().NewWriter("big/dropped");
+    ASSERT_TRUE(dropped.ok());
+  }
   auto listed = store().ListAll({.prefix = "big/"});
   ASSERT_TRUE(listed.ok());
   EXPECT_THAT(KeysOf(*listed), ElementsAreArray({"big/object"}));
@@ -613,8 +640,7 @@ TEST_P(ObjectStoreConformance, PutOptionsFollowDeclaredCapability) {
     auto refused = store().Put("o/bad", absl::Cord("x"), bad);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
     EXPECT_THAT(std::string(refused.status().message()), testing::HasSubstr("o/bad"));
-    EXPECT_EQ(store().NewWriter("o/bad", bad).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(store().NewWriter("o/bad", bad).status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(store().Head("o/bad").status().code(), absl::StatusCode::kNotFound);
   }
 }

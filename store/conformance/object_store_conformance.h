@@ -28,8 +28,7 @@ struct ConformanceBackend {
   std::function<void(ObjectStore&)> destroy_store;
 };
 
-inline std::string ConformanceBackendName(
-    const testing::TestParamInfo<ConformanceBackend>& info) {
+inline std::string ConformanceBackendName(const testing::TestParamInfo<ConformanceBackend>& info) {
   return info.param.name;
 }
 

@@ -16,8 +16,8 @@ constexpr char kDefaultEndpoint[] = "https://storage.googleapis.com";
 absl::StatusOr<std::unique_ptr<s3::S3Store>> OpenXml(const StoreSpec& spec) {
   const std::string what = spec.RootUri();
   const StoreOptions& o = spec.options;
-  for (const auto& [set, name] : {std::pair{o.region.has_value(), "region"},
-                                  std::pair{o.profile.has_value(), "profile"}}) {
+  for (const auto& [set, name] :
+       {std::pair{o.region.has_value(), "region"}, std::pair{o.profile.has_value(), "profile"}}) {
     if (set) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": store option '", name,
@@ -45,7 +45,8 @@ absl::StatusOr<std::unique_ptr<s3::S3Store>> OpenXml(const StoreSpec& spec) {
   if (auto secret = s3::GetEnv("WHARF_GS_SECRET_ACCESS_KEY")) overrides.secret_access_key = *secret;
   if (!overrides.access_key_id && !overrides.anonymous) {
     return absl::UnauthenticatedError(
-        absl::StrCat(what, ": no GCS HMAC key found (set WHARF_GS_ACCESS_KEY_ID "
+        absl::StrCat(what,
+                     ": no GCS HMAC key found (set WHARF_GS_ACCESS_KEY_ID "
                      "and WHARF_GS_SECRET_ACCESS_KEY, or use anonymous access)"));
   }
   s3::S3StoreOptions options;

@@ -1,5 +1,4 @@
 #include "store/local/local_store.h"
-#include "store/local/temp_object.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,13 +17,14 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "base/hash.h"
 #include "base/status.h"
+#include "store/local/temp_object.h"
 
 namespace wharf {
 namespace {
@@ -71,8 +71,8 @@ absl::StatusOr<std::string> EtagOf(const std::string& path, int fd_or_minus1,
   Md5 md5;
   // Sized to the file (one byte more sees the end in one read), not a zero-filled chunk:
   // a listing of many small files hashes each one, and a 1 MiB buffer per file showed in RSS.
-  const size_t buf_size = static_cast<size_t>(
-      std::clamp<off_t>(st.st_size + 1, 4096, static_cast<off_t>(kChunk)));
+  const size_t buf_size =
+      static_cast<size_t>(std::clamp<off_t>(st.st_size + 1, 4096, static_cast<off_t>(kChunk)));
   std::unique_ptr<char[]> buf(new char[buf_size]);
   off_t off = 0;
   absl::Status status;
@@ -414,9 +414,8 @@ absl::StatusOr<GetResult> LocalStore::Get(const GetRequest& request) {
   if (!etag.ok()) return Annotate(etag.status(), op);
   result.meta.etag = *std::move(etag);
   if (!request.if_match.empty() && request.if_match != result.meta.etag) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(op, ": object changed (etag ", result.meta.etag, ", expected ",
-                     request.if_match, ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, ": object changed (etag ", result.meta.etag, ", expected ", request.if_match, ")"));
   }
   if (!request.if_none_match.empty() && request.if_none_match == result.meta.etag) {
     result.not_modified = true;  // as S3's 304: before the range, nothing delivered
@@ -478,15 +477,15 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string 
   return NewWriter(std::move(key), PutOptions{});
 }
 
-absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(
-    std::string key, const PutOptions& put_options) {
+absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string key,
+                                                                    const PutOptions& put_options) {
   const std::string uri = Uri(key);
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), absl::StrCat("put ", uri)));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), absl::StrCat("put ", uri)));
   auto temp = TempObject::Create(PathOf(key));
   if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
-  return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri,
-                                       put_options.mtime, options_.fsync);
+  return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri, put_options.mtime,
+                                       options_.fsync);
 }
 
 void LocalStore::PruneEmptyParents(absl::string_view key) const {
@@ -549,8 +548,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Copy(const std::string& src_key,
 }
 
 // Asynchronous forms: the work is blocking syscalls, so it runs on the blocking pool.
-void LocalStore::ListAsync(ListOptions options, std::string continuation,
-                           Callback<ListPage> done) {
+void LocalStore::ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) {
   runtime_->blocking_pool().Schedule(
       [this, options = std::move(options), continuation = std::move(continuation),
        done = std::move(done)]() mutable { std::move(done)(List(options, continuation)); });
@@ -576,10 +574,9 @@ void LocalStore::PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta>
 
 void LocalStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                           Callback<ObjectMeta> done) {
-  runtime_->blocking_pool().Schedule([this, key = std::move(key), data = std::move(data),
-                                      options, done = std::move(done)]() mutable {
-    std::move(done)(Put(key, std::move(data), options));
-  });
+  runtime_->blocking_pool().Schedule(
+      [this, key = std::move(key), data = std::move(data), options,
+       done = std::move(done)]() mutable { std::move(done)(Put(key, std::move(data), options)); });
 }
 
 void LocalStore::DeleteAsync(std::string key, StatusCallback done) {
@@ -597,11 +594,9 @@ void LocalStore::DeleteManyAsync(std::vector<std::string> keys, StatusCallback d
 }
 
 void LocalStore::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
-  runtime_->blocking_pool().Schedule([this, src_key = std::move(src_key),
-                                      dst_key = std::move(dst_key),
-                                      done = std::move(done)]() mutable {
-    std::move(done)(Copy(src_key, dst_key));
-  });
+  runtime_->blocking_pool().Schedule(
+      [this, src_key = std::move(src_key), dst_key = std::move(dst_key),
+       done = std::move(done)]() mutable { std::move(done)(Copy(src_key, dst_key)); });
 }
 
 }  // namespace wharf

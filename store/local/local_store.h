@@ -23,10 +23,10 @@
 #pragma once
 
 #include <memory>
-#include "absl/strings/string_view.h"
 #include <string>
 #include <string_view>
 
+#include "absl/strings/string_view.h"
 #include "base/runtime.h"
 #include "store/object_store.h"
 

@@ -34,13 +34,10 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> MakeFreshStore() {
   return std::shared_ptr<ObjectStore>(*std::move(store));
 }
 
-void DestroyStore(ObjectStore& store) {
-  fs::remove_all(static_cast<LocalStore&>(store).root());
-}
+void DestroyStore(ObjectStore& store) { fs::remove_all(static_cast<LocalStore&>(store).root()); }
 
 INSTANTIATE_TEST_SUITE_P(Local, ObjectStoreConformance,
-                         testing::Values(ConformanceBackend{"local", MakeFreshStore,
-                                                            DestroyStore}),
+                         testing::Values(ConformanceBackend{"local", MakeFreshStore, DestroyStore}),
                          ConformanceBackendName);
 
 class LocalStoreTest : public testing::Test {
@@ -58,8 +55,8 @@ class LocalStoreTest : public testing::Test {
 };
 
 TEST_F(LocalStoreTest, KeysThatWouldEscapeTheRootAreRefused) {
-  for (const char* key : {"../x", "a/../../x", "/etc/passwd", "a//b", "./a", "a/.", "", "a/",
-                          ".wharf-tmp-1"}) {
+  for (const char* key :
+       {"../x", "a/../../x", "/etc/passwd", "a//b", "./a", "a/.", "", "a/", ".wharf-tmp-1"}) {
     auto put = store_->Put(key, absl::Cord("x"));
     EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << "'" << key << "'";
     EXPECT_EQ(store_->Read(key).status().code(), absl::StatusCode::kInvalidArgument) << key;

@@ -48,8 +48,7 @@ void StoreLocalEtag(int fd, const struct stat& st, absl::string_view md5_hex) {
   (void)fsetxattr(fd, kEtagXattr, value.data(), value.size(), 0);
 }
 
-std::optional<std::string> CachedLocalEtag(int fd, const std::string& path,
-                                           const struct stat& st) {
+std::optional<std::string> CachedLocalEtag(int fd, const std::string& path, const struct stat& st) {
   char buf[128];
   ssize_t n = fd >= 0 ? fgetxattr(fd, kEtagXattr, buf, sizeof(buf))
                       : getxattr(path.c_str(), kEtagXattr, buf, sizeof(buf));
@@ -157,7 +156,10 @@ absl::Status TempObject::Publish(bool sync_dir) {
     int err = errno;
     if (err == ENOENT) {  // the target's directory is missing (a temp_dir elsewhere)
       WHARF_RETURN_IF_ERROR(MakeDirs(dir));
-      if (rename(path_.c_str(), target_.c_str()) == 0) err = 0; else err = errno;
+      if (rename(path_.c_str(), target_.c_str()) == 0)
+        err = 0;
+      else
+        err = errno;
     }
     if (err == EISDIR || err == ENOTEMPTY || err == EEXIST) {
       return absl::FailedPreconditionError(

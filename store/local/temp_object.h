@@ -89,7 +89,6 @@ std::string RandomHex();
 // (file systems without user attributes fall back to hashing on use); the cached value is
 // returned only while size and mtime still match `st`. `fd` may be -1 to read by path.
 void StoreLocalEtag(int fd, const struct stat& st, absl::string_view md5_hex);
-std::optional<std::string> CachedLocalEtag(int fd, const std::string& path,
-                                           const struct stat& st);
+std::optional<std::string> CachedLocalEtag(int fd, const std::string& path, const struct stat& st);
 
 }  // namespace wharf

@@ -150,8 +150,8 @@ bool IsAwsEndpoint(absl::string_view endpoint) {
 absl::StatusOr<std::string> NormalizeEndpoint(absl::string_view raw, absl::string_view source) {
   const absl::string_view url = absl::StripAsciiWhitespace(raw);
   const auto error = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("endpoint '", raw, "' (from ", source, ") ",
-                                                   why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("endpoint '", raw, "' (from ", source, ") ", why));
   };
   std::string scheme;
   if (absl::StartsWithIgnoreCase(url, "https://")) {
@@ -166,8 +166,8 @@ absl::StatusOr<std::string> NormalizeEndpoint(absl::string_view raw, absl::strin
   if (authority.empty()) return error("has no host");
   if (absl::StrContains(authority, '@')) {
     // Not quoted: the part before '@' may be a password.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the endpoint from ", source, " must not contain a user name or password"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the endpoint from ", source, " must not contain a user name or password"));
   }
   for (unsigned char c : authority) {
     if (c <= ' ' || c == 0x7f || c == '/' || c == '?' || c == '#') {
@@ -257,8 +257,7 @@ absl::StatusOr<IniFile> ParseAwsIni(absl::string_view text) {
     // An indented line belongs to the property above it: a nested "name = value" when that
     // property's value is empty, else a continuation of the value.
     if (IsBlank(line.front()) && section != nullptr && !last_key.empty()) {
-      const absl::string_view content =
-          absl::StripAsciiWhitespace(StripInlineComment(trimmed));
+      const absl::string_view content = absl::StripAsciiWhitespace(StripInlineComment(trimmed));
       auto value_it = section->values.find(last_key);
       if (value_it != section->values.end() && !value_it->second.empty()) {
         absl::StrAppend(&value_it->second, "\n", content);
@@ -315,9 +314,8 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
   config.anonymous = overrides.anonymous;
 
   // Profile and the shared files.
-  const std::optional<Sourced> named_profile =
-      FirstOf({{NonEmpty(overrides.profile), "explicit options"},
-               {getenv("AWS_PROFILE"), "AWS_PROFILE"}});
+  const std::optional<Sourced> named_profile = FirstOf(
+      {{NonEmpty(overrides.profile), "explicit options"}, {getenv("AWS_PROFILE"), "AWS_PROFILE"}});
   config.profile = named_profile.has_value() ? named_profile->value : "default";
   WHARF_ASSIGN_OR_RETURN(const SharedFile credentials_file,
                          LoadSharedFile(env, "AWS_SHARED_CREDENTIALS_FILE", "credentials"));
@@ -325,8 +323,7 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
                          LoadSharedFile(env, "AWS_CONFIG_FILE", "config"));
   const IniSection* credentials_section = FindSection(credentials_file, config.profile);
   const IniSection* config_section = FindConfigProfile(config_file, config.profile);
-  if (named_profile.has_value() && credentials_section == nullptr &&
-      config_section == nullptr) {
+  if (named_profile.has_value() && credentials_section == nullptr && config_section == nullptr) {
     // A common slip: "[dev]" in the config file, where profiles are "[profile dev]".
     const std::string hint =
         FindSection(config_file, config.profile) != nullptr
@@ -384,9 +381,9 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
       } else if (lower == "virtual") {
         path_style = false;
       } else if (lower != "auto") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("addressing_style '", *style, "' (from ", profile_source,
-                         ") must be path, virtual or auto"));
+        return absl::InvalidArgumentError(absl::StrCat("addressing_style '", *style, "' (from ",
+                                                       profile_source,
+                                                       ") must be path, virtual or auto"));
       }
     }
   }
@@ -409,10 +406,10 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
     std::optional<std::string> secret = NonEmpty(overrides.secret_access_key);
     std::optional<std::string> token = NonEmpty(overrides.session_token);
     if (id.has_value() != secret.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "explicit options: ", id.has_value() ? "access_key_id" : "secret_access_key",
-          " is set but ", id.has_value() ? "secret_access_key" : "access_key_id",
-          " is missing; set both or neither"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("explicit options: ", id.has_value() ? "access_key_id" : "secret_access_key",
+                       " is set but ", id.has_value() ? "secret_access_key" : "access_key_id",
+                       " is missing; set both or neither"));
     }
     if (token.has_value() && !id.has_value()) {
       return absl::InvalidArgumentError(
@@ -433,10 +430,9 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
   credentials_options.env = env;
   credentials_options.region = config.region;
   credentials_options.ca_bundle = config.ca_bundle;
-  WHARF_ASSIGN_OR_RETURN(
-      config.credentials_provider,
-      ResolveAwsCredentialsChain(config.profile, credentials_file, config_file,
-                                 credentials_options));
+  WHARF_ASSIGN_OR_RETURN(config.credentials_provider,
+                         ResolveAwsCredentialsChain(config.profile, credentials_file, config_file,
+                                                    credentials_options));
   config.credentials_source = config.credentials_provider->Describe();
   // Static keys are known now, without a fetch: the store signs with them directly.
   if (auto* keys = dynamic_cast<StaticCredentialsProvider*>(config.credentials_provider.get())) {

@@ -75,16 +75,15 @@ TEST(ParseAwsIniTest, NestedSubsectionAndContinuation) {
       "  second\n");
   ASSERT_TRUE(ini.ok()) << ini.status();
   const IniSection& s = ini->at("profile minio");
-  EXPECT_THAT(s.subsections.at("s3"),
-              ElementsAre(Pair("addressing_style", "path"),
-                          Pair("endpoint_url", "http://localhost:9000"),
-                          Pair("max_concurrent_requests", "20")));
+  EXPECT_THAT(s.subsections.at("s3"), ElementsAre(Pair("addressing_style", "path"),
+                                                  Pair("endpoint_url", "http://localhost:9000"),
+                                                  Pair("max_concurrent_requests", "20")));
   EXPECT_THAT(s.values, ElementsAre(Pair("note", "first\nsecond"), Pair("region", "us-east-1")));
 }
 
 TEST(ParseAwsIniTest, CrlfBomRepeatedSectionsAndLastDefinitionWins) {
-  absl::StatusOr<IniFile> ini = ParseAwsIni(
-      "\xEF\xBB\xBF[a]\r\nx = 1\r\ny = 2\r\n[b]\r\nz = 3\r\n[a]\r\nx = 4\r\n");
+  absl::StatusOr<IniFile> ini =
+      ParseAwsIni("\xEF\xBB\xBF[a]\r\nx = 1\r\ny = 2\r\n[b]\r\nz = 3\r\n[a]\r\nx = 4\r\n");
   ASSERT_TRUE(ini.ok()) << ini.status();
   EXPECT_THAT(ini->at("a").values, ElementsAre(Pair("x", "4"), Pair("y", "2")));
   EXPECT_THAT(ini->at("b").values, ElementsAre(Pair("z", "3")));
@@ -199,8 +198,8 @@ TEST_F(AwsConfigTest, DefaultsWithEnvironmentCredentials) {
 }
 
 TEST_F(AwsConfigTest, CredentialPrecedence) {
-  WriteConfig(absl::StrCat("[default]\naws_access_key_id = AKIACONFIG\naws_secret_access_key = ",
-                           kConfigSecret, "\n"));
+  WriteConfig(absl::StrCat(
+      "[default]\naws_access_key_id = AKIACONFIG\naws_secret_access_key = ", kConfigSecret, "\n"));
   {
     absl::StatusOr<S3ClientConfig> config = Resolve();
     ASSERT_TRUE(config.ok()) << config.status();
@@ -265,10 +264,9 @@ TEST_F(AwsConfigTest, EmptyValuesCountAsUnset) {
 }
 
 TEST_F(AwsConfigTest, ProfileSelectionAndFileSectionNames) {
-  WriteCredentials(absl::StrCat("[default]\naws_access_key_id = AKIADEFAULT\n",
-                                "aws_secret_access_key = ", kFileSecret, "\n",
-                                "[dev]\naws_access_key_id = AKIADEV\n",
-                                "aws_secret_access_key = ", kFileSecret, "\n"));
+  WriteCredentials(absl::StrCat(
+      "[default]\naws_access_key_id = AKIADEFAULT\n", "aws_secret_access_key = ", kFileSecret, "\n",
+      "[dev]\naws_access_key_id = AKIADEV\n", "aws_secret_access_key = ", kFileSecret, "\n"));
   WriteConfig(
       "[default]\nregion = us-west-1\n"
       "[profile dev]\nregion = eu-west-1\n"

@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <optional>
-#include <cstring>
 #include <set>
 #include <utility>
 #include <vector>
@@ -107,15 +107,15 @@ bool IsRetryableStatus(int status) { return status == 429 || status >= 500; }
 
 // Sends the request `make` builds, up to `attempts` times: transport failures (Unavailable),
 // 429 and 5xx are retried after a short pause. Returns the last response or failure.
-absl::StatusOr<HttpResponse> SendWithRetries(const AwsCredentialsOptions& options,
-                                             int attempts,
+absl::StatusOr<HttpResponse> SendWithRetries(const AwsCredentialsOptions& options, int attempts,
                                              const std::function<HttpRequest()>& make) {
   std::shared_ptr<HttpTransport> transport = TransportFor(options);
   absl::StatusOr<HttpResponse> response;
   for (int attempt = 1;; ++attempt) {
     response = SendBlocking(*transport, make());
-    const bool retryable = response.ok() ? IsRetryableStatus(response->status)
-                                         : response.status().code() == absl::StatusCode::kUnavailable;
+    const bool retryable = response.ok()
+                               ? IsRetryableStatus(response->status)
+                               : response.status().code() == absl::StatusCode::kUnavailable;
     if (!retryable || attempt >= attempts) return response;
     absl::SleepFor(absl::Milliseconds(100) * (1 << std::min(attempt - 1, 4)));
   }
@@ -221,8 +221,8 @@ absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duratio
   posix_spawn_file_actions_adddup2(&actions, err_pipe[1], STDERR_FILENO);
   const char* argv[] = {"sh", "-c", command.c_str(), nullptr};
   pid_t pid = 0;
-  const int spawn_error = posix_spawn(&pid, "/bin/sh", &actions, nullptr,
-                                      const_cast<char* const*>(argv), environ);
+  const int spawn_error =
+      posix_spawn(&pid, "/bin/sh", &actions, nullptr, const_cast<char* const*>(argv), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(out_pipe[1]);
   close(err_pipe[1]);
@@ -244,9 +244,8 @@ absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duratio
       timed_out = true;
       break;
     }
-    const int ready = poll(fds, 2, static_cast<int>(
-                                       std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1,
-                                                         1000)));
+    const int ready = poll(
+        fds, 2, static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000)));
     if (ready < 0) {
       if (errno == EINTR) continue;
       break;
@@ -352,13 +351,12 @@ absl::StatusOr<Credentials> ParseStsCredentials(const HttpResponse& response,
   const std::string result_name = absl::StrCat(action, "Result");
   pugi::xml_node credentials_node;
   if (doc.load_buffer(response.body.data(), response.body.size())) {
-    credentials_node = doc.child(response_name.c_str())
-                           .child(result_name.c_str())
-                           .child("Credentials");
+    credentials_node =
+        doc.child(response_name.c_str()).child(result_name.c_str()).child("Credentials");
   }
   if (!credentials_node) {
-    return absl::DataLossError(absl::StrCat(action, ": the answer has no ", action,
-                                            "Response/", result_name, "/Credentials"));
+    return absl::DataLossError(absl::StrCat(action, ": the answer has no ", action, "Response/",
+                                            result_name, "/Credentials"));
   }
   Credentials credentials;
   credentials.access_key_id = credentials_node.child_value("AccessKeyId");
@@ -380,8 +378,8 @@ absl::StatusOr<Credentials> CallSts(absl::string_view action,
                                     std::vector<std::pair<std::string, std::string>> params,
                                     const std::string& endpoint, const Credentials* signer,
                                     const AwsCredentialsOptions& options) {
-  params.insert(params.begin(), {{"Action", std::string(action)},
-                                 {"Version", std::string(kStsVersion)}});
+  params.insert(params.begin(),
+                {{"Action", std::string(action)}, {"Version", std::string(kStsVersion)}});
   const std::string body = FormEncode(params);
   SigningRequest to_sign;
   to_sign.method = "POST";
@@ -445,9 +443,9 @@ absl::StatusOr<std::shared_ptr<CredentialsProvider>> StaticFrom(CredentialCandid
   if (!c.id.has_value() && !c.secret.has_value()) return nullptr;
   if (!c.id.has_value() || !c.secret.has_value()) {
     const bool has_id = c.id.has_value();
-    return absl::InvalidArgumentError(absl::StrCat(
-        c.source, ": ", has_id ? c.id_name : c.secret_name, " is set but ",
-        has_id ? c.secret_name : c.id_name, " is missing; set both or neither"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(c.source, ": ", has_id ? c.id_name : c.secret_name, " is set but ",
+                     has_id ? c.secret_name : c.id_name, " is missing; set both or neither"));
   }
   Credentials credentials;
   credentials.access_key_id = *std::move(c.id);
@@ -478,8 +476,7 @@ class ChainResolver {
       c.id_name = "AWS_ACCESS_KEY_ID";
       c.secret_name = "AWS_SECRET_ACCESS_KEY";
       c.source = "environment (AWS_ACCESS_KEY_ID)";
-      WHARF_ASSIGN_OR_RETURN(std::shared_ptr<CredentialsProvider> found,
-                             StaticFrom(std::move(c)));
+      WHARF_ASSIGN_OR_RETURN(std::shared_ptr<CredentialsProvider> found, StaticFrom(std::move(c)));
       if (found != nullptr) return found;
     }
     // 2. Assume role with a source profile or credential source.
@@ -521,27 +518,27 @@ class ChainResolver {
       }
     }
     // 4. Static keys in the credentials file.
-    WHARF_ASSIGN_OR_RETURN(std::shared_ptr<CredentialsProvider> found,
-                           StaticFrom(FromSection(CredentialsSection(profile), profile,
-                                                  credentials_file_)));
+    WHARF_ASSIGN_OR_RETURN(
+        std::shared_ptr<CredentialsProvider> found,
+        StaticFrom(FromSection(CredentialsSection(profile), profile, credentials_file_)));
     if (found != nullptr) return found;
     // 5. credential_process.
     if (std::optional<Sourced> process = Get(profile, "credential_process")) {
       return Process(*process);
     }
     // 6. Static keys in the config file.
-    WHARF_ASSIGN_OR_RETURN(found, StaticFrom(FromSection(ConfigSection(profile), profile,
-                                                         config_file_)));
+    WHARF_ASSIGN_OR_RETURN(found,
+                           StaticFrom(FromSection(ConfigSection(profile), profile, config_file_)));
     if (found != nullptr) return found;
     // A profile that says how to get credentials in a way wharf cannot follow is an error,
     // not a reason to use whatever role the machine has.
     for (absl::string_view key : kUnsupportedProviderKeys) {
       if (Get(profile, key).has_value()) {
-        return absl::UnimplementedError(absl::StrCat(
-            "AWS profile '", profile, "' gets its credentials through ", key,
-            ", which wharf does not support; export static credentials instead, e.g. "
-            "eval \"$(aws configure export-credentials --profile ",
-            profile, " --format env)\""));
+        return absl::UnimplementedError(
+            absl::StrCat("AWS profile '", profile, "' gets its credentials through ", key,
+                         ", which wharf does not support; export static credentials instead, e.g. "
+                         "eval \"$(aws configure export-credentials --profile ",
+                         profile, " --format env)\""));
       }
     }
     if (has_role) {
@@ -621,9 +618,9 @@ class ChainResolver {
     if (timeout.has_value()) {
       double seconds = 0;
       if (!absl::SimpleAtod(timeout->value, &seconds) || !(seconds > 0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "metadata service timeout '", timeout->value, "' (from ", timeout->source,
-            ") must be a positive number of seconds"));
+        return absl::InvalidArgumentError(absl::StrCat("metadata service timeout '", timeout->value,
+                                                       "' (from ", timeout->source,
+                                                       ") must be a positive number of seconds"));
       }
       options_.imds_timeout = absl::Seconds(seconds);
     }
@@ -634,9 +631,9 @@ class ChainResolver {
     if (attempts.has_value()) {
       int n = 0;
       if (!absl::SimpleAtoi(attempts->value, &n) || n < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "metadata service attempts '", attempts->value, "' (from ", attempts->source,
-            ") must be a positive integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("metadata service attempts '", attempts->value, "' (from ",
+                         attempts->source, ") must be a positive integer"));
       }
       options_.imds_attempts = n;
     }
@@ -663,23 +660,23 @@ class ChainResolver {
     if (std::optional<Sourced> duration = Get(profile, "duration_seconds")) {
       if (!absl::SimpleAtoi(duration->value, &role.duration_seconds) ||
           role.duration_seconds < 900) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("duration_seconds '", duration->value, "' (", duration->source,
-                         ") must be an integer of at least 900"));
+        return absl::InvalidArgumentError(absl::StrCat("duration_seconds '", duration->value, "' (",
+                                                       duration->source,
+                                                       ") must be an integer of at least 900"));
       }
     }
     WHARF_ASSIGN_OR_RETURN(std::string sts, StsEndpoint(profile));
     if (std::optional<Sourced> token_file = Get(profile, "web_identity_token_file")) {
-      return std::shared_ptr<CredentialsProvider>(
-          std::make_shared<WebIdentityCredentialsProvider>(token_file->value, std::move(role),
-                                                           std::move(sts), options_));
+      return std::shared_ptr<CredentialsProvider>(std::make_shared<WebIdentityCredentialsProvider>(
+          token_file->value, std::move(role), std::move(sts), options_));
     }
     if (Get(profile, "mfa_serial").has_value()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "AWS profile '", profile, "' assumes its role with mfa_serial, which needs an MFA "
-          "code wharf cannot prompt for; export temporary credentials instead, e.g. "
-          "eval \"$(aws configure export-credentials --profile ",
-          profile, " --format env)\""));
+      return absl::UnimplementedError(
+          absl::StrCat("AWS profile '", profile,
+                       "' assumes its role with mfa_serial, which needs an MFA "
+                       "code wharf cannot prompt for; export temporary credentials instead, e.g. "
+                       "eval \"$(aws configure export-credentials --profile ",
+                       profile, " --format env)\""));
     }
     std::shared_ptr<CredentialsProvider> source;
     if (std::optional<Sourced> source_profile = Get(profile, "source_profile")) {
@@ -697,30 +694,30 @@ class ChainResolver {
 
   // The credentials of a source_profile: its static keys (a profile may name itself to use
   // its own keys), else its own role, else its credential_process.
-  absl::StatusOr<std::shared_ptr<CredentialsProvider>> SourceOf(
-      const std::string& profile, const Sourced& named_by, std::set<std::string>& visiting) {
+  absl::StatusOr<std::shared_ptr<CredentialsProvider>> SourceOf(const std::string& profile,
+                                                                const Sourced& named_by,
+                                                                std::set<std::string>& visiting) {
     if (!Exists(profile)) {
-      return absl::NotFoundError(absl::StrCat("source_profile '", profile, "' (from ",
-                                              named_by.source, ") not found in ",
-                                              credentials_file_.Describe(), " or ",
-                                              config_file_.Describe()));
+      return absl::NotFoundError(
+          absl::StrCat("source_profile '", profile, "' (from ", named_by.source, ") not found in ",
+                       credentials_file_.Describe(), " or ", config_file_.Describe()));
     }
     WHARF_ASSIGN_OR_RETURN(std::shared_ptr<CredentialsProvider> found, StaticOf(profile));
     if (found != nullptr) return found;
     if (Get(profile, "role_arn").has_value()) {
       if (!visiting.insert(profile).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "AWS profiles form a cycle through source_profile '", profile, "' (from ",
-            named_by.source, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("AWS profiles form a cycle through source_profile '", profile, "' (from ",
+                         named_by.source, ")"));
       }
       return AssumeRoleOf(profile, visiting);
     }
     if (std::optional<Sourced> process = Get(profile, "credential_process")) {
       return Process(*process);
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "source_profile '", profile, "' (from ", named_by.source,
-        ") has no credentials: no aws_access_key_id, role_arn or credential_process"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("source_profile '", profile, "' (from ", named_by.source,
+                     ") has no credentials: no aws_access_key_id, role_arn or credential_process"));
   }
 
   absl::StatusOr<std::shared_ptr<CredentialsProvider>> CredentialSource(
@@ -741,14 +738,13 @@ class ChainResolver {
     } else if (kind == "EcsContainer") {
       WHARF_ASSIGN_OR_RETURN(found, Container());
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "credential_source '", kind, "' (", credential_source.source,
-          ") must be Environment, Ec2InstanceMetadata or EcsContainer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("credential_source '", kind, "' (", credential_source.source,
+                       ") must be Environment, Ec2InstanceMetadata or EcsContainer"));
     }
     if (found == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "credential_source ", kind, " (", credential_source.source,
-          ") is not available here: ",
+          "credential_source ", kind, " (", credential_source.source, ") is not available here: ",
           kind == "Environment"           ? "AWS_ACCESS_KEY_ID is not set"
           : kind == "Ec2InstanceMetadata" ? "AWS_EC2_METADATA_DISABLED is set"
                                           : "no AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or "
@@ -772,8 +768,7 @@ class ChainResolver {
     }
     std::string token = Env("AWS_CONTAINER_AUTHORIZATION_TOKEN").value_or("");
     if (HasLineBreakOrNul(token)) {
-      return absl::InvalidArgumentError(
-          "AWS_CONTAINER_AUTHORIZATION_TOKEN contains a line break");
+      return absl::InvalidArgumentError("AWS_CONTAINER_AUTHORIZATION_TOKEN contains a line break");
     }
     return std::shared_ptr<CredentialsProvider>(std::make_shared<ContainerCredentialsProvider>(
         std::move(url), std::move(token),
@@ -785,8 +780,8 @@ class ChainResolver {
   // agents' link-local addresses, as botocore allows.
   static absl::Status CheckContainerFullUri(const std::string& uri) {
     const auto error = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "AWS_CONTAINER_CREDENTIALS_FULL_URI '", uri, "' ", why));
+      return absl::InvalidArgumentError(
+          absl::StrCat("AWS_CONTAINER_CREDENTIALS_FULL_URI '", uri, "' ", why));
     };
     absl::string_view rest = uri;
     if (absl::StartsWithIgnoreCase(rest, "https://")) return absl::OkStatus();
@@ -832,8 +827,7 @@ class ChainResolver {
     std::string endpoint;
     if (std::optional<std::string> env = Env("AWS_EC2_METADATA_SERVICE_ENDPOINT")) {
       endpoint = *env;
-    } else if (std::optional<Sourced> configured =
-                   Get(profile, "ec2_metadata_service_endpoint")) {
+    } else if (std::optional<Sourced> configured = Get(profile, "ec2_metadata_service_endpoint")) {
       endpoint = configured->value;
     } else {
       std::optional<std::string> mode = Env("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE");
@@ -843,12 +837,12 @@ class ChainResolver {
         }
       }
       endpoint = absl::EqualsIgnoreCase(mode.value_or(""), "ipv6") ? "http://[fd00:ec2::254]"
-                                                                  : "http://169.254.169.254";
+                                                                   : "http://169.254.169.254";
     }
     if (!absl::StartsWithIgnoreCase(endpoint, "http://") &&
         !absl::StartsWithIgnoreCase(endpoint, "https://")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "instance metadata endpoint '", endpoint, "' must start with http:// or https://"));
+      return absl::InvalidArgumentError(absl::StrCat("instance metadata endpoint '", endpoint,
+                                                     "' must start with http:// or https://"));
     }
     return std::shared_ptr<CredentialsProvider>(
         std::make_shared<ImdsCredentialsProvider>(std::move(endpoint), options_, last_resort));
@@ -950,9 +944,8 @@ absl::StatusOr<Credentials> ImdsCredentialsProvider::Fetch() {
       return HttpError(*roles, roles_step, "no IAM role is attached to the instance");
     }
     if (roles->status != 200) return HttpError(*roles, roles_step);
-    const absl::string_view role =
-        absl::StripAsciiWhitespace(absl::string_view(roles->body).substr(
-            0, roles->body.find('\n')));
+    const absl::string_view role = absl::StripAsciiWhitespace(
+        absl::string_view(roles->body).substr(0, roles->body.find('\n')));
     if (role.empty() || role.find_first_of("/?#% ") != absl::string_view::npos) {
       return absl::DataLossError(absl::StrCat(roles_step, " answered without a role name"));
     }
@@ -978,10 +971,10 @@ absl::StatusOr<Credentials> ImdsCredentialsProvider::Fetch() {
   };
   absl::StatusOr<Credentials> credentials = fetch();
   if (!credentials.ok() && last_resort_) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        credentials.status().message(),
-        " (and no other AWS credentials are configured: set AWS_ACCESS_KEY_ID and "
-        "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials)"));
+    return absl::UnauthenticatedError(
+        absl::StrCat(credentials.status().message(),
+                     " (and no other AWS credentials are configured: set AWS_ACCESS_KEY_ID and "
+                     "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials)"));
   }
   return credentials;
 }
@@ -1005,12 +998,12 @@ std::string ContainerCredentialsProvider::Describe() const {
 absl::StatusOr<Credentials> ContainerCredentialsProvider::Fetch() {
   std::string token = authorization_token_;
   if (!authorization_token_file_.empty()) {
-    WHARF_ASSIGN_OR_RETURN(token, ReadTokenFile(authorization_token_file_,
-                                                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
+    WHARF_ASSIGN_OR_RETURN(
+        token, ReadTokenFile(authorization_token_file_, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
     if (HasLineBreakOrNul(token)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE ", authorization_token_file_,
-          " holds more than one line"));
+      return absl::InvalidArgumentError(absl::StrCat("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE ",
+                                                     authorization_token_file_,
+                                                     " holds more than one line"));
     }
   }
   absl::StatusOr<HttpResponse> response =
@@ -1083,8 +1076,7 @@ std::string AssumeRoleCredentialsProvider::Describe() const {
 absl::StatusOr<Credentials> AssumeRoleCredentialsProvider::Fetch() {
   absl::StatusOr<Credentials> source = source_->Fetch();
   if (!source.ok()) {
-    return Annotate(source.status(), absl::StrCat("source credentials from ",
-                                                  source_->Describe()));
+    return Annotate(source.status(), absl::StrCat("source credentials from ", source_->Describe()));
   }
   std::vector<std::pair<std::string, std::string>> params = {
       {"RoleArn", role_.role_arn}, {"RoleSessionName", SessionName(role_)}};
@@ -1108,8 +1100,7 @@ absl::StatusOr<std::string> ResolveStsEndpoint(const AwsSharedFile& config_file,
     return NormalizeAwsEndpoint(*url, "AWS_ENDPOINT_URL");
   }
   const IniSection* section = FindConfigProfile(config_file, profile);
-  const std::string profile_source =
-      absl::StrCat("profile '", profile, "' in ", config_file.path);
+  const std::string profile_source = absl::StrCat("profile '", profile, "' in ", config_file.path);
   if (std::optional<std::string> services = Value(section, "services")) {
     const std::string name = absl::StrCat("services ", *services);
     if (const IniSection* services_section = FindIniSection(config_file, name)) {

@@ -124,8 +124,7 @@ class ContainerCredentialsProvider final : public CredentialsProvider {
  public:
   // `authorization_token_file` wins over `authorization_token`; both may be empty.
   ContainerCredentialsProvider(std::string url, std::string authorization_token,
-                               std::string authorization_token_file,
-                               AwsCredentialsOptions options);
+                               std::string authorization_token_file, AwsCredentialsOptions options);
   absl::StatusOr<Credentials> Fetch() override;
   // "container credentials at <url>".
   std::string Describe() const override;
@@ -142,8 +141,8 @@ struct AssumeRoleParams {
   std::string role_arn;
   // Empty: "wharf-<unix seconds>" at each fetch.
   std::string session_name;
-  std::string external_id;    // AssumeRole only; empty: none
-  int duration_seconds = 0;   // 0: STS's default (one hour)
+  std::string external_id;   // AssumeRole only; empty: none
+  int duration_seconds = 0;  // 0: STS's default (one hour)
 };
 
 // STS AssumeRoleWithWebIdentity with the token read from `token_file` at every fetch (EKS
@@ -170,8 +169,7 @@ class WebIdentityCredentialsProvider final : public CredentialsProvider {
 class AssumeRoleCredentialsProvider final : public CredentialsProvider {
  public:
   // REQUIRES: source != nullptr.
-  AssumeRoleCredentialsProvider(AssumeRoleParams role,
-                                std::shared_ptr<CredentialsProvider> source,
+  AssumeRoleCredentialsProvider(AssumeRoleParams role, std::shared_ptr<CredentialsProvider> source,
                                 std::string sts_endpoint, AwsCredentialsOptions options);
   absl::StatusOr<Credentials> Fetch() override;
   // "role <arn> via STS at <endpoint> with <source->Describe()>".

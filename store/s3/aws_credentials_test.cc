@@ -88,8 +88,7 @@ struct Request {
     std::string out;
     for (size_t i = 0; i < s.size(); ++i) {
       int v = 0;
-      if (s[i] == '%' && i + 2 < s.size() &&
-          absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
+      if (s[i] == '%' && i + 2 < s.size() && absl::SimpleHexAtoi(s.substr(i + 1, 2), &v)) {
         out += static_cast<char>(v);
         i += 2;
       } else {
@@ -218,29 +217,30 @@ int ClosedPort() {
   return ntohs(addr.sin_port);
 }
 
-std::string Rfc3339(absl::Time t) { return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone()); }
+std::string Rfc3339(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
+}
 
 std::string JsonCredentials(absl::string_view id, absl::Time expiration,
                             absl::string_view token_field = "Token") {
   return absl::StrCat("{\"Code\":\"Success\",\"Type\":\"AWS-HMAC\",\"AccessKeyId\":\"", id,
-                      "\",\"SecretAccessKey\":\"", kSecret, "\",\"", token_field, "\":\"",
-                      kToken, "\",\"Expiration\":\"", Rfc3339(expiration), "\"}");
+                      "\",\"SecretAccessKey\":\"", kSecret, "\",\"", token_field, "\":\"", kToken,
+                      "\",\"Expiration\":\"", Rfc3339(expiration), "\"}");
 }
 
 std::string StsXml(absl::string_view action, absl::string_view id, absl::Time expiration) {
-  return absl::StrCat(
-      "<", action, "Response xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><", action,
-      "Result><Credentials><AccessKeyId>", id, "</AccessKeyId><SecretAccessKey>", kSecret,
-      "</SecretAccessKey><SessionToken>", kToken, "</SessionToken><Expiration>",
-      Rfc3339(expiration), "</Expiration></Credentials></", action,
-      "Result><ResponseMetadata><RequestId>req-1</RequestId></ResponseMetadata></", action,
-      "Response>");
+  return absl::StrCat("<", action, "Response xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><",
+                      action, "Result><Credentials><AccessKeyId>", id,
+                      "</AccessKeyId><SecretAccessKey>", kSecret,
+                      "</SecretAccessKey><SessionToken>", kToken, "</SessionToken><Expiration>",
+                      Rfc3339(expiration), "</Expiration></Credentials></", action,
+                      "Result><ResponseMetadata><RequestId>req-1</RequestId></ResponseMetadata></",
+                      action, "Response>");
 }
 
 std::string StsErrorXml(absl::string_view code, absl::string_view message) {
-  return absl::StrCat("<ErrorResponse><Error><Type>Sender</Type><Code>", code,
-                      "</Code><Message>", message,
-                      "</Message></Error><RequestId>req-err</RequestId></ErrorResponse>");
+  return absl::StrCat("<ErrorResponse><Error><Type>Sender</Type><Code>", code, "</Code><Message>",
+                      message, "</Message></Error><RequestId>req-err</RequestId></ErrorResponse>");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,7 +353,8 @@ Reply ImdsHandler(const Request& r, absl::string_view role, absl::Time expiratio
 
 TEST_F(CredentialsTest, ImdsV2FetchesTheRoleCredentialsWithASessionToken) {
   const absl::Time expiration = absl::FromUnixSeconds(absl::ToUnixSeconds(absl::Now()) + 3600);
-  StandIn imds([&](const Request& r) { return ImdsHandler(r, "node-role", expiration, "AKIAIMDS"); });
+  StandIn imds(
+      [&](const Request& r) { return ImdsHandler(r, "node-role", expiration, "AKIAIMDS"); });
   env_["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = imds.Url() + "/";
 
   auto provider = Chain();
@@ -446,7 +447,8 @@ TEST_F(CredentialsTest, MetadataDisabledLeavesNoSource) {
   EXPECT_THAT(provider.status().message(), HasSubstr("no AWS credentials found"));
 
   // A role that asks for the instance's credentials cannot get them either.
-  WriteConfig("[default]\nrole_arn = arn:aws:iam::1:role/r\ncredential_source = Ec2InstanceMetadata\n");
+  WriteConfig(
+      "[default]\nrole_arn = arn:aws:iam::1:role/r\ncredential_source = Ec2InstanceMetadata\n");
   provider = Chain();
   EXPECT_EQ(provider.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(provider.status().message(), HasSubstr("AWS_EC2_METADATA_DISABLED"));
@@ -523,17 +525,17 @@ TEST_F(CredentialsTest, ContainerRelativeUriGoesToTheEcsAgent) {
 }
 
 TEST_F(CredentialsTest, ContainerFullUriMustBeHttpsOrALocalAgent) {
-  for (absl::string_view ok : {"https://creds.example.com/x", "http://localhost:8080/x",
-                               "http://127.0.0.2/x", "http://[::1]:9/x",
-                               "http://169.254.170.23/v1/credentials",
-                               "http://[fd00:ec2::23]/v1/credentials"}) {
+  for (absl::string_view ok :
+       {"https://creds.example.com/x", "http://localhost:8080/x", "http://127.0.0.2/x",
+        "http://[::1]:9/x", "http://169.254.170.23/v1/credentials",
+        "http://[fd00:ec2::23]/v1/credentials"}) {
     env_["AWS_CONTAINER_CREDENTIALS_FULL_URI"] = std::string(ok);
     auto provider = Chain();
     EXPECT_TRUE(provider.ok()) << ok << ": " << provider.status();
   }
-  for (absl::string_view bad : {"http://creds.example.com/x", "http://10.0.0.1/x",
-                                "http://169.254.169.254/x", "ftp://localhost/x",
-                                "http://user@localhost/x"}) {
+  for (absl::string_view bad :
+       {"http://creds.example.com/x", "http://10.0.0.1/x", "http://169.254.169.254/x",
+        "ftp://localhost/x", "http://user@localhost/x"}) {
     env_["AWS_CONTAINER_CREDENTIALS_FULL_URI"] = std::string(bad);
     auto provider = Chain();
     EXPECT_EQ(provider.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -596,13 +598,14 @@ TEST_F(CredentialsTest, WebIdentityFromTheEnvironmentCallsStsUnsigned) {
 
 TEST_F(CredentialsTest, WebIdentityFromAProfile) {
   StandIn sts([&](const Request&) {
-    return Reply{200, StsXml("AssumeRoleWithWebIdentity", "ASIAPROFILE", absl::Now() + absl::Hours(1))};
+    return Reply{200,
+                 StsXml("AssumeRoleWithWebIdentity", "ASIAPROFILE", absl::Now() + absl::Hours(1))};
   });
   const std::string token = Write("profile-token", kWebToken);
-  WriteConfig(absl::StrCat("[profile eks]\nrole_arn = arn:aws:iam::1:role/from-profile\n",
-                           "web_identity_token_file = ", token, "\n",
-                           "services = local\n[services local]\nsts =\n  endpoint_url = ",
-                           sts.Url(), "\n"));
+  WriteConfig(absl::StrCat(
+      "[profile eks]\nrole_arn = arn:aws:iam::1:role/from-profile\n",
+      "web_identity_token_file = ", token, "\n",
+      "services = local\n[services local]\nsts =\n  endpoint_url = ", sts.Url(), "\n"));
   auto provider = Chain("eks");
   ASSERT_TRUE(provider.ok()) << provider.status();
   absl::StatusOr<Credentials> credentials = Fetch(**provider);
@@ -632,8 +635,7 @@ void ExpectSignedForSts(const Request& request, const Credentials& credentials,
   expected.path = request.path;
   expected.headers = {{"content-type", request.Header("content-type")}};
   expected.payload_sha256 = Sha256Hex(request.body);
-  absl::StatusOr<SignedRequest> signed_request =
-      SignV4(expected, credentials, region, "sts", when);
+  absl::StatusOr<SignedRequest> signed_request = SignV4(expected, credentials, region, "sts", when);
   ASSERT_TRUE(signed_request.ok()) << signed_request.status();
   EXPECT_THAT(request.Header("authorization"),
               StartsWith(absl::StrCat("AWS4-HMAC-SHA256 Credential=", credentials.access_key_id,
@@ -649,12 +651,13 @@ TEST_F(CredentialsTest, AssumeRoleIsSignedWithTheSourceProfile) {
     if (r.Form()["Action"] != "AssumeRole") return {400, StsErrorXml("InvalidAction", "no")};
     return {200, StsXml("AssumeRole", "ASIAASSUMED", expiration)};
   });
-  WriteCredentials(absl::StrCat("[base]\naws_access_key_id = AKIABASE\naws_secret_access_key = ",
-                                kSecret, "\n"));
+  WriteCredentials(absl::StrCat(
+      "[base]\naws_access_key_id = AKIABASE\naws_secret_access_key = ", kSecret, "\n"));
   WriteConfig(absl::StrCat("[profile dev]\nrole_arn = arn:aws:iam::1:role/dev\n",
                            "source_profile = base\nexternal_id = ext-42\n",
                            "duration_seconds = 900\nrole_session_name = me\n"
-                           "endpoint_url = ", sts.Url(), "\n"));
+                           "endpoint_url = ",
+                           sts.Url(), "\n"));
   auto provider = Chain("dev");
   ASSERT_TRUE(provider.ok()) << provider.status();
   EXPECT_EQ((*provider)->Describe(),
@@ -688,12 +691,12 @@ TEST_F(CredentialsTest, AssumeRoleChainsThroughRolesToACredentialProcess) {
     return {200, StsXml("AssumeRole", arn == "arn:aws:iam::1:role/B" ? "ASIAROLEB" : "ASIAROLEA",
                         absl::Now() + absl::Hours(1))};
   });
-  const std::string script = Write(
-      "process.sh",
-      absl::StrCat("#!/bin/sh\necho '{\"Version\": 1, \"AccessKeyId\": \"AKIAPROCESS\", "
-                   "\"SecretAccessKey\": \"",
-                   kSecret, "\"}'\n"),
-      /*executable=*/true);
+  const std::string script =
+      Write("process.sh",
+            absl::StrCat("#!/bin/sh\necho '{\"Version\": 1, \"AccessKeyId\": \"AKIAPROCESS\", "
+                         "\"SecretAccessKey\": \"",
+                         kSecret, "\"}'\n"),
+            /*executable=*/true);
   env_["AWS_ENDPOINT_URL_STS"] = sts.Url();
   WriteConfig(absl::StrCat("[profile a]\nrole_arn = arn:aws:iam::1:role/A\nsource_profile = b\n",
                            "[profile b]\nrole_arn = arn:aws:iam::1:role/B\nsource_profile = c\n",
@@ -701,8 +704,7 @@ TEST_F(CredentialsTest, AssumeRoleChainsThroughRolesToACredentialProcess) {
   auto provider = Chain("a");
   ASSERT_TRUE(provider.ok()) << provider.status();
   EXPECT_THAT((*provider)->Describe(),
-              HasSubstr(absl::StrCat("with credential_process of profile 'c' in ",
-                                     config_path())));
+              HasSubstr(absl::StrCat("with credential_process of profile 'c' in ", config_path())));
   absl::StatusOr<Credentials> credentials = Fetch(**provider);
   ASSERT_TRUE(credentials.ok()) << credentials.status();
   EXPECT_EQ(credentials->access_key_id, "ASIAROLEA");
@@ -756,14 +758,15 @@ TEST_F(CredentialsTest, AssumeRoleErrors) {
 
 TEST_F(CredentialsTest, CredentialProcessFromAProfile) {
   const std::string expiration = Rfc3339(absl::FromUnixSeconds(2000000000));
-  const std::string script = Write(
-      "creds.sh",
-      absl::StrCat("#!/bin/sh\n"
-                   "echo 'progress goes to stderr' >&2\n"
-                   "cat <<EOF\n{\"Version\": 1, \"AccessKeyId\": \"AKIAPROC\",\n"
-                   " \"SecretAccessKey\": \"", kSecret, "\", \"SessionToken\": \"", kToken,
-                   "\",\n \"Expiration\": \"", expiration, "\"}\nEOF\n"),
-      /*executable=*/true);
+  const std::string script =
+      Write("creds.sh",
+            absl::StrCat("#!/bin/sh\n"
+                         "echo 'progress goes to stderr' >&2\n"
+                         "cat <<EOF\n{\"Version\": 1, \"AccessKeyId\": \"AKIAPROC\",\n"
+                         " \"SecretAccessKey\": \"",
+                         kSecret, "\", \"SessionToken\": \"", kToken, "\",\n \"Expiration\": \"",
+                         expiration, "\"}\nEOF\n"),
+            /*executable=*/true);
   // Arguments are split by the shell, quotes included.
   WriteConfig(absl::StrCat("[profile proc]\ncredential_process = ", script,
                            " --flag 'an argument with spaces'\n"));
@@ -781,8 +784,7 @@ TEST_F(CredentialsTest, CredentialProcessFromAProfile) {
 
 TEST_F(CredentialsTest, CredentialProcessFailures) {
   {
-    ProcessCredentialsProvider provider("echo 'token expired, run sso login' >&2; exit 3",
-                                        "test");
+    ProcessCredentialsProvider provider("echo 'token expired, run sso login' >&2; exit 3", "test");
     absl::StatusOr<Credentials> credentials = Fetch(provider);
     EXPECT_EQ(credentials.status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_THAT(credentials.status().message(),
@@ -821,8 +823,7 @@ TEST_F(CredentialsTest, CredentialProcessFailures) {
       "{\"Version\": 1, \"AccessKeyId\": \"a\", \"SecretAccessKey\": \"b\", "
       "\"Expiration\": \"2033-05-18T05:33:20.500+02:00\"}");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->expiration,
-            absl::FromUnixSeconds(2000000000) + absl::Milliseconds(500));
+  EXPECT_EQ(parsed->expiration, absl::FromUnixSeconds(2000000000) + absl::Milliseconds(500));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -841,11 +842,10 @@ TEST_F(CredentialsTest, ChainFollowsBotocoresOrder) {
   WriteCredentials(absl::StrCat(
       "[default]\naws_access_key_id = AKIACREDFILE\naws_secret_access_key = ", kSecret, "\n",
       "[base]\naws_access_key_id = AKIABASE\naws_secret_access_key = ", kSecret, "\n"));
-  const std::string config_text = absl::StrCat(
-      "[default]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = base\n",
-      "web_identity_token_file = ", token, "\n",
-      "credential_process = ", process, "\n",
-      "aws_access_key_id = AKIACONFIG\naws_secret_access_key = ", kSecret, "\n");
+  const std::string config_text =
+      absl::StrCat("[default]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = base\n",
+                   "web_identity_token_file = ", token, "\n", "credential_process = ", process,
+                   "\n", "aws_access_key_id = AKIACONFIG\naws_secret_access_key = ", kSecret, "\n");
   WriteConfig(config_text);
 
   const auto describe = [&] {
@@ -866,12 +866,11 @@ TEST_F(CredentialsTest, ChainFollowsBotocoresOrder) {
   env_["AWS_WEB_IDENTITY_TOKEN_FILE"] = token;
   EXPECT_THAT(describe(), StartsWith("web identity token "));
   env_.erase("AWS_WEB_IDENTITY_TOKEN_FILE");
-  WriteConfig(absl::StrReplaceAll(config_text, {{"web_identity_token_file", "unused_key"},
-                                                {"role_arn", "unused_role"}}));
+  WriteConfig(absl::StrReplaceAll(
+      config_text, {{"web_identity_token_file", "unused_key"}, {"role_arn", "unused_role"}}));
   EXPECT_EQ(describe(), absl::StrCat("profile 'default' in ", credentials_path()));
   WriteCredentials("[base]\n");
-  EXPECT_EQ(describe(), absl::StrCat("credential_process of profile 'default' in ",
-                                     config_path()));
+  EXPECT_EQ(describe(), absl::StrCat("credential_process of profile 'default' in ", config_path()));
   WriteConfig(absl::StrReplaceAll(config_text, {{"web_identity_token_file", "unused_key"},
                                                 {"role_arn", "unused_role"},
                                                 {"credential_process", "unused_process"}}));

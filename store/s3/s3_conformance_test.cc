@@ -9,8 +9,8 @@
 #include <random>
 
 #include "absl/strings/match.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "http/curl_transport.h"
@@ -103,8 +103,7 @@ TEST_F(S3LiveTest, MultipartUploadRoundTripsAndLeavesOneObject) {
   EXPECT_EQ(meta->size, data.size());
   EXPECT_TRUE(absl::EndsWith(meta->etag, "-4")) << meta->etag;
   EXPECT_EQ(*store_->Read("big/object.bin"), data);
-  EXPECT_EQ(*store_->Read("big/object.bin", ByteRange::Of(5 << 20, 10)),
-            data.substr(5 << 20, 10));
+  EXPECT_EQ(*store_->Read("big/object.bin", ByteRange::Of(5 << 20, 10)), data.substr(5 << 20, 10));
 }
 
 TEST_F(S3LiveTest, WrongSecretIsPermissionDeniedWithAHint) {
@@ -135,8 +134,7 @@ TEST_F(S3LiveTest, CredentialProcessCredentialsListTheBucket) {
   ASSERT_TRUE(store_->Put("from-process", absl::Cord("x")).ok());
   const Credentials keys = store_->config().credentials;
   ASSERT_FALSE(keys.empty());
-  const std::string home = absl::StrCat(testing::TempDir(), "/wharf_credential_process_",
-                                        getpid());
+  const std::string home = absl::StrCat(testing::TempDir(), "/wharf_credential_process_", getpid());
   ASSERT_EQ(mkdir(home.c_str(), 0700), 0) << home;
   ASSERT_EQ(mkdir((home + "/.aws").c_str(), 0700), 0);
   const std::string script = home + "/creds.sh";
@@ -146,8 +144,7 @@ TEST_F(S3LiveTest, CredentialProcessCredentialsListTheBucket) {
     out << "#!/bin/sh\nprintf '{\"Version\": 1, \"AccessKeyId\": \"%s\", "
            "\"SecretAccessKey\": \"%s\", \"Expiration\": \"%s\"}' '"
         << keys.access_key_id << "' '" << keys.secret_access_key << "' '"
-        << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now() + absl::Hours(1),
-                            absl::UTCTimeZone())
+        << absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now() + absl::Hours(1), absl::UTCTimeZone())
         << "'\n";
   }
   chmod(script.c_str(), 0700);

@@ -16,8 +16,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
-#include "base/runtime.h"
 #include "base/hash.h"
+#include "base/runtime.h"
 #include "base/status.h"
 #include "base/timer.h"
 #include "http/curl_transport.h"
@@ -139,7 +139,7 @@ void AfterDelayOrCancel(absl::Duration delay, const CancelToken& cancel,
     cancel->Forget(id);  // a no-op when the cancel is what ran us
     // Moved out so that what it holds (the call, `done`) is released after it ran, not when
     // the other of the timer entry and the cancel callback lets go of `once`.
-    absl::AnyInvocable<void() &&> fn = std::move(once->fn);
+    absl::AnyInvocable<void()&&> fn = std::move(once->fn);
     std::move(fn)();
   };
   // The cancel callback runs on the canceller's thread: it only moves the work to the timer.
@@ -231,13 +231,23 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
   S3Error e = ParseError(response);
   if (e.code.empty()) {  // HEAD responses have no body
     switch (response.status) {
-      case 404: e.code = uri.find('/', uri.find("://") + 3) == absl::string_view::npos ||
-                         absl::EndsWith(uri, "/") ? "NoSuchBucket" : "NoSuchKey";
+      case 404:
+        e.code = uri.find('/', uri.find("://") + 3) == absl::string_view::npos ||
+                         absl::EndsWith(uri, "/")
+                     ? "NoSuchBucket"
+                     : "NoSuchKey";
         break;
-      case 403: e.code = "AccessDenied"; break;
-      case 412: e.code = "PreconditionFailed"; break;
-      case 416: e.code = "InvalidRange"; break;
-      default: e.code = absl::StrCat("HTTP ", response.status);
+      case 403:
+        e.code = "AccessDenied";
+        break;
+      case 412:
+        e.code = "PreconditionFailed";
+        break;
+      case 416:
+        e.code = "InvalidRange";
+        break;
+      default:
+        e.code = absl::StrCat("HTTP ", response.status);
     }
   }
   absl::StatusCode code = absl::StatusCode::kUnknown;
@@ -256,8 +266,9 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
     hint = absl::StrCat("check AWS_ACCESS_KEY_ID; ", creds);
   } else if ((e.code == "AccessDenied" || response.status == 403) && config.anonymous) {
     code = absl::StatusCode::kPermissionDenied;
-    hint = "the request was sent unsigned (anonymous: --no-sign-request, anonymous=True, "
-           "WHARF_NO_SIGN_REQUEST): only public buckets and objects can be read that way";
+    hint =
+        "the request was sent unsigned (anonymous: --no-sign-request, anonymous=True, "
+        "WHARF_NO_SIGN_REQUEST): only public buckets and objects can be read that way";
   } else if (e.code == "AccessDenied" || response.status == 403) {
     code = absl::StatusCode::kPermissionDenied;
     hint = absl::StrCat("check the credentials and their permissions; ", creds);
@@ -405,7 +416,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
                               : absl::StrCat(base_path_, "/", call->key);
   sr.query = call->query;
   sr.headers = call->headers;
-  sr.payload_sha256 = call->sign_payload ? Sha256Hex(call->body)
+  sr.payload_sha256 = call->sign_payload   ? Sha256Hex(call->body)
                       : call->body.empty() ? std::string(kEmptyPayloadSha256)
                                            : std::string(kUnsignedPayload);
 
@@ -421,8 +432,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
     if (!query.empty()) absl::StrAppend(&request.url, "?", query);
     request.headers = sr.headers;
   } else {
-    auto signed_request = SignV4(sr, *credentials, config_.region, options_.service,
-                                 absl::Now());
+    auto signed_request = SignV4(sr, *credentials, config_.region, options_.service, absl::Now());
     if (!signed_request.ok()) {
       std::move(done)(Annotate(signed_request.status(), absl::StrCat(call->op, " ", uri)));
       return;
@@ -540,16 +550,16 @@ void S3Store::HeadAsync(std::string key, Callback<ObjectMeta> done) {
   call->op = "head";
   call->method = "HEAD";
   call->key = key;
-  Execute(std::move(call), [key = std::move(key),
-                            done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
-    if (!r.ok()) return std::move(done)(r.status());
-    ObjectMeta meta;
-    meta.key = std::move(key);
-    absl::SimpleAtoi(Header(*r, "content-length"), &meta.size);
-    meta.etag = Unquote(Header(*r, "etag"));
-    meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
-    std::move(done)(std::move(meta));
-  });
+  Execute(std::move(call),
+          [key = std::move(key), done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+            if (!r.ok()) return std::move(done)(r.status());
+            ObjectMeta meta;
+            meta.key = std::move(key);
+            absl::SimpleAtoi(Header(*r, "content-length"), &meta.size);
+            meta.etag = Unquote(Header(*r, "etag"));
+            meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
+            std::move(done)(std::move(meta));
+          });
 }
 
 namespace {
@@ -558,10 +568,10 @@ namespace {
 // an interrupted transfer resumes where it stopped.
 struct GetState {
   GetRequest request;
-  uint64_t begin = 0;            // first byte wanted (known once the range is resolved)
-  uint64_t delivered = 0;        // bytes delivered so far
-  std::optional<uint64_t> end;   // one past the last byte wanted, once known
-  std::string etag;              // of the version being read, once known
+  uint64_t begin = 0;           // first byte wanted (known once the range is resolved)
+  uint64_t delivered = 0;       // bytes delivered so far
+  std::optional<uint64_t> end;  // one past the last byte wanted, once known
+  std::string etag;             // of the version being read, once known
 };
 
 }  // namespace
@@ -586,8 +596,9 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     if (state->delivered > 0) {
       // Resume: the rest of the range, of the same version.
       const uint64_t from = state->begin + state->delivered;
-      c.headers.emplace_back("range", state->end ? absl::StrCat("bytes=", from, "-", *state->end - 1)
-                                                 : absl::StrCat("bytes=", from, "-"));
+      c.headers.emplace_back("range", state->end
+                                          ? absl::StrCat("bytes=", from, "-", *state->end - 1)
+                                          : absl::StrCat("bytes=", from, "-"));
       c.headers.emplace_back("if-match", absl::StrCat("\"", state->etag, "\""));
     } else {
       if (!req.range.is_all()) c.headers.emplace_back("range", "bytes=" + req.range.ToHttp());
@@ -673,8 +684,8 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     if (state->delivered > 0) result.offset = state->begin;
     result.bytes = state->delivered + r->body_bytes;
     if (r->body_bytes != length) {
-      return std::move(done)(absl::DataLossError(absl::StrCat(
-          "get ", uri, ": received ", r->body_bytes, " bytes, expected ", length)));
+      return std::move(done)(absl::DataLossError(
+          absl::StrCat("get ", uri, ": received ", r->body_bytes, " bytes, expected ", length)));
     }
     std::move(done)(std::move(result));
   });
@@ -708,8 +719,9 @@ void S3Store::PutAsync(std::string key, absl::Cord data, const PutOptions& optio
     meta.etag = Unquote(Header(*r, "etag"));
     meta.mtime = absl::Now();
     if (meta.etag != md5_hex) {
-      return std::move(done)(absl::DataLossError(absl::StrCat(
-          "put ", uri, ": server ETag ", meta.etag, " is not the MD5 ", md5_hex, " of what was sent")));
+      return std::move(done)(
+          absl::DataLossError(absl::StrCat("put ", uri, ": server ETag ", meta.etag,
+                                           " is not the MD5 ", md5_hex, " of what was sent")));
     }
     std::move(done)(std::move(meta));
   });
@@ -758,8 +770,8 @@ void S3Store::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done
     if (!last) return;
     absl::Status result = shared->first;
     if (shared->failed > 1) {
-      result = Annotate(result, absl::StrCat(shared->failed, " of ", shared->total,
-                                             " deletions failed; first"));
+      result = Annotate(
+          result, absl::StrCat(shared->failed, " of ", shared->total, " deletions failed; first"));
     }
     std::move(shared->done)(result);
   };
@@ -805,7 +817,8 @@ void S3Store::CopyAsync(std::string src_key, std::string dst_key, Callback<Objec
   call->op = absl::StrCat("copy ", Uri(src_key), " to");
   call->method = "PUT";
   call->key = dst_key;
-  call->headers = {{"x-amz-copy-source", UriEncode(absl::StrCat("/", bucket_, "/", src_key), false)}};
+  call->headers = {
+      {"x-amz-copy-source", UriEncode(absl::StrCat("/", bucket_, "/", src_key), false)}};
   const std::string src_uri = Uri(src_key);
   Execute(std::move(call), [this, dst_key = std::move(dst_key), src_uri,
                             done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
@@ -830,9 +843,9 @@ void S3Store::CopyAsync(std::string src_key, std::string dst_key, Callback<Objec
 
 absl::StatusOr<std::vector<BucketInfo>> S3Store::ListBuckets() {
   if (!bucket_.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "list buckets of ", config_.endpoint, ": this store is opened on bucket ", bucket_,
-        "; open one with an empty bucket name"));
+    return absl::FailedPreconditionError(absl::StrCat("list buckets of ", config_.endpoint,
+                                                      ": this store is opened on bucket ", bucket_,
+                                                      "; open one with an empty bucket name"));
   }
   std::vector<BucketInfo> buckets;
   std::string continuation;  // AWS pages with max-buckets; others answer in one reply
@@ -864,9 +877,9 @@ absl::Status S3Store::CreateBucket() {
   call->op = "create bucket";
   call->method = "PUT";
   if (config_.region != "us-east-1") {
-    call->body = absl::Cord(absl::StrCat(
-        "<CreateBucketConfiguration xmlns=\"", kXmlNs, "\"><LocationConstraint>", config_.region,
-        "</LocationConstraint></CreateBucketConfiguration>"));
+    call->body = absl::Cord(absl::StrCat("<CreateBucketConfiguration xmlns=\"", kXmlNs,
+                                         "\"><LocationConstraint>", config_.region,
+                                         "</LocationConstraint></CreateBucketConfiguration>"));
     call->sign_payload = true;
   }
   auto r = WaitFor<HttpResponse>(
@@ -1047,8 +1060,7 @@ class S3Writer : public ObjectWriter {
       pugi::xml_document doc;
       if (!doc.load_buffer(r->body.data(), r->body.size(),
                            pugi::parse_default | pugi::parse_ws_pcdata)) {
-        return absl::DataLossError(
-            absl::StrCat(what, ": unparseable ListMultipartUploads reply"));
+        return absl::DataLossError(absl::StrCat(what, ": unparseable ListMultipartUploads reply"));
       }
       // The server's clock minus ours, measured on this reply.
       absl::Duration offset = absl::ZeroDuration(), margin = kUnmeasuredSkewMargin;
@@ -1107,21 +1119,21 @@ class S3Writer : public ObjectWriter {
     auto [md5_hex, md5_b64] = Md5HexAndBase64(part);
     call->headers = {{"content-md5", md5_b64}};
     call->body = std::move(part);
-    store_->Execute(std::move(call), [this, number, md5_hex = md5_hex](
-                                         absl::StatusOr<HttpResponse> r) {
-      absl::MutexLock lock(&mu_);
-      --in_flight_;
-      if (!r.ok()) {
-        if (error_.ok()) error_ = r.status();
-        return;
-      }
-      std::string etag = Unquote(Header(*r, "etag"));
-      if (etag != md5_hex && error_.ok()) {
-        error_ = absl::DataLossError(absl::StrCat("upload part ", number, " of ", Uri(),
-                                                  ": ETag ", etag, " is not the part's MD5"));
-      }
-      parts_[number] = std::move(etag);
-    });
+    store_->Execute(
+        std::move(call), [this, number, md5_hex = md5_hex](absl::StatusOr<HttpResponse> r) {
+          absl::MutexLock lock(&mu_);
+          --in_flight_;
+          if (!r.ok()) {
+            if (error_.ok()) error_ = r.status();
+            return;
+          }
+          std::string etag = Unquote(Header(*r, "etag"));
+          if (etag != md5_hex && error_.ok()) {
+            error_ = absl::DataLossError(absl::StrCat("upload part ", number, " of ", Uri(),
+                                                      ": ETag ", etag, " is not the part's MD5"));
+          }
+          parts_[number] = std::move(etag);
+        });
     return absl::OkStatus();
   }
 
@@ -1232,9 +1244,9 @@ absl::StatusOr<bool> NoSignRequestFromEnv() {
 absl::Status ApplySpecOptions(const StoreSpec& spec, S3ClientOverrides& overrides) {
   const StoreOptions& o = spec.options;
   if (o.api) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.RootUri(), ": store option 'api' is for gs:// (", spec.scheme,
-        ":// takes endpoint, region, anonymous, profile, addressing_style)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.RootUri(), ": store option 'api' is for gs:// (", spec.scheme,
+                     ":// takes endpoint, region, anonymous, profile, addressing_style)"));
   }
   if (o.endpoint) overrides.endpoint_url = *o.endpoint;
   if (o.region) overrides.region = *o.region;
@@ -1260,8 +1272,8 @@ absl::StatusOr<std::unique_ptr<S3Store>> OpenS3Endpoint(const std::string& bucke
   // One transport per runtime and CA bundle: connections are shared by every store. A forked
   // child has its own runtime, so its own transport (base/runtime.h).
   const std::string ca_bundle = config->ca_bundle;
-  std::shared_ptr<HttpTransport> transport = Runtime::Default()->Shared<HttpTransport>(
-      absl::StrCat("curl:", ca_bundle), [&ca_bundle] {
+  std::shared_ptr<HttpTransport> transport =
+      Runtime::Default()->Shared<HttpTransport>(absl::StrCat("curl:", ca_bundle), [&ca_bundle] {
         CurlTransportOptions topts;
         topts.ca_bundle = ca_bundle;
         return std::shared_ptr<HttpTransport>(NewCurlTransport(topts));

@@ -141,8 +141,8 @@ class S3Store : public ObjectStore {
   const S3ClientConfig config_;
   const std::shared_ptr<HttpTransport> transport_;
   const S3StoreOptions options_;
-  std::string host_;    // Host header value
-  std::string scheme_;  // "http" or "https"
+  std::string host_;       // Host header value
+  std::string scheme_;     // "http" or "https"
   std::string base_path_;  // "/bucket" (path style) or "" (virtual-hosted)
   // Credentials from config_.credentials_provider when the config has no static keys: fetched
   // on the runtime's blocking pool, refreshed before they expire, and shared by the runtime's

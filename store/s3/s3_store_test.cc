@@ -81,12 +81,15 @@ TEST(S3StoreTest, RetriesSlowDownThenSucceeds) {
 
 TEST(S3StoreTest, RetriesResetConnectionsAnd500s) {
   std::atomic<int> calls{0};
-  auto transport = std::make_shared<CannedTransport>(
-      [&](const HttpRequest&) -> absl::StatusOr<CannedResponse> {
+  auto transport =
+      std::make_shared<CannedTransport>([&](const HttpRequest&) -> absl::StatusOr<CannedResponse> {
         switch (++calls) {
-          case 1: return absl::UnavailableError("Recv failure: Connection reset by peer");
-          case 2: return Err(500, "InternalError");
-          default: return Ok("", {{"content-length", "0"}, {"etag", "\"x\""}});
+          case 1:
+            return absl::UnavailableError("Recv failure: Connection reset by peer");
+          case 2:
+            return Err(500, "InternalError");
+          default:
+            return Ok("", {{"content-length", "0"}, {"etag", "\"x\""}});
         }
       });
   auto store = MakeStore(transport);
@@ -106,8 +109,8 @@ TEST(S3StoreTest, GivesUpAfterMaxAttempts) {
 }
 
 TEST(S3StoreTest, NotFoundIsNotRetriedAndNamesTheObject) {
-  auto transport = std::make_shared<CannedTransport>(
-      [](const HttpRequest&) { return Err(404, "NoSuchKey"); });
+  auto transport =
+      std::make_shared<CannedTransport>([](const HttpRequest&) { return Err(404, "NoSuchKey"); });
   auto store = MakeStore(transport);
   auto read = store->Read("a/b.jpg");
   EXPECT_EQ(read.status().code(), absl::StatusCode::kNotFound);
@@ -146,8 +149,8 @@ TEST(S3StoreTest, InterruptedGetResumesFromDeliveredBytesOfTheSameVersion) {
     }
     EXPECT_EQ(range, "bytes=30000-99999");
     EXPECT_EQ(if_match, "\"v1\"");
-    CannedResponse r = Ok(data.substr(30000), {{"etag", "\"v1\""},
-                                               {"content-range", "bytes 30000-99999/100000"}});
+    CannedResponse r =
+        Ok(data.substr(30000), {{"etag", "\"v1\""}, {"content-range", "bytes 30000-99999/100000"}});
     r.status = 206;
     return r;
   });
@@ -254,8 +257,9 @@ TEST(S3StoreTest, A304WithoutIfNoneMatchIsAnError) {
 }
 
 TEST(S3StoreTest, PreCancelledGetSendsNothing) {
-  auto transport = std::make_shared<CannedTransport>(
-      [](const HttpRequest&) { return Ok("payload", {{"etag", "\"e\""}}); });
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest&) {
+    return Ok("payload", {{"etag", "\"e\""}});
+  });
   auto store = MakeStore(transport);
   CancelToken cancel = NewCancelToken();
   cancel->Cancel();
@@ -306,8 +310,8 @@ TEST(S3StoreTest, CancelMidBodyStopsTheTransferAndIsNotResumed) {
 }
 
 TEST(S3StoreTest, CancelDuringRetryBackoffEndsTheCallWithoutWaitingItOut) {
-  auto transport = std::make_shared<CannedTransport>(
-      [](const HttpRequest&) { return Err(503, "SlowDown"); });
+  auto transport =
+      std::make_shared<CannedTransport>([](const HttpRequest&) { return Err(503, "SlowDown"); });
   S3StoreOptions options;
   options.retry.initial_backoff = absl::Seconds(60);
   options.retry.max_backoff = absl::Seconds(60);
@@ -337,7 +341,8 @@ TEST(S3StoreTest, PutChecksTheEtagAgainstTheMd5Sent) {
     for (const auto& [k, v] : req.headers) {
       if (k == "content-md5") md5 = v;
     }
-    EXPECT_EQ(md5, Base64(std::string("\x5d\x41\x40\x2a\xbc\x4b\x2a\x76\xb9\x71\x9d\x91\x10\x17\xc5\x92", 16)));
+    EXPECT_EQ(md5, Base64(std::string(
+                       "\x5d\x41\x40\x2a\xbc\x4b\x2a\x76\xb9\x71\x9d\x91\x10\x17\xc5\x92", 16)));
     return Ok("", {{"etag", "\"00000000000000000000000000000000\""}});
   });
   auto store = MakeStore(transport);
@@ -346,13 +351,13 @@ TEST(S3StoreTest, PutChecksTheEtagAgainstTheMd5Sent) {
 }
 
 TEST(S3StoreTest, KeysAreEncodedOnceInTheUrl) {
-  auto transport = std::make_shared<CannedTransport>(
-      [](const HttpRequest&) { return Ok("", {{"etag", "\"e\""}}); });
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest&) {
+    return Ok("", {{"etag", "\"e\""}});
+  });
   auto store = MakeStore(transport);
   (void)store->Head("dir/a b+c%d=é~*");
   ASSERT_EQ(transport->request_count(), 1u);
-  EXPECT_EQ(transport->requests()[0].url,
-            "http://127.0.0.1:9/bkt/dir/a%20b%2Bc%25d%3D%C3%A9~%2A");
+  EXPECT_EQ(transport->requests()[0].url, "http://127.0.0.1:9/bkt/dir/a%20b%2Bc%25d%3D%C3%A9~%2A");
 }
 
 TEST(S3StoreTest, ListDecodesKeysAndStopsAtEndBefore) {
@@ -381,8 +386,9 @@ TEST(S3StoreTest, FailedPartAbortsTheMultipartUpload) {
   std::atomic<bool> aborted{false};
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
     if (req.method == "POST" && absl::StrContains(req.url, "uploads")) {
-      return Ok("<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
-                "</InitiateMultipartUploadResult>");
+      return Ok(
+          "<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
+          "</InitiateMultipartUploadResult>");
     }
     if (req.method == "PUT") return Err(400, "InvalidArgument");
     if (req.method == "DELETE" && absl::StrContains(req.url, "uploadId=u1")) {
@@ -407,8 +413,9 @@ TEST(S3StoreTest, FailedPartAbortsTheMultipartUpload) {
 TEST(S3StoreTest, CompleteThatFailsInsideA200IsAnError) {
   auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
     if (req.method == "POST" && absl::StrContains(req.url, "uploads")) {
-      return Ok("<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
-                "</InitiateMultipartUploadResult>");
+      return Ok(
+          "<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
+          "</InitiateMultipartUploadResult>");
     }
     if (req.method == "PUT") {
       std::string body(req.body);
@@ -545,8 +552,9 @@ std::vector<std::string> SignedHeaders(const HttpRequest& req) {
 TEST(S3StoreTest, UploadOptionsAreSentAndSigned) {
   auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
     if (req.method == "POST") {
-      return Ok("<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
-                "</InitiateMultipartUploadResult>");
+      return Ok(
+          "<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
+          "</InitiateMultipartUploadResult>");
     }
     if (req.method == "PUT") {
       return Ok("", {{"etag", absl::StrCat("\"", Md5Hex(std::string(req.body)), "\"")}});
@@ -587,8 +595,9 @@ TEST(S3StoreTest, UploadOptionsAreSentAndSigned) {
 }
 
 TEST(S3StoreTest, InvalidUploadOptionsAreRefusedBeforeSending) {
-  auto transport = std::make_shared<CannedTransport>(
-      [](const HttpRequest&) { return Ok("", {{"etag", "\"e\""}}); });
+  auto transport = std::make_shared<CannedTransport>([](const HttpRequest&) {
+    return Ok("", {{"etag", "\"e\""}});
+  });
   auto store = MakeStore(transport);
   PutOptions lowercase;
   lowercase.sse = "aes256";
@@ -667,8 +676,8 @@ class FakeMultipartServer {
 
   absl::StatusOr<CannedResponse> Serve(const HttpRequest& req) {
     absl::MutexLock lock(&mu);
-    const bool has_uploads = absl::StrContains(req.url, "?uploads=") ||
-                             absl::StrContains(req.url, "&uploads=");
+    const bool has_uploads =
+        absl::StrContains(req.url, "?uploads=") || absl::StrContains(req.url, "&uploads=");
     const std::string upload_id = Query(req.url, "uploadId");
     if (req.method == "POST" && has_uploads) {  // create
       Upload u{KeyOf(req.url), absl::StrCat("u", ++creates), absl::Now()};
@@ -689,8 +698,7 @@ class FakeMultipartServer {
         if (!absl::StartsWith(u.key, prefix)) continue;
         absl::StrAppend(&xml, "<Upload><Key>", u.key, "</Key><UploadId>", u.id,
                         "</UploadId><Initiated>",
-                        absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", u.initiated,
-                                         absl::UTCTimeZone()),
+                        absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", u.initiated, absl::UTCTimeZone()),
                         "</Initiated></Upload>");
       }
       absl::StrAppend(&xml, "</ListMultipartUploadsResult>");
@@ -721,9 +729,9 @@ class FakeMultipartServer {
       const std::string etag = absl::StrCat(HexLower(md5.Finish()), "-", parts);
       objects[it->key] = {etag, 0};
       uploads.erase(it);
-      CannedResponse r = Ok(absl::StrCat(
-          "<CompleteMultipartUploadResult><ETag>\"", etag, "\"</ETag>"
-          "</CompleteMultipartUploadResult>"));
+      CannedResponse r = Ok(absl::StrCat("<CompleteMultipartUploadResult><ETag>\"", etag,
+                                         "\"</ETag>"
+                                         "</CompleteMultipartUploadResult>"));
       if (lose_complete_replies > 0) {
         --lose_complete_replies;
         return Lost(r);

@@ -105,8 +105,8 @@ absl::Status Validate(const SigningRequest& request, const Credentials& credenti
   }
   if (request.host.empty() || HasSpaceOrControl(request.host) ||
       request.host.find('/') != std::string::npos) {
-    return Invalid(absl::StrCat("host '", request.host,
-                                "' must be non-empty, without whitespace or '/'"));
+    return Invalid(
+        absl::StrCat("host '", request.host, "' must be non-empty, without whitespace or '/'"));
   }
   if (request.path.empty() || request.path.front() != '/') {
     return Invalid(absl::StrCat("path '", request.path, "' must start with '/'"));
@@ -123,8 +123,7 @@ absl::Status Validate(const SigningRequest& request, const Credentials& credenti
     }
     // The value itself is not quoted: it may be a secret (e.g. an SSE-C key).
     if (HasLineBreakOrNul(value)) {
-      return Invalid(absl::StrCat("the value of header '", name,
-                                  "' contains a line break or NUL"));
+      return Invalid(absl::StrCat("the value of header '", name, "' contains a line break or NUL"));
     }
   }
   if (!IsValidPayloadHash(request.payload_sha256)) {
@@ -147,10 +146,9 @@ std::vector<CanonicalHeader> CanonicalHeaders(
   for (const auto& [name, value] : headers) {
     sorted.push_back({absl::AsciiStrToLower(name), TrimAll(value)});
   }
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const CanonicalHeader& a, const CanonicalHeader& b) {
-                     return a.name < b.name;
-                   });
+  std::stable_sort(
+      sorted.begin(), sorted.end(),
+      [](const CanonicalHeader& a, const CanonicalHeader& b) { return a.name < b.name; });
   std::vector<CanonicalHeader> merged;
   for (CanonicalHeader& h : sorted) {
     if (!merged.empty() && merged.back().name == h.name) {
@@ -171,9 +169,8 @@ SignedRequest SignWithKey(const SigningRequest& request, const Credentials& cred
 
   const std::string canonical_uri = UriEncode(request.path, /*encode_slash=*/false);
   const std::string canonical_query = CanonicalQueryString(request.query);
-  out.canonical_target = canonical_query.empty()
-                             ? canonical_uri
-                             : absl::StrCat(canonical_uri, "?", canonical_query);
+  out.canonical_target =
+      canonical_query.empty() ? canonical_uri : absl::StrCat(canonical_uri, "?", canonical_query);
 
   std::vector<std::pair<absl::string_view, absl::string_view>> to_sign;
   to_sign.reserve(request.headers.size() + 4);
@@ -190,15 +187,15 @@ SignedRequest SignWithKey(const SigningRequest& request, const Credentials& cred
   for (const CanonicalHeader& h : canonical_headers) {
     absl::StrAppend(&header_block, h.name, ":", h.value, "\n");
   }
-  out.signed_headers = absl::StrJoin(
-      canonical_headers, ";",
-      [](std::string* dst, const CanonicalHeader& h) { dst->append(h.name); });
+  out.signed_headers =
+      absl::StrJoin(canonical_headers, ";",
+                    [](std::string* dst, const CanonicalHeader& h) { dst->append(h.name); });
 
   out.canonical_request =
-      absl::StrCat(request.method, "\n", canonical_uri, "\n", canonical_query, "\n",
-                   header_block, "\n", out.signed_headers, "\n", request.payload_sha256);
-  out.string_to_sign = absl::StrCat(kAlgorithm, "\n", amz_date, "\n", scope, "\n",
-                                    Sha256Hex(out.canonical_request));
+      absl::StrCat(request.method, "\n", canonical_uri, "\n", canonical_query, "\n", header_block,
+                   "\n", out.signed_headers, "\n", request.payload_sha256);
+  out.string_to_sign =
+      absl::StrCat(kAlgorithm, "\n", amz_date, "\n", scope, "\n", Sha256Hex(out.canonical_request));
   out.signature = HexLower(HmacSha256(signing_key, out.string_to_sign));
   out.authorization =
       absl::StrCat(kAlgorithm, " Credential=", credentials.access_key_id, "/", scope,

@@ -71,9 +71,9 @@ TEST(SigV4Test, AwsExampleGetObject) {
             "\n"
             "host;range;x-amz-content-sha256;x-amz-date\n"
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(s.string_to_sign,
-            ExpectedStringToSign(
-                "7344ae5b7ee6c3e7e6b0fe0640412a37625d1fbfff95c48bbb2dc43964946972"));
+  EXPECT_EQ(
+      s.string_to_sign,
+      ExpectedStringToSign("7344ae5b7ee6c3e7e6b0fe0640412a37625d1fbfff95c48bbb2dc43964946972"));
   EXPECT_EQ(s.signature, "f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
   EXPECT_EQ(s.authorization,
             "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request,"
@@ -108,9 +108,9 @@ TEST(SigV4Test, AwsExamplePutObject) {
             "\n"
             "date;host;x-amz-content-sha256;x-amz-date;x-amz-storage-class\n"
             "44ce7dd67c959e0d3524ffac1771dfbba87d2b6b4b4e99e42034a8b803f8b072");
-  EXPECT_EQ(s.string_to_sign,
-            ExpectedStringToSign(
-                "9e0e90d9c76de8fa5b200d8c849cd5b8dc7a3be3951ddb7f6a76b4158342019d"));
+  EXPECT_EQ(
+      s.string_to_sign,
+      ExpectedStringToSign("9e0e90d9c76de8fa5b200d8c849cd5b8dc7a3be3951ddb7f6a76b4158342019d"));
   EXPECT_EQ(s.signature, "98ad721746da40c64f1a55b78f14c238d841ea1380cd77a1b5971af0ece108bd");
   EXPECT_EQ(s.authorization,
             "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request,"
@@ -135,9 +135,9 @@ TEST(SigV4Test, AwsExampleGetBucketLifecycle) {
             "\n"
             "host;x-amz-content-sha256;x-amz-date\n"
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(s.string_to_sign,
-            ExpectedStringToSign(
-                "9766c798316ff2757b517bc739a67f6213b4ab36dd5da2f94eaebf79c77395ca"));
+  EXPECT_EQ(
+      s.string_to_sign,
+      ExpectedStringToSign("9766c798316ff2757b517bc739a67f6213b4ab36dd5da2f94eaebf79c77395ca"));
   EXPECT_EQ(s.signature, "fea454ca298b7da1c68078a5d1bdbfbbe0d65c699e0f91ac7a200a0136783543");
   EXPECT_EQ(s.canonical_target, "/?lifecycle=");
 }
@@ -158,9 +158,9 @@ TEST(SigV4Test, AwsExampleListObjects) {
             "\n"
             "host;x-amz-content-sha256;x-amz-date\n"
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(s.string_to_sign,
-            ExpectedStringToSign(
-                "df57d21db20da04d7fa30298dd4488ba3a2b47ca3a489c74750e0f1e7df1b9b7"));
+  EXPECT_EQ(
+      s.string_to_sign,
+      ExpectedStringToSign("df57d21db20da04d7fa30298dd4488ba3a2b47ca3a489c74750e0f1e7df1b9b7"));
   EXPECT_EQ(s.signature, "34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7");
   EXPECT_EQ(s.authorization,
             "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request,"
@@ -193,7 +193,7 @@ TEST(UriEncodeTest, EncodesAwkwardKeys) {
   EXPECT_EQ(UriEncode("k=v&x", false), "k%3Dv%26x");
   EXPECT_EQ(UriEncode("a*b", false), "a%2Ab");
   EXPECT_EQ(UriEncode("~tilde", false), "~tilde");
-  EXPECT_EQ(UriEncode("caf\xc3\xa9", false), "caf%C3%A9");              // é
+  EXPECT_EQ(UriEncode("caf\xc3\xa9", false), "caf%C3%A9");                        // é
   EXPECT_EQ(UriEncode("\xe6\x97\xa5\xe6\x9c\xac", false), "%E6%97%A5%E6%9C%AC");  // 日本
   EXPECT_EQ(UriEncode("test$file.text", false), "test%24file.text");
   EXPECT_EQ(UriEncode(absl::string_view("a\0b", 3), false), "a%00b");
@@ -244,13 +244,12 @@ TEST(SigV4Test, HeadersAreLowercasedTrimmedCollapsedAndMerged) {
                      {"x-amz-meta-a", "first"},
                      {"X-AMZ-META-A", "second"}};
   const SignedRequest s = SignExample(request);
-  EXPECT_THAT(s.canonical_request,
-              HasSubstr("\nhost:examplebucket.s3.amazonaws.com\n"
-                        "x-amz-content-sha256:" +
-                        std::string(kEmptyPayloadSha256) +
-                        "\nx-amz-date:20130524T000000Z\n"
-                        "x-amz-meta-a:first,second\n"
-                        "x-amz-meta-b:two words here\n\n"));
+  EXPECT_THAT(s.canonical_request, HasSubstr("\nhost:examplebucket.s3.amazonaws.com\n"
+                                             "x-amz-content-sha256:" +
+                                             std::string(kEmptyPayloadSha256) +
+                                             "\nx-amz-date:20130524T000000Z\n"
+                                             "x-amz-meta-a:first,second\n"
+                                             "x-amz-meta-b:two words here\n\n"));
   EXPECT_EQ(s.signed_headers, "host;x-amz-content-sha256;x-amz-date;x-amz-meta-a;x-amz-meta-b");
   // Sent as given: the server canonicalizes what it receives the same way.
   EXPECT_THAT(s.headers[0], Pair("X-Amz-Meta-B", "  two   words\there  "));
@@ -268,8 +267,7 @@ TEST(SigV4Test, SessionTokenIsSentSignedAndRedactable) {
   Credentials credentials = ExampleCredentials();
   credentials.session_token = "FQoGZXIvYXdzEXAMPLETOKEN//+=";
   SigningRequest request = ExampleRequest("GET", "/test.txt");
-  absl::StatusOr<SignedRequest> s =
-      SignV4(request, credentials, "us-east-1", "s3", ExampleTime());
+  absl::StatusOr<SignedRequest> s = SignV4(request, credentials, "us-east-1", "s3", ExampleTime());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->signed_headers, "host;x-amz-content-sha256;x-amz-date;x-amz-security-token");
   EXPECT_THAT(s->canonical_request,

@@ -65,10 +65,11 @@ class DelayedGetStore : public ForwardingStore {
     OnGet(request);
     gets_.Enter();
     Timer::Global().After(delay_, [this, r = std::move(request), d = std::move(done)]() mutable {
-      inner().GetAsync(std::move(r), [this, d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
-        gets_.Leave();
-        std::move(d)(std::move(res));
-      });
+      inner().GetAsync(std::move(r),
+                       [this, d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
+                         gets_.Leave();
+                         std::move(d)(std::move(res));
+                       });
     });
   }
 

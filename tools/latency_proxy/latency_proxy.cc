@@ -84,7 +84,8 @@ bool ParseAddress(const std::string& text, Address* out, std::string* error) {
   sin->sin_family = AF_INET;
   sin->sin_port = htons(static_cast<uint16_t>(port));
   if (inet_pton(AF_INET, host.c_str(), &sin->sin_addr) != 1) {
-    *error = "address '" + text + "' is not an IP literal (host names other than localhost are "
+    *error = "address '" + text +
+             "' is not an IP literal (host names other than localhost are "
              "not resolved)";
     return false;
   }
@@ -474,8 +475,8 @@ class LatencyProxy::Impl {
     conn.connecting = false;
     if (err != 0) {
       ++stats_.upstream_connect_failures;
-      std::fprintf(stderr, "wharf-latency-proxy: connecting to %s: %s\n",
-                   options_.upstream.c_str(), std::strerror(err));
+      std::fprintf(stderr, "wharf-latency-proxy: connecting to %s: %s\n", options_.upstream.c_str(),
+                   std::strerror(err));
       CloseConn(conn, /*abortive=*/true);
       return false;
     }
@@ -548,8 +549,8 @@ class LatencyProxy::Impl {
     // not copy when shrinking), so delayed data is never copied in user space.
     char* data = static_cast<char*>(std::realloc(read_buffer_.release(), size));
     if (data == nullptr) std::abort();
-    dir.chunks.push_back(Chunk{due, Buffer(data), static_cast<uint32_t>(size),
-                               static_cast<uint32_t>(written)});
+    dir.chunks.push_back(
+        Chunk{due, Buffer(data), static_cast<uint32_t>(size), static_cast<uint32_t>(written)});
     dir.buffered += size - written;
     if (due > now) {
       PushTimer(due, conn, d);
@@ -650,8 +651,8 @@ class LatencyProxy::Impl {
 
   void Throttle(TokenBucket& bucket, Conn& conn, int d, int64_t now, double need) {
     Direction& dir = conn.dir[d];
-    int64_t wake = now + static_cast<int64_t>(std::ceil((need - bucket.tokens) /
-                                                        bucket.rate_bytes_per_ns));
+    int64_t wake =
+        now + static_cast<int64_t>(std::ceil((need - bucket.tokens) / bucket.rate_bytes_per_ns));
     if (bucket.wake_ns == 0 || wake < bucket.wake_ns) bucket.wake_ns = wake;
     if (dir.in_throttle_queue) return;
     dir.in_throttle_queue = true;

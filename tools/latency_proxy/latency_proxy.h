@@ -57,10 +57,10 @@ struct LatencyProxyStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_peak = 0;
   uint64_t upstream_connect_failures = 0;
-  uint64_t connections_reset = 0;  // closed abortively (RST or socket error on either side)
+  uint64_t connections_reset = 0;         // closed abortively (RST or socket error on either side)
   uint64_t bytes_client_to_upstream = 0;  // bytes written to the upstream
   uint64_t bytes_upstream_to_client = 0;  // bytes written to clients
-  uint64_t wakeups = 0;  // event loop iterations (a CPU cost indicator)
+  uint64_t wakeups = 0;                   // event loop iterations (a CPU cost indicator)
 };
 
 class LatencyProxy {

@@ -125,8 +125,8 @@ class Server {
   bool Serve(int ep, Conn* c) {
     for (;;) {
       if (c->remaining > 0) {
-        ssize_t w = send(c->fd, payload_.data(), std::min<uint64_t>(c->remaining, kIoSize),
-                         MSG_NOSIGNAL);
+        ssize_t w =
+            send(c->fd, payload_.data(), std::min<uint64_t>(c->remaining, kIoSize), MSG_NOSIGNAL);
         if (w < 0) {
           if (errno != EAGAIN) return false;
           epoll_event ev{};
@@ -178,8 +178,12 @@ Proxy StartProxy(const std::string& binary, int upstream_port, double delay_ms,
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive the benchmark
     dup2(pipefd[1], 1);                // dup2 clears CLOEXEC on the copy
-    std::vector<std::string> args = {binary, "--listen", "127.0.0.1:0", "--upstream",
-                                     "127.0.0.1:" + std::to_string(upstream_port), "--delay-ms",
+    std::vector<std::string> args = {binary,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--upstream",
+                                     "127.0.0.1:" + std::to_string(upstream_port),
+                                     "--delay-ms",
                                      std::to_string(delay_ms)};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> argv;
@@ -408,7 +412,8 @@ int main(int argc, char** argv) {
     }
   }
   if (proxy_binary.empty()) {
-    std::fprintf(stderr, "usage: %s --proxy PATH [--delay-ms D] [--connections N] "
+    std::fprintf(stderr,
+                 "usage: %s --proxy PATH [--delay-ms D] [--connections N] "
                  "[--response-kib K] [--seconds S] [--rate R] [--bulk-mib M] [--json PATH] "
                  "[--proxy-arg ARG]...\n",
                  argv[0]);
@@ -442,8 +447,8 @@ int main(int argc, char** argv) {
   std::printf("delay %.1f ms, %d connections, %llu KiB responses, %u cores\n", delay_ms,
               connections, static_cast<unsigned long long>(response_kib),
               std::thread::hardware_concurrency());
-  std::printf("%-9s %-7s %9s %10s %9s %9s %9s %11s %10s\n", "workload", "path", "seconds",
-              "MB/s", "req/s", "p50 ms", "p99 ms", "proxy CPU%", "bench CPU%");
+  std::printf("%-9s %-7s %9s %10s %9s %9s %9s %11s %10s\n", "workload", "path", "seconds", "MB/s",
+              "req/s", "p50 ms", "p99 ms", "proxy CPU%", "bench CPU%");
   for (const Result& r : results) {
     std::printf("%-9s %-7s %9.2f %10.1f %9.0f %9.2f %9.2f %11.1f %10.1f\n", r.workload.c_str(),
                 r.path.c_str(), r.seconds, r.bytes / r.seconds / 1e6, r.requests / r.seconds,
