@@ -74,6 +74,29 @@ void RemoveTree(const std::string& path, uint64_t& files) {
   rmdir(path.c_str());
 }
 
+// The JSON objects of the *.json files in `dir` (none when it does not exist); files that
+// vanish or do not parse are skipped (a concurrent writer publishes by rename).
+absl::StatusOr<std::vector<json>> ReadJsonFiles(const std::string& dir) {
+  std::vector<json> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) {
+    if (errno == ENOENT) return out;
+    return ErrnoToStatus(errno, absl::StrCat("reading ", dir));
+  }
+  std::vector<std::string> names;
+  while (struct dirent* e = readdir(d)) {
+    if (absl::EndsWith(e->d_name, ".json")) names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  for (const std::string& name : names) {
+    auto text = ReadSmallFile(absl::StrCat(dir, "/", name));
+    if (!text.ok()) continue;
+    json j = json::parse(*text, nullptr, false);
+    if (j.is_object()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
 std::string HostName() {
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "host";
@@ -445,19 +468,9 @@ absl::Status Tier::AddStats(const Stats& stats) {
 
 Tier::Stats Tier::ReadStats() const {
   Stats total;
-  const std::string dir = MetaPath("stats");
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return total;
-  std::vector<std::string> names;
-  while (struct dirent* e = readdir(d)) {
-    if (absl::EndsWith(e->d_name, ".json")) names.emplace_back(e->d_name);
-  }
-  closedir(d);
-  for (const std::string& name : names) {
-    auto text = ReadSmallFile(absl::StrCat(dir, "/", name));
-    if (!text.ok()) continue;
-    json j = json::parse(*text, nullptr, false);
-    if (!j.is_object()) continue;
+  auto docs = ReadJsonFiles(MetaPath("stats"));
+  if (!docs.ok()) return total;
+  for (const json& j : *docs) {
     total.hits += j.value("hits", uint64_t{0});
     total.misses += j.value("misses", uint64_t{0});
     total.fills += j.value("fills", uint64_t{0});
@@ -479,22 +492,9 @@ absl::Status Tier::RecordImport(const TierImport& import) {
 
 absl::StatusOr<std::vector<TierImport>> Tier::Imports() const {
   std::vector<TierImport> out;
-  const std::string dir = MetaPath(kImportsDir);
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) {
-    if (errno == ENOENT) return out;
-    return ErrnoToStatus(errno, absl::StrCat("reading ", dir));
-  }
-  std::vector<std::string> names;
-  while (struct dirent* e = readdir(d)) {
-    if (absl::EndsWith(e->d_name, ".json")) names.emplace_back(e->d_name);
-  }
-  closedir(d);
-  for (const std::string& name : names) {
-    auto text = ReadSmallFile(absl::StrCat(dir, "/", name));
-    if (!text.ok()) continue;
-    json j = json::parse(*text, nullptr, false);
-    if (!j.is_object() || !j.contains("source") || !j["source"].is_string()) continue;
+  WHARF_ASSIGN_OR_RETURN(std::vector<json> docs, ReadJsonFiles(MetaPath(kImportsDir)));
+  for (const json& j : docs) {
+    if (!j.contains("source") || !j["source"].is_string()) continue;
     out.push_back({j["source"].get<std::string>(), j.value("dir", std::string())});
   }
   return out;

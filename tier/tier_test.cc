@@ -17,24 +17,20 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "store/testing/temp_store.h"
 
 namespace wharf {
 namespace {
 
 using ::testing::HasSubstr;
 
+// A fresh directory, removed afterwards (the temporary store's root).
 class TempDir {
  public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "wharf-tier-XXXXXX").string();
-    EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return store_.root(); }
 
  private:
-  std::string path_;
+  store_testing::TempStore store_;
 };
 
 size_t CountEntries(const std::string& dir) {
