@@ -26,43 +26,13 @@
 #include "cli/verbs.h"
 #include "io/transfer.h"
 #include "store/keys.h"
+#include "tier/evict.h"
 #include "tier/tree_store.h"
 
 namespace wharf::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
-
-// Calls `fn(path, st)` for every regular file below `path` (or `path` itself when it is a
-// file), skipping the tier's own folder at `root`.
-absl::Status WalkFiles(const std::string& root, const std::string& path,
-                       const std::function<void(const std::string&, const struct stat&)>& fn) {
-  struct stat st;
-  if (lstat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, path);
-  if (S_ISREG(st.st_mode)) {
-    fn(path, st);
-    return absl::OkStatus();
-  }
-  if (!S_ISDIR(st.st_mode)) return absl::OkStatus();
-  // The tier's own folder: only its read-through area holds entries.
-  if (path == absl::StrCat(root, "/", Tier::kMetaDir)) {
-    const std::string objects = absl::StrCat(path, "/objects");
-    if (lstat(objects.c_str(), &st) != 0) return absl::OkStatus();
-    return WalkFiles(root, objects, fn);
-  }
-  DIR* dir = opendir(path.c_str());
-  if (dir == nullptr) return ErrnoToStatus(errno, absl::StrCat("reading ", path));
-  std::vector<std::string> names;
-  while (struct dirent* e = readdir(dir)) {
-    const absl::string_view name = e->d_name;
-    if (name != "." && name != "..") names.emplace_back(name);
-  }
-  closedir(dir);
-  for (const std::string& name : names) {
-    WHARF_RETURN_IF_ERROR(WalkFiles(root, absl::StrCat(path, "/", name), fn));
-  }
-  return absl::OkStatus();
-}
 
 // The MD5 of a file's content, hex.
 absl::StatusOr<std::string> FileMd5(const std::string& path) {
@@ -195,7 +165,7 @@ absl::Status RunStatus(const TierArgs& args) {
   const std::string path = AbsolutePath(args.path);
   uint64_t entries = 0, bytes = 0, pinned = 0, local = 0, other_files = 0;
   WHARF_RETURN_IF_ERROR(
-      WalkFiles(tier->root(), path, [&](const std::string& p, const struct stat& st) {
+      WalkTierFiles(*tier, path, [&](const std::string& p, const struct stat& st) {
         const auto entry = ReadEntryAttr(p);
         if (!IsCompleteEntry(entry, st)) {
           ++other_files;
@@ -296,8 +266,8 @@ absl::Status Repair(const std::shared_ptr<Tier>& tier, const std::string& path,
 absl::Status RunVerify(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   uint64_t checked = 0, damaged = 0, repaired = 0;
-  absl::Status walk = WalkFiles(
-      tier->root(), AbsolutePath(args.path), [&](const std::string& p, const struct stat& st) {
+  absl::Status walk = WalkTierFiles(
+      *tier, AbsolutePath(args.path), [&](const std::string& p, const struct stat& st) {
         const auto entry = ReadEntryAttr(p);
         if (!entry.has_value()) return;  // not an entry: a file of its own
         ++checked;
@@ -344,20 +314,44 @@ absl::Status RunVerify(const TierArgs& args) {
   return absl::OkStatus();
 }
 
+absl::Status RunEvict(const TierArgs& args) {
+  WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
+  uint64_t target = 0;  // without --to: every evictable entry below PATH
+  if (!args.to.empty()) {
+    WHARF_ASSIGN_OR_RETURN(target, ParseSize(args.to));
+  }
+  WHARF_ASSIGN_OR_RETURN(EvictResult r, EvictTo(*tier, AbsolutePath(args.path), target));
+  if (args.json) {
+    Print(JsonLine({{"entries", r.entries},
+                    {"bytes", r.bytes},
+                    {"evicted", r.evicted},
+                    {"evicted_bytes", r.evicted_bytes},
+                    {"kept_pinned", r.kept_pinned},
+                    {"kept_local", r.kept_local},
+                    {"kept_busy", r.kept_busy}}));
+  } else if (!args.quiet) {
+    Print(absl::StrFormat(
+        "evicted %d of %d entries (%s of %s MB); kept %d pinned, %d only here, %d in use\n",
+        r.evicted, r.entries, Megabytes(r.evicted_bytes), Megabytes(r.bytes), r.kept_pinned,
+        r.kept_local, r.kept_busy));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunPin(const TierArgs& args, bool pin) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   uint64_t changed = 0;
   absl::Status first;
-  WHARF_RETURN_IF_ERROR(WalkFiles(tier->root(), AbsolutePath(args.path),
-                                  [&](const std::string& p, const struct stat& st) {
-                                    if (!IsCompleteEntry(ReadEntryAttr(p), st)) return;
-                                    absl::Status s = SetPinned(p, pin);
-                                    if (s.ok()) {
-                                      ++changed;
-                                    } else if (first.ok()) {
-                                      first = s;
-                                    }
-                                  }));
+  WHARF_RETURN_IF_ERROR(WalkTierFiles(*tier, AbsolutePath(args.path),
+                                      [&](const std::string& p, const struct stat& st) {
+                                        if (!IsCompleteEntry(ReadEntryAttr(p), st)) return;
+                                        absl::Status s = SetPinned(p, pin);
+                                        if (s.ok()) {
+                                          ++changed;
+                                        } else if (first.ok()) {
+                                          first = s;
+                                        }
+                                      }));
   WHARF_RETURN_IF_ERROR(first);
   if (!args.quiet) Print(absl::StrFormat("%s %d entries\n", pin ? "pinned" : "unpinned", changed));
   return absl::OkStatus();
@@ -434,6 +428,19 @@ void AddTier(CLI::App& app, TierArgs& args) {
   verify->add_option("PATH", args.path, "A path inside a tier")->required();
   verify->footer("Exits 1 while damaged entries remain.");
 
+  CLI::App* evict = sub("evict", "Evict entries below PATH, least recently used first");
+  evict->add_option("--to", args.to,
+                    "Evict until the entries below PATH hold at most SIZE (e.g. 100G); "
+                    "default: evict every evictable entry");
+  evict->add_flag("--json", args.json, "Print one JSON object");
+  evict->add_flag("-q,--quiet", args.quiet, "Print nothing");
+  evict->add_option("PATH", args.path, "A path inside a tier (the tier's directory with --to)")
+      ->required();
+  evict->footer(
+      "Never evicts an entry being read, a pinned entry, or data that exists only in the tier\n"
+      "(written to it and not exported). Reads through the tier evict by themselves when the\n"
+      "tier goes over --max-size or under --min-free (tier init).");
+
   CLI::App* pin = sub("pin", "Keep the entries below PATH from eviction");
   pin->add_flag("-q,--quiet", args.quiet, "Print nothing");
   pin->add_option("PATH", args.path, "A path inside a tier")->required();
@@ -448,6 +455,7 @@ absl::Status RunTier(const TierArgs& args) {
   if (args.action == "status") return RunStatus(args);
   if (args.action == "gc") return RunGc(args);
   if (args.action == "verify") return RunVerify(args);
+  if (args.action == "evict") return RunEvict(args);
   if (args.action == "pin") return RunPin(args, true);
   if (args.action == "unpin") return RunPin(args, false);
   return absl::InvalidArgumentError(absl::StrCat("tier: unknown action '", args.action, "'"));

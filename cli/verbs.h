@@ -147,6 +147,8 @@ struct TierArgs {
   bool quiet = false;
   // verify
   bool repair = false;
+  // evict
+  std::string to;  // --to SIZE; empty: everything evictable
 };
 void AddTier(CLI::App& app, TierArgs& args);
 absl::Status RunTier(const TierArgs& args);

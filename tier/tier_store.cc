@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "store/local/temp_object.h"
+#include "tier/evict.h"
 #include "tier/tree_store.h"
 
 namespace wharf {
@@ -173,6 +175,7 @@ TierStore::Stats TierStore::stats() const {
   s.fills = fills_.load(std::memory_order_relaxed);
   s.fill_bytes = fill_bytes_.load(std::memory_order_relaxed);
   s.bypassed = bypassed_.load(std::memory_order_relaxed);
+  s.evicted = evictions_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -259,6 +262,10 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
       close(fd);
       continue;
     }
+    // Held while the bytes are read: an eviction pass skips what it cannot lock. Reading a
+    // file that was unlinked after it was opened is fine (its data stays until closed).
+    flock(fd, LOCK_SH);
+    if (!after_fill) TouchEntry(fd, *entry);
     GetResult result;
     result.meta.key = req.key;
     result.meta.size = entry->size;
@@ -401,11 +408,34 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   read.temp.reset();
   fills_.fetch_add(1, std::memory_order_relaxed);
   fill_bytes_.fetch_add(got->meta.size, std::memory_order_relaxed);
+  MaybeEvict(got->meta.size);
   read.Unlock();
   if (!ServeLocal(read, /*after_fill=*/true)) {
     read.Finish(absl::UnavailableError(
         absl::StrCat("get ", uri, ": the tier's copy vanished right after it was filled")));
   }
+}
+
+void TierStore::MaybeEvict(uint64_t filled) {
+  const TierConfig& c = tier_->config();
+  if (c.max_size == 0 && c.min_free <= 0) return;
+  int64_t usage = usage_.load(std::memory_order_relaxed);
+  if (usage >= 0) {
+    usage = usage_.fetch_add(static_cast<int64_t>(filled)) + static_cast<int64_t>(filled);
+  }
+  // Unknown until a pass has walked the tier; then what this process filled since.
+  if (usage >= 0 && !OverBounds(*tier_, static_cast<uint64_t>(usage))) return;
+  if (evicting_.exchange(true)) return;  // one pass at a time per process
+  runtime_->blocking_pool().Schedule([self = shared_from_this()]() mutable {
+    std::string warning;
+    auto pass = EvictToBounds(*self->tier_, /*wait=*/false, &warning);
+    if (!warning.empty()) std::fprintf(stderr, "wharf: %s\n", warning.c_str());
+    if (pass.ok() && pass->ran) {
+      self->usage_.store(static_cast<int64_t>(pass->bytes - pass->evicted_bytes));
+      self->evictions_.fetch_add(pass->evicted, std::memory_order_relaxed);
+    }
+    self->evicting_.store(false);
+  });
 }
 
 void TierStore::Forget(const std::string& key) {

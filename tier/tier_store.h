@@ -62,6 +62,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
     uint64_t fills = 0;   // objects this process fetched into the tier
     uint64_t fill_bytes = 0;
     uint64_t bypassed = 0;  // reads of keys that cannot be paths
+    uint64_t evicted = 0;   // entries this process's eviction passes removed
   };
   Stats stats() const;
 
@@ -83,6 +84,8 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // Seals and publishes a filled object, then serves the read from it.
   void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
   void Forget(const std::string& key);
+  // After a fill: when the tier may be over its bounds, one eviction pass in the background.
+  void MaybeEvict(uint64_t filled);
   // Counters: what was not yet written goes to the tier's stats (tier.h) when the store is
   // destroyed or the process exits, whichever comes first.
   void Register();
@@ -95,6 +98,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   const std::vector<TierImport> imports_;  // source URI prefixes, longest first
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, fills_{0}, fill_bytes_{0}, bypassed_{0};
+  std::atomic<int64_t> usage_{-1};  // bytes of entries after this process's last pass
+  std::atomic<bool> evicting_{false};
+  std::atomic<uint64_t> evictions_{0};
   Stats flushed_;  // what FlushStatsLocked already wrote (guarded by the live-store lock)
 };
 

@@ -1,0 +1,207 @@
+#include "tier/evict.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "store/local/temp_object.h"
+
+namespace wharf {
+namespace {
+
+constexpr absl::Duration kTouchEvery = absl::Minutes(1);
+
+struct Candidate {
+  std::string path;
+  uint64_t size;
+  absl::Time last_access;
+  bool pinned;
+  bool local;
+};
+
+absl::Time ReadAtime(int fd, const std::string& path) {
+  char buf[32];
+  const ssize_t n = fd >= 0 ? fgetxattr(fd, kTierAtimeXattr, buf, sizeof(buf) - 1)
+                            : getxattr(path.c_str(), kTierAtimeXattr, buf, sizeof(buf) - 1);
+  int64_t seconds = 0;
+  if (n <= 0 || !absl::SimpleAtoi(absl::string_view(buf, n), &seconds)) {
+    return absl::InfinitePast();
+  }
+  return absl::FromUnixSeconds(seconds);
+}
+
+}  // namespace
+
+absl::Status WalkTierFiles(const Tier& tier, const std::string& path,
+                           const std::function<void(const std::string&, const struct stat&)>& fn) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, path);
+  if (S_ISREG(st.st_mode)) {
+    fn(path, st);
+    return absl::OkStatus();
+  }
+  if (!S_ISDIR(st.st_mode)) return absl::OkStatus();
+  // The tier's own folder: only its read-through area holds entries.
+  const std::string meta = tier.MetaPath("");
+  if (path == meta) {
+    const std::string objects = tier.MetaPath("objects");
+    if (lstat(objects.c_str(), &st) != 0) return absl::OkStatus();
+    return WalkTierFiles(tier, objects, fn);
+  }
+  DIR* dir = opendir(path.c_str());
+  if (dir == nullptr) {
+    if (errno == ENOENT) return absl::OkStatus();  // removed meanwhile
+    return ErrnoToStatus(errno, absl::StrCat("reading ", path));
+  }
+  std::vector<std::string> names;
+  while (struct dirent* e = readdir(dir)) {
+    const absl::string_view name = e->d_name;
+    if (name != "." && name != "..") names.emplace_back(name);
+  }
+  closedir(dir);
+  for (const std::string& name : names) {
+    absl::Status s = WalkTierFiles(tier, absl::StrCat(path, "/", name), fn);
+    if (!s.ok() && !absl::IsNotFound(s)) return s;  // a file removed meanwhile is fine
+  }
+  return absl::OkStatus();
+}
+
+absl::Time LastAccess(const std::string& path, const TierEntry& entry) {
+  return std::max(entry.filled, ReadAtime(-1, path));
+}
+
+void TouchEntry(int fd, const TierEntry& entry) {
+  const absl::Time now = absl::Now();
+  if (now - std::max(entry.filled, ReadAtime(fd, "")) < kTouchEvery) return;
+  const std::string value = absl::StrCat(absl::ToUnixSeconds(now));
+  // Best effort: a reader without write permission leaves the entry's order as it was.
+  (void)fsetxattr(fd, kTierAtimeXattr, value.data(), value.size(), 0);
+}
+
+absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
+                                    uint64_t target_bytes, bool wait) {
+  return EvictTo(
+      tier, path, [target_bytes](uint64_t) { return target_bytes; }, wait);
+}
+
+absl::StatusOr<EvictResult> EvictToBounds(const Tier& tier, bool wait, std::string* warning) {
+  return EvictTo(
+      tier, tier.root(),
+      [&](uint64_t entry_bytes) { return EvictionTarget(tier, entry_bytes, warning); }, wait);
+}
+
+absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
+                                    const std::function<uint64_t(uint64_t entry_bytes)>& target_of,
+                                    bool wait) {
+  EvictResult result;
+  WHARF_RETURN_IF_ERROR(MakeDirs(tier.MetaPath("locks")));
+  const std::string lock_path = tier.MetaPath("locks/evict");
+  const int lock = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0) return ErrnoToStatus(errno, absl::StrCat("opening ", lock_path));
+  if (flock(lock, LOCK_EX | (wait ? 0 : LOCK_NB)) != 0) {
+    close(lock);
+    result.ran = false;
+    return result;
+  }
+  std::vector<Candidate> candidates;
+  absl::Status walked = WalkTierFiles(tier, path, [&](const std::string& p, const struct stat& st) {
+    const auto entry = ReadEntryAttr(p);
+    if (!IsCompleteEntry(entry, st)) return;
+    ++result.entries;
+    result.bytes += st.st_size;
+    candidates.push_back(
+        {p, static_cast<uint64_t>(st.st_size), LastAccess(p, *entry), IsPinned(p), entry->local});
+  });
+  if (!walked.ok()) {
+    close(lock);
+    return walked;
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) { return a.last_access < b.last_access; });
+  const uint64_t target_bytes = target_of(result.bytes);
+  uint64_t left = result.bytes;
+  for (const Candidate& c : candidates) {
+    if (left <= target_bytes) break;
+    if (c.pinned) {
+      ++result.kept_pinned;
+      continue;
+    }
+    if (c.local) {
+      ++result.kept_local;
+      continue;
+    }
+    const int fd = open(c.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {  // gone meanwhile
+      left -= c.size;
+      continue;
+    }
+    // Readers hold a shared lock while they read: skip what is in use.
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      close(fd);
+      ++result.kept_busy;
+      continue;
+    }
+    struct stat by_fd, by_path;
+    if (fstat(fd, &by_fd) == 0 && stat(c.path.c_str(), &by_path) == 0 &&
+        by_fd.st_ino == by_path.st_ino && by_fd.st_dev == by_path.st_dev &&
+        unlink(c.path.c_str()) == 0) {
+      ++result.evicted;
+      result.evicted_bytes += c.size;
+      left -= c.size;
+    }
+    close(fd);
+  }
+  close(lock);
+  return result;
+}
+
+uint64_t EvictionTarget(const Tier& tier, uint64_t entry_bytes, std::string* warning) {
+  const TierConfig& c = tier.config();
+  uint64_t target = std::numeric_limits<uint64_t>::max();
+  if (c.max_size > 0) target = c.max_size / 10 * 9;
+  struct statvfs vfs;
+  if (c.min_free > 0 && statvfs(tier.root().c_str(), &vfs) == 0) {
+    if (vfs.f_blocks == 0) {
+      static std::atomic<bool> warned{false};
+      if (warning != nullptr && !warned.exchange(true)) {
+        *warning = absl::StrCat("tier ", tier.root(),
+                                ": the file system reports no capacity, so --min-free is ignored");
+      }
+    } else {
+      const double total = static_cast<double>(vfs.f_blocks) * vfs.f_frsize;
+      const double free = static_cast<double>(vfs.f_bavail) * vfs.f_frsize;
+      // Free min_free percent, and one percent more so passes stay rare.
+      const double want = total * (c.min_free + 1) / 100;
+      if (free < total * c.min_free / 100) {
+        const double lack = want - free;
+        target = std::min<uint64_t>(
+            target, lack >= entry_bytes ? 0 : entry_bytes - static_cast<uint64_t>(lack));
+      }
+    }
+  }
+  return target == std::numeric_limits<uint64_t>::max() ? entry_bytes : target;
+}
+
+bool OverBounds(const Tier& tier, uint64_t entry_bytes) {
+  const TierConfig& c = tier.config();
+  if (c.max_size > 0 && entry_bytes > c.max_size) return true;
+  struct statvfs vfs;
+  if (c.min_free > 0 && statvfs(tier.root().c_str(), &vfs) == 0 && vfs.f_blocks > 0) {
+    return static_cast<double>(vfs.f_bavail) < static_cast<double>(vfs.f_blocks) * c.min_free / 100;
+  }
+  return false;
+}
+
+}  // namespace wharf

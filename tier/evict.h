@@ -1,0 +1,72 @@
+// Walking a tier's entries and evicting them (docs/design/tier.md, "Readers and eviction").
+//
+// An eviction pass removes the least recently used entries below a path until what is left
+// there totals at most a target. It never removes:
+//  - an entry being read: readers hold a shared flock on the data file while they read
+//    (TierStore does), and the pass takes the exclusive lock without waiting, skipping the
+//    entries it cannot lock;
+//  - a pinned entry (`tier pin`);
+//  - a `local` entry: data written to the tier that exists nowhere else (a checkpoint not
+//    yet exported).
+// Last access is the entry attribute's fill time or the `user.wharf.atime` attribute readers
+// refresh (at most once a minute per entry), whichever is later. One pass at a time per tier:
+// passes hold `.wharf/locks/evict` (an flock the OS releases if the process dies).
+//
+// Thread-safety: the functions may be called concurrently from any thread and process.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tier/tier.h"
+
+namespace wharf {
+
+inline constexpr char kTierAtimeXattr[] = "user.wharf.atime";
+
+// Calls `fn(path, st)` for every regular file below `path` (or `path` itself when it is a
+// file) that may be an entry: the tier's own folder is skipped except its read-through area.
+absl::Status WalkTierFiles(const Tier& tier, const std::string& path,
+                           const std::function<void(const std::string&, const struct stat&)>& fn);
+
+// The entry's last access: max(filled, the atime attribute).
+absl::Time LastAccess(const std::string& path, const TierEntry& entry);
+// Records an access to the entry open as `fd` when the recorded one is older than a minute.
+void TouchEntry(int fd, const TierEntry& entry);
+
+struct EvictResult {
+  uint64_t entries = 0;  // complete entries found below the path
+  uint64_t bytes = 0;    // their size
+  uint64_t evicted = 0;
+  uint64_t evicted_bytes = 0;
+  uint64_t kept_pinned = 0;
+  uint64_t kept_local = 0;
+  uint64_t kept_busy = 0;  // being read
+  bool ran = true;         // false: another pass held the tier's eviction lock (wait = false)
+};
+
+// Evicts least recently used entries below `path` until at most `target_bytes` remain there.
+// `wait`: wait for a pass in progress instead of returning with ran = false.
+absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
+                                    uint64_t target_bytes, bool wait = true);
+// The same with the target computed from what the entries below `path` hold.
+absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
+                                    const std::function<uint64_t(uint64_t entry_bytes)>& target_of,
+                                    bool wait);
+// One pass over the whole tier down to its bounds (EvictionTarget); `warning` as there.
+absl::StatusOr<EvictResult> EvictToBounds(const Tier& tier, bool wait, std::string* warning);
+
+// What the tier's bounds ask to keep, given what its entries hold now: the lower of 90% of
+// max_size (when set) and what keeps min_free percent of the file system free. `warning` is
+// set (once per process) when the file system reports no capacity and min_free is ignored.
+uint64_t EvictionTarget(const Tier& tier, uint64_t entry_bytes, std::string* warning);
+// True when the tier's entries, `entry_bytes` in all, exceed a bound.
+bool OverBounds(const Tier& tier, uint64_t entry_bytes);
+
+}  // namespace wharf
