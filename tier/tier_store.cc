@@ -83,6 +83,7 @@ struct TierStore::PendingRead {
   absl::Duration backoff = absl::Milliseconds(1);
   std::unique_ptr<TempObject> temp;
   std::unique_ptr<FileSink> sink;
+  std::optional<TierEntry> stale;  // the copy a fill revalidates (ttl mode)
 
   ~PendingRead() { Unlock(); }
   void Unlock() {
@@ -176,6 +177,7 @@ TierStore::Stats TierStore::stats() const {
   s.fill_bytes = fill_bytes_.load(std::memory_order_relaxed);
   s.bypassed = bypassed_.load(std::memory_order_relaxed);
   s.evicted = evictions_.load(std::memory_order_relaxed);
+  s.revalidated = revalidated_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -373,6 +375,16 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   whole.key = key;
   whole.sink = read->sink.get();
   whole.cancel = read->request.cancel;
+  // A stale copy (ttl mode) is revalidated: an unchanged object answers 304 with no body.
+  struct stat st;
+  if (stat(read->fill_path.c_str(), &st) == 0) {
+    read->stale = ReadEntryAttr(read->fill_path);
+    if (IsCompleteEntry(read->stale, st) && !read->stale->etag.empty()) {
+      whole.if_none_match = read->stale->etag;
+    } else {
+      read->stale.reset();
+    }
+  }
   inner_->GetAsync(std::move(whole),
                    [self = shared_from_this(), read](absl::StatusOr<GetResult> got) mutable {
                      // Sealing and publishing are syscalls: off the backing store's thread.
@@ -388,6 +400,21 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
 void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got) {
   const std::string uri = inner_->Uri(read.request.key);
   if (!got.ok()) return read.Finish(got.status());
+  if (got->not_modified && read.stale.has_value()) {
+    // Unchanged at the source: the copy is current again.
+    TierEntry fresh = *read.stale;
+    fresh.filled = absl::Now();
+    absl::Status s = WriteEntryAttr(read.fill_path, fresh);
+    if (!s.ok()) return read.Finish(Annotate(s, absl::StrCat("get ", uri, ": revalidating")));
+    revalidated_.fetch_add(1, std::memory_order_relaxed);
+    read.temp.reset();
+    read.Unlock();
+    if (!ServeLocal(read, /*after_fill=*/true)) {
+      read.Finish(absl::UnavailableError(
+          absl::StrCat("get ", uri, ": the tier's copy vanished while it was revalidated")));
+    }
+    return;
+  }
   if (read.sink->bytes() != got->meta.size) {
     return read.Finish(absl::DataLossError(absl::StrCat(
         "get ", uri, ": received ", read.sink->bytes(), " of ", got->meta.size, " bytes")));

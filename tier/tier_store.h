@@ -3,7 +3,9 @@
 // A read of key K is served from the tier when a complete, fresh entry for K exists: first
 // in an imported tree whose source prefix covers K's URI, else in the read-through area
 // `<tier>/.wharf/objects/<scheme>/<bucket>/<key>`. Fresh: always in `immutable` mode; in `ttl`
-// mode when the entry was filled at most max(ttl, request.max_staleness) ago. A miss fills
+// mode when the entry was filled (or last revalidated) at most max(ttl, request.max_staleness)
+// ago; an older one is revalidated with a conditional GET (If-None-Match on its ETag), and
+// only a changed object is fetched again. A miss fills
 // the read-through area with the whole object and serves the read from it:
 //  - one filler per object across threads, processes and nodes: the filler holds an
 //    exclusive flock on the lock stripe of the object's path, tried without blocking and
@@ -61,8 +63,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
     uint64_t misses = 0;  // reads that found no fresh entry
     uint64_t fills = 0;   // objects this process fetched into the tier
     uint64_t fill_bytes = 0;
-    uint64_t bypassed = 0;  // reads of keys that cannot be paths
-    uint64_t evicted = 0;   // entries this process's eviction passes removed
+    uint64_t bypassed = 0;     // reads of keys that cannot be paths
+    uint64_t evicted = 0;      // entries this process's eviction passes removed
+    uint64_t revalidated = 0;  // stale copies the source confirmed unchanged (304)
   };
   Stats stats() const;
 
@@ -101,6 +104,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::atomic<int64_t> usage_{-1};  // bytes of entries after this process's last pass
   std::atomic<bool> evicting_{false};
   std::atomic<uint64_t> evictions_{0};
+  std::atomic<uint64_t> revalidated_{0};
   Stats flushed_;  // what FlushStatsLocked already wrote (guarded by the live-store lock)
 };
 

@@ -78,6 +78,11 @@ TEST_F(TierStoreTest, TtlModeFetchesAgainOnceTheEntryIsOlderThanTheTtl) {
   auto store = Cached(source_.store(), MakeTier(config));
   ASSERT_TRUE(source_.store()->Put("k", absl::Cord("v1")).ok());
   EXPECT_EQ(*store->Read("k"), "v1");
+  // Past the ttl but unchanged at the source: revalidated (304), not fetched again.
+  absl::SleepFor(absl::Milliseconds(250));
+  EXPECT_EQ(*store->Read("k"), "v1");
+  EXPECT_EQ(store->stats().fills, 1u);
+  EXPECT_EQ(store->stats().revalidated, 1u);
   ASSERT_TRUE(source_.store()->Put("k", absl::Cord("v2")).ok());
   EXPECT_EQ(*store->Read("k"), "v1");  // within the ttl
   absl::SleepFor(absl::Milliseconds(250));
