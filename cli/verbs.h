@@ -122,6 +122,8 @@ struct DemoArgs {
   uint64_t size = 100 * 1024;
   int jobs = 64;  // --inflight (alias -j/--jobs): the demo's own puts and gets in flight
   EngineArgs engine;
+  std::string tier = ".wharf/demo-tier";  // --tier DIR: imported into, then read from
+  bool no_tier = false;                   // --no-tier: skip the tier phases
 };
 void AddDemo(CLI::App& app, DemoArgs& args);
 absl::Status RunDemo(const DemoArgs& args);

@@ -1,7 +1,8 @@
 """One simulated training epoch over the demo data set, as DLIO measures storage: each batch
 "computes" for a fixed time, and accelerator utilization (AU) = compute time / wall time.
 
-    python -m wharf.demo [--dir .wharf/demo] [--batch-size 64] [--compute-ms 20] [--workers 2]
+    python -m wharf.demo [--dir .wharf/demo] [--cache .wharf/demo-tier] [--batch-size 64]
+                         [--compute-ms 20] [--workers 2]
 
 `./run demo` runs it after `wharf demo` has generated the data set.
 """
@@ -19,6 +20,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=".wharf/demo",
                         help="where `wharf demo` wrote the data set: a folder or a URI")
+    parser.add_argument("--cache", default=None,
+                        help="read through this tier (where `wharf demo` imported the data set)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--compute-ms", type=float, default=20.0,
                         help="simulated accelerator time per batch")
@@ -36,7 +39,8 @@ def main(argv=None) -> int:
     else:
         uri = f"file://{os.path.abspath(args.dir)}/train/"
     try:
-        dataset = IterableDataset.from_prefix(uri, shuffle=True, seed=0)
+        store_options = {"cache": args.cache} if args.cache else {}
+        dataset = IterableDataset.from_prefix(uri, shuffle=True, seed=0, **store_options)
     except wharf.WharfError as e:
         print(f"wharf.demo: {e}", file=sys.stderr)
         return 1
@@ -59,7 +63,8 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - start
     busy = batches * compute
     print()
-    print("| training epoch (PyTorch DataLoader over wharf) | value |")
+    where = f"from the tier {args.cache}" if args.cache else "from the store"
+    print(f"| training epoch (PyTorch DataLoader over wharf, {where}) | value |")
     print("|---|---|")
     print(f"| samples | {samples} |")
     print(f"| batches of {args.batch_size}, {args.workers} workers | {batches} |")

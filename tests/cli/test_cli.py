@@ -375,10 +375,19 @@ def test_demo(tmp_path):
     assert len(data) == 200
     assert all(len(v) == 100 * 1024 and v[:4] == b"WIMG" for v in data.values())
     assert sum(k.startswith("train/class-07/") for k in data) == 20
+    # The tier phases: the data set imported into .wharf/demo-tier, then read from there.
+    assert rows["import to tier"].split("|")[2].strip() == "200"
+    assert rows["read from tier"].split("|")[2].strip() == "200"
+    assert tree_of(tmp_path / ".wharf" / "demo-tier" / "train") == {
+        k[len("train/"):]: v for k, v in data.items()}
+    status = json.loads(run("tier", "status", "--json", tmp_path / ".wharf" / "demo-tier",
+                            check=0).stdout)
+    assert status["entries"] == 200 and status["hits"] == 200 and status["fills"] == 0
 
-    # A second run finds the data set complete and skips writing it.
+    # A second run finds the data set complete and skips writing it, and the tier current.
     out = run("demo", "--objects", "200", check=0, cwd=tmp_path).stdout.decode()
     assert "skipped (already present)" in out and "verification: OK" in out
+    assert "skipped (200 current)" in out
 
 
 def test_demo_reads_through_the_engine_within_a_small_budget(tmp_path):
