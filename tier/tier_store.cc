@@ -233,6 +233,33 @@ absl::StatusOr<GetResult> TierStore::Get(const GetRequest& request) {
       [&](Callback<GetResult> cb) { GetAsync(GetRequest(request), std::move(cb)); });
 }
 
+void TierStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
+  // A fresh entry answers without a round trip to the bucket (loaders HEAD before reading).
+  runtime_->blocking_pool().Schedule(
+      [self = shared_from_this(), key = std::move(key), done = std::move(done)]() mutable {
+        for (const std::string& path : self->Candidates(key)) {
+          struct stat st;
+          if (stat(path.c_str(), &st) != 0) continue;
+          const auto entry = ReadEntryAttr(path);
+          if (!IsCompleteEntry(entry, st)) continue;
+          if (self->tier_->config().mode != TierConfig::Mode::kImmutable &&
+              absl::Now() - entry->filled > self->tier_->config().ttl) {
+            continue;
+          }
+          ObjectMeta meta;
+          meta.key = key;
+          meta.size = entry->size;
+          meta.etag = EntryEtag(*entry);
+          meta.mtime = absl::TimeFromTimespec(st.st_mtim);
+          self.reset();
+          return std::move(done)(std::move(meta));
+        }
+        std::shared_ptr<ObjectStore> inner = self->inner_;
+        self.reset();
+        inner->HeadAsync(std::move(key), std::move(done));
+      });
+}
+
 bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
   const GetRequest& req = read.request;
   const std::string op = absl::StrCat("get ", inner_->Uri(req.key));

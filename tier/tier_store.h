@@ -19,6 +19,7 @@
 // Keys that cannot be paths (a ".." segment, "//", a trailing '/') bypass the tier.
 // Requests carry their read options: if_match other than the entry's ETag refills (then
 // fails as the backing store would); if_none_match is answered from the entry.
+// A HEAD of a key with a fresh entry is answered from the entry (size, the source's ETag).
 // Puts, copies and deletes go to the backing store; each also removes the key's copy from
 // the read-through area, so this process never reads its own write stale.
 //
@@ -48,6 +49,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
                                                          std::shared_ptr<Runtime> runtime);
   ~TierStore() override;
 
+  void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
   void GetAsync(GetRequest request, Callback<GetResult> done) override;
   absl::StatusOr<GetResult> Get(const GetRequest& request) override;
   void PutAsync(std::string key, absl::Cord data, const PutOptions& options,

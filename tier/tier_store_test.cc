@@ -69,6 +69,12 @@ TEST_F(TierStoreTest, AMissFillsAndTheNextReadHits) {
   EXPECT_EQ(*second, "hello tier");
   EXPECT_EQ(store->stats().hits, 1u);
   EXPECT_EQ(store->stats().fills, 1u);
+  // HEAD is answered by the entry too: the old size, not the source's new one.
+  auto head = store->Head("train/a.bin");
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->size, 10u);
+  EXPECT_EQ(head->etag, entry->etag);
+  EXPECT_EQ(store->Head("train/missing").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(TierStoreTest, TtlModeFetchesAgainOnceTheEntryIsOlderThanTheTtl) {
