@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "base/hash.h"
 #include "base/runtime.h"
@@ -260,6 +261,27 @@ class ExportObserver : public ProgressObserver {
   std::unique_ptr<ThreadPool> marker_ = std::make_unique<ThreadPool>(1);
 };
 
+// Aborts the multipart uploads that killed exports left below the destination (a process
+// killed with -9 cannot abort its own; failures abort theirs, io/transfer.h). Only uploads
+// of keys this export writes: `key_of(rel)` true for a key it would write. Listed before
+// this run starts any upload, so every one of them was initiated before the run; an export
+// of the same keys running elsewhere at the same time would lose its uploads (and fail),
+// which we prefer to leaving parts behind that the bucket's owner pays for. Stores without
+// multipart uploads have nothing to sweep.
+absl::StatusOr<uint64_t> AbortLeftoverUploads(ObjectStore& dst, const std::string& prefix,
+                                              const std::function<bool(absl::string_view)>& ours) {
+  absl::StatusOr<std::vector<PendingUpload>> uploads = dst.ListUploads(prefix);
+  if (absl::IsUnimplemented(uploads.status())) return 0;
+  if (!uploads.ok()) return uploads.status();
+  uint64_t aborted = 0;
+  for (const PendingUpload& u : *uploads) {
+    if (!ours(u.key)) continue;
+    WHARF_RETURN_IF_ERROR(dst.AbortUpload(u.key, u.upload_id));
+    ++aborted;
+  }
+  return aborted;
+}
+
 absl::Status RunExport(const TierArgs& args) {
   if (!args.sse_kms_key_id.empty() && args.sse != "aws:kms") {
     return absl::InvalidArgumentError("tier export: --sse-kms-key-id needs --sse aws:kms");
@@ -292,6 +314,34 @@ absl::Status RunExport(const TierArgs& args) {
   options.put.storage_class = args.storage_class;
   options.put.sse = args.sse;
   options.put.sse_kms_key_id = args.sse_kms_key_id;
+
+  // What killed runs left: first their uploads of the keys this run writes.
+  std::string dst_prefix;
+  std::function<bool(absl::string_view)> ours;
+  if (one_file) {
+    const std::string name = path.substr(dir.size() + 1);
+    dst_prefix =
+        dst.uri.key.empty() || dst.uri.key.back() == '/' ? JoinKey(dst.uri.key, name) : dst.uri.key;
+    ours = [&](absl::string_view key) {
+      return key == dst_prefix && PassesFilters(options.filters, name);
+    };
+  } else {
+    dst_prefix = AsPrefix(dst.uri.key);
+    const bool at_root = dir == tier->root();
+    ours = [&](absl::string_view key) {
+      absl::string_view rel = key;
+      if (!absl::ConsumePrefix(&rel, dst_prefix) || !IsSafeRelativeKey(rel)) return false;
+      if (at_root &&
+          (rel == Tier::kMetaDir || absl::StartsWith(rel, absl::StrCat(Tier::kMetaDir, "/")))) {
+        return false;
+      }
+      struct stat fst;
+      const std::string file = absl::StrCat(dir, "/", rel);
+      return PassesFilters(options.filters, rel) && lstat(file.c_str(), &fst) == 0 &&
+             S_ISREG(fst.st_mode);
+    };
+  }
+  WHARF_ASSIGN_OR_RETURN(uint64_t aborted, AbortLeftoverUploads(*dst.store, dst_prefix, ours));
 
   Progress progress(Progress::ShouldShow(args.quiet || args.json));
   ExportObserver observer(progress, dir, dst.store);
@@ -328,6 +378,7 @@ absl::Status RunExport(const TierArgs& args) {
     j["skipped"] = summary->skipped;
     j["failed"] = summary->failed;
     j["seconds"] = seconds;
+    j["aborted_uploads"] = aborted;
     Print(JsonLine(j));
   } else if (!args.quiet) {
     Print(absl::StrFormat("exported %d of %d objects (%s MB) in %.2f s (%s MB/s) to %s\n",
@@ -336,6 +387,10 @@ absl::Status RunExport(const TierArgs& args) {
                           MegabytesPerSecond(summary->bytes, summary->elapsed), OneLine(dst_uri)));
     if (summary->skipped > 0) {
       Print(absl::StrFormat("skipped %d already there (same size and ETag)\n", summary->skipped));
+    }
+    if (aborted > 0) {
+      Print(
+          absl::StrFormat("aborted %d multipart uploads that interrupted exports left\n", aborted));
     }
   }
   return absl::OkStatus();
