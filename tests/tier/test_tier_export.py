@@ -69,7 +69,7 @@ def test_export_filters_multipart_resume_and_local(tmp_path, bucket, s3_env, s3_
     run_wharf("tier", "import", "-q", f"file://{src}/", tier / "data", env=s3_env, check=True)
 
     dst = f"s3://{bucket}/exp/"
-    flags = ["--exclude", "*.tmp", "--include", "notes/*", "--content-type", "application/x-ckpt"]
+    flags = ["--exclude", "*.tmp", "--include", "ckpt/notes/*", "--content-type", "application/x-ckpt"]
     first = export_json(*flags, tier, dst, env=s3_env)
     expected = {rel: data for rel, data in local.items() if rel != "ckpt/step-1/scratch.tmp"}
     expected["data/d/a.txt"] = b"imported a"
@@ -148,7 +148,7 @@ def test_export_killed_leaves_no_upload_after_rerun(tmp_path, bucket, s3_env, s3
         write_local_entry(str(tier / rel), d)
     dst = f"s3://{bucket}/k/"
     killed_with_uploads = False
-    for delay in (0.4, 0.8, 1.2):
+    for delay in (0.2, 0.4, 0.6, 0.9, 1.2):
         proc = subprocess.Popen([wharf_bin(), "tier", "export", "-q", "--inflight", "2",
                                  str(tier), dst], env=s3_env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -158,10 +158,16 @@ def test_export_killed_leaves_no_upload_after_rerun(tmp_path, bucket, s3_env, s3
         if uploads_below(s3_client, bucket, "k/"):
             killed_with_uploads = True
             break
+    # A kill -9 leaves its uploads: nothing in the process can abort them.
+    assert killed_with_uploads
+    # Another client's upload below the destination, of a key this export does not write.
+    foreign = s3_client.create_multipart_upload(Bucket=bucket, Key="k/foreign.bin")["UploadId"]
     # The rerun aborts what the killed run left (uploads of keys it exports) and completes.
     out = export_json(tier, dst, env=s3_env)
-    assert out["failed"] == 0
+    assert out["failed"] == 0 and out["aborted_uploads"] >= 1
     assert bucket_objects(s3_client, bucket, "k/") == data
+    assert [u["UploadId"] for u in uploads_below(s3_client, bucket, "k/")] == [foreign]
+    s3_client.abort_multipart_upload(Bucket=bucket, Key="k/foreign.bin", UploadId=foreign)
     assert uploads_below(s3_client, bucket, "k/") == []
-    if killed_with_uploads:
-        assert out["aborted_uploads"] >= 1
+    # Every exported entry is local no more.
+    assert all(entry_of(tier / rel)["local"] is False for rel in data)
