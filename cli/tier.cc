@@ -341,7 +341,8 @@ absl::Status RunExport(const TierArgs& args) {
              S_ISREG(fst.st_mode);
     };
   }
-  WHARF_ASSIGN_OR_RETURN(uint64_t aborted, AbortLeftoverUploads(*dst.store, dst_prefix, ours));
+  absl::StatusOr<uint64_t> aborted = AbortLeftoverUploads(*dst.store, dst_prefix, ours);
+  if (!aborted.ok()) return Annotate(aborted.status(), absl::StrCat("tier export ", path));
 
   Progress progress(Progress::ShouldShow(args.quiet || args.json));
   ExportObserver observer(progress, dir, dst.store);
@@ -351,10 +352,17 @@ absl::Status RunExport(const TierArgs& args) {
                            TierTreeStore::Open(tier, dir, Runtime::Default()));
     if (one_file) {
       const std::string name = path.substr(dir.size() + 1);
+      // kCopy checks the destination only for prefixes: the same check for the one file.
+      absl::StatusOr<ObjectMeta> mine = tree->Head(name);
+      absl::StatusOr<ObjectMeta> have = dst.store->Head(dst_prefix);
       if (!PassesFilters(options.filters, name)) {
+        summary = TransferSummary{.listed = 1};
+      } else if (mine.ok() && have.ok() && !mine->etag.empty() && mine->size == have->size &&
+                 mine->etag == have->etag) {
         summary = TransferSummary{.listed = 1, .skipped = 1};
+        observer.OnObjectAt(*mine, *have, /*copied=*/false);
       } else {
-        summary = Transfer({tree, name}, {dst.store, dst.uri.key}, options, &observer);
+        summary = Transfer({tree, name}, {dst.store, dst_prefix}, options, &observer);
       }
     } else {
       summary = Transfer({tree, ""}, {dst.store, dst.uri.key}, options, &observer);
@@ -378,7 +386,7 @@ absl::Status RunExport(const TierArgs& args) {
     j["skipped"] = summary->skipped;
     j["failed"] = summary->failed;
     j["seconds"] = seconds;
-    j["aborted_uploads"] = aborted;
+    j["aborted_uploads"] = *aborted;
     Print(JsonLine(j));
   } else if (!args.quiet) {
     Print(absl::StrFormat("exported %d of %d objects (%s MB) in %.2f s (%s MB/s) to %s\n",
@@ -388,9 +396,9 @@ absl::Status RunExport(const TierArgs& args) {
     if (summary->skipped > 0) {
       Print(absl::StrFormat("skipped %d already there (same size and ETag)\n", summary->skipped));
     }
-    if (aborted > 0) {
-      Print(
-          absl::StrFormat("aborted %d multipart uploads that interrupted exports left\n", aborted));
+    if (*aborted > 0) {
+      Print(absl::StrFormat("aborted %d multipart uploads that interrupted exports left\n",
+                            *aborted));
     }
   }
   return absl::OkStatus();

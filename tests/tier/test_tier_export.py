@@ -120,6 +120,13 @@ def test_export_filters_multipart_resume_and_local(tmp_path, bucket, s3_env, s3_
     assert proc.stdout == b""
     assert sorted(bucket_objects(s3_client, bucket, "only/")) == ["model.bin", "optim.bin"]
 
+    # One file: to a key, and again (skipped).
+    one = export_json(tier / "ckpt" / "README", f"s3://{bucket}/one/readme.txt", env=s3_env)
+    assert (one["objects"], one["uploaded"]) == (1, 1)
+    assert bucket_objects(s3_client, bucket, "one/") == {"readme.txt": b"hello"}
+    one = export_json(tier / "ckpt" / "README", f"s3://{bucket}/one/readme.txt", env=s3_env)
+    assert (one["uploaded"], one["skipped"]) == (0, 1)
+
 
 def test_export_errors_name_what_is_wrong(tmp_path, bucket, s3_env):
     tier = tmp_path / "tier"
