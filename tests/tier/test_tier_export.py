@@ -128,6 +128,19 @@ def test_export_filters_multipart_resume_and_local(tmp_path, bucket, s3_env, s3_
     assert (one["uploaded"], one["skipped"]) == (0, 1)
 
 
+def test_an_entry_already_at_the_destination_is_skipped_and_loses_local(tmp_path, bucket, s3_env,
+                                                                        s3_client):
+    # As after an export killed between an upload and the mark on its entry.
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    write_local_entry(str(tier / "w.bin"), b"weights")
+    s3_client.put_object(Bucket=bucket, Key="m/w.bin", Body=b"weights")
+    out = export_json(tier, f"s3://{bucket}/m/", env=s3_env)
+    assert (out["uploaded"], out["skipped"]) == (0, 1)
+    e = entry_of(tier / "w.bin")
+    assert e["local"] is False and e["source"] == f"s3://{bucket}/m/w.bin"
+
+
 def test_export_errors_name_what_is_wrong(tmp_path, bucket, s3_env):
     tier = tmp_path / "tier"
     run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
@@ -178,3 +191,35 @@ def test_export_killed_leaves_no_upload_after_rerun(tmp_path, bucket, s3_env, s3
     assert uploads_below(s3_client, bucket, "k/") == []
     # Every exported entry is local no more.
     assert all(entry_of(tier / rel)["local"] is False for rel in data)
+
+
+def test_a_failed_part_aborts_the_upload_and_keeps_the_entry_local(tmp_path, bucket, s3_env,
+                                                                     s3_client):
+    """Through the fault proxy, every part upload of the big file is refused (403, not
+    retried): the export fails naming it, its upload is aborted, its entry stays local, the
+    others are exported; a rerun without faults uploads only the big file."""
+    from fault_proxy import FaultProxy
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    big = os.urandom(20 * MiB)
+    write_local_entry(str(tier / "big.bin"), big)
+    write_local_entry(str(tier / "small.bin"), b"small")
+    dst = f"s3://{bucket}/f/"
+    upstream = s3_env["WHARF_S3_ENDPOINT"].split("://", 1)[1]
+    with FaultProxy(upstream) as proxy:
+        proxy.set_faults([{"match": {"method": "PUT", "query_regex": "uploadId="},
+                           "action": "status", "status": 403, "code": "AccessDenied",
+                           "count": None}])
+        proc = run_wharf("tier", "export", "-q", tier, dst,
+                         env=dict(s3_env, AWS_ENDPOINT_URL=proxy.url), timeout=120)
+    assert proc.returncode == 1
+    assert "big.bin" in proc.stderr and "AccessDenied" in proc.stderr, proc.stderr
+    assert uploads_below(s3_client, bucket, "f/") == []
+    assert entry_of(tier / "big.bin")["local"] is True
+    assert entry_of(tier / "small.bin")["local"] is False
+    assert bucket_objects(s3_client, bucket, "f/") == {"small.bin": b"small"}
+
+    out = export_json(tier, dst, env=s3_env)
+    assert (out["uploaded"], out["skipped"], out["aborted_uploads"]) == (1, 1, 0)
+    assert bucket_objects(s3_client, bucket, "f/") == {"small.bin": b"small", "big.bin": big}
+    assert entry_of(tier / "big.bin")["local"] is False
