@@ -665,7 +665,8 @@ void AddTier(CLI::App& app, TierArgs& args) {
       "Each file TIER_PATH/REL becomes DST_URI/REL (the tier's own .wharf folder is never\n"
       "exported), big ones as parallel multipart uploads with each part's MD5 checked; a\n"
       "failed upload is aborted. A rerun uploads only what is missing or changed (same size\n"
-      "and ETag are skipped). Exported entries are no longer `local`, so eviction may\n"
+      "and ETag are skipped) and first aborts the multipart uploads that killed exports\n"
+      "left for the keys it writes. Exported entries are no longer `local`, so eviction may\n"
       "remove them.");
 
   CLI::App* status = sub("status", "Entries, bytes and settings of the tier holding PATH");
