@@ -102,7 +102,7 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   const std::vector<TransferFilter> filters = FiltersInOrder(argc, argv);
-  cp.filters = sync.filters = rm.filters = filters;
+  cp.filters = sync.filters = rm.filters = tier.filters = filters;
 
   absl::Status status;
   try {

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,9 +19,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "base/hash.h"
 #include "base/runtime.h"
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "cli/common.h"
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
@@ -155,6 +159,216 @@ absl::Status RunImport(const TierArgs& args) {
     if (garbage.files > 0) {
       Print(absl::StrFormat("removed %d temporary files left by %d interrupted runs\n",
                             garbage.files, garbage.owners));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The export's observer: the progress line, and each exported entry loses `local` (its data
+// now exists elsewhere, so eviction may remove it). An entry with no source also takes the
+// exported object's URI and ETag as its provenance, so it lists with the destination's ETag
+// and a rerun skips it even when that ETag is a multipart one (no MD5). The attribute is
+// written on a thread of its own, never on the transport thread that reports a put.
+class ExportObserver : public ProgressObserver {
+ public:
+  ExportObserver(Progress& progress, std::string dir, std::shared_ptr<ObjectStore> dst)
+      : ProgressObserver(progress),
+        progress_(progress),
+        dir_(std::move(dir)),
+        dst_(std::move(dst)) {}
+
+  void OnObjectAt(const ObjectMeta& src, const ObjectMeta& dst, bool /*copied*/) override {
+    marker_->Schedule([this, src, dst] {
+      absl::Status s = MarkExported(absl::StrCat(dir_, "/", src.key), src, dst);
+      if (s.ok()) return;
+      progress_.PrintLine(absl::StrCat("wharf: ", OneLine(s.message())));
+      absl::MutexLock lock(&mu_);
+      if (unmarked_++ == 0) first_ = s;
+    });
+  }
+
+  // Waits for the attributes still being written; the first failure, if any. Call once,
+  // after the transfer.
+  absl::Status Finish() {
+    marker_.reset();  // runs what is queued, then joins
+    absl::MutexLock lock(&mu_);
+    if (unmarked_ == 0) return absl::OkStatus();
+    return absl::Status(
+        first_.code(),
+        absl::StrCat(unmarked_, " exported entries still say local (", first_.message(), ")"));
+  }
+
+ private:
+  // Clears `local` on the entry at `path` if it still holds what was exported (a file
+  // replaced since it was listed keeps its flag: its new content is not at the destination).
+  absl::Status MarkExported(const std::string& path, const ObjectMeta& src, const ObjectMeta& dst) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::OkStatus();  // gone since: nothing to mark
+    std::optional<TierEntry> entry = ReadEntryAttr(fd);
+    struct stat st;
+    absl::Status s;
+    if (fstat(fd, &st) == 0 && IsCompleteEntry(entry, st) && entry->local &&
+        entry->size == src.size && EntryEtag(*entry) == src.etag) {
+      entry->local = false;
+      if (entry->source.empty()) {
+        entry->source = dst_->Uri(dst.key);
+        entry->etag = dst.etag;
+      }
+      s = Annotate(WriteEntryAttr(fd, *entry), absl::StrCat("marking ", path, " exported"));
+    }
+    close(fd);
+    return s;
+  }
+
+  Progress& progress_;
+  const std::string dir_;
+  const std::shared_ptr<ObjectStore> dst_;
+  absl::Mutex mu_;
+  uint64_t unmarked_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_ ABSL_GUARDED_BY(mu_);
+  // One thread: attribute writes are small, and on a shared file system each is a metadata
+  // round trip that should not hold up the transfer's threads. Last: joined first.
+  std::unique_ptr<ThreadPool> marker_ = std::make_unique<ThreadPool>(1);
+};
+
+// Aborts the multipart uploads that killed exports left below the destination (a process
+// killed with -9 cannot abort its own; failures abort theirs, io/transfer.h). Only uploads
+// of keys this export writes: `key_of(rel)` true for a key it would write. Listed before
+// this run starts any upload, so every one of them was initiated before the run; an export
+// of the same keys running elsewhere at the same time would lose its uploads (and fail),
+// which we prefer to leaving parts behind that the bucket's owner pays for. Stores without
+// multipart uploads have nothing to sweep.
+absl::StatusOr<uint64_t> AbortLeftoverUploads(ObjectStore& dst, const std::string& prefix,
+                                              const std::function<bool(absl::string_view)>& ours) {
+  absl::StatusOr<std::vector<PendingUpload>> uploads = dst.ListUploads(prefix);
+  if (absl::IsUnimplemented(uploads.status())) return 0;
+  if (!uploads.ok()) return uploads.status();
+  uint64_t aborted = 0;
+  for (const PendingUpload& u : *uploads) {
+    if (!ours(u.key)) continue;
+    WHARF_RETURN_IF_ERROR(dst.AbortUpload(u.key, u.upload_id));
+    ++aborted;
+  }
+  return aborted;
+}
+
+absl::Status RunExport(const TierArgs& args) {
+  if (!args.sse_kms_key_id.empty() && args.sse != "aws:kms") {
+    return absl::InvalidArgumentError("tier export: --sse-kms-key-id needs --sse aws:kms");
+  }
+  WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.jobs));
+  const std::string path = AbsolutePath(args.path);
+  auto found = Tier::Find(path);
+  if (!found.ok()) return Annotate(found.status(), "tier export");
+  std::shared_ptr<Tier> tier = *std::move(found);
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("tier export ", path));
+  }
+  const bool one_file = S_ISREG(st.st_mode);
+  const std::string dir = one_file ? path.substr(0, path.rfind('/')) : path;
+  WHARF_ASSIGN_OR_RETURN(OpenedUri dst, OpenCliUri(args.dst));
+
+  TransferOptions options;
+  // kCopy: skip what the destination holds with the same size and ETag. A tier entry lists
+  // with its source's ETag, or (data written to the tier) the MD5 of its content until it is
+  // exported, and then the exported object's ETag (ExportObserver): so the comparison is by
+  // content, multipart uploads included, and a changed file (a new entry) is uploaded again.
+  // kSync's size-and-mtime rule would trust clocks and skip a file rewritten in the second
+  // of its upload.
+  options.mode = TransferMode::kCopy;
+  options.recursive = !one_file;
+  options.filters = args.filters;
+  options.list_workers = args.list_workers;
+  options.put.content_type = args.content_type;
+  options.put.storage_class = args.storage_class;
+  options.put.sse = args.sse;
+  options.put.sse_kms_key_id = args.sse_kms_key_id;
+
+  // What killed runs left: first their uploads of the keys this run writes.
+  std::string dst_prefix;
+  std::function<bool(absl::string_view)> ours;
+  if (one_file) {
+    const std::string name = path.substr(dir.size() + 1);
+    dst_prefix =
+        dst.uri.key.empty() || dst.uri.key.back() == '/' ? JoinKey(dst.uri.key, name) : dst.uri.key;
+    ours = [&](absl::string_view key) {
+      return key == dst_prefix && PassesFilters(options.filters, name);
+    };
+  } else {
+    dst_prefix = AsPrefix(dst.uri.key);
+    const bool at_root = dir == tier->root();
+    ours = [&](absl::string_view key) {
+      absl::string_view rel = key;
+      if (!absl::ConsumePrefix(&rel, dst_prefix) || !IsSafeRelativeKey(rel)) return false;
+      if (at_root &&
+          (rel == Tier::kMetaDir || absl::StartsWith(rel, absl::StrCat(Tier::kMetaDir, "/")))) {
+        return false;
+      }
+      struct stat fst;
+      const std::string file = absl::StrCat(dir, "/", rel);
+      return PassesFilters(options.filters, rel) && lstat(file.c_str(), &fst) == 0 &&
+             S_ISREG(fst.st_mode);
+    };
+  }
+  absl::StatusOr<uint64_t> aborted = AbortLeftoverUploads(*dst.store, dst_prefix, ours);
+  if (!aborted.ok()) return Annotate(aborted.status(), absl::StrCat("tier export ", path));
+
+  Progress progress(Progress::ShouldShow(args.quiet || args.json));
+  ExportObserver observer(progress, dir, dst.store);
+  absl::StatusOr<TransferSummary> summary;
+  {
+    WHARF_ASSIGN_OR_RETURN(std::shared_ptr<TierTreeStore> tree,
+                           TierTreeStore::Open(tier, dir, Runtime::Default()));
+    if (one_file) {
+      const std::string name = path.substr(dir.size() + 1);
+      // kCopy checks the destination only for prefixes: the same check for the one file.
+      absl::StatusOr<ObjectMeta> mine = tree->Head(name);
+      absl::StatusOr<ObjectMeta> have = dst.store->Head(dst_prefix);
+      if (!PassesFilters(options.filters, name)) {
+        summary = TransferSummary{.listed = 1};
+      } else if (mine.ok() && have.ok() && !mine->etag.empty() && mine->size == have->size &&
+                 mine->etag == have->etag) {
+        summary = TransferSummary{.listed = 1, .skipped = 1};
+        observer.OnObjectAt(*mine, *have, /*copied=*/false);
+      } else {
+        summary = Transfer({tree, name}, {dst.store, dst_prefix}, options, &observer);
+      }
+    } else {
+      summary = Transfer({tree, ""}, {dst.store, dst.uri.key}, options, &observer);
+    }
+  }
+  absl::Status marked = observer.Finish();
+  progress.Stop();
+  if (!summary.ok()) return summary.status();
+  WHARF_RETURN_IF_ERROR(marked);
+  const double seconds = absl::ToDoubleSeconds(summary->elapsed);
+  const std::string dst_uri = dst.store->Uri(dst.uri.key);
+  if (args.json) {
+    json j;
+    j["source"] = path;
+    j["dest"] = dst_uri;
+    j["tier"] = tier->root();
+    // The objects the filters selected (listed minus filtered out).
+    j["objects"] = summary->objects + summary->skipped + summary->failed;
+    j["bytes"] = summary->bytes;
+    j["uploaded"] = summary->objects;
+    j["skipped"] = summary->skipped;
+    j["failed"] = summary->failed;
+    j["seconds"] = seconds;
+    j["aborted_uploads"] = *aborted;
+    Print(JsonLine(j));
+  } else if (!args.quiet) {
+    Print(absl::StrFormat("exported %d of %d objects (%s MB) in %.2f s (%s MB/s) to %s\n",
+                          summary->objects, summary->objects + summary->skipped + summary->failed,
+                          Megabytes(summary->bytes), seconds,
+                          MegabytesPerSecond(summary->bytes, summary->elapsed), OneLine(dst_uri)));
+    if (summary->skipped > 0) {
+      Print(absl::StrFormat("skipped %d already there (same size and ETag)\n", summary->skipped));
+    }
+    if (*aborted > 0) {
+      Print(absl::StrFormat("aborted %d multipart uploads that interrupted exports left\n",
+                            *aborted));
     }
   }
   return absl::OkStatus();
@@ -412,6 +626,43 @@ void AddTier(CLI::App& app, TierArgs& args) {
       "syncfs. A rerun fetches only what is missing or changed (by ETag) and removes the\n"
       "temporary files of interrupted runs.");
 
+  CLI::App* exp = sub("export", "Upload the files below TIER_PATH to DST_URI");
+  exp->add_option("-j,--jobs,--inflight", args.jobs,
+                  "Requests in flight (objects, or parts of big ones); default: sized from the "
+                  "store's measured latency")
+      ->check(CLI::Range(1, 65536));
+  AddEngineFlags(exp, args.engine, /*budget_mb_alias=*/false);
+  exp->add_option("--list-workers", args.list_workers, "Parallel listing workers")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  exp->add_option("--include", args.include,
+                  "Include paths matching PATTERN (relative to TIER_PATH; '*' matches across "
+                  "'/'); rules apply in order, the last match wins")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  exp->add_option("--exclude", args.exclude, "Exclude paths matching PATTERN (see --include)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  exp->add_option("--content-type", args.content_type, "Content-Type of uploaded objects");
+  exp->add_option("--storage-class", args.storage_class,
+                  "Storage class of uploaded objects (S3: STANDARD, STANDARD_IA, ...)");
+  exp->add_option("--sse", args.sse, "Server-side encryption of uploaded objects")
+      ->check(CLI::IsMember({"AES256", "aws:kms"}));
+  exp->add_option("--sse-kms-key-id", args.sse_kms_key_id, "KMS key for --sse aws:kms");
+  exp->add_flag("--json", args.json,
+                "Print a JSON summary: objects, bytes, uploaded, skipped, failed, seconds");
+  exp->add_flag("-q,--quiet", args.quiet, "No progress line and no summary");
+  exp->add_option("TIER_PATH", args.path, "A file or directory inside a tier")->required();
+  exp->add_option("DST_URI", args.dst, "The destination prefix (s3://, gs://, file://)")
+      ->required();
+  exp->footer(
+      "Each file TIER_PATH/REL becomes DST_URI/REL (the tier's own .wharf folder is never\n"
+      "exported), big ones as parallel multipart uploads with each part's MD5 checked; a\n"
+      "failed upload is aborted. A rerun uploads only what is missing or changed (same size\n"
+      "and ETag are skipped) and first aborts the multipart uploads that killed exports\n"
+      "left for the keys it writes. Exported entries are no longer `local`, so eviction may\n"
+      "remove them.");
+
   CLI::App* status = sub("status", "Entries, bytes and settings of the tier holding PATH");
   status->add_flag("--json", args.json, "Print one JSON object");
   status->add_option("PATH", args.path, "A path inside a tier")->required();
@@ -452,6 +703,7 @@ void AddTier(CLI::App& app, TierArgs& args) {
 absl::Status RunTier(const TierArgs& args) {
   if (args.action == "init") return RunInit(args);
   if (args.action == "import") return RunImport(args);
+  if (args.action == "export") return RunExport(args);
   if (args.action == "status") return RunStatus(args);
   if (args.action == "gc") return RunGc(args);
   if (args.action == "verify") return RunVerify(args);

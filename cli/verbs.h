@@ -128,17 +128,22 @@ struct DemoArgs {
 void AddDemo(CLI::App& app, DemoArgs& args);
 absl::Status RunDemo(const DemoArgs& args);
 
-// wharf tier init|import|status|gc|verify|pin|unpin ... (docs/design/tier.md)
+// wharf tier init|import|export|status|gc|verify|pin|unpin ... (docs/design/tier.md)
 struct TierArgs {
   std::string action;  // the sub-verb given
-  std::string path;    // TIER_DIR, DEST_DIR or PATH
+  std::string path;    // TIER_DIR, DEST_DIR, TIER_PATH or PATH
   std::string src;     // import: SRC_URI
+  std::string dst;     // export: DST_URI
+  // export: --include/--exclude (the order comes from `filters`) and the upload options
+  std::vector<std::string> include, exclude;
+  std::vector<TransferFilter> filters;
+  std::string content_type, storage_class, sse, sse_kms_key_id;
   // init
   std::string mode;        // "immutable" or "ttl"; empty: keep (or the default)
   double ttl_seconds = 0;  // 0: keep (or the default)
   std::string max_size;    // SIZE; empty: keep (or no bound)
   double min_free = -1;    // percent; -1: keep (or the default)
-  // import
+  // import (rank, world_size), import and export (the rest)
   int rank = -1;
   int world_size = 0;
   int jobs = 0;

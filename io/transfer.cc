@@ -110,6 +110,12 @@ class Outcome {
     bytes_.fetch_add(bytes, std::memory_order_relaxed);
     if (observer_) observer_->OnObjectDone(src, dst);
   }
+  // Done() for an object whose source and destination metadata are known.
+  void Stored(const ObjectMeta& src, const std::string& src_uri, const ObjectMeta& dst,
+              const std::string& dst_uri) {
+    Done(src.size, src_uri, dst_uri);
+    if (observer_) observer_->OnObjectAt(src, dst, /*copied=*/true);
+  }
   void Bytes(uint64_t n) {
     if (observer_) observer_->OnBytes(n);
   }
@@ -175,7 +181,8 @@ class PutQueue {
       : dst_(dst), max_pending_(max_pending), outcome_(outcome) {}
   ~PutQueue() { Wait(); }
 
-  void Put(std::string dst_key, FetchBuffer data, PutOptions options, std::string src_uri) {
+  void Put(std::string dst_key, FetchBuffer data, PutOptions options, ObjectMeta src,
+           std::string src_uri) {
     {
       absl::MutexLock lock(&mu_);
       auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ < max_pending_; };
@@ -187,11 +194,11 @@ class PutQueue {
     absl::Cord cord = absl::MakeCordFromExternal(data.view(), [data] {});
     std::string dst_uri = dst_.Uri(dst_key);
     dst_.PutAsync(std::move(dst_key), std::move(cord), options,
-                  [this, size, src_uri = std::move(src_uri),
+                  [this, size, src = std::move(src), src_uri = std::move(src_uri),
                    dst_uri = std::move(dst_uri)](absl::StatusOr<ObjectMeta> meta) {
                     if (meta.ok()) {
                       outcome_.Bytes(size);
-                      outcome_.Done(size, src_uri, dst_uri);
+                      outcome_.Stored(src, src_uri, *meta, dst_uri);
                     } else {
                       outcome_.Fail(meta.status());
                     }
@@ -502,15 +509,17 @@ class Engine {
       // Server-side: no bytes pass through this machine.
       WHARF_ASSIGN_OR_RETURN(ObjectMeta copied, src_.store->Copy(meta.key, dst_key));
       outcome_.Bytes(copied.size);
-      outcome_.Done(copied.size, src_uri, dst_uri);
+      outcome_.Stored(meta, src_uri, copied, dst_uri);
       return absl::OkStatus();
     }
     WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer,
                            dst_.store->NewWriter(dst_key, PutFor(meta)));
     ObjectParts source(parts, meta, options_.part_size, kPartsAhead);
     WriterSink sink(std::move(writer));
-    WHARF_RETURN_IF_ERROR(Pump(source, sink, [this](uint64_t n) { outcome_.Bytes(n); }).status());
-    outcome_.Done(meta.size, src_uri, dst_uri);
+    WHARF_ASSIGN_OR_RETURN(ObjectMeta stored,
+                           Pump(source, sink, [this](uint64_t n) { outcome_.Bytes(n); }));
+    if (stored.key.empty()) stored.key = dst_key;
+    outcome_.Stored(meta, src_uri, stored, dst_uri);
     return absl::OkStatus();
   }
 
@@ -579,6 +588,7 @@ class Engine {
   // queue (and PrefixFetch's bound for small objects) ahead of the copies.
   bool Select(const ObjectMeta& meta, Workers& workers, FetchScheduler& parts) {
     std::optional<std::string> dst_key;
+    bool skipped = false;
     {
       absl::MutexLock lock(&select_mu_);
       absl::string_view rel = meta.key;
@@ -594,8 +604,16 @@ class Engine {
       if (!PassesFilters(options_.filters, rel)) return false;
       if (UpToDate(meta, have)) {
         ++skipped_;
-        return false;
+        skipped = true;
       }
+    }
+    if (skipped) {
+      if (observer_) {
+        ObjectMeta dst = meta;
+        dst.key = *dst_key;
+        observer_->OnObjectAt(meta, dst, /*copied=*/false);
+      }
+      return false;
     }
     if (observer_) observer_->OnPlanned(1, meta.size);
     if (options_.dryrun) {
@@ -673,7 +691,7 @@ class Engine {
           continue;
         }
         absl::string_view rel = absl::string_view(meta.key).substr(src_prefix_.size());
-        puts.Put(JoinKey(dst_prefix_, rel), *std::move(r->data), PutFor(meta),
+        puts.Put(JoinKey(dst_prefix_, rel), *std::move(r->data), PutFor(meta), meta,
                  src_.store->Uri(meta.key));
       }
       puts.Wait();

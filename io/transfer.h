@@ -97,6 +97,12 @@ class TransferObserver {
   virtual void OnPlanFinal() {}
   virtual void OnBytes(uint64_t /*bytes*/) {}
   virtual void OnObjectDone(const std::string& /*src_uri*/, const std::string& /*dst_uri*/) {}
+  // An object is at its destination: copied (`copied`), or skipped because the destination
+  // already held it with the same size and ETag. `src` is the source's listing (key, size,
+  // ETag), `dst` the destination object (key, size, and the ETag its store reported; for a
+  // skipped object the source's, which the destination's equals). Called after OnObjectDone,
+  // possibly on a transport thread: an observer that must block hands the work on.
+  virtual void OnObjectAt(const ObjectMeta& /*src*/, const ObjectMeta& /*dst*/, bool /*copied*/) {}
   // One object failed (or was refused); the transfer goes on with the others.
   virtual void OnError(const absl::Status& /*status*/) {}
   // kDryrun: an operation that would run: op is "copy", "upload", "download" or "delete".

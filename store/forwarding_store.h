@@ -87,6 +87,13 @@ class ForwardingStore : public ObjectStore {
     return inner_->NewWriter(std::move(key), options);
   }
 
+  absl::StatusOr<std::vector<PendingUpload>> ListUploads(const std::string& prefix) override {
+    return inner_->ListUploads(prefix);
+  }
+  absl::Status AbortUpload(const std::string& key, const std::string& upload_id) override {
+    return inner_->AbortUpload(key, upload_id);
+  }
+
  protected:
   ObjectStore& inner() const { return *inner_; }
 

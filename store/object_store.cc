@@ -139,6 +139,16 @@ absl::StatusOr<ObjectMeta> ObjectStore::Copy(const std::string& src_key,
       [&](Callback<ObjectMeta> cb) { CopyAsync(src_key, dst_key, std::move(cb)); });
 }
 
+absl::StatusOr<std::vector<PendingUpload>> ObjectStore::ListUploads(const std::string& prefix) {
+  return absl::UnimplementedError(
+      absl::StrCat("list uploads ", Uri(prefix), ": the store has no multipart uploads"));
+}
+
+absl::Status ObjectStore::AbortUpload(const std::string& key, const std::string& /*upload_id*/) {
+  return absl::UnimplementedError(
+      absl::StrCat("abort upload ", Uri(key), ": the store has no multipart uploads"));
+}
+
 absl::StatusOr<ObjectMeta> ObjectStore::Compose(std::vector<std::string> sources,
                                                 const std::string& dst_key) {
   return WaitFor<ObjectMeta>(

@@ -55,6 +55,13 @@ struct ObjectMeta {
   absl::Time mtime = absl::InfinitePast();
 };
 
+// An in-progress multipart upload (S3 ListMultipartUploads).
+struct PendingUpload {
+  std::string key;
+  std::string upload_id;
+  absl::Time initiated = absl::InfinitePast();  // the server's clock
+};
+
 // One bucket of an endpoint, as a bucket listing (S3 ListBuckets) returns it.
 struct BucketInfo {
   std::string name;
@@ -286,6 +293,14 @@ class ObjectStore {
   virtual absl::Status DeleteMany(std::vector<std::string> keys);
   virtual absl::StatusOr<ObjectMeta> Copy(const std::string& src_key, const std::string& dst_key);
   absl::StatusOr<ObjectMeta> Compose(std::vector<std::string> sources, const std::string& dst_key);
+
+  // ---- Multipart uploads left behind ----
+  // The in-progress multipart uploads of keys starting with `prefix`, and aborting one (gone
+  // already is success). An upload a killed process left keeps its parts, billed, until it
+  // is aborted; `wharf tier export` sweeps its destination with these. Stores without
+  // multipart uploads answer Unimplemented (the default).
+  virtual absl::StatusOr<std::vector<PendingUpload>> ListUploads(const std::string& prefix);
+  virtual absl::Status AbortUpload(const std::string& key, const std::string& upload_id);
 
   // ---- Helpers built on the above ----
   // Every page of a listing, concatenated.

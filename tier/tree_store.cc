@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -174,6 +175,31 @@ void TierTreeStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
                       if (meta.ok()) meta = Describe(*std::move(meta));
                       std::move(done)(std::move(meta));
                     });
+}
+
+void TierTreeStore::GetAsync(GetRequest request, Callback<GetResult> done) {
+  // The file's own ETag (the local store's: the MD5 of its content) stands for the entry's
+  // listed one: conditions given in the listed ETag are translated, and the result carries it.
+  // One attribute read on the caller's thread, as a listing's Describe makes per object.
+  std::optional<TierEntry> entry;
+  if (!(at_root_ && InMetaDir(request.key))) {
+    const std::string path = absl::StrCat(dir_, "/", request.key);
+    struct stat st;
+    entry = ReadEntryAttr(path);
+    if (stat(path.c_str(), &st) != 0 || !IsCompleteEntry(entry, st)) entry.reset();
+  }
+  if (entry.has_value()) {
+    const std::string listed = EntryEtag(*entry);
+    if (request.if_match == listed) request.if_match = entry->md5;
+    if (request.if_none_match == listed) request.if_none_match = entry->md5;
+  }
+  local_->GetAsync(std::move(request), [entry = std::move(entry), done = std::move(done)](
+                                           absl::StatusOr<GetResult> result) mutable {
+    if (result.ok() && entry.has_value() && result->meta.etag == entry->md5) {
+      result->meta.etag = EntryEtag(*entry);
+    }
+    std::move(done)(std::move(result));
+  });
 }
 
 absl::StatusOr<ObjectMeta> TierTreeStore::Head(const std::string& key) {

@@ -7,6 +7,8 @@
 //    copied from (its entry's provenance), so the transfer engine's rerun check (same size
 //    and ETag) skips exactly the entries that are current. A file that is not a complete
 //    entry lists with an empty ETag: a rerun copies it again.
+//  - Reads answer with that same ETag, and take it in if_match / if_none_match (the transfer
+//    engine reads big objects in ranges under the ETag it listed: `wharf tier export`).
 //  - A put writes the bytes into the process's temporary directory in the tier, checks them
 //    (the MD5 against a source ETag that is an MD5), seals the file with its entry attribute
 //    (PutOptions' provenance; `local` when there is none) and queues it. A committer thread
@@ -58,6 +60,7 @@ class TierTreeStore : public ForwardingStore {
 
   void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override;
   void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
+  void GetAsync(GetRequest request, Callback<GetResult> done) override;
   absl::StatusOr<ListPage> List(const ListOptions& options,
                                 const std::string& continuation = "") override;
   absl::StatusOr<ObjectMeta> Head(const std::string& key) override;

@@ -77,6 +77,32 @@ TEST_F(TierTreeStoreTest, PutMakesAnEntryWithProvenance) {
   EXPECT_EQ(head->etag, o.source_etag);
 }
 
+TEST_F(TierTreeStoreTest, ReadsAnswerWithTheListedEtagAndTakeItInConditions) {
+  auto tree = Tree("ckpt");
+  PutOptions o;
+  o.source_uri = "s3://b/ckpt/m.bin";
+  o.source_etag = "0123456789abcdef0123456789abcdef-2";  // multipart: not the file's MD5
+  ASSERT_TRUE(tree->Put("m.bin", absl::Cord("weights"), o).ok());
+  GetRequest req;
+  req.key = "m.bin";
+  req.range = ByteRange::Of(1, 3);
+  std::string buf(3, '\0');
+  req.buffer = absl::MakeSpan(buf);
+  req.if_match = o.source_etag;  // as the engine reads a big object's parts
+  auto got = tree->Get(req);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->meta.etag, o.source_etag);
+  EXPECT_EQ(got->bytes, 3u);
+  EXPECT_EQ(buf, "eig");
+  req.if_match = "ffffffffffffffffffffffffffffffff";
+  EXPECT_EQ(tree->Get(req).status().code(), absl::StatusCode::kFailedPrecondition);
+  req.if_match.clear();
+  req.if_none_match = o.source_etag;
+  got = tree->Get(req);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->not_modified);
+}
+
 TEST_F(TierTreeStoreTest, ContentThatDisagreesWithAnMd5EtagIsRefusedAndLeavesNothing) {
   auto tree = Tree("");
   PutOptions o;

@@ -872,6 +872,58 @@ absl::StatusOr<std::vector<BucketInfo>> S3Store::ListBuckets() {
   return buckets;
 }
 
+absl::StatusOr<std::vector<PendingUpload>> S3Store::ListUploads(const std::string& prefix) {
+  const std::string what = absl::StrCat("list uploads ", Uri(prefix));
+  std::vector<PendingUpload> uploads;
+  std::string key_marker, upload_id_marker;
+  while (true) {
+    auto call = std::make_shared<Call>();
+    call->op = "list uploads";
+    call->query = {{"uploads", ""}, {"prefix", prefix}, {"encoding-type", "url"}};
+    if (!key_marker.empty()) {
+      call->query.emplace_back("key-marker", key_marker);
+      call->query.emplace_back("upload-id-marker", upload_id_marker);
+    }
+    auto r = WaitFor<HttpResponse>(
+        [&](Callback<HttpResponse> cb) { Execute(std::move(call), std::move(cb)); });
+    if (!r.ok()) return r.status();
+    pugi::xml_document doc;
+    if (!doc.load_buffer(r->body.data(), r->body.size(),
+                         pugi::parse_default | pugi::parse_ws_pcdata)) {
+      return absl::DataLossError(absl::StrCat(what, ": unparseable ListMultipartUploads reply"));
+    }
+    pugi::xml_node root = doc.child("ListMultipartUploadsResult");
+    const bool url_encoded = std::string_view(root.child_value("EncodingType")) == "url";
+    auto decode = [&](const char* s) { return url_encoded ? UrlDecode(s) : std::string(s); };
+    for (pugi::xml_node upload : root.children("Upload")) {
+      PendingUpload u;
+      u.key = decode(upload.child_value("Key"));
+      u.upload_id = upload.child_value("UploadId");
+      u.initiated = ParseIsoDate(upload.child_value("Initiated"));
+      if (!u.upload_id.empty() && absl::StartsWith(u.key, prefix)) uploads.push_back(std::move(u));
+    }
+    if (std::string_view(root.child_value("IsTruncated")) != "true") break;
+    std::string next_key = decode(root.child_value("NextKeyMarker"));
+    std::string next_id = root.child_value("NextUploadIdMarker");
+    if (next_key.empty() || (next_key == key_marker && next_id == upload_id_marker)) break;
+    key_marker = std::move(next_key);
+    upload_id_marker = std::move(next_id);
+  }
+  return uploads;
+}
+
+absl::Status S3Store::AbortUpload(const std::string& key, const std::string& upload_id) {
+  auto call = std::make_shared<Call>();
+  call->op = "abort upload";
+  call->method = "DELETE";
+  call->key = key;
+  call->query = {{"uploadId", upload_id}};
+  auto r = WaitFor<HttpResponse>(
+      [&](Callback<HttpResponse> cb) { Execute(std::move(call), std::move(cb)); });
+  if (!r.ok() && r.status().code() == absl::StatusCode::kNotFound) return absl::OkStatus();
+  return r.status();
+}
+
 absl::Status S3Store::CreateBucket() {
   auto call = std::make_shared<Call>();
   call->op = "create bucket";

@@ -111,6 +111,10 @@ class S3Store : public ObjectStore {
   // bucket name, which addresses the endpoint itself (as ListS3Buckets does).
   absl::StatusOr<std::vector<BucketInfo>> ListBuckets();
 
+  // ListMultipartUploads below `prefix` (every page), and AbortMultipartUpload.
+  absl::StatusOr<std::vector<PendingUpload>> ListUploads(const std::string& prefix) override;
+  absl::Status AbortUpload(const std::string& key, const std::string& upload_id) override;
+
   // Bucket administration (tests and benchmarks).
   absl::Status CreateBucket();
   // REQUIRES: the bucket is empty.

@@ -788,6 +788,26 @@ TEST(S3StoreTest, RetriedCreateAbortsOnlyTheUploadsItStarted) {
   EXPECT_THAT(left, testing::UnorderedElementsAre("before", "other-key", "later"));
 }
 
+TEST(S3StoreTest, ListUploadsBelowAPrefixAndAbortOne) {
+  FakeMultipartServer server;  // (its listing compares the prefix undecoded: no "/")
+  const absl::Time then = absl::FromUnixSeconds(1700000000);
+  {
+    absl::MutexLock lock(&server.mu);
+    server.uploads = {{"ckpt-a", "u-a", then}, {"ckpt-b", "u-b", then}, {"other", "u-o", then}};
+  }
+  auto store = MakeStore(std::make_shared<CannedTransport>(server.Handler()));
+  auto uploads = store->ListUploads("ckpt-");
+  ASSERT_TRUE(uploads.ok()) << uploads.status();
+  ASSERT_EQ(uploads->size(), 2u);
+  EXPECT_EQ((*uploads)[0].key, "ckpt-a");
+  EXPECT_EQ((*uploads)[0].upload_id, "u-a");
+  EXPECT_EQ((*uploads)[0].initiated, then);
+  EXPECT_TRUE(store->AbortUpload("ckpt-a", "u-a").ok());
+  EXPECT_TRUE(store->AbortUpload("ckpt-a", "u-a").ok());  // gone already: success
+  EXPECT_THAT(server.UploadIds("ckpt-a"), testing::IsEmpty());
+  EXPECT_THAT(server.UploadIds("ckpt-b"), testing::ElementsAre("u-b"));
+}
+
 TEST(S3StoreTest, CreateThatNeverGetsAReplyLeavesNothing) {
   FakeMultipartServer server;
   {

@@ -1,0 +1,225 @@
+"""`wharf tier export` against the real Ceph RGW: the files below a tier path go to a bucket
+(include/exclude in order, multipart for big files, byte-identical), a rerun uploads only what
+is missing or changed, exported entries lose `local`, errors are one clear line, and an export
+killed with -9 leaves no multipart upload behind once a rerun has run."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+
+from conftest import run_wharf, wharf_bin
+
+MiB = 1 << 20
+
+
+def write_local_entry(path, data):
+    """Writes `data` as a tier entry that exists nowhere else (`local`), as a program writing
+    into the tier through its tree store would: the file and its entry attribute."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    entry = {"v": 1, "source": "", "etag": "", "size": len(data),
+             "md5": hashlib.md5(data).hexdigest(), "filled": time.time(), "local": True}
+    os.setxattr(tmp, "user.wharf.entry", json.dumps(entry).encode())
+    os.rename(tmp, path)
+
+
+def entry_of(path):
+    return json.loads(os.getxattr(path, "user.wharf.entry"))
+
+
+def export_json(*args, env):
+    proc = run_wharf("tier", "export", "--json", *args, env=env, check=True)
+    return json.loads(proc.stdout)
+
+
+def bucket_objects(s3_client, bucket, prefix):
+    out = {}
+    for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            body = s3_client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+            out[o["Key"][len(prefix):]] = body
+    return out
+
+
+def uploads_below(s3_client, bucket, prefix):
+    return s3_client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
+
+
+def test_export_filters_multipart_resume_and_local(tmp_path, bucket, s3_env, s3_client):
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    local = {
+        "ckpt/step-1/model.bin": os.urandom(20 * MiB + 123),  # > 16 MiB: multipart
+        "ckpt/step-1/optim.bin": os.urandom(3 * MiB),
+        "ckpt/step-1/scratch.tmp": b"not exported",
+        "ckpt/notes/keep.tmp": b"exported: the later --include wins",
+        "ckpt/README": b"hello",
+    }
+    for rel, data in local.items():
+        write_local_entry(str(tier / rel), data)
+    # Sourced entries too: imported from a local tree (their ETag is the source's).
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "a.txt").write_bytes(b"imported a")
+    (src / "b.txt").write_bytes(b"imported b")
+    run_wharf("tier", "import", "-q", f"file://{src}/", tier / "data", env=s3_env, check=True)
+
+    dst = f"s3://{bucket}/exp/"
+    flags = ["--exclude", "*.tmp", "--include", "ckpt/notes/*", "--content-type", "application/x-ckpt"]
+    first = export_json(*flags, tier, dst, env=s3_env)
+    expected = {rel: data for rel, data in local.items() if rel != "ckpt/step-1/scratch.tmp"}
+    expected["data/d/a.txt"] = b"imported a"
+    expected["data/b.txt"] = b"imported b"
+    assert (first["objects"], first["uploaded"], first["skipped"], first["failed"]) == \
+        (len(expected), len(expected), 0, 0)
+    assert first["bytes"] == sum(len(d) for d in expected.values())
+    assert first["tier"] == str(tier)
+    # Byte-identical, and nothing of the tier's own folder.
+    assert bucket_objects(s3_client, bucket, "exp/") == expected
+    big = s3_client.head_object(Bucket=bucket, Key="exp/ckpt/step-1/model.bin")
+    assert big["ETag"].strip('"').endswith("-3")  # 8 + 8 + 4 MiB parts
+    assert big["ContentType"] == "application/x-ckpt"
+    assert uploads_below(s3_client, bucket, "exp/") == []
+
+    # Exported local entries are local no more, with the exported object as provenance; the
+    # excluded one still is.
+    for rel in ("ckpt/step-1/model.bin", "ckpt/README", "ckpt/notes/keep.tmp"):
+        e = entry_of(tier / rel)
+        head = s3_client.head_object(Bucket=bucket, Key=f"exp/{rel}")
+        assert e["local"] is False, rel
+        assert e["source"] == f"{dst}{rel}"
+        assert e["etag"] == head["ETag"].strip('"')
+        assert e["md5"] == hashlib.md5(local[rel]).hexdigest()
+    assert entry_of(tier / "ckpt/step-1/scratch.tmp")["local"] is True
+    # An imported entry keeps its source.
+    assert entry_of(tier / "data/b.txt")["source"] == f"file://{src}/b.txt"
+    status = json.loads(run_wharf("tier", "status", "--json", tier, env=s3_env,
+                                  check=True).stdout)
+    assert status["local"] == 1
+
+    # A rerun uploads nothing: the multipart object too (its entry now lists its ETag).
+    again = export_json(*flags, tier, dst, env=s3_env)
+    assert (again["uploaded"], again["skipped"], again["bytes"]) == (0, len(expected), 0)
+
+    # A changed file (a new local entry, same size) is uploaded again, and only it.
+    changed = os.urandom(20 * MiB + 123)
+    write_local_entry(str(tier / "ckpt/step-1/model.bin"), changed)
+    third = export_json(*flags, tier, dst, env=s3_env)
+    assert (third["uploaded"], third["skipped"]) == (1, len(expected) - 1)
+    body = s3_client.get_object(Bucket=bucket, Key="exp/ckpt/step-1/model.bin")["Body"].read()
+    assert body == changed
+    assert entry_of(tier / "ckpt/step-1/model.bin")["local"] is False
+
+    # A sub-path of the tier exports relative to itself; -q prints nothing.
+    proc = run_wharf("tier", "export", "-q", tier / "ckpt" / "step-1", f"s3://{bucket}/only/",
+                     "--exclude", "*.tmp", env=s3_env, check=True)
+    assert proc.stdout == b""
+    assert sorted(bucket_objects(s3_client, bucket, "only/")) == ["model.bin", "optim.bin"]
+
+    # One file: to a key, and again (skipped).
+    one = export_json(tier / "ckpt" / "README", f"s3://{bucket}/one/readme.txt", env=s3_env)
+    assert (one["objects"], one["uploaded"]) == (1, 1)
+    assert bucket_objects(s3_client, bucket, "one/") == {"readme.txt": b"hello"}
+    one = export_json(tier / "ckpt" / "README", f"s3://{bucket}/one/readme.txt", env=s3_env)
+    assert (one["uploaded"], one["skipped"]) == (0, 1)
+
+
+def test_an_entry_already_at_the_destination_is_skipped_and_loses_local(tmp_path, bucket, s3_env,
+                                                                        s3_client):
+    # As after an export killed between an upload and the mark on its entry.
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    write_local_entry(str(tier / "w.bin"), b"weights")
+    s3_client.put_object(Bucket=bucket, Key="m/w.bin", Body=b"weights")
+    out = export_json(tier, f"s3://{bucket}/m/", env=s3_env)
+    assert (out["uploaded"], out["skipped"]) == (0, 1)
+    e = entry_of(tier / "w.bin")
+    assert e["local"] is False and e["source"] == f"s3://{bucket}/m/w.bin"
+
+
+def test_export_errors_name_what_is_wrong(tmp_path, bucket, s3_env):
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    write_local_entry(str(tier / "x.bin"), b"x")
+    missing = f"{bucket}-missing"
+    proc = run_wharf("tier", "export", tier, f"s3://{missing}/p/", env=s3_env)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and missing in lines[0], proc.stderr
+    assert entry_of(tier / "x.bin")["local"] is True
+
+    nowhere = tmp_path / "plain"
+    nowhere.mkdir()
+    proc = run_wharf("tier", "export", nowhere, f"s3://{bucket}/p/", env=s3_env)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and "is in no tier" in proc.stderr, proc.stderr
+    assert str(nowhere) in proc.stderr
+
+
+def test_export_killed_leaves_no_upload_after_rerun(tmp_path, bucket, s3_env, s3_client):
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    data = {f"big-{i}.bin": os.urandom(40 * MiB) for i in range(3)}
+    for rel, d in data.items():
+        write_local_entry(str(tier / rel), d)
+    dst = f"s3://{bucket}/k/"
+    killed_with_uploads = False
+    for delay in (0.2, 0.4, 0.6, 0.9, 1.2):
+        proc = subprocess.Popen([wharf_bin(), "tier", "export", "-q", "--inflight", "2",
+                                 str(tier), dst], env=s3_env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if uploads_below(s3_client, bucket, "k/"):
+            killed_with_uploads = True
+            break
+    # A kill -9 leaves its uploads: nothing in the process can abort them.
+    assert killed_with_uploads
+    # Another client's upload below the destination, of a key this export does not write.
+    foreign = s3_client.create_multipart_upload(Bucket=bucket, Key="k/foreign.bin")["UploadId"]
+    # The rerun aborts what the killed run left (uploads of keys it exports) and completes.
+    out = export_json(tier, dst, env=s3_env)
+    assert out["failed"] == 0 and out["aborted_uploads"] >= 1
+    assert bucket_objects(s3_client, bucket, "k/") == data
+    assert [u["UploadId"] for u in uploads_below(s3_client, bucket, "k/")] == [foreign]
+    s3_client.abort_multipart_upload(Bucket=bucket, Key="k/foreign.bin", UploadId=foreign)
+    assert uploads_below(s3_client, bucket, "k/") == []
+    # Every exported entry is local no more.
+    assert all(entry_of(tier / rel)["local"] is False for rel in data)
+
+
+def test_a_failed_part_aborts_the_upload_and_keeps_the_entry_local(tmp_path, bucket, s3_env,
+                                                                     s3_client):
+    """Through the fault proxy, every part upload of the big file is refused (403, not
+    retried): the export fails naming it, its upload is aborted, its entry stays local, the
+    others are exported; a rerun without faults uploads only the big file."""
+    from fault_proxy import FaultProxy
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    big = os.urandom(20 * MiB)
+    write_local_entry(str(tier / "big.bin"), big)
+    write_local_entry(str(tier / "small.bin"), b"small")
+    dst = f"s3://{bucket}/f/"
+    upstream = s3_env["WHARF_S3_ENDPOINT"].split("://", 1)[1]
+    with FaultProxy(upstream) as proxy:
+        proxy.set_faults([{"match": {"method": "PUT", "query_regex": "uploadId="},
+                           "action": "status", "status": 403, "code": "AccessDenied",
+                           "count": None}])
+        proc = run_wharf("tier", "export", "-q", tier, dst,
+                         env=dict(s3_env, AWS_ENDPOINT_URL=proxy.url), timeout=120)
+    assert proc.returncode == 1
+    assert "big.bin" in proc.stderr and "AccessDenied" in proc.stderr, proc.stderr
+    assert uploads_below(s3_client, bucket, "f/") == []
+    assert entry_of(tier / "big.bin")["local"] is True
+    assert entry_of(tier / "small.bin")["local"] is False
+    assert bucket_objects(s3_client, bucket, "f/") == {"small.bin": b"small"}
+
+    out = export_json(tier, dst, env=s3_env)
+    assert (out["uploaded"], out["skipped"], out["aborted_uploads"]) == (1, 1, 0)
+    assert bucket_objects(s3_client, bucket, "f/") == {"small.bin": b"small", "big.bin": big}
+    assert entry_of(tier / "big.bin")["local"] is False
