@@ -118,6 +118,44 @@ print(json.dumps({"objects": n, "bytes": b, "seconds": time.perf_counter() - t0,
                   "cpu_before_s": before}))
 '''
 
+# The same epoch as a Python loader: the objects' keys given (no listing), read through
+# wharf.Store.get_many in batches of 1,000, with or without cache=TIER.
+PY_WHARF = r'''
+import json, resource, sys, time
+import wharf
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+before = cpu()
+uri, cache, keys = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().split()
+t0 = time.perf_counter()
+store = wharf.Store(uri, cache=cache) if cache else wharf.Store(uri)
+n = b = 0
+for i in range(0, len(keys), 1000):
+    bufs = store.get_many(keys[i:i + 1000])
+    n += len(bufs)
+    b += sum(len(x) for x in bufs)
+    del bufs
+print(json.dumps({"objects": n, "bytes": b, "seconds": time.perf_counter() - t0,
+                  "cpu_before_s": before}))
+'''
+
+
+def py_wharf(rb, name: str, tier: Path | None):
+    def build(ctx):
+        keys = ctx.workdir / "keys.txt"
+        keys.write_text("\n".join(k[len(ctx.sc.prefix):] for k in sorted(ctx.objects)))
+        env = ctx.base_env()
+        env["PYTHONPATH"] = str(rb.REPO / "python")
+
+        def parse(m):
+            j = rb.parse_json_line(m.stdout)
+            return int(j["objects"]), int(j["bytes"]), j
+        return rb.Invocation([str(rb.VENV_PY), "-c", PY_WHARF, ctx.uri, str(tier or ""),
+                              str(keys)], env, parse, python_peer=True)
+    return rb.Client(name, ("tier",), "wharf.Store(cache=).get_many, keys given", False,
+                     lambda a: None, build)
+
 
 def readers(rb, name: str, tier: Path, procs: int):
     """A client: `procs` x wharf --cache TIER fetch -r at once (one measured process tree)."""
@@ -255,15 +293,19 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
         rb.log(f"TIER ({'/'.join(sorted(parts))}) round {rnd + 1}/{a.repeat}")
         if "b" in parts:
             t = Path(tempfile.mkdtemp(prefix="wharf-bench-tier-b-", dir=a._scratch))
+            tp = Path(tempfile.mkdtemp(prefix="wharf-bench-tier-bpy-", dir=a._scratch))
             try:
                 steps = [("no-cache", fetch), ("cold", readers(rb, "cold", t, 1)),
-                         ("warm", readers(rb, "warm", t, 1))]
+                         ("warm", readers(rb, "warm", t, 1)),
+                         ("py-no-cache", py_wharf(rb, "py-no-cache", None)),
+                         ("py-cold", py_wharf(rb, "py-cold", tp)),
+                         ("py-warm", py_wharf(rb, "py-warm", tp))]
                 for label, c in steps:
                     r = measure(rb, c, ctx_for(), server, proxy, results, rnd, "b")
                     r["way"] = label
                     per.setdefault(label, []).append(r)
-                    if label != "no-cache":
-                        st = tier_status(rb, a, t)
+                    if "no-cache" not in label:
+                        st = tier_status(rb, a, tp if label.startswith("py") else t)
                         r["tier_status"] = st
                         rb.log(f"    tier: fills {st['fills']}, fill_bytes {st['fill_bytes']:,}, "
                                f"hits {st['hits']}, misses {st['misses']}")
@@ -280,6 +322,7 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
                 per.setdefault("open", []).append(r)
             finally:
                 shutil.rmtree(t, ignore_errors=True)
+                shutil.rmtree(tp, ignore_errors=True)
                 syncfs(a._scratch)
         if "c" in parts:
             t = Path(tempfile.mkdtemp(prefix="wharf-bench-tier-c-", dir=a._scratch))
@@ -301,15 +344,19 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
     out = []
     if per:
         base = median(per.get("no-cache", []), "obj_per_s")
+        py_base = median(per.get("py-no-cache", []), "obj_per_s")
         opn = median(per.get("open", []), "obj_per_s")
         lines = [f"### TIER (b) one epoch three ways: {sc.count:,} x {sc.size // 1024} KiB, "
                  f"{a._delay:g} ms each way, fresh tier each round, medians of {a.repeat}\n",
                  "| way | ok | obj/s | MB/s | wall s | CPU s | CPU ms/obj | peak RSS MiB | "
-                 "% of no cache | % of open() |",
+                 "% of the same without cache | % of open() |",
                  "|---|---|---|---|---|---|---|---|---|---|"]
         label = {"no-cache": "wharf fetch -r, no cache (from the bucket)",
                  "cold": "cold: wharf --cache T fetch -r (fills the tier)",
                  "warm": "warm: the same again (every read a hit)",
+                 "py-no-cache": "Python wharf.Store.get_many, keys given, no cache",
+                 "py-cold": "cold: the same with cache=T (fills the tier)",
+                 "py-warm": "warm: the same again (every read a hit)",
                  "open": "Python open().read() of the imported files"}
         for way, runs in per.items():
             v = median(runs, "obj_per_s")
@@ -319,7 +366,8 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
                 fmt(median(runs, "mb_per_s"), ",.1f"), fmt(median(runs, "wall_s"), ".2f"),
                 fmt(median(runs, "cpu_s"), ".2f"), fmt(median(runs, "cpu_ms_per_obj"), ".3f"),
                 fmt(median(runs, "maxrss_mib"), ",.0f"),
-                f"{100 * v / base:.0f}%" if v and base else "-",
+                (f"{100 * v / (py_base if way.startswith('py') else base):.0f}%"
+                 if v and (py_base if way.startswith("py") else base) else "-"),
                 f"{100 * v / opn:.0f}%" if v and opn else "-"]) + " |")
         lines.append("")
         lines.append("- rounds (obj/s): " + "; ".join(
