@@ -23,7 +23,10 @@ N rounds (default 3), clients interleaved and their order rotated each round; me
     same loader with no tier), cold through the read-through tier (wharf --cache T fetch -r),
     warm from it (the same command again: every read a hit), and plain Python open() + read()
     of every file of the same objects imported into the tier (the local file system's rate;
-    the files were just written, so both warm reads come from the page cache).
+    the files were just written, so both warm reads come from the page cache). The same
+    three ways again as a Python loader given the keys (wharf.Store(uri[, cache=T])
+    .get_many in batches of 1,000, timed after its imports; keys without sizes: the engine
+    HEADs each one first).
 (c) 4 processes reading the same data set cold through one fresh tier at once (4 x wharf
     --cache T fetch -r in parallel): the bytes the tier fetched from the bucket (`wharf tier
     status --json T`: fill_bytes) as a multiple of the data set (target 1.0x), and the wall
