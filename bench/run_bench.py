@@ -7,6 +7,8 @@ Usage (from the repository root, after ./run setup and ./run build):
                                         [--repeat N] [--delays 0,25] [--clients wharf,curl,...]
     .venv/bin/python bench/run_bench.py --scenario TRAIN [--quick] [--delays 25]
                                         (the training-loop benchmark: bench/train_bench.py)
+    .venv/bin/python bench/run_bench.py --scenario TIER [--quick] [--repeat 3]
+                                        (the tier benchmarks of issue 12: bench/tier_bench.py)
 
 What it does
 ------------
@@ -563,6 +565,8 @@ class Ctx:
     tmpdir: Path | None = None
     workdir: Path | None = None  # per-run scratch for config files
     args: argparse.Namespace | None = None
+    # called with (ctx, record) after a disk-writing run, before its directory is deleted
+    before_cleanup: Callable[["Ctx", dict], None] | None = None
 
     @property
     def uri(self) -> str:
@@ -600,9 +604,12 @@ class Client:
     only: Callable[[Ctx], bool] = lambda ctx: True
 
 
-def count_dir(d: Path) -> tuple[int, int]:
+def count_dir(d: Path, skip: str | None = None) -> tuple[int, int]:
+    """Files and bytes below d; a top-level directory named `skip` is left out."""
     n = b = 0
-    for root, _, files in os.walk(d):
+    for root, dirs, files in os.walk(d):
+        if skip and root == str(d) and skip in dirs:
+            dirs.remove(skip)
         for f in files:
             n += 1
             b += os.path.getsize(os.path.join(root, f))
@@ -650,13 +657,18 @@ def avail_wharf(a) -> str | None:
     return None
 
 
-def avail_wharf_fetch(a) -> str | None:
-    r = avail_wharf(a)
-    if r:
-        return r
-    if not wharf_has_verb(a.wharf, "fetch"):
-        return "N/A (not available: wharf has no fetch verb)"
-    return None
+def avail_wharf_verb(verb: str) -> Callable:
+    def f(a) -> str | None:
+        r = avail_wharf(a)
+        if r:
+            return r
+        if not wharf_has_verb(a.wharf, verb):
+            return f"N/A (not available: wharf has no {verb} verb)"
+        return None
+    return f
+
+
+avail_wharf_fetch = avail_wharf_verb("fetch")
 
 
 def avail_wharf_ls_parallel(a) -> str | None:
@@ -752,6 +764,26 @@ def rclone_env(ctx: Ctx) -> dict:
         "RCLONE_CONFIG_WBENCH_FORCE_PATH_STYLE": "true",
     })
     return env
+
+
+def b_aws_sync(ctx: Ctx) -> Invocation:
+    inv = b_aws_cp(ctx)
+    inv.argv = [ctx.args.aws, "--endpoint-url", ctx.endpoint, "s3", "sync", "--no-progress",
+                "--only-show-errors", ctx.uri, str(ctx.tmpdir) + "/"]
+    return inv
+
+
+def b_wharf_tier_import(ctx: Ctx) -> Invocation:
+    """wharf tier import into the run's fresh directory (which becomes a tier)."""
+    def parse(m: Measured):
+        j = parse_json_line(m.stdout)
+        n, b = count_dir(ctx.tmpdir, skip=".wharf")  # the files at key paths, not the tier's own
+        if int(j["fetched"]) != n or int(j["bytes"]) != b:
+            raise ValueError(f"import reported {j['fetched']} objects, {j['bytes']} B; the "
+                             f"directory holds {n}, {b} B")
+        return n, b, {"self_seconds": j.get("seconds"), "skipped": j.get("skipped")}
+    return Invocation([ctx.args.wharf, "tier", "import", "--json", ctx.uri, str(ctx.tmpdir)],
+                      ctx.base_env(), parse)
 
 
 def b_rclone(ctx: Ctx) -> Invocation:
@@ -856,10 +888,15 @@ def is_zero_delay(ctx: Ctx) -> bool:
 
 
 CLIENTS: list[Client] = [
-    Client("wharf", ("get",), "build/wharf fetch -r --json (in memory)", False,
+    Client("wharf", ("get", "tier"), "build/wharf fetch -r --json (in memory)", False,
            avail_wharf_fetch, b_wharf_fetch),
-    Client("wharf-cp", ("get",), "build/wharf cp -r --quiet to TMPDIR", True,
+    Client("wharf-cp", ("get", "tier"), "build/wharf cp -r --quiet to TMPDIR", True,
            avail_wharf, b_wharf_cp),
+    # TIER only (kind "tier"): import into a directory, and aws's sync
+    Client("wharf-tier", ("tier",), "build/wharf tier import --json SRC TMPDIR (a fresh tier)",
+           True, avail_wharf_verb("tier"), b_wharf_tier_import),
+    Client("aws-sync", ("tier",), "/usr/bin/aws s3 sync to TMPDIR, max_concurrent_requests=50",
+           True, avail_tool("arg:aws", "apt-get install awscli"), b_aws_sync),
     # A/B of two builds in one run: the same verbs with the binary given by --wharf-base.
     Client("wharf-base", ("get",), "--wharf-base fetch -r --json (the A/B baseline build)",
            False, avail_wharf_base, lambda ctx: b_wharf_fetch(ctx, ctx.args.wharf_base)),
@@ -869,7 +906,7 @@ CLIENTS: list[Client] = [
            "get_object().read()", False, avail_module("boto3"), peer("boto3")),
     Client("aws", ("get",), "/usr/bin/aws s3 cp --recursive, max_concurrent_requests=50", True,
            avail_tool("arg:aws", "apt-get install awscli"), b_aws_cp),
-    Client("rclone", ("get",), "rclone copy --transfers 64 --fast-list", True,
+    Client("rclone", ("get", "tier"), "rclone copy --transfers 64 --fast-list", True,
            avail_tool("rclone", "apt-get install rclone"), b_rclone),
     Client("s3fs", ("get",), "s3fs fs.cat(paths), max_pool_connections=64", False,
            avail_module("s3fs"), peer("s3fs", "--concurrency", "64")),
@@ -877,7 +914,7 @@ CLIENTS: list[Client] = [
            False, avail_module("s3torchconnector"), peer("s3torch")),
     Client("s3torch-threads", ("get",), "s3torchconnector S3Client + ThreadPoolExecutor(50)",
            False, avail_module("s3torchconnector"), peer("s3torch-threads")),
-    Client("curl", ("get",), "curl --parallel --parallel-max 300 --aws-sigv4 (keys given)",
+    Client("curl", ("get", "tier"), "curl --parallel --parallel-max 300 --aws-sigv4 (keys given)",
            False, avail_tool("arg:curl", "apt-get install curl"), b_curl),
     Client("curl-direct", ("get",), "as curl, straight to RGW (proxy-overhead check)", False,
            avail_tool("arg:curl", "apt-get install curl"), b_curl_direct, only=is_zero_delay),
@@ -972,6 +1009,8 @@ def run_one(client: Client, ctx: Ctx, server: Server, proxy: Proxy | None) -> di
             rec["stderr_tail"] = tail
     finally:
         if ctx.tmpdir:
+            if ctx.before_cleanup:
+                ctx.before_cleanup(ctx, rec)
             shutil.rmtree(ctx.tmpdir, ignore_errors=True)
             ctx.tmpdir = None
             os.sync()
@@ -1154,14 +1193,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (bench/run_bench.py) for details.")
-    ap.add_argument("--scenario", default="all", choices=["S1", "S2", "S3", "all", "TRAIN"],
+    ap.add_argument("--scenario", default="all",
+                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER"],
                     help="TRAIN: the training-loop benchmark, bench/train_bench.py (passes "
                     "--quick, --out, --wharf, --proxy-bin, --timeout, --keep-server and the "
-                    "first of --delays as --delay-ms)")
+                    "first of --delays as --delay-ms). TIER: the tier benchmarks of "
+                    "bench/tier_bench.py (import into a directory, one epoch three ways, 4 "
+                    "cold readers on one tier), 3 rounds unless --repeat says otherwise")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke sizes: S1 1,000 objects, S2 1 x 256 MiB, S3 10,000 keys")
+                    help="smoke sizes: S1 1,000 objects, S2 1 x 256 MiB, S3 10,000 keys, "
+                    "TIER 2,000 x 100 KiB")
     ap.add_argument("--out", default=str(REPO / "bench-results"))
-    ap.add_argument("--repeat", type=int, default=1, help="rounds per delay; medians reported")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="rounds per delay; medians reported (default 1; TIER: 3)")
     ap.add_argument("--delays", help="override the scenario's delays (ms each way), e.g. 25 or 0,10")
     ap.add_argument("--clients", help="comma-separated subset of: "
                     + ",".join(c.name for c in CLIENTS))
@@ -1187,10 +1231,15 @@ def main() -> int:
                     help="also drop the page cache after disk-writing runs (root)")
     ap.add_argument("--no-proxy-check", action="store_true",
                     help="skip the direct-to-RGW curl rows at 0 ms")
+    ap.add_argument("--tier-parts", default="a,b,c",
+                    help="TIER: which parts to run (a: import, b: one epoch three ways, "
+                    "c: 4 cold readers on one tier)")
     ap.add_argument("--keep-server", action="store_true",
                     help="leave a server this run started running (its data stays)")
     a = ap.parse_args()
     a.wharf = str(Path(a.wharf).resolve()) if Path(a.wharf).exists() else a.wharf
+    if a.repeat is None:
+        a.repeat = 3 if a.scenario == "TIER" else 1
     if a.scenario == "TRAIN":
         import train_bench
 
@@ -1209,6 +1258,7 @@ def main() -> int:
         return 2
     scenarios = make_scenarios(a.quick)
     names = ["S1", "S2", "S3"] if a.scenario == "all" else [a.scenario]
+    names = [] if a.scenario == "TIER" else names  # bench/tier_bench.py runs it
     wanted = set(a.clients.split(",")) if a.clients else {c.name for c in CLIENTS}
     unknown = wanted - {c.name for c in CLIENTS}
     if unknown:
@@ -1234,6 +1284,11 @@ def main() -> int:
         for n, why in avail.items():
             if why:
                 log(f"{n}: {why}")
+        if a.scenario == "TIER":
+            import tier_bench
+
+            sections += tier_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
+                                       results)
         for name in names:
             sc = scenarios[name]
             try:
