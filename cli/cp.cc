@@ -58,20 +58,8 @@ void AddTransferFlags(CLI::App* cmd, CpArgs& args) {
   cmd->add_flag("-q,--quiet", args.quiet, "No progress line and no summary");
   cmd->add_flag("--dryrun", args.dryrun,
                 "Print what would be done, as '(dryrun) OP SRC -> DST', and do nothing");
-  cmd->add_option("--include", args.include,
-                  "Include keys matching PATTERN (relative to SRC; '*' matches across '/'); "
-                  "rules apply in order, the last match wins")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--exclude", args.exclude, "Exclude keys matching PATTERN (see --include)")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--content-type", args.content_type, "Content-Type of uploaded objects");
-  cmd->add_option("--storage-class", args.storage_class,
-                  "Storage class of uploaded objects (S3: STANDARD, STANDARD_IA, ...)");
-  cmd->add_option("--sse", args.sse, "Server-side encryption of uploaded objects")
-      ->check(CLI::IsMember({"AES256", "aws:kms"}));
-  cmd->add_option("--sse-kms-key-id", args.sse_kms_key_id, "KMS key for --sse aws:kms");
+  AddFilterFlags(cmd, args.include, args.exclude, "SRC");
+  AddUploadFlags(cmd, args.upload);
   cmd->add_option("SRC", args.src, "Source: a URI, a local path, or - (standard input)")
       ->required();
   cmd->add_option("DST", args.dst, "Destination: a URI, a local path, or - (standard output)")
@@ -79,20 +67,14 @@ void AddTransferFlags(CLI::App* cmd, CpArgs& args) {
 }
 
 absl::StatusOr<TransferOptions> OptionsFrom(const CpArgs& args) {
-  if (!args.sse_kms_key_id.empty() && args.sse != "aws:kms") {
-    return absl::InvalidArgumentError("--sse-kms-key-id needs --sse aws:kms");
-  }
   TransferOptions options;
+  WHARF_ASSIGN_OR_RETURN(options.put, PutOptionsFrom(args.upload));
   options.mode = args.sync ? TransferMode::kSync : TransferMode::kCopy;
   options.recursive = args.recursive || args.sync;
   options.delete_extra = args.delete_extra;
   options.dryrun = args.dryrun;
   options.filters = args.filters;
   options.list_workers = args.list_workers;
-  options.put.content_type = args.content_type;
-  options.put.storage_class = args.storage_class;
-  options.put.sse = args.sse;
-  options.put.sse_kms_key_id = args.sse_kms_key_id;
   return options;
 }
 

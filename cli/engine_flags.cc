@@ -61,4 +61,38 @@ std::vector<TransferFilter> FiltersInOrder(int argc, const char* const* argv) {
   return filters;
 }
 
+void AddFilterFlags(CLI::App* cmd, std::vector<std::string>& include,
+                    std::vector<std::string>& exclude, const std::string& relative_to) {
+  cmd->add_option("--include", include,
+                  absl::StrCat("Include paths matching PATTERN (relative to ", relative_to,
+                               "; '*' matches across '/'); rules apply in order, the last match "
+                               "wins"))
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--exclude", exclude, "Exclude paths matching PATTERN (see --include)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+void AddUploadFlags(CLI::App* cmd, UploadArgs& args) {
+  cmd->add_option("--content-type", args.content_type, "Content-Type of uploaded objects");
+  cmd->add_option("--storage-class", args.storage_class,
+                  "Storage class of uploaded objects (S3: STANDARD, STANDARD_IA, ...)");
+  cmd->add_option("--sse", args.sse, "Server-side encryption of uploaded objects")
+      ->check(CLI::IsMember({"AES256", "aws:kms"}));
+  cmd->add_option("--sse-kms-key-id", args.sse_kms_key_id, "KMS key for --sse aws:kms");
+}
+
+absl::StatusOr<PutOptions> PutOptionsFrom(const UploadArgs& args) {
+  if (!args.sse_kms_key_id.empty() && args.sse != "aws:kms") {
+    return absl::InvalidArgumentError("--sse-kms-key-id needs --sse aws:kms");
+  }
+  PutOptions put;
+  put.content_type = args.content_type;
+  put.storage_class = args.storage_class;
+  put.sse = args.sse;
+  put.sse_kms_key_id = args.sse_kms_key_id;
+  return put;
+}
+
 }  // namespace wharf::cli

@@ -253,9 +253,8 @@ absl::StatusOr<uint64_t> AbortLeftoverUploads(ObjectStore& dst, const std::strin
 }
 
 absl::Status RunExport(const TierArgs& args) {
-  if (!args.sse_kms_key_id.empty() && args.sse != "aws:kms") {
-    return absl::InvalidArgumentError("tier export: --sse-kms-key-id needs --sse aws:kms");
-  }
+  auto put = PutOptionsFrom(args.upload);
+  if (!put.ok()) return Annotate(put.status(), "tier export");
   WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.jobs));
   const std::string path = AbsolutePath(args.path);
   auto found = Tier::Find(path);
@@ -280,10 +279,7 @@ absl::Status RunExport(const TierArgs& args) {
   options.recursive = !one_file;
   options.filters = args.filters;
   options.list_workers = args.list_workers;
-  options.put.content_type = args.content_type;
-  options.put.storage_class = args.storage_class;
-  options.put.sse = args.sse;
-  options.put.sse_kms_key_id = args.sse_kms_key_id;
+  options.put = *std::move(put);
 
   // What killed runs left: first their uploads of the keys this run writes.
   std::string dst_prefix;
@@ -635,20 +631,8 @@ void AddTier(CLI::App& app, TierArgs& args) {
   exp->add_option("--list-workers", args.list_workers, "Parallel listing workers")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  exp->add_option("--include", args.include,
-                  "Include paths matching PATTERN (relative to TIER_PATH; '*' matches across "
-                  "'/'); rules apply in order, the last match wins")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  exp->add_option("--exclude", args.exclude, "Exclude paths matching PATTERN (see --include)")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  exp->add_option("--content-type", args.content_type, "Content-Type of uploaded objects");
-  exp->add_option("--storage-class", args.storage_class,
-                  "Storage class of uploaded objects (S3: STANDARD, STANDARD_IA, ...)");
-  exp->add_option("--sse", args.sse, "Server-side encryption of uploaded objects")
-      ->check(CLI::IsMember({"AES256", "aws:kms"}));
-  exp->add_option("--sse-kms-key-id", args.sse_kms_key_id, "KMS key for --sse aws:kms");
+  AddFilterFlags(exp, args.include, args.exclude, "TIER_PATH");
+  AddUploadFlags(exp, args.upload);
   exp->add_flag("--json", args.json,
                 "Print a JSON summary: objects, bytes, uploaded, skipped, failed, seconds");
   exp->add_flag("-q,--quiet", args.quiet, "No progress line and no summary");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "io/transfer.h"
 
 namespace CLI {
@@ -38,6 +39,19 @@ absl::Status ApplyEngineArgs(const EngineArgs& args, int inflight);
 // The include/exclude rules of a command line, in the order given (the last match wins):
 // CLI11 collects each option separately, so main() scans argv for their order.
 std::vector<TransferFilter> FiltersInOrder(int argc, const char* const* argv);
+
+// --include/--exclude on `cmd`: patterns on paths relative to `relative_to` ("SRC",
+// "TIER_PATH"), in order, the last match wins (FiltersInOrder reads their order from argv).
+void AddFilterFlags(CLI::App* cmd, std::vector<std::string>& include,
+                    std::vector<std::string>& exclude, const std::string& relative_to);
+
+// The upload options of every verb that uploads (cp, sync, tier export).
+struct UploadArgs {
+  std::string content_type, storage_class, sse, sse_kms_key_id;
+};
+void AddUploadFlags(CLI::App* cmd, UploadArgs& args);
+// Their PutOptions; InvalidArgument for --sse-kms-key-id without --sse aws:kms.
+absl::StatusOr<PutOptions> PutOptionsFrom(const UploadArgs& args);
 
 // wharf ls [-r] [--json] [--parallel N] URI
 struct LsArgs {
@@ -82,7 +96,7 @@ struct CpArgs {
   bool delete_extra = false;                  // sync --delete
   std::vector<std::string> include, exclude;  // for --help; the order comes from `filters`
   std::vector<TransferFilter> filters;
-  std::string content_type, storage_class, sse, sse_kms_key_id;
+  UploadArgs upload;
   EngineArgs engine;
 };
 void AddCp(CLI::App& app, CpArgs& args);
@@ -137,7 +151,7 @@ struct TierArgs {
   // export: --include/--exclude (the order comes from `filters`) and the upload options
   std::vector<std::string> include, exclude;
   std::vector<TransferFilter> filters;
-  std::string content_type, storage_class, sse, sse_kms_key_id;
+  UploadArgs upload;
   // init
   std::string mode;        // "immutable" or "ttl"; empty: keep (or the default)
   double ttl_seconds = 0;  // 0: keep (or the default)

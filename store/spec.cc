@@ -1,7 +1,5 @@
 #include "store/spec.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -111,13 +109,9 @@ absl::Status StoreOptions::Set(absl::string_view name, absl::string_view value) 
   } else if (name == "api") {
     api = std::string(value);
   } else {  // "cache"
-    std::string dir(value);
-    if (dir[0] != '/') {
-      char cwd[4096];
-      if (getcwd(cwd, sizeof(cwd)) == nullptr) return InvalidOption(name, "no working directory");
-      dir = absl::StrCat(cwd, "/", dir);
-    }
-    cache = std::move(dir);
+    auto dir = AbsoluteLocalPath(value);
+    if (!dir.ok()) return InvalidOption(name, dir.status().message());
+    cache = *std::move(dir);
   }
   return absl::OkStatus();
 }

@@ -103,25 +103,26 @@ absl::StatusOr<ObjectUri> ParseUri(absl::string_view uri) {
 
 absl::StatusOr<ObjectUri> ParseUriOrPath(absl::string_view uri_or_path) {
   if (LooksLikeUri(uri_or_path)) return ParseUri(uri_or_path);
-  if (uri_or_path.empty()) return absl::InvalidArgumentError("empty path");
-  if (uri_or_path.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError("invalid path: contains a NUL byte");
-  }
-  std::string absolute;
-  if (absl::StartsWith(uri_or_path, "/")) {
-    absolute = std::string(uri_or_path);
-  } else {
-    char cwd[4096];
-    if (getcwd(cwd, sizeof(cwd)) == nullptr) {
-      return absl::InternalError("cannot determine the working directory");
-    }
-    absolute = absl::StrCat(cwd, "/", uri_or_path);
-  }
+  auto absolute = AbsoluteLocalPath(uri_or_path);
+  if (!absolute.ok()) return absolute.status();
   ObjectUri out;
   out.scheme = "file";
   out.bucket = "/";
-  out.key = NormalizeAbsolutePath(absolute).substr(1);
+  out.key = absolute->substr(1);
   return out;
+}
+
+absl::StatusOr<std::string> AbsoluteLocalPath(absl::string_view path) {
+  if (path.empty()) return absl::InvalidArgumentError("empty path");
+  if (path.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError("invalid path: contains a NUL byte");
+  }
+  if (absl::StartsWith(path, "/")) return NormalizeAbsolutePath(path);
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) == nullptr) {
+    return absl::InternalError("cannot determine the working directory");
+  }
+  return NormalizeAbsolutePath(absl::StrCat(cwd, "/", path));
 }
 
 }  // namespace wharf

@@ -28,6 +28,11 @@ bool LooksLikeUri(absl::string_view s);
 // is missing, the bucket name is not valid for its scheme, or a file:// URI is relative.
 absl::StatusOr<ObjectUri> ParseUri(absl::string_view uri);
 
+// `path` made absolute against the working directory, with ".", ".." and repeated '/'
+// folded; a trailing '/' (or a last "." or "..") is kept as a trailing '/'. InvalidArgument for
+// an empty path or a NUL byte.
+absl::StatusOr<std::string> AbsoluteLocalPath(absl::string_view path);
+
 // Turns a local path (relative paths resolved against the working directory, "." and ".."
 // folded lexically) into a file:// URI; a trailing '/' is kept. URIs pass through ParseUri.
 absl::StatusOr<ObjectUri> ParseUriOrPath(absl::string_view uri_or_path);

@@ -16,12 +16,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "store/local/temp_object.h"
+#include "store/uri.h"
 
 namespace wharf {
 namespace {
@@ -110,21 +109,10 @@ std::string HostName() {
 }  // namespace
 
 std::string AbsolutePath(const std::string& path) {
-  std::string full = path;
-  if (full.empty() || full[0] != '/') {
-    char cwd[4096];
-    full = absl::StrCat(getcwd(cwd, sizeof(cwd)) ? cwd : "/", "/", path);
-  }
-  std::vector<std::string> parts;
-  for (absl::string_view part : absl::StrSplit(full, '/', absl::SkipEmpty())) {
-    if (part == ".") continue;
-    if (part == "..") {
-      if (!parts.empty()) parts.pop_back();
-      continue;
-    }
-    parts.emplace_back(part);
-  }
-  return absl::StrCat("/", absl::StrJoin(parts, "/"));
+  auto absolute = AbsoluteLocalPath(path);
+  std::string out = absolute.ok() ? *std::move(absolute) : path;
+  if (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
 }
 
 // ---- TierConfig ----
