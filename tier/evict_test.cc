@@ -112,17 +112,15 @@ TEST_F(EvictTest, ReadsThroughTheTierKeepItUnderItsSizeBound) {
     ASSERT_TRUE(data.ok()) << data.status();
     ASSERT_EQ(data->size(), 10000u);
   }
-  // Passes run in the background; one more, waited for, settles what the last fills added.
-  std::string warning;
-  auto pass = EvictToBounds(**tier, /*wait=*/true, &warning);
-  ASSERT_TRUE(pass.ok());
+  // Passes run inside the reads that found the tier over its bound: with reads one at a
+  // time, the bound holds as soon as the last read is delivered.
   uint64_t left = 0;
   ASSERT_TRUE(
       WalkTierFiles(**tier, (*tier)->root(), [&](const std::string&, const struct stat& st) {
         left += st.st_size;
       }).ok());
   EXPECT_LE(left, bounded.max_size);
-  EXPECT_GT((*store)->stats().evicted + pass->evicted, 0u);
+  EXPECT_GT((*store)->stats().evicted, 0u);
   // Evicted objects are fetched again on the next read.
   auto again = (*store)->Read("k0");
   ASSERT_TRUE(again.ok());

@@ -182,7 +182,10 @@ TierStore::Stats TierStore::stats() const {
 }
 
 std::optional<std::string> TierStore::FillPath(const std::string& key) const {
-  const std::string uri = inner_->Uri(key);
+  return FillPathOfUri(inner_->Uri(key));
+}
+
+std::optional<std::string> TierStore::FillPathOfUri(const std::string& uri) const {
   const size_t sep = uri.find("://");
   if (sep == std::string::npos) return std::nullopt;
   absl::string_view rest = absl::string_view(uri).substr(sep + 3);
@@ -194,6 +197,8 @@ std::optional<std::string> TierStore::FillPath(const std::string& key) const {
 std::vector<std::string> TierStore::Candidates(const std::string& key) const {
   std::vector<std::string> out;
   const std::string uri = inner_->Uri(key);
+  auto fill = FillPathOfUri(uri);
+  if (!fill) return out;  // the key cannot be a path: it bypasses the tier
   for (const TierImport& import : imports_) {
     if (!absl::StartsWith(uri, import.source)) continue;
     const absl::string_view rest = absl::string_view(uri).substr(import.source.size());
@@ -202,14 +207,14 @@ std::vector<std::string> TierStore::Candidates(const std::string& key) const {
                                      : absl::StrCat(tier_->root(), "/", import.dir, "/", rest));
     break;  // the longest covering import
   }
-  if (auto fill = FillPath(key)) out.push_back(*std::move(fill));
+  out.push_back(*std::move(fill));
   return out;
 }
 
 void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   auto read = std::make_shared<PendingRead>();
   read->candidates = Candidates(request.key);
-  if (read->candidates.empty() || read->candidates.back() != FillPath(request.key)) {
+  if (read->candidates.empty()) {
     bypassed_.fetch_add(1, std::memory_order_relaxed);
     return inner_->GetAsync(std::move(request), std::move(done));
   }
@@ -455,8 +460,13 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
     entry.filled = absl::Now();
     return WriteEntryAttr(fd, entry);
   });
+  // A reader's shared lock on the new entry from before it is published until this read is
+  // served: no eviction pass (this process's below, or another's) can take it meanwhile.
+  const int held = sealed.ok() ? open(read.temp->path().c_str(), O_RDONLY | O_CLOEXEC) : -1;
+  if (held >= 0) flock(held, LOCK_SH);
   absl::Status published = sealed.ok() ? read.temp->Publish() : sealed.status();
   if (!published.ok()) {
+    if (held >= 0) close(held);
     return read.Finish(Annotate(published, absl::StrCat("get ", uri, ": filling the tier")));
   }
   read.temp.reset();
@@ -464,7 +474,9 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   fill_bytes_.fetch_add(got->meta.size, std::memory_order_relaxed);
   MaybeEvict(got->meta.size);
   read.Unlock();
-  if (!ServeLocal(read, /*after_fill=*/true)) {
+  const bool served = ServeLocal(read, /*after_fill=*/true);
+  if (held >= 0) close(held);
+  if (!served) {
     read.Finish(absl::UnavailableError(
         absl::StrCat("get ", uri, ": the tier's copy vanished right after it was filled")));
   }
@@ -473,23 +485,32 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
 void TierStore::MaybeEvict(uint64_t filled) {
   const TierConfig& c = tier_->config();
   if (c.max_size == 0 && c.min_free <= 0) return;
-  int64_t usage = usage_.load(std::memory_order_relaxed);
-  if (usage >= 0) {
-    usage = usage_.fetch_add(static_cast<int64_t>(filled)) + static_cast<int64_t>(filled);
-  }
-  // Unknown until a pass has walked the tier; then what this process filled since.
-  if (usage >= 0 && !OverBounds(*tier_, static_cast<uint64_t>(usage))) return;
-  if (evicting_.exchange(true)) return;  // one pass at a time per process
-  runtime_->blocking_pool().Schedule([self = shared_from_this()]() mutable {
+  filled_since_pass_.fetch_add(filled, std::memory_order_relaxed);
+  // What the tier holds: known after this process's first pass, plus what it filled since.
+  // Before that, a tier bounded only by free space is checked with statvfs alone, so a
+  // process does not walk the whole tier at its first fill when nothing asks it to.
+  auto over = [&] {
+    const int64_t usage = usage_.load(std::memory_order_relaxed);
+    if (usage < 0) return c.max_size > 0 || OverBounds(*tier_, 0);
+    return OverBounds(*tier_, static_cast<uint64_t>(usage) + filled_since_pass_.load());
+  };
+  // The pass runs here, in the read that found the tier over its bounds, before that read is
+  // delivered: so the fills a program waited for are within bounds when it finishes. One
+  // pass at a time per process (a concurrent over-bound fill leaves it to the running pass,
+  // which looks again when it ends) and per tier (the pass's flock).
+  while (over() && !evicting_.exchange(true)) {
+    filled_since_pass_.store(0);
     std::string warning;
-    auto pass = EvictToBounds(*self->tier_, /*wait=*/false, &warning);
+    auto pass = EvictToBounds(*tier_, /*wait=*/false, &warning);
     if (!warning.empty()) std::fprintf(stderr, "wharf: %s\n", warning.c_str());
-    if (pass.ok() && pass->ran) {
-      self->usage_.store(static_cast<int64_t>(pass->bytes - pass->evicted_bytes));
-      self->evictions_.fetch_add(pass->evicted, std::memory_order_relaxed);
+    const bool ran = pass.ok() && pass->ran;
+    if (ran) {
+      usage_.store(static_cast<int64_t>(pass->bytes - pass->evicted_bytes));
+      evictions_.fetch_add(pass->evicted, std::memory_order_relaxed);
     }
-    self->evicting_.store(false);
-  });
+    evicting_.store(false);
+    if (!ran) break;  // another process's pass holds the tier: it is seeing to it
+  }
 }
 
 void TierStore::Forget(const std::string& key) {

@@ -80,7 +80,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   TierStore(std::shared_ptr<ObjectStore> inner, std::shared_ptr<Tier> tier,
             std::shared_ptr<Runtime> runtime, std::vector<TierImport> imports);
 
-  // Paths that may hold `key`'s entry, in lookup order.
+  std::optional<std::string> FillPathOfUri(const std::string& uri) const;
+  // Paths that may hold `key`'s entry, in lookup order, the read-through copy last; empty
+  // when the key bypasses the tier.
   std::vector<std::string> Candidates(const std::string& key) const;
   // Serves `read` from the first candidate holding a fresh entry; false when none does.
   bool ServeLocal(PendingRead& read, bool after_fill);
@@ -89,7 +91,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // Seals and publishes a filled object, then serves the read from it.
   void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
   void Forget(const std::string& key);
-  // After a fill: when the tier may be over its bounds, one eviction pass in the background.
+  // After a fill: when the tier may be over its bounds, eviction passes until it is not.
   void MaybeEvict(uint64_t filled);
   // Counters: what was not yet written goes to the tier's stats (tier.h) when the store is
   // destroyed or the process exits, whichever comes first.
@@ -105,6 +107,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::atomic<uint64_t> hits_{0}, misses_{0}, fills_{0}, fill_bytes_{0}, bypassed_{0};
   std::atomic<int64_t> usage_{-1};  // bytes of entries after this process's last pass
   std::atomic<bool> evicting_{false};
+  std::atomic<uint64_t> filled_since_pass_{0};
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> revalidated_{0};
   Stats flushed_;  // what FlushStatsLocked already wrote (guarded by the live-store lock)

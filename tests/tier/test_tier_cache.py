@@ -112,8 +112,8 @@ def test_bounded_tier_evicts_by_itself_and_on_request(tmp_path, bucket, s3_env, 
     tier = tmp_path / "tier"
     run_wharf("tier", "init", "--max-size", "100000", "--min-free", "0", tier, check=True)
     run_wharf("fetch", "-r", "--cache", tier, f"s3://{bucket}/b/", env=s3_env, check=True)
-    # Reads keep the tier near its bound (passes run in the background; the last fills of a
-    # run may land after the last pass, so allow one pass's worth of slack).
+    # Reads keep the tier near its bound: a pass runs inside the read that found it over, but
+    # reads in flight at the same time may publish while it runs, so allow some slack.
     assert status(tier)["bytes"] <= 2 * 100000
 
     pinned = tier / ".wharf" / "objects" / "s3" / bucket / "b"
@@ -128,4 +128,4 @@ def test_bounded_tier_evicts_by_itself_and_on_request(tmp_path, bucket, s3_env, 
     assert status(tier)["entries"] >= 1
     to = json.loads(run_wharf("tier", "evict", "--json", "--to", "20000", tier,
                               check=True).stdout)
-    assert to["bytes"] - to["evicted_bytes"] <= 20000 or to["kept_pinned"] > 0
+    assert to["bytes"] - to["evicted_bytes"] <= 20000  # the pinned entry counts, and stays
