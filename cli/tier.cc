@@ -30,6 +30,7 @@
 #include "cli/verbs.h"
 #include "io/transfer.h"
 #include "store/keys.h"
+#include "store/local/temp_object.h"
 #include "tier/evict.h"
 #include "tier/tree_store.h"
 
@@ -39,25 +40,12 @@ namespace {
 using json = nlohmann::ordered_json;
 
 // The MD5 of a file's content, hex.
-absl::StatusOr<std::string> FileMd5(const std::string& path) {
+absl::StatusOr<std::string> FileMd5(const std::string& path, uint64_t size) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("reading ", path));
-  Md5 md5;
-  std::string buf(1 << 20, '\0');
-  absl::Status status;
-  while (true) {
-    const ssize_t n = read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      status = ErrnoToStatus(errno, absl::StrCat("reading ", path));
-      break;
-    }
-    if (n == 0) break;
-    md5.Update(absl::string_view(buf.data(), n));
-  }
+  auto md5 = Md5OfFile(fd, size);
   close(fd);
-  if (!status.ok()) return status;
-  return HexLower(md5.Finish());
+  return md5;
 }
 
 absl::Status RunInit(const TierArgs& args) {
@@ -485,7 +473,7 @@ absl::Status RunVerify(const TierArgs& args) {
         if (entry->size != static_cast<uint64_t>(st.st_size)) {
           problem = absl::StrCat("size ", st.st_size, ", the entry says ", entry->size);
         } else {
-          auto md5 = FileMd5(p);
+          auto md5 = FileMd5(p, st.st_size);
           if (!md5.ok()) {
             problem = std::string(md5.status().message());
           } else if (*md5 != entry->md5) {

@@ -68,26 +68,11 @@ absl::StatusOr<std::string> EtagOf(const std::string& path, int fd_or_minus1,
   if (auto cached = CachedLocalEtag(fd_or_minus1, path, st)) return *cached;
   int fd = fd_or_minus1 >= 0 ? fd_or_minus1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, "hashing");
-  Md5 md5;
-  // Sized to the file (one byte more sees the end in one read), not a zero-filled chunk:
-  // a listing of many small files hashes each one, and a 1 MiB buffer per file showed in RSS.
-  const size_t buf_size =
-      static_cast<size_t>(std::clamp<off_t>(st.st_size + 1, 4096, static_cast<off_t>(kChunk)));
-  std::unique_ptr<char[]> buf(new char[buf_size]);
-  off_t off = 0;
-  absl::Status status;
-  while (true) {
-    ssize_t n = pread(fd, buf.get(), buf_size, off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      status = ErrnoToStatus(errno, "hashing");
-      break;
-    }
-    if (n == 0) break;
-    md5.Update(absl::string_view(buf.get(), n));
-    off += n;
-  }
-  std::string hex = HexLower(md5.Finish());
+  // Sized to the file, not a zero-filled chunk: a listing of many small files hashes each
+  // one, and a 1 MiB buffer per file showed in RSS.
+  absl::StatusOr<std::string> md5 = Md5OfFile(fd, st.st_size);
+  absl::Status status = md5.status();
+  std::string hex = md5.ok() ? *std::move(md5) : "";
   if (status.ok()) {
     struct stat now;
     if (fstat(fd, &now) == 0 && now.st_size == st.st_size &&

@@ -4,8 +4,10 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <utility>
 
@@ -56,6 +58,24 @@ std::optional<std::string> CachedLocalEtag(int fd, const std::string& path, cons
   absl::string_view value(buf, n);
   if (value.substr(33) != EtagStamp(st)) return std::nullopt;
   return std::string(value.substr(0, 32));
+}
+
+absl::StatusOr<std::string> Md5OfFile(int fd, uint64_t size_hint) {
+  Md5 md5;
+  // One byte more than the size sees the end in one read.
+  const size_t buf_size =
+      static_cast<size_t>(std::clamp<uint64_t>(size_hint + 1, 4096, uint64_t{1} << 20));
+  std::unique_ptr<char[]> buf(new char[buf_size]);
+  off_t off = 0;
+  while (true) {
+    const ssize_t n = pread(fd, buf.get(), buf_size, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, "hashing");
+    if (n == 0) break;
+    md5.Update(absl::string_view(buf.get(), n));
+    off += n;
+  }
+  return HexLower(md5.Finish());
 }
 
 absl::Status WriteAll(int fd, absl::string_view data) {

@@ -84,6 +84,10 @@ mode_t ProcessUmask();
 // 16 random hex digits (per-thread generator seeded from the OS).
 std::string RandomHex();
 
+// The hex MD5 of the content of the open file `fd` (read from offset 0 with pread; `size_hint`
+// sizes the buffer, so hashing many small files costs no large buffer each).
+absl::StatusOr<std::string> Md5OfFile(int fd, uint64_t size_hint);
+
 // The file:// store's ETag cache: the MD5 of a file's content kept in the attribute
 // "user.wharf.etag" with the size and modification time it belongs to. Store is best effort
 // (file systems without user attributes fall back to hashing on use); the cached value is
