@@ -33,13 +33,15 @@ void PrintError(absl::string_view message) {
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
-// The verb a usage error is about: the deepest subcommand the parser had entered.
+// The verb a usage error is about: the subcommands the parser had entered, outermost first
+// ("tier import").
 std::string VerbOf(const CLI::App& app) {
-  std::string verb;
   for (const CLI::App* sub : app.get_subcommands({})) {
-    if (sub->parsed()) verb = sub->get_name();
+    if (!sub->parsed()) continue;
+    const std::string inner = VerbOf(*sub);
+    return inner.empty() ? sub->get_name() : absl::StrCat(sub->get_name(), " ", inner);
   }
-  return verb;
+  return "";
 }
 
 int Main(int argc, char** argv) {

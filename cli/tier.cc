@@ -17,6 +17,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
@@ -573,7 +574,12 @@ void AddTier(CLI::App& app, TierArgs& args) {
                    "source after --ttl")
       ->check(CLI::IsMember({"immutable", "ttl"}));
   init->add_option("--ttl", args.ttl_seconds, "Seconds an entry stays fresh in ttl mode")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            double d = 0;
+            return absl::SimpleAtod(v, &d) && d > 0 ? "" : "must be a positive number of seconds";
+          },
+          "SECONDS"));
   init->add_option("--max-size", args.max_size, "Bytes the tier may hold (e.g. 500G)");
   init->add_option("--min-free", args.min_free, "Percent of the file system to keep free")
       ->check(CLI::Range(0.0, 99.0));
@@ -585,9 +591,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
       ->add_option("--rank", args.rank,
                    "With --world-size: import only this share of the keys (W importers on W "
                    "nodes together import everything once)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   import->add_option("--world-size", args.world_size, "Number of importers sharing the work")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   import
       ->add_option("-j,--jobs,--inflight", args.jobs,
                    "Requests in flight; default: sized from the store's measured latency")
