@@ -40,13 +40,13 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// The MD5 of a file's content, hex.
-absl::StatusOr<std::string> FileMd5(const std::string& path, uint64_t size) {
+// The checksum of a file's content, hex.
+absl::StatusOr<std::string> FileChecksum(const std::string& path, uint64_t size, Checksum kind) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("reading ", path));
-  auto md5 = Md5OfFile(fd, size);
+  auto sum = ChecksumOfFile(fd, size, kind);
   close(fd);
-  return md5;
+  return sum;
 }
 
 absl::Status RunInit(const TierArgs& args) {
@@ -474,11 +474,14 @@ absl::Status RunVerify(const TierArgs& args) {
         if (entry->size != static_cast<uint64_t>(st.st_size)) {
           problem = absl::StrCat("size ", st.st_size, ", the entry says ", entry->size);
         } else {
-          auto md5 = FileMd5(p, st.st_size);
-          if (!md5.ok()) {
-            problem = std::string(md5.status().message());
-          } else if (*md5 != entry->md5) {
-            problem = absl::StrCat("content MD5 ", *md5, ", the entry says ", entry->md5);
+          const bool md5 = !entry->md5.empty();
+          const std::string& want = md5 ? entry->md5 : entry->crc32c;
+          auto sum = FileChecksum(p, st.st_size, md5 ? Checksum::kMd5 : Checksum::kCrc32c);
+          if (!sum.ok()) {
+            problem = std::string(sum.status().message());
+          } else if (*sum != want) {
+            problem = absl::StrCat("content ", md5 ? "MD5 " : "CRC32C ", *sum,
+                                   ", the entry says ", want);
           }
         }
         if (problem.empty()) return;

@@ -177,7 +177,8 @@ std::string TierEntry::ToJson() const {
   j["source"] = source;
   j["etag"] = etag;
   j["size"] = size;
-  j["md5"] = md5;
+  if (!md5.empty()) j["md5"] = md5;
+  if (!crc32c.empty()) j["crc32c"] = crc32c;
   j["filled"] = filled == absl::InfinitePast() ? 0.0 : absl::ToUnixMicros(filled) / 1e6;
   j["local"] = local;
   return j.dump();
@@ -191,7 +192,9 @@ std::optional<TierEntry> TierEntry::FromJson(absl::string_view text) {
     e.source = j.at("source").get<std::string>();
     e.etag = j.at("etag").get<std::string>();
     e.size = j.at("size").get<uint64_t>();
-    e.md5 = j.at("md5").get<std::string>();
+    e.md5 = j.value("md5", std::string());
+    e.crc32c = j.value("crc32c", std::string());
+    if (e.md5.empty() && e.crc32c.empty()) return std::nullopt;
     e.filled = absl::FromUnixMicros(static_cast<int64_t>(j.at("filled").get<double>() * 1e6));
     e.local = j.value("local", false);
     return e;

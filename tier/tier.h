@@ -54,7 +54,12 @@ struct TierEntry {
   std::string source;  // the source object's URI ("" for data written to the tier itself)
   std::string etag;    // the source's ETag or generation when it was copied
   uint64_t size = 0;   // bytes of the data file
-  std::string md5;     // hex MD5 of the data file (what `verify` recomputes)
+  // The data file's checksum, what `verify` recomputes: the hex MD5 (entries written by
+  // puts: imports check it against an MD5 ETag, and data written to the tier lists with it)
+  // or, for copies the read-through decorator filled, the hex CRC32C (cheaper; their ETag is
+  // the source's). At least one is set.
+  std::string md5;
+  std::string crc32c;
   absl::Time filled = absl::InfinitePast();
   bool local = false;  // the data exists nowhere else (not exported yet): never evicted
 

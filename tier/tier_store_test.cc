@@ -3,6 +3,9 @@
 // option, writes through it forget the tier's copy, imported trees answer for their source.
 #include "tier/tier_store.h"
 
+#include "base/crc32c.h"
+#include "store/local/temp_object.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,6 +64,9 @@ TEST_F(TierStoreTest, AMissFillsAndTheNextReadHits) {
   auto entry = ReadEntryAttr(*path);
   ASSERT_TRUE(entry.has_value());
   EXPECT_EQ(entry->source, source_.store()->Uri("train/a.bin"));
+  // A fill records a CRC32C of its bytes (what `verify` recomputes), not an MD5.
+  EXPECT_EQ(entry->crc32c, Crc32cHex(Crc32c("hello tier")));
+  EXPECT_TRUE(entry->md5.empty());
 
   // The source changes; an immutable tier keeps answering with its copy, without asking.
   ASSERT_TRUE(source_.store()->Put("train/a.bin", absl::Cord("changed")).ok());

@@ -142,6 +142,15 @@ TEST(TierEntryTest, AttributeRoundTripsAndSizeDecidesCompleteness) {
   EXPECT_FALSE(IsCompleteEntry(ReadEntryAttr(path), st));
   // A file without the attribute is not an entry.
   std::ofstream(dir.path() + "/plain") << "x";
+  // A filled copy carries a CRC32C instead of an MD5; an entry with neither is refused.
+  e.md5.clear();
+  e.crc32c = "9a71bb4c";
+  auto crc_only = TierEntry::FromJson(e.ToJson());
+  ASSERT_TRUE(crc_only.has_value());
+  EXPECT_EQ(crc_only->crc32c, "9a71bb4c");
+  EXPECT_TRUE(crc_only->md5.empty());
+  e.crc32c.clear();
+  EXPECT_FALSE(TierEntry::FromJson(e.ToJson()).has_value());
   EXPECT_FALSE(ReadEntryAttr(dir.path() + "/plain").has_value());
 
   EXPECT_FALSE(IsPinned(path));
