@@ -85,6 +85,15 @@ absl::Status SetPinned(const std::string& path, bool pinned);
 struct TierImport {
   std::string source;  // URI of the source prefix
   std::string dir;     // tier-relative directory ("" for the tier's root)
+  // Set when a run (or, for `--rank/--world-size` runs, one run of every rank) listed the
+  // whole source and copied or kept every object it listed: the tree then held `objects`
+  // entries, the complete listing of the source at `completed` (the oldest such run).
+  absl::Time completed = absl::InfinitePast();
+  uint64_t objects = 0;
+  // The run that wrote a record (RecordImport); Imports() merges ranks into one import.
+  int rank = -1;
+  int world_size = 0;
+  bool complete() const { return completed != absl::InfinitePast(); }
 };
 
 class Tier {
@@ -138,7 +147,10 @@ class Tier {
   Stats ReadStats() const;
 
   // Records that the objects below `source` are files below `dir` (tier-relative), and lists
-  // the records.
+  // the imports: one per source and directory, complete when an unsharded run completed, or
+  // one run of each of the W ranks of a sharded import did (objects summed). A record
+  // replaces the same run's earlier one (an incomplete rerun makes the import incomplete);
+  // an unsharded record replaces the sharded ones and the other way round.
   absl::Status RecordImport(const TierImport& import);
   absl::StatusOr<std::vector<TierImport>> Imports() const;
 

@@ -235,3 +235,44 @@ TEST(TierTest, ImportsAreRecorded) {
 
 }  // namespace
 }  // namespace wharf
+
+namespace wharf {
+namespace {
+
+TEST(TierImportsTest, ShardedRunsMakeOneImportCompleteOnlyWhenEveryRankCompleted) {
+  TempDir dir;
+  auto tier = Tier::Init(dir.path() + "/t", TierConfig{});
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  auto run = [](int rank, int world, bool complete, uint64_t objects) {
+    TierImport r{.source = "s3://b/ds/", .dir = "ds"};
+    r.rank = rank;
+    r.world_size = world;
+    if (complete) {
+      r.completed = absl::Now();
+      r.objects = objects;
+    }
+    return r;
+  };
+  auto only = [&]() {
+    auto imports = (*tier)->Imports();
+    EXPECT_TRUE(imports.ok());
+    EXPECT_EQ(imports->size(), 1u);
+    return imports->empty() ? TierImport{} : imports->front();
+  };
+  ASSERT_TRUE((*tier)->RecordImport(run(0, 2, true, 7)).ok());
+  EXPECT_FALSE(only().complete());  // rank 1 has not run
+  ASSERT_TRUE((*tier)->RecordImport(run(1, 2, true, 5)).ok());
+  EXPECT_TRUE(only().complete());
+  EXPECT_EQ(only().objects, 12u);
+  ASSERT_TRUE((*tier)->RecordImport(run(1, 2, false, 0)).ok());  // rank 1 reran and failed
+  EXPECT_FALSE(only().complete());
+  // An unsharded run replaces the ranks' records.
+  ASSERT_TRUE((*tier)->RecordImport(run(-1, 0, true, 12)).ok());
+  EXPECT_TRUE(only().complete());
+  EXPECT_EQ(only().objects, 12u);
+  EXPECT_EQ(only().source, "s3://b/ds/");
+  EXPECT_EQ(only().dir, "ds");
+}
+
+}  // namespace
+}  // namespace wharf

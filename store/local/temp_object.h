@@ -45,8 +45,9 @@ class TempObject {
  public:
   // A temporary file for `target` (an absolute path) in `temp_dir`, or next to the target
   // when `temp_dir` is empty (its directories are created then).
-  static absl::StatusOr<std::unique_ptr<TempObject>> Create(
-      std::string target, const std::string& temp_dir = "", Checksum checksum = Checksum::kMd5);
+  static absl::StatusOr<std::unique_ptr<TempObject>> Create(std::string target,
+                                                            const std::string& temp_dir = "",
+                                                            Checksum checksum = Checksum::kMd5);
   ~TempObject();
   TempObject(const TempObject&) = delete;
   TempObject& operator=(const TempObject&) = delete;
