@@ -472,6 +472,28 @@ Tier::Stats Tier::ReadStats() const {
   return total;
 }
 
+std::optional<uint64_t> Tier::LastUsage() const {
+  auto text = ReadSmallFile(MetaPath("usage.json"));
+  if (!text.ok()) return std::nullopt;
+  json j = json::parse(*text, nullptr, false);
+  if (!j.is_object() || !j.contains("bytes") || !j["bytes"].is_number_unsigned()) {
+    return std::nullopt;
+  }
+  return j["bytes"].get<uint64_t>();
+}
+
+absl::Status Tier::RecordUsage(uint64_t bytes) const {
+  json j;
+  j["bytes"] = bytes;
+  j["time"] = absl::ToUnixSeconds(absl::Now());
+  // Not synced: a hint that a crash may lose (the next pass writes it again).
+  const std::string path = MetaPath("usage.json");
+  auto temp = TempObject::Create(path, "");
+  if (!temp.ok()) return temp.status();
+  WHARF_RETURN_IF_ERROR((*temp)->Append(j.dump() + "\n"));
+  return (*temp)->Commit(std::nullopt, /*fsync=*/false).status();
+}
+
 absl::Status Tier::RecordImport(const TierImport& import) {
   json j;
   j["source"] = import.source;

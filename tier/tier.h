@@ -146,6 +146,11 @@ class Tier {
   absl::Status AddStats(const Stats& stats);
   Stats ReadStats() const;
 
+  // What the tier's entries held after the last eviction pass over the whole tier (a hint:
+  // processes filled or removed entries since), nullopt when no pass recorded it.
+  std::optional<uint64_t> LastUsage() const;
+  absl::Status RecordUsage(uint64_t bytes) const;
+
   // Records that the objects below `source` are files below `dir` (tier-relative), and lists
   // the imports: one per source and directory, complete when an unsharded run completed, or
   // one run of each of the W ranks of a sharded import did (objects summed). A record
