@@ -24,9 +24,11 @@ N rounds (default 3), clients interleaved and their order rotated each round; me
     warm from it (the same command again: every read a hit), and plain Python open() + read()
     of every file of the same objects imported into the tier (the local file system's rate;
     the files were just written, so both warm reads come from the page cache). The same
-    three ways again as a Python loader given the keys (wharf.Store(uri[, cache=T])
-    .get_many in batches of 1,000, timed after its imports; keys without sizes: the engine
-    HEADs each one first).
+    three ways again as a Python training loader (wharf.SampleIndex.from_prefix(uri[,
+    cache=T]) + one shuffled SampleStream epoch, timed after its imports), and fsspec's
+    filecache::s3:// cold and warm as the peer cache (fs.find, then fs.cat in batches).
+    Then both wharf loaders once more through `cache=T` on the tier holding the completed
+    import, which also answers their listing.
 (c) 4 processes reading the same data set cold through one fresh tier at once (4 x wharf
     --cache T fetch -r in parallel): the bytes the tier fetched from the bucket (`wharf tier
     status --json T`: fill_bytes) as a multiple of the data set (target 1.0x), and the wall
@@ -121,8 +123,10 @@ print(json.dumps({"objects": n, "bytes": b, "seconds": time.perf_counter() - t0,
                   "cpu_before_s": before}))
 '''
 
-# The same epoch as a Python loader: the objects' keys given (no listing), read through
-# wharf.Store.get_many in batches of 1,000, with or without cache=TIER.
+# The same epoch as a Python training loader: wharf's dataset path (what wharf.torch's
+# IterableDataset runs): SampleIndex.from_prefix lists the prefix (sizes included, so no HEAD
+# per object), then one shuffled SampleStream epoch over it, each Buffer read and dropped as a
+# training step would; with or without cache=TIER (the listing through the tier too).
 PY_WHARF = r'''
 import json, resource, sys, time
 import wharf
@@ -130,15 +134,14 @@ def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 before = cpu()
-uri, cache, keys = sys.argv[1], sys.argv[2], open(sys.argv[3]).read().split()
+uri, cache = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
-store = wharf.Store(uri, cache=cache) if cache else wharf.Store(uri)
+kw = {"cache": cache} if cache else {}
+index = wharf.SampleIndex.from_prefix(uri, **kw)
 n = b = 0
-for i in range(0, len(keys), 1000):
-    bufs = store.get_many(keys[i:i + 1000])
-    n += len(bufs)
-    b += sum(len(x) for x in bufs)
-    del bufs
+for _, _, buf in wharf.SampleStream(index, seed=0, epoch=0, shuffle=True):
+    n += 1
+    b += len(memoryview(buf))
 print(json.dumps({"objects": n, "bytes": b, "seconds": time.perf_counter() - t0,
                   "cpu_before_s": before}))
 '''
@@ -190,17 +193,15 @@ def py_fsspec(rb, name: str, cache: Path):
 
 def py_wharf(rb, name: str, tier: Path | None):
     def build(ctx):
-        keys = ctx.workdir / "keys.txt"
-        keys.write_text("\n".join(k[len(ctx.sc.prefix):] for k in sorted(ctx.objects)))
         env = ctx.base_env()
         env["PYTHONPATH"] = str(rb.REPO / "python")
 
         def parse(m):
             j = rb.parse_json_line(m.stdout)
             return int(j["objects"]), int(j["bytes"]), j
-        return rb.Invocation([str(rb.VENV_PY), "-c", PY_WHARF, ctx.uri, str(tier or ""),
-                              str(keys)], env, parse, python_peer=True)
-    return rb.Client(name, ("tier",), "wharf.Store(cache=).get_many, keys given", False,
+        return rb.Invocation([str(rb.VENV_PY), "-c", PY_WHARF, ctx.uri, str(tier or "")], env,
+                             parse, python_peer=True)
+    return rb.Client(name, ("tier",), "wharf SampleIndex.from_prefix + SampleStream", False,
                      lambda a: None, build)
 
 
@@ -422,14 +423,14 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
         label = {"no-cache": "wharf fetch -r, no cache (from the bucket)",
                  "cold": "cold: wharf --cache T fetch -r (fills the tier)",
                  "warm": "warm: the same again (every read a hit)",
-                 "py-no-cache": "Python wharf.Store.get_many, keys given, no cache",
+                 "py-no-cache": "Python SampleIndex.from_prefix + SampleStream, no cache",
                  "py-cold": "cold: the same with cache=T (fills the tier)",
                  "py-warm": "warm: the same again (every read a hit)",
                  "open": "Python open().read() of the imported files",
                  "fsspec-cold": "peer: fsspec filecache::s3 fs.find + fs.cat, cold",
                  "fsspec-warm": "peer: the same again (every read from its cache)",
                  "imported": "wharf --cache T fetch -r, T holding the import (lists from it)",
-                 "py-imported": "Python get_many with cache=T holding the import"}
+                 "py-imported": "the Python loader with cache=T holding the import"}
         for way, runs in per.items():
             v = median(runs, "obj_per_s")
             ok = sum(r["status"] == "ok" for r in runs)
