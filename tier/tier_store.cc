@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -79,7 +80,10 @@ struct TierStore::PendingRead {
   Callback<GetResult> done;
   std::vector<std::string> candidates;
   std::string fill_path;
-  int lock_fd = -1;
+  int lock_fd = -1;  // the stripe's lock file while this read tries to take it
+  // Set while this read is its process's filler of fill_path: gives the stripe back and
+  // resumes the reads of this process that wait for the same object.
+  std::function<void()> release;
   absl::Duration backoff = absl::Milliseconds(1);
   std::unique_ptr<TempObject> temp;
   std::unique_ptr<FileSink> sink;
@@ -87,8 +91,9 @@ struct TierStore::PendingRead {
 
   ~PendingRead() { Unlock(); }
   void Unlock() {
-    if (lock_fd >= 0) close(lock_fd);  // releases the flock
+    if (lock_fd >= 0) close(lock_fd);
     lock_fd = -1;
+    if (release) std::exchange(release, nullptr)();
   }
   // Records the outcome; Deliver() hands it to the caller. The steps of a read run in
   // tasks that hold the store; each task drops its hold before it delivers, so a caller that
@@ -521,32 +526,82 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   if (IsCancelled(read->request.cancel)) {
     return read->Finish(absl::CancelledError(absl::StrCat(op, ": cancelled")));
   }
-  if (read->lock_fd < 0) {
-    const std::string rel = tier_->Relative(read->fill_path);
-    const uint64_t stripe = std::hash<std::string>{}(rel) % kLockStripes;
-    const std::string lock_path = tier_->MetaPath(absl::StrCat("locks/", stripe));
-    read->lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (read->lock_fd < 0) {
-      return read->Finish(ErrnoToStatus(errno, absl::StrCat(op, ": opening ", lock_path)));
+  const std::string rel = tier_->Relative(read->fill_path);
+  const uint64_t stripe = std::hash<std::string>{}(rel) % kLockStripes;
+  // This process's own fills: a read of an object it is filling waits for that fill, and a
+  // stripe it already holds (for another object) is shared, not fought over: flock excludes
+  // per open file, so two fills of one process on one stripe would otherwise exclude each
+  // other for a whole fetch.
+  bool owned = false;
+  {
+    absl::MutexLock lock(&fill_mu_);
+    if (auto it = filling_.find(read->fill_path); it != filling_.end()) {
+      it->second.push_back(std::move(read));
+      return;
+    }
+    if (auto it = stripes_.find(stripe); it != stripes_.end()) {
+      ++it->second.holders;
+      filling_[read->fill_path];
+      owned = true;
     }
   }
-  if (flock(read->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    // Another filler holds the stripe: wait without holding a thread, then look again.
-    const absl::Duration delay = read->backoff;
-    read->backoff = std::min(read->backoff * 2, kMaxBackoff);
-    runtime_->timer().After(delay, [self = shared_from_this(), read]() mutable {
-      ThreadPool& pool = self->runtime_->blocking_pool();
-      pool.Schedule([self = std::move(self), read]() mutable {
-        if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
-        self.reset();
-        read->Deliver();
+  if (!owned) {
+    if (read->lock_fd < 0) {
+      const std::string lock_path = tier_->MetaPath(absl::StrCat("locks/", stripe));
+      read->lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (read->lock_fd < 0) {
+        return read->Finish(ErrnoToStatus(errno, absl::StrCat(op, ": opening ", lock_path)));
+      }
+    }
+    if (flock(read->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+      // Another process fills on this stripe (or a thread of ours took it a moment ago; the
+      // next try joins it): wait without holding a thread, then look again.
+      const absl::Duration delay = read->backoff;
+      read->backoff = std::min(read->backoff * 2, kMaxBackoff);
+      runtime_->timer().After(delay, [self = shared_from_this(), read]() mutable {
+        ThreadPool& pool = self->runtime_->blocking_pool();
+        pool.Schedule([self = std::move(self), read]() mutable {
+          if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
+          self.reset();
+          read->Deliver();
+        });
       });
-    });
-    return;
+      return;
+    }
+    absl::MutexLock lock(&fill_mu_);
+    stripes_[stripe] = StripeLock{std::exchange(read->lock_fd, -1), 1};
+    filling_[read->fill_path];
   }
+  read->release = [self = shared_from_this(), stripe, path = read->fill_path] {
+    self->ReleaseFill(stripe, path);
+  };
   // Ours. Someone may have filled the object while we waited.
   if (ServeLocal(*read, /*after_fill=*/false)) return;
   Fill(std::move(read));
+}
+
+void TierStore::ReleaseFill(uint64_t stripe, const std::string& fill_path) {
+  std::vector<std::shared_ptr<PendingRead>> waiting;
+  int unlock_fd = -1;
+  {
+    absl::MutexLock lock(&fill_mu_);
+    if (auto it = filling_.find(fill_path); it != filling_.end()) {
+      waiting = std::move(it->second);
+      filling_.erase(it);
+    }
+    if (auto it = stripes_.find(stripe); it != stripes_.end() && --it->second.holders == 0) {
+      unlock_fd = it->second.fd;
+      stripes_.erase(it);
+    }
+  }
+  if (unlock_fd >= 0) close(unlock_fd);  // releases the flock
+  for (std::shared_ptr<PendingRead>& read : waiting) {
+    runtime_->blocking_pool().Schedule([self = shared_from_this(), read]() mutable {
+      if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
+      self.reset();
+      read->Deliver();
+    });
+  }
 }
 
 void TierStore::Fill(std::shared_ptr<PendingRead> read) {

@@ -101,6 +101,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // Serves `read` from the first candidate holding a fresh entry; false when none does.
   bool ServeLocal(PendingRead& read, bool after_fill);
   void Acquire(std::shared_ptr<PendingRead> read);
+  // The end of this process's fill of `fill_path` on `stripe`: the stripe's flock is given
+  // back with its last holder, and the reads waiting for the object look again.
+  void ReleaseFill(uint64_t stripe, const std::string& fill_path);
   void Fill(std::shared_ptr<PendingRead> read);
   // Seals and publishes a filled object, then serves the read from it.
   void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
@@ -128,6 +131,16 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> revalidated_{0};
   std::atomic<uint64_t> listed_{0};
+  // This process's fills: the stripes whose flock it holds (shared by its fills on them) and
+  // the reads waiting for an object it is filling.
+  struct StripeLock {
+    int fd = -1;
+    int holders = 0;
+  };
+  absl::Mutex fill_mu_;
+  std::map<uint64_t, StripeLock> stripes_ ABSL_GUARDED_BY(fill_mu_);
+  std::map<std::string, std::vector<std::shared_ptr<PendingRead>>> filling_
+      ABSL_GUARDED_BY(fill_mu_);
   absl::Mutex listings_mu_;
   // By import source; null once a tree was found not to serve.
   std::map<std::string, std::shared_ptr<const TreeListing>> listings_ ABSL_GUARDED_BY(listings_mu_);
