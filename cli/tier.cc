@@ -105,8 +105,13 @@ absl::Status RunImport(const TierArgs& args) {
   absl::StatusOr<TransferSummary> summary;
   std::string source_uri;
   {
+    // Puts complete once written and queued: the engine does not wait for each batch's
+    // syncfs; Flush() below waits for the last batch and reports any file not published.
+    const absl::Time started = absl::Now();
+    TierTreeOptions tree_options;
+    tree_options.complete_before_publish = true;
     WHARF_ASSIGN_OR_RETURN(std::shared_ptr<TierTreeStore> tree,
-                           TierTreeStore::Open(tier, dest, Runtime::Default()));
+                           TierTreeStore::Open(tier, dest, Runtime::Default(), tree_options));
     if (target.is_object) {
       source_uri = src.store->Uri(target.object.key);
       summary = Transfer({src.store, target.object.key}, {tree, ""}, options, &observer);
@@ -114,6 +119,11 @@ absl::Status RunImport(const TierArgs& args) {
       source_uri = src.store->Uri(target.prefix);
       summary = Transfer({src.store, target.prefix}, {tree, ""}, options, &observer);
     }
+    absl::Status published = tree->Flush();
+    if (!published.ok() && summary.ok()) {
+      summary = Annotate(published, absl::StrCat("tier import ", src.store->Uri(src.uri.key)));
+    }
+    if (summary.ok()) summary->elapsed = absl::Now() - started;  // the last batch included
   }  // the tree store publishes what it still holds
   progress.Stop();
   if (!target.is_object) {

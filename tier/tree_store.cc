@@ -297,10 +297,34 @@ absl::StatusOr<ObjectMeta> TierTreeStore::Copy(const std::string& src_key,
 }
 
 void TierTreeStore::Enqueue(Sealed sealed) {
+  Callback<ObjectMeta> early;
+  ObjectMeta meta;
+  {
+    absl::MutexLock lock(&mu_);
+    sealed.queued = absl::Now();
+    queued_bytes_ += sealed.meta.size;
+    if (options_.complete_before_publish && unpublished_ < options_.max_unpublished) {
+      early = std::move(sealed.done);
+      sealed.done = nullptr;
+      meta = sealed.meta;
+    }
+    ++unpublished_;
+    queue_.push_back(std::move(sealed));
+  }
+  if (early) std::move(early)(std::move(meta));
+}
+
+absl::Status TierTreeStore::Flush() {
   absl::MutexLock lock(&mu_);
-  sealed.queued = absl::Now();
-  queued_bytes_ += sealed.meta.size;
-  queue_.push_back(std::move(sealed));
+  ++flushing_;  // the committer publishes what is queued without waiting for a full batch
+  mu_.Await(absl::Condition(
+      +[](size_t* n) { return *n == 0; }, &unpublished_));
+  --flushing_;
+  if (unpublished_failures_ == 0) return absl::OkStatus();
+  absl::Status s = first_unpublished_failure_;
+  return absl::Status(
+      s.code(),
+      absl::StrCat(unpublished_failures_, " files were written but not published: ", s.message()));
 }
 
 void TierTreeStore::CommitLoop() {
@@ -309,7 +333,7 @@ void TierTreeStore::CommitLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto full = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || queue_.size() >= options_.batch_files ||
+        return stop_ || flushing_ > 0 || queue_.size() >= options_.batch_files ||
                queued_bytes_ >= options_.batch_bytes;
       };
       auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
@@ -344,12 +368,21 @@ void TierTreeStore::PublishBatch(std::vector<Sealed> batch) {
     Sealed& s = batch[i];
     absl::Status status = results[i].ok() ? synced : results[i];
     s.temp.reset();
-    if (status.ok()) {
+    if (!s.done) {  // completed when queued: Flush() reports it
+      if (!status.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (unpublished_failures_++ == 0) {
+          first_unpublished_failure_ = Annotate(status, absl::StrCat("put ", Uri(s.meta.key)));
+        }
+      }
+    } else if (status.ok()) {
       std::move(s.done)(std::move(s.meta));
     } else {
       std::move(s.done)(Annotate(status, absl::StrCat("put ", Uri(s.meta.key))));
     }
   }
+  absl::MutexLock lock(&mu_);
+  unpublished_ -= batch.size();
 }
 
 }  // namespace wharf

@@ -47,6 +47,14 @@ struct TierTreeOptions {
   uint64_t batch_bytes = uint64_t{256} << 20;
   absl::Duration max_delay = absl::Milliseconds(20);
   // Entries written without provenance (data that exists nowhere else) are marked `local`.
+
+  // Bulk writers (import): a put completes once its file is sealed and queued, before it is
+  // published, while at most `max_unpublished` files wait (beyond that a put completes when
+  // published again, which holds the writer back); Flush() waits until everything queued is
+  // published and reports what was not. Nothing is visible before its batch is durable
+  // either way; what changes is that the writer does not wait for each batch's syncfs.
+  bool complete_before_publish = false;
+  size_t max_unpublished = 4096;
 };
 
 class TierTreeStore : public ForwardingStore {
@@ -75,6 +83,11 @@ class TierTreeStore : public ForwardingStore {
 
   const std::shared_ptr<Tier>& tier() const { return tier_; }
   const std::string& dir() const { return dir_; }
+
+  // Waits until every file queued so far is published. With complete_before_publish, the
+  // error of the puts that completed before their publishing failed (how many, the first
+  // one's cause); OK otherwise.
+  absl::Status Flush();
 
   // Not for callers: a sealed file queued for publishing (used by the writer).
   struct Sealed;
@@ -107,6 +120,10 @@ class TierTreeStore : public ForwardingStore {
   absl::Mutex mu_;
   std::deque<Sealed> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t unpublished_ ABSL_GUARDED_BY(mu_) = 0;  // queued or being published
+  int flushing_ ABSL_GUARDED_BY(mu_) = 0;        // Flush() calls waiting
+  uint64_t unpublished_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_unpublished_failure_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread committer_;
 };

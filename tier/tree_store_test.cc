@@ -249,5 +249,33 @@ TEST_F(TierTreeStoreTest, ManyConcurrentPutsArePublishedInBatches) {
   }
 }
 
+TEST_F(TierTreeStoreTest, BulkPutsCompleteBeforePublishingAndFlushReportsFailures) {
+  TierTreeOptions o;
+  o.complete_before_publish = true;
+  o.max_delay = absl::Seconds(30);  // nothing is published until Flush or a full batch
+  o.batch_files = 1000;
+  auto tree = TierTreeStore::Open(tier_, tier_->root() + "/bulk", Runtime::Default(), o);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  PutOptions p;
+  p.source_uri = "s3://b/x";
+  p.source_etag = "e";
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE((*tree)->Put(absl::StrCat("f", i), absl::Cord("data"), p).ok());
+  }
+  // Completed, not yet published: no file at a key path before its batch is durable.
+  EXPECT_FALSE(std::filesystem::exists(tier_->root() + "/bulk/f0"));
+  ASSERT_TRUE((*tree)->Flush().ok());
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat(tier_->root(), "/bulk/f", i)));
+  }
+  // A file that cannot be published (its key is a directory) completes, then Flush says so.
+  std::filesystem::create_directories(tier_->root() + "/bulk/d/inside");
+  ASSERT_TRUE((*tree)->Put("d", absl::Cord("data"), p).ok());
+  absl::Status flushed = (*tree)->Flush();
+  EXPECT_FALSE(flushed.ok());
+  EXPECT_THAT(std::string(flushed.message()), HasSubstr("1 files were written but not published"));
+  EXPECT_THAT(std::string(flushed.message()), HasSubstr("/bulk/d"));
+}
+
 }  // namespace
 }  // namespace wharf
