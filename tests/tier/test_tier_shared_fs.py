@@ -206,7 +206,7 @@ def test_pin_and_readers_on_one_node_hold_against_eviction_on_the_other(node_dir
 
 
 def test_min_free_on_a_file_system_without_capacity_warns_once(shared_dir, bucket, s3_env,
-                                                               s3_client):
+                                                               s3_client, tmp_path):
     """CephFS without a manager reports 0 bytes of capacity (statfs): --min-free cannot apply
     there. `tier init` says so once; a reader whose eviction passes would apply it says so once
     (however many passes it runs), and the size bound alone decides."""
@@ -219,6 +219,8 @@ def test_min_free_on_a_file_system_without_capacity_warns_once(shared_dir, bucke
     assert init.returncode == 0, init.stderr
     assert len(warning.findall(init.stderr)) == 1, init.stderr
     assert tier_json("status", tier_b)["min_free"] == 20
+    local = run_wharf("tier", "init", "--min-free", "20", tmp_path / "local", check=True)
+    assert not warning.search(local.stderr), "a local disk reports its capacity"
 
     fetch = run_wharf("fetch", "-r", "--cache", tier_b, f"s3://{bucket}/m/", env=s3_env)
     assert fetch.returncode == 0, fetch.stderr
