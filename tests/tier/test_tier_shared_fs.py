@@ -229,3 +229,73 @@ def test_min_free_on_a_file_system_without_capacity_warns_once(shared_dir, bucke
     assert s["fills"] == len(objects)
     # The size bound evicted (passes ran, more than one); what remains is within reach of it.
     assert 0 < s["entries"] < len(objects) and s["bytes"] <= 2 * 100000, s
+
+
+def fs_base():
+    base = os.environ.get("WHARF_FS_BASE")
+    if not base:
+        pytest.fail("WHARF_FS_BASE is not set: eval \"$(scripts/fs-server env)\"")
+    return base
+
+
+def crash_node_a():
+    """Node A crashes: its CephFS client (ceph-fuse) is killed with -9, so every process on
+    A loses the mount."""
+    with open(os.path.join(fs_base(), "run", "fuse.a.pid")) as f:
+        os.kill(int(f.read()), 9)
+
+
+def restart_node_a():
+    """scripts/fs-server start evicts the dead client (freeing its capabilities and locks now,
+    not after the MDS's session timeout) and mounts A again."""
+    up = subprocess.run([str(ROOT / "scripts" / "fs-server"), "start"], capture_output=True,
+                        env=dict(os.environ, WHARF_FS_BASE=fs_base()), timeout=300)
+    assert up.returncode == 0, up.stderr.decode()
+    assert "mounting again" in up.stderr.decode(), up.stderr.decode()
+
+
+def test_a_node_crash_mid_import_leaves_only_complete_entries(shared_dir, bucket, s3_env,
+                                                              tmp_path):
+    """Node A crashes while it imports (its mount dies under the importer). Node B sees only
+    complete entries, each a copy of its source; a rerun on B fetches the rest and removes
+    what the dead node's importer left in its temporary directory."""
+    src = tmp_path / "src"
+    rng = random.Random(77)
+    objects = {}
+    for i in range(300):
+        rel = f"{i % 3}/obj-{i:04d}.bin"
+        objects[rel] = rng.randbytes(10000 + i)
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(objects[rel])
+    run_wharf("cp", "-r", "-q", src, f"s3://{bucket}/n/", env=s3_env, check=True)
+    a, b = shared_dir
+    dest_a, dest_b = a / "tier", b / "tier"
+    run_wharf("tier", "init", dest_a, check=True)
+    importer = subprocess.Popen([wharf_bin(), "tier", "import", "-q", f"s3://{bucket}/n/",
+                                 str(dest_a)], env=s3_env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(dest_b.glob("*/obj-*.bin")):  # the first batch is published
+        assert importer.poll() is None, "the import finished before the crash"
+        assert time.monotonic() < deadline, "the import never published an entry"
+        time.sleep(0.01)
+    crash_node_a()
+    try:
+        importer.communicate(timeout=120)
+        assert importer.returncode != 0, "the importer did not notice its mount die"
+    finally:
+        importer.kill()
+        restart_node_a()
+
+    seen = tree_files(dest_b)
+    assert 0 < len(seen) < len(objects), len(seen)
+    for rel, data in seen.items():
+        assert data == objects[rel], f"{rel} is not its source's copy"
+    assert run_wharf("tier", "verify", dest_b).returncode == 0
+    assert owner_dirs(dest_b), "the crashed importer left no temporary directory"
+
+    rerun = tier_json("import", f"s3://{bucket}/n/", dest_b, env=s3_env)
+    assert rerun["failed"] == 0 and rerun["fetched"] + rerun["skipped"] == len(objects)
+    assert rerun["skipped"] >= len(seen) and rerun["garbage_removed"] > 0, rerun
+    assert owner_dirs(dest_b) == []
+    assert tree_files(dest_a) == objects  # node A, mounted again, sees it all
