@@ -8,6 +8,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -64,6 +65,11 @@ absl::Status RunInit(const TierArgs& args) {
   }
   if (args.min_free >= 0) config.min_free = args.min_free;
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Init(args.path, config));
+  if (args.min_free > 0) {
+    if (const std::string w = MinFreeIgnoredWarning(*tier); !w.empty()) {
+      std::fprintf(stderr, "wharf: %s\n", w.c_str());
+    }
+  }
   if (!args.quiet) {
     Print(absl::StrFormat("tier %s: mode %s%s, max size %s, min free %.1f%%\n", tier->root(),
                           TierModeName(config.mode),

@@ -1,6 +1,7 @@
 """Shared fixtures: the wharf binary, and the real S3 server that ./run test starts."""
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import uuid
@@ -68,3 +69,48 @@ def bucket(s3_client):
         s3_client.abort_multipart_upload(Bucket=name, Key=upload["Key"],
                                          UploadId=upload["UploadId"])
     s3_client.delete_bucket(Bucket=name)
+
+
+def fuse_mounts():
+    """The mount points of every FUSE file system (ceph-fuse mounts among them)."""
+    with open("/proc/mounts") as f:
+        fields = [line.split() for line in f]
+    return {m[1].replace("\\040", " ") for m in fields if len(m) > 2 and m[2].startswith("fuse")}
+
+
+@pytest.fixture(scope="session")
+def fs_mounts():
+    """The shared file system that ./run test starts (scripts/fs-server): one CephFS mounted
+    twice, (mount A, mount B), two clients standing for two nodes. Fails (never skips) without
+    them, and when a path is not a mount (tests would write to the local folder beneath)."""
+    a, b = os.environ.get("WHARF_FS_MOUNT_A"), os.environ.get("WHARF_FS_MOUNT_B")
+    if not a or not b:
+        pytest.fail("WHARF_FS_MOUNT_A/B are not set: run `./run test`, or "
+                    "`scripts/fs-server start && eval \"$(scripts/fs-server env)\"`")
+    mounted = fuse_mounts()
+    for m in (a, b):
+        if m not in mounted:
+            pytest.fail(f"{m} is not mounted (scripts/fs-server status)")
+    return pathlib.Path(a), pathlib.Path(b)
+
+
+@pytest.fixture
+def shared_dir(fs_mounts):
+    """A fresh directory on the shared file system as (its path through mount A, through
+    mount B); removed afterwards (the file system keeps its data in RAM)."""
+    name = f"wharf-py-{uuid.uuid4().hex[:16]}"
+    a = fs_mounts[0] / name
+    a.mkdir()
+    yield a, fs_mounts[1] / name
+    shutil.rmtree(a, ignore_errors=True)
+
+
+@pytest.fixture(params=["local", "cephfs"])
+def node_dirs(request, tmp_path):
+    """One directory as two nodes see it: a local folder (both paths the same), or a folder on
+    the shared file system through mount A and through mount B."""
+    if request.param == "local":
+        d = tmp_path / "shared"
+        d.mkdir()
+        return d, d
+    return request.getfixturevalue("shared_dir")

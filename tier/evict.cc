@@ -171,6 +171,21 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
   return result;
 }
 
+namespace {
+std::string NoCapacityWarning(const Tier& tier) {
+  return absl::StrCat("tier ", tier.root(),
+                      ": the file system reports no capacity, so --min-free is ignored");
+}
+}  // namespace
+
+std::string MinFreeIgnoredWarning(const Tier& tier) {
+  struct statvfs vfs;
+  if (tier.config().min_free > 0 && statvfs(tier.root().c_str(), &vfs) == 0 && vfs.f_blocks == 0) {
+    return NoCapacityWarning(tier);
+  }
+  return "";
+}
+
 uint64_t EvictionTarget(const Tier& tier, uint64_t entry_bytes, std::string* warning) {
   const TierConfig& c = tier.config();
   uint64_t target = std::numeric_limits<uint64_t>::max();
@@ -180,8 +195,7 @@ uint64_t EvictionTarget(const Tier& tier, uint64_t entry_bytes, std::string* war
     if (vfs.f_blocks == 0) {
       static std::atomic<bool> warned{false};
       if (warning != nullptr && !warned.exchange(true)) {
-        *warning = absl::StrCat("tier ", tier.root(),
-                                ": the file system reports no capacity, so --min-free is ignored");
+        *warning = NoCapacityWarning(tier);
       }
     } else {
       const double total = static_cast<double>(vfs.f_blocks) * vfs.f_frsize;

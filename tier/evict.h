@@ -66,6 +66,9 @@ absl::StatusOr<EvictResult> EvictToBounds(const Tier& tier, bool wait, std::stri
 // max_size (when set) and what keeps min_free percent of the file system free. `warning` is
 // set (once per process) when the file system reports no capacity and min_free is ignored.
 uint64_t EvictionTarget(const Tier& tier, uint64_t entry_bytes, std::string* warning);
+// The warning that min_free is ignored when the tier keeps some free space but its file system
+// reports no capacity (statfs: 0 blocks, as CephFS without a manager), else "".
+std::string MinFreeIgnoredWarning(const Tier& tier);
 // True when the tier's entries, `entry_bytes` in all, exceed a bound.
 bool OverBounds(const Tier& tier, uint64_t entry_bytes);
 

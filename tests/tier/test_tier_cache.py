@@ -76,21 +76,24 @@ def test_verify_finds_and_repairs_a_damaged_filled_copy(tmp_path, bucket, s3_env
     assert run_wharf("tier", "verify", tier, env=s3_env).returncode == 0
 
 
-def test_four_cold_processes_fetch_each_object_once(tmp_path, bucket, s3_env, s3_client):
-    put_objects(s3_client, bucket, "shared/", 120, size=20000)
-    tier = tmp_path / "tier"
-    run_wharf("tier", "init", tier, check=True)
+def test_four_cold_processes_fetch_each_object_once(node_dirs, bucket, s3_env, s3_client):
+    """On a local disk, and on the shared file system with two processes on each node."""
+    objects = put_objects(s3_client, bucket, "shared/", 120, size=20000)
+    tier_a, tier_b = (d / "tier" for d in node_dirs)
+    run_wharf("tier", "init", tier_a, check=True)
     procs = [subprocess.Popen([wharf_bin(), "fetch", "-r", "--cache", str(tier),
                                f"s3://{bucket}/shared/"], env=s3_env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) for _ in range(4)]
+                              stderr=subprocess.PIPE) for tier in (tier_a, tier_b) * 2]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err.decode()
-    s = status(tier)
+    s = status(tier_b)
     assert s["fills"] == 120, s
     assert s["fill_bytes"] == 120 * 20000
     assert s["hits"] + s["misses"] == 4 * 120
     assert s["entries"] == 120
+    for key, data in objects.items():
+        assert (tier_a / ".wharf" / "objects" / "s3" / bucket / key).read_bytes() == data
 
 
 def test_python_store_and_dataset_read_through_the_tier(tmp_path, bucket, s3_env, s3_client,
