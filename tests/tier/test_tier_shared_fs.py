@@ -81,7 +81,8 @@ def test_ranks_on_two_nodes_import_concurrently(node_dirs, bucket, s3_env, s3_cl
     status = tier_json("status", dest_b)
     assert status["entries"] == len(objects)
     assert status["bytes"] == sum(len(v) for v in objects.values())
-    assert status["imports"] == [{"source": f"s3://{bucket}/ds/", "dir": ""}]
+    assert status["imports"] == [{"source": f"s3://{bucket}/ds/", "dir": "", "complete": True,
+                                  "objects": len(objects)}]
     verify = run_wharf("tier", "verify", "--json", dest_b)
     assert verify.returncode == 0, verify.stderr
     assert json.loads(verify.stdout)["checked"] == len(objects)
@@ -296,6 +297,8 @@ def test_a_node_crash_mid_import_leaves_only_complete_entries(shared_dir, bucket
 
     rerun = tier_json("import", f"s3://{bucket}/n/", dest_b, env=s3_env)
     assert rerun["failed"] == 0 and rerun["fetched"] + rerun["skipped"] == len(objects)
-    assert rerun["skipped"] >= len(seen) and rerun["garbage_removed"] > 0, rerun
+    assert rerun["skipped"] >= len(seen), rerun
+    # The dead importer's temporary directory is gone (the files it held may never have
+    # reached the MDS: a crashed client's unsynced creates are lost, so none may be counted).
     assert owner_dirs(dest_b) == []
     assert tree_files(dest_a) == objects  # node A, mounted again, sees it all
