@@ -44,6 +44,15 @@ class TierStoreTest : public ::testing::Test {
     return *store;
   }
 
+  // Copies the source's "ds/" objects into the tier's tree "imported" (what an import does).
+  void ImportDs(const std::shared_ptr<Tier>& tier) {
+    auto tree = TierTreeStore::Open(tier, tier->root() + "/imported", Runtime::Default());
+    ASSERT_TRUE(tree.ok());
+    TransferOptions o;
+    o.recursive = true;
+    ASSERT_TRUE(Transfer({source_.store(), "ds/"}, {*tree, ""}, o).ok());
+  }
+
   TempStore tier_dir_;
   TempStore source_;
 };
@@ -169,13 +178,7 @@ TEST_F(TierStoreTest, AnImportedTreeAnswersForItsSource) {
         source_.store()->Put(absl::StrCat("ds/", i), absl::Cord(absl::StrCat("v", i))).ok());
   }
   auto tier = MakeTier();
-  {
-    auto tree = TierTreeStore::Open(tier, tier->root() + "/imported", Runtime::Default());
-    ASSERT_TRUE(tree.ok());
-    TransferOptions o;
-    o.recursive = true;
-    ASSERT_TRUE(Transfer({source_.store(), "ds/"}, {*tree, ""}, o).ok());
-  }
+  ImportDs(tier);
   ASSERT_TRUE(tier->RecordImport({source_.store()->Uri("ds/"), "imported"}).ok());
   auto store = Cached(source_.store(), tier);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(*store->Read(absl::StrCat("ds/", i)), absl::StrCat("v", i));
@@ -208,13 +211,7 @@ TEST_F(TierStoreTest, ACompleteImportAnswersListingsOfItsSource) {
     ASSERT_TRUE(source_.store()->Put(k, absl::Cord(absl::StrCat("bytes of ", k))).ok());
   }
   auto tier = MakeTier();
-  {
-    auto tree = TierTreeStore::Open(tier, tier->root() + "/imported", Runtime::Default());
-    ASSERT_TRUE(tree.ok());
-    TransferOptions o;
-    o.recursive = true;
-    ASSERT_TRUE(Transfer({source_.store(), "ds/"}, {*tree, ""}, o).ok());
-  }
+  ImportDs(tier);
   TierImport import{.source = source_.store()->Uri("ds/"), .dir = "imported"};
   import.completed = absl::Now();
   import.objects = keys.size();
