@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "base/status.h"
 #include "base/crc32c.h"
+#include "base/status.h"
 
 namespace wharf {
 namespace {
