@@ -353,6 +353,11 @@ absl::StatusOr<std::string> Tier::TempDir() {
   temp_lock_fd_ = -1;
   const std::string temp_root = MetaPath(kTempDir);
   WHARF_RETURN_IF_ERROR(MakeDirs(temp_root));
+  // What killed processes left goes before this one adds its own: every process that writes
+  // to the tier (import, fills, export marks) cleans up after the dead, so their temporary
+  // files do not stay until someone runs `tier gc`. Best effort: a failure leaves them for
+  // the next one.
+  (void)CollectGarbage();
   for (int attempt = 0; attempt < 8; ++attempt) {
     const std::string name = absl::StrCat(HostName(), "-", pid, "-", RandomHex());
     const std::string lock_path = absl::StrCat(temp_root, "/", name, ".lock");

@@ -108,7 +108,8 @@ class Tier {
   std::string Relative(const std::string& path) const;
 
   // This process's temporary directory, created on first use (again after a fork), owned
-  // while the process lives. Files written there are published by rename.
+  // while the process lives. Files written there are published by rename. Creating it
+  // first removes what dead owners left (CollectGarbage).
   absl::StatusOr<std::string> TempDir();
 
   struct Garbage {

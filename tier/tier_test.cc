@@ -173,24 +173,39 @@ TEST(TierTest, TempDirIsPrivateAndGarbageCollectionSparesLiveOwners) {
   EXPECT_TRUE(std::filesystem::exists(*temp + "/partial"));
 }
 
-TEST(TierTest, GarbageOfAKilledProcessIsRemoved) {
-  TempDir dir;
-  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+// A child process that owns a temporary directory in the tier at `root` holding three files,
+// and waits to be killed (like kill -9 mid-import). Returns once the files are written.
+pid_t ForkOwnerWithTempFiles(const std::string& root) {
   int pipefd[2];
-  ASSERT_EQ(pipe(pipefd), 0);
+  if (pipe(pipefd) != 0) return -1;
   const pid_t child = fork();
-  ASSERT_GE(child, 0);
   if (child == 0) {
-    auto tier = Tier::Find(dir.path());
+    auto tier = Tier::Find(root);
     auto temp = (*tier)->TempDir();
     if (!temp.ok()) _exit(3);
     for (int i = 0; i < 3; ++i) std::ofstream(*temp + "/t" + std::to_string(i)) << "x";
     (void)!write(pipefd[1], "r", 1);
-    pause();  // killed below, like kill -9 mid-import
+    pause();
     _exit(0);
   }
   char c;
-  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
+  if (child < 0 || read(pipefd[0], &c, 1) != 1) return -1;
+  close(pipefd[0]);
+  close(pipefd[1]);
+  return child;
+}
+
+void KillAndReap(pid_t child) {
+  kill(child, SIGKILL);
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+}
+
+TEST(TierTest, GarbageOfAKilledProcessIsRemoved) {
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+  const pid_t child = ForkOwnerWithTempFiles(dir.path());
+  ASSERT_GT(child, 0);
   const std::string temp_root = dir.path() + "/.wharf/tmp";
   EXPECT_EQ(CountEntries(temp_root), 5u);  // lock + dir + 3 files
   {
@@ -199,17 +214,32 @@ TEST(TierTest, GarbageOfAKilledProcessIsRemoved) {
     ASSERT_TRUE(alive.ok());
     EXPECT_EQ(alive->owners, 0u) << "the child still lives";
   }
-  kill(child, SIGKILL);
-  int status;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+  KillAndReap(child);
   auto tier = Tier::Find(dir.path());
   auto garbage = (*tier)->CollectGarbage();
   ASSERT_TRUE(garbage.ok()) << garbage.status();
   EXPECT_EQ(garbage->owners, 1u);
   EXPECT_EQ(garbage->files, 3u);
   EXPECT_EQ(CountEntries(temp_root), 0u);
-  close(pipefd[0]);
-  close(pipefd[1]);
+}
+
+TEST(TierTest, ANewOwnerRemovesWhatKilledOwnersLeft) {
+  // Fills and exports call no `tier gc`: the next process that writes to the tier cleans up.
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+  const pid_t alive = ForkOwnerWithTempFiles(dir.path());
+  const pid_t killed = ForkOwnerWithTempFiles(dir.path());
+  ASSERT_GT(alive, 0);
+  ASSERT_GT(killed, 0);
+  KillAndReap(killed);
+  const std::string temp_root = dir.path() + "/.wharf/tmp";
+  EXPECT_EQ(CountEntries(temp_root), 10u);
+  auto tier = Tier::Find(dir.path());
+  auto temp = (*tier)->TempDir();
+  ASSERT_TRUE(temp.ok()) << temp.status();
+  // The killed owner's lock, directory and files are gone; the live one's and ours remain.
+  EXPECT_EQ(CountEntries(temp_root), 5u + 2u);
+  KillAndReap(alive);
 }
 
 TEST(TierTest, ImportsAreRecorded) {
