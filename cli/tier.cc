@@ -432,11 +432,19 @@ absl::Status RunStatus(const TierArgs& args) {
 absl::Status RunGc(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   WHARF_ASSIGN_OR_RETURN(Tier::Garbage garbage, tier->CollectGarbage());
+  WHARF_ASSIGN_OR_RETURN(uint64_t folded, tier->FoldStats());
   if (args.json) {
-    Print(JsonLine({{"tier", tier->root()}, {"owners", garbage.owners}, {"files", garbage.files}}));
+    Print(JsonLine({{"tier", tier->root()},
+                    {"owners", garbage.owners},
+                    {"files", garbage.files},
+                    {"stats_folded", folded}}));
   } else if (!args.quiet) {
     Print(absl::StrFormat("removed %d temporary files of %d finished or killed processes\n",
                           garbage.files, garbage.owners));
+    if (folded > 0) {
+      Print(absl::StrFormat("folded the read counters of %d finished processes into one file\n",
+                            folded));
+    }
   }
   return absl::OkStatus();
 }
@@ -645,7 +653,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
   status->add_flag("--json", args.json, "Print one JSON object");
   status->add_option("PATH", args.path, "A path inside a tier")->required();
 
-  CLI::App* gc = sub("gc", "Remove temporary files that finished or killed processes left");
+  CLI::App* gc = sub("gc",
+                     "Remove temporary files that finished or killed processes left, and fold "
+                     "their read counters into one file");
   gc->add_flag("--json", args.json, "Print one JSON object");
   gc->add_flag("-q,--quiet", args.quiet, "Print nothing");
   gc->add_option("TIER_DIR", args.path, "A path inside a tier")->required();

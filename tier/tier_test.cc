@@ -11,7 +11,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -173,17 +176,16 @@ TEST(TierTest, TempDirIsPrivateAndGarbageCollectionSparesLiveOwners) {
   EXPECT_TRUE(std::filesystem::exists(*temp + "/partial"));
 }
 
-// A child process that owns a temporary directory in the tier at `root` holding three files,
-// and waits to be killed (like kill -9 mid-import). Returns once the files are written.
-pid_t ForkOwnerWithTempFiles(const std::string& root) {
+// A child process that owns a temporary directory in the tier at `root`, does `work` with
+// its Tier, and waits to be killed (like kill -9 mid-import). Returns once `work` is done.
+pid_t ForkOwner(const std::string& root, const std::function<void(Tier&)>& work) {
   int pipefd[2];
   if (pipe(pipefd) != 0) return -1;
   const pid_t child = fork();
   if (child == 0) {
     auto tier = Tier::Find(root);
-    auto temp = (*tier)->TempDir();
-    if (!temp.ok()) _exit(3);
-    for (int i = 0; i < 3; ++i) std::ofstream(*temp + "/t" + std::to_string(i)) << "x";
+    if (!tier.ok() || !(*tier)->TempDir().ok()) _exit(3);
+    work(**tier);
     (void)!write(pipefd[1], "r", 1);
     pause();
     _exit(0);
@@ -193,6 +195,13 @@ pid_t ForkOwnerWithTempFiles(const std::string& root) {
   close(pipefd[0]);
   close(pipefd[1]);
   return child;
+}
+
+// A ForkOwner whose temporary directory holds three files.
+pid_t ForkOwnerWithTempFiles(const std::string& root) {
+  return ForkOwner(root, [](Tier& tier) {
+    for (int i = 0; i < 3; ++i) std::ofstream(*tier.TempDir() + "/t" + std::to_string(i)) << "x";
+  });
 }
 
 void KillAndReap(pid_t child) {
@@ -240,6 +249,73 @@ TEST(TierTest, ANewOwnerRemovesWhatKilledOwnersLeft) {
   // The killed owner's lock, directory and files are gone; the live one's and ours remain.
   EXPECT_EQ(CountEntries(temp_root), 5u + 2u);
   KillAndReap(alive);
+}
+
+TEST(TierTest, GcFoldsDeadOwnersStatsKeepingTheTotals) {
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+  // Three processes that counted reads (twice each, into one file each) and were killed, and
+  // one that lives on.
+  auto count = [](Tier& tier) {
+    (void)tier.AddStats({.hits = 1, .misses = 2, .fills = 3, .fill_bytes = 40});
+    (void)tier.AddStats({.hits = 10, .misses = 0, .fills = 0, .fill_bytes = 0});
+  };
+  std::vector<pid_t> dead;
+  for (int i = 0; i < 3; ++i) dead.push_back(ForkOwner(dir.path(), count));
+  const pid_t alive = ForkOwner(dir.path(), count);
+  ASSERT_GT(alive, 0);
+  for (pid_t child : dead) KillAndReap(child);
+  const std::string stats_dir = dir.path() + "/.wharf/stats";
+  EXPECT_EQ(CountEntries(stats_dir), 4u) << "one file per process";
+  auto tier = Tier::Find(dir.path());
+  ASSERT_TRUE(tier.ok());
+  auto expect_totals = [&](const char* when) {
+    const Tier::Stats s = (*tier)->ReadStats();
+    EXPECT_EQ(s.hits, 4u * 11) << when;
+    EXPECT_EQ(s.misses, 4u * 2) << when;
+    EXPECT_EQ(s.fills, 4u * 3) << when;
+    EXPECT_EQ(s.fill_bytes, 4u * 40) << when;
+  };
+  expect_totals("before folding");
+  const std::string one_dead = [&] {
+    for (const auto& e : std::filesystem::directory_iterator(stats_dir)) {
+      if (e.path().filename().string().find(absl::StrCat("-", dead[0], "-")) != std::string::npos) {
+        return e.path().string();
+      }
+    }
+    return std::string();
+  }();
+  ASSERT_FALSE(one_dead.empty());
+  std::stringstream saved;
+  saved << std::ifstream(one_dead).rdbuf();
+
+  auto folded = (*tier)->FoldStats();
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  EXPECT_EQ(*folded, 3u);
+  EXPECT_EQ(CountEntries(stats_dir), 2u) << "folded.json and the live process's";
+  expect_totals("after folding");
+
+  // A fold killed after it wrote folded.json left a file it had folded: not counted twice,
+  // and the next fold removes it.
+  std::ofstream(one_dead) << saved.str();
+  expect_totals("with a folded file left behind");
+  folded = (*tier)->FoldStats();
+  ASSERT_TRUE(folded.ok());
+  EXPECT_EQ(*folded, 0u);
+  EXPECT_FALSE(std::filesystem::exists(one_dead));
+  expect_totals("after the next fold");
+
+  KillAndReap(alive);
+  folded = (*tier)->FoldStats();
+  ASSERT_TRUE(folded.ok());
+  EXPECT_EQ(*folded, 1u);
+  EXPECT_EQ(CountEntries(stats_dir), 1u);
+  expect_totals("all folded");
+  // This process counts on: its own file, next to the folded one.
+  ASSERT_TRUE((*tier)->AddStats({.hits = 1}).ok());
+  ASSERT_TRUE((*tier)->AddStats({.hits = 1}).ok());
+  EXPECT_EQ(CountEntries(stats_dir), 2u);
+  EXPECT_EQ((*tier)->ReadStats().hits, 4u * 11 + 2);
 }
 
 TEST(TierTest, ImportsAreRecorded) {
