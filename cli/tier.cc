@@ -22,10 +22,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "base/bounded_worker.h"
 #include "base/hash.h"
 #include "base/runtime.h"
 #include "base/status.h"
-#include "base/thread_pool.h"
 #include "cli/common.h"
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
@@ -157,7 +157,8 @@ absl::Status RunImport(const TierArgs& args) {
 // now exists elsewhere, so eviction may remove it). An entry with no source also takes the
 // exported object's URI and ETag as its provenance, so it lists with the destination's ETag
 // and a rerun skips it even when that ETag is a multipart one (no MD5). The attribute is
-// written on a thread of its own, never on the transport thread that reports a put.
+// written on a thread of its own, not on the transport thread that reports a put, except
+// when kMaxPendingMarks marks are waiting already (then that thread writes it).
 class ExportObserver : public ProgressObserver {
  public:
   ExportObserver(Progress& progress, std::string dir, std::shared_ptr<ObjectStore> dst)
@@ -167,7 +168,7 @@ class ExportObserver : public ProgressObserver {
         dst_(std::move(dst)) {}
 
   void OnObjectAt(const ObjectMeta& src, const ObjectMeta& dst, bool /*copied*/) override {
-    marker_->Schedule([this, src, dst] {
+    marker_->Run([this, src, dst] {
       absl::Status s = MarkExported(absl::StrCat(dir_, "/", src.key), src, dst);
       if (s.ok()) return;
       progress_.PrintLine(absl::StrCat("wharf: ", OneLine(s.message())));
@@ -216,8 +217,14 @@ class ExportObserver : public ProgressObserver {
   uint64_t unmarked_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_ ABSL_GUARDED_BY(mu_);
   // One thread: attribute writes are small, and on a shared file system each is a metadata
-  // round trip that should not hold up the transfer's threads. Last: joined first.
-  std::unique_ptr<ThreadPool> marker_ = std::make_unique<ThreadPool>(1);
+  // round trip that should not hold up the transfer's threads. Bounded: marks come as fast
+  // as the listing finds objects already exported (a rerun over millions of files) or
+  // uploads finish, faster than a shared file system takes attribute writes; beyond
+  // kMaxPendingMarks waiting, the thread that reports an object marks it itself, so the
+  // queue's memory stays bounded (a few hundred bytes a mark) and the export slows to the
+  // rate of its marks instead. Last: joined first.
+  static constexpr size_t kMaxPendingMarks = 4096;
+  std::unique_ptr<BoundedWorker> marker_ = std::make_unique<BoundedWorker>(kMaxPendingMarks);
 };
 
 // Aborts the multipart uploads that killed exports left below the destination (a process
