@@ -340,3 +340,31 @@ def test_kill_9_during_eviction(tmp_path, bucket, s3_env, s3_client, rng):
     assert run_wharf("tier", "verify", "-q", tier).returncode == 0
     run_wharf("tier", "gc", "-q", tier, check=True)
     assert os.listdir(tier / ".wharf" / "tmp") == []
+
+
+def test_kill_9_during_gc_never_counts_twice(tmp_path, rng):
+    """`tier gc` folds the counters of dead processes into one file: killed at random points
+    (between writing the folded totals and removing the files it folded, too), `tier status`
+    still reports each process once."""
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", "-q", tier, check=True)
+    stats = tier / ".wharf" / "stats"
+    stats.mkdir()
+    killer = Killer(rng, os.environ)
+    rounds = 0
+    for i in range(3 * KILLS_PER_LOOP // 2):
+        if killer.kills == KILLS_PER_LOOP // 2:
+            break
+        rounds += 1
+        # Finished processes' files (no owner lock: their owners are gone).
+        for n in range(400):
+            (stats / f"host-{i}-{n:04x}.json").write_text(
+                json.dumps({"hits": 1, "misses": 2, "fills": 0, "fill_bytes": 0}))
+        killer.run("gc", [wharf_bin(), "tier", "gc", "-q", str(tier)])
+        s = json.loads(run_wharf("tier", "status", "--json", tier, check=True).stdout)
+        assert (s["hits"], s["misses"]) == (400 * rounds, 800 * rounds), f"after run {i}"
+    assert killer.kills == KILLS_PER_LOOP // 2, "the runs ended too soon to be killed"
+    run_wharf("tier", "gc", "-q", tier, check=True)
+    assert os.listdir(stats) == ["folded.json"]
+    s = json.loads(run_wharf("tier", "status", "--json", tier, check=True).stdout)
+    assert s["hits"] == 400 * rounds
