@@ -144,6 +144,50 @@ print(json.dumps({"objects": n, "bytes": b, "seconds": time.perf_counter() - t0,
 '''
 
 
+# fsspec's whole-file cache in front of s3fs (`filecache::s3://`), the peer cache: fs.find of
+# the prefix (one listing, kept in s3fs's listings cache: without it fs.cat asks the bucket
+# about each path one at a time, ~20 paths/s at 25 ms), then fs.cat in batches of 1,000 (the
+# misses of a batch fetched by s3fs.get, concurrently), timed with the listing, as the CLI.
+FSSPEC_PY = r'''
+import json, os, resource, sys, time
+import fsspec
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+before = cpu()
+endpoint, base, cache = sys.argv[1], sys.argv[2], sys.argv[3]
+t0 = time.perf_counter()
+fs = fsspec.filesystem(
+    "filecache", target_protocol="s3", cache_storage=cache,
+    target_options={"key": os.environ["AWS_ACCESS_KEY_ID"],
+                    "secret": os.environ["AWS_SECRET_ACCESS_KEY"], "endpoint_url": endpoint,
+                    "client_kwargs": {"region_name": os.environ.get("AWS_REGION", "us-east-1")},
+                    "config_kwargs": {"s3": {"addressing_style": "path"},
+                                      "max_pool_connections": 64}})
+paths = sorted(fs.find(base))
+n = b = 0
+for i in range(0, len(paths), 1000):
+    out = fs.cat(paths[i:i + 1000])
+    n += len(out)
+    b += sum(len(v) for v in out.values())
+    del out
+print(json.dumps({"objects": n, "bytes": b, "seconds": time.perf_counter() - t0,
+                  "cpu_before_s": before}))
+'''
+
+
+def py_fsspec(rb, name: str, cache: Path):
+    def build(ctx):
+        def parse(m):
+            j = rb.parse_json_line(m.stdout)
+            return int(j["objects"]), int(j["bytes"]), j
+        base = ctx.uri[len("s3://"):]
+        return rb.Invocation([str(rb.VENV_PY), "-c", FSSPEC_PY, ctx.endpoint, base, str(cache)],
+                             ctx.base_env(), parse, python_peer=True)
+    return rb.Client(name, ("tier",), "fsspec filecache::s3 fs.find + fs.cat", False,
+                     rb.avail_module("s3fs"), build)
+
+
 def py_wharf(rb, name: str, tier: Path | None):
     def build(ctx):
         keys = ctx.workdir / "keys.txt"
@@ -297,17 +341,24 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
         if "b" in parts:
             t = Path(tempfile.mkdtemp(prefix="wharf-bench-tier-b-", dir=a._scratch))
             tp = Path(tempfile.mkdtemp(prefix="wharf-bench-tier-bpy-", dir=a._scratch))
+            tf = Path(tempfile.mkdtemp(prefix="wharf-bench-tier-fsspec-", dir=a._scratch))
             try:
                 steps = [("no-cache", fetch), ("cold", readers(rb, "cold", t, 1)),
                          ("warm", readers(rb, "warm", t, 1)),
                          ("py-no-cache", py_wharf(rb, "py-no-cache", None)),
                          ("py-cold", py_wharf(rb, "py-cold", tp)),
-                         ("py-warm", py_wharf(rb, "py-warm", tp))]
+                         ("py-warm", py_wharf(rb, "py-warm", tp)),
+                         ("fsspec-cold", py_fsspec(rb, "fsspec-cold", tf)),
+                         ("fsspec-warm", py_fsspec(rb, "fsspec-warm", tf))]
                 for label, c in steps:
+                    why = c.available(a) if callable(getattr(c, "available", None)) else None
+                    if why:
+                        rb.log(f"    {label}: {why}")
+                        continue
                     r = measure(rb, c, ctx_for(), server, proxy, results, rnd, "b")
                     r["way"] = label
                     per.setdefault(label, []).append(r)
-                    if "no-cache" not in label:
+                    if "no-cache" not in label and not label.startswith("fsspec"):
                         st = tier_status(rb, a, tp if label.startswith("py") else t)
                         r["tier_status"] = st
                         rb.log(f"    tier: fills {st['fills']}, fill_bytes {st['fill_bytes']:,}, "
@@ -323,9 +374,23 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
                             "b")
                 r["way"] = "open"
                 per.setdefault("open", []).append(r)
+                # The import completed, so the tier also answers the listing: the same two
+                # loaders through `cache=` on the tier that holds the import.
+                shutil.rmtree(t / ".wharf" / "stats", ignore_errors=True)
+                for label, c in [("imported", readers(rb, "imported", t, 1)),
+                                 ("py-imported", py_wharf(rb, "py-imported", t))]:
+                    r = measure(rb, c, ctx_for(), server, proxy, results, rnd, "b")
+                    r["way"] = label
+                    per.setdefault(label, []).append(r)
+                    st = tier_status(rb, a, t)
+                    r["tier_status"] = st
+                    rb.log(f"    tier: fills {st['fills']}, hits {st['hits']}, "
+                           f"misses {st['misses']}")
+                    shutil.rmtree(t / ".wharf" / "stats", ignore_errors=True)
             finally:
                 shutil.rmtree(t, ignore_errors=True)
                 shutil.rmtree(tp, ignore_errors=True)
+                shutil.rmtree(tf, ignore_errors=True)
                 syncfs(a._scratch)
         if "c" in parts:
             t = Path(tempfile.mkdtemp(prefix="wharf-bench-tier-c-", dir=a._scratch))
@@ -360,7 +425,11 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
                  "py-no-cache": "Python wharf.Store.get_many, keys given, no cache",
                  "py-cold": "cold: the same with cache=T (fills the tier)",
                  "py-warm": "warm: the same again (every read a hit)",
-                 "open": "Python open().read() of the imported files"}
+                 "open": "Python open().read() of the imported files",
+                 "fsspec-cold": "peer: fsspec filecache::s3 fs.find + fs.cat, cold",
+                 "fsspec-warm": "peer: the same again (every read from its cache)",
+                 "imported": "wharf --cache T fetch -r, T holding the import (lists from it)",
+                 "py-imported": "Python get_many with cache=T holding the import"}
         for way, runs in per.items():
             v = median(runs, "obj_per_s")
             ok = sum(r["status"] == "ok" for r in runs)
@@ -369,8 +438,8 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
                 fmt(median(runs, "mb_per_s"), ",.1f"), fmt(median(runs, "wall_s"), ".2f"),
                 fmt(median(runs, "cpu_s"), ".2f"), fmt(median(runs, "cpu_ms_per_obj"), ".3f"),
                 fmt(median(runs, "maxrss_mib"), ",.0f"),
-                (f"{100 * v / (py_base if way.startswith('py') else base):.0f}%"
-                 if v and (py_base if way.startswith("py") else base) else "-"),
+                (f"{100 * v / (py_base if way.startswith(('py', 'fsspec')) else base):.0f}%"
+                 if v and (py_base if way.startswith(("py", "fsspec")) else base) else "-"),
                 f"{100 * v / opn:.0f}%" if v and opn else "-"]) + " |")
         lines.append("")
         lines.append("- rounds (obj/s): " + "; ".join(

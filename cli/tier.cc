@@ -40,13 +40,13 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// The MD5 of a file's content, hex.
-absl::StatusOr<std::string> FileMd5(const std::string& path, uint64_t size) {
+// The checksum of a file's content, hex.
+absl::StatusOr<std::string> FileChecksum(const std::string& path, uint64_t size, Checksum kind) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("reading ", path));
-  auto md5 = Md5OfFile(fd, size);
+  auto sum = ChecksumOfFile(fd, size, kind);
   close(fd);
-  return md5;
+  return sum;
 }
 
 absl::Status RunInit(const TierArgs& args) {
@@ -116,10 +116,23 @@ absl::Status RunImport(const TierArgs& args) {
     }
   }  // the tree store publishes what it still holds
   progress.Stop();
-  if (!summary.ok()) return summary.status();
   if (!target.is_object) {
-    WHARF_RETURN_IF_ERROR(tier->RecordImport({source_uri, tier->Relative(dest)}));
+    // A run that copied or kept every object it listed makes the tree a complete listing
+    // of the source (the tier answers listings from it); any other run says it is not.
+    TierImport record{.source = source_uri, .dir = tier->Relative(dest)};
+    if (summary.ok() && summary->failed == 0) {
+      record.completed = absl::Now();
+      record.objects = summary->listed;
+    }
+    if (args.world_size > 0) {
+      record.rank = args.rank;
+      record.world_size = args.world_size;
+    }
+    absl::Status recorded = tier->RecordImport(record);
+    if (!summary.ok()) return summary.status();
+    WHARF_RETURN_IF_ERROR(recorded);
   }
+  if (!summary.ok()) return summary.status();
   const double seconds = absl::ToDoubleSeconds(summary->elapsed);
   if (args.json) {
     json j;
@@ -404,7 +417,11 @@ absl::Status RunStatus(const TierArgs& args) {
     j["fs_size"] = fs_size;
     j["fs_free"] = fs_free;
     json imp = json::array();
-    for (const TierImport& i : imports) imp.push_back({{"source", i.source}, {"dir", i.dir}});
+    for (const TierImport& i : imports) {
+      json one = {{"source", i.source}, {"dir", i.dir}, {"complete", i.complete()}};
+      if (i.complete()) one["objects"] = i.objects;
+      imp.push_back(std::move(one));
+    }
     j["imports"] = imp;
     const Tier::Stats stats = tier->ReadStats();
     j["hits"] = stats.hits;
@@ -431,7 +448,9 @@ absl::Status RunStatus(const TierArgs& args) {
   Print(absl::StrFormat("reads     %d hits, %d misses; %d objects (%s MB) filled\n", stats.hits,
                         stats.misses, stats.fills, Megabytes(stats.fill_bytes)));
   for (const TierImport& i : imports) {
-    Print(absl::StrFormat("import    %s -> %s\n", OneLine(i.source), i.dir.empty() ? "." : i.dir));
+    Print(absl::StrFormat(
+        "import    %s -> %s (%s)\n", OneLine(i.source), i.dir.empty() ? "." : i.dir,
+        i.complete() ? absl::StrCat("complete: ", i.objects, " objects") : "incomplete"));
   }
   return absl::OkStatus();
 }
@@ -489,11 +508,14 @@ absl::Status RunVerify(const TierArgs& args) {
         if (entry->size != static_cast<uint64_t>(st.st_size)) {
           problem = absl::StrCat("size ", st.st_size, ", the entry says ", entry->size);
         } else {
-          auto md5 = FileMd5(p, st.st_size);
-          if (!md5.ok()) {
-            problem = std::string(md5.status().message());
-          } else if (*md5 != entry->md5) {
-            problem = absl::StrCat("content MD5 ", *md5, ", the entry says ", entry->md5);
+          const bool md5 = !entry->md5.empty();
+          const std::string& want = md5 ? entry->md5 : entry->crc32c;
+          auto sum = FileChecksum(p, st.st_size, md5 ? Checksum::kMd5 : Checksum::kCrc32c);
+          if (!sum.ok()) {
+            problem = std::string(sum.status().message());
+          } else if (*sum != want) {
+            problem =
+                absl::StrCat("content ", md5 ? "MD5 " : "CRC32C ", *sum, ", the entry says ", want);
           }
         }
         if (problem.empty()) return;

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "formats/crc32c.h"
+#include "base/crc32c.h"
 
 namespace wharf {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "formats/crc32c.h"
+#include "base/crc32c.h"
 #include "gtest/gtest.h"
 #include "store/testing/temp_store.h"
 

@@ -98,9 +98,12 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
 }
 
 absl::StatusOr<EvictResult> EvictToBounds(const Tier& tier, bool wait, std::string* warning) {
-  return EvictTo(
+  auto result = EvictTo(
       tier, tier.root(),
       [&](uint64_t entry_bytes) { return EvictionTarget(tier, entry_bytes, warning); }, wait);
+  // What the whole tier holds now: the next process starts from it instead of a walk.
+  if (result.ok() && result->ran) (void)tier.RecordUsage(result->bytes - result->evicted_bytes);
+  return result;
 }
 
 absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,

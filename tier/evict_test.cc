@@ -127,5 +127,43 @@ TEST_F(EvictTest, ReadsThroughTheTierKeepItUnderItsSizeBound) {
   EXPECT_EQ(again->size(), 10000u);
 }
 
+TEST_F(EvictTest, AProcessStartsFromTheUsageTheLastPassRecorded) {
+  TempStore source;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(source.store()->Put(absl::StrCat("k", i), absl::Cord(std::string(100, 'v'))).ok());
+  }
+  TierConfig bounded;
+  bounded.max_size = 10000;
+  bounded.min_free = 0;
+  auto tier = Tier::Init(dir_.root() + "/hinted", bounded);
+  ASSERT_TRUE(tier.ok());
+  EXPECT_FALSE((*tier)->LastUsage().has_value());
+  // A pass over the empty tier records what it holds.
+  auto pass = EvictToBounds(**tier, /*wait=*/true, nullptr);
+  ASSERT_TRUE(pass.ok());
+  EXPECT_EQ((*tier)->LastUsage(), std::optional<uint64_t>(0));
+  // Entries the record does not know of (another process's fills since), over the bound.
+  auto tree = TierTreeStore::Open(*tier, (*tier)->root() + "/data", Runtime::Default());
+  ASSERT_TRUE(tree.ok());
+  PutOptions o;
+  o.source_uri = "s3://b/old";
+  o.source_etag = "e";
+  ASSERT_TRUE((*tree)->Put("old", absl::Cord(std::string(20000, 'x')), o).ok());
+  // A new process's first fill trusts the record (0 + 100 bytes: within the bound), so it
+  // does not walk the tier; the fill that crosses the bound by its own count runs a pass.
+  auto store = TierStore::Open(source.store(), *tier, Runtime::Default());
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Read("k0").ok());
+  EXPECT_EQ((*store)->stats().evicted, 0u);
+  EXPECT_TRUE(std::filesystem::exists((*tier)->root() + "/data/old"));
+  ASSERT_TRUE((*tier)->RecordUsage(9950).ok());  // as if another pass had just run
+  auto second = TierStore::Open(source.store(), *tier, Runtime::Default());
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->Read("k1").ok());
+  EXPECT_GT((*second)->stats().evicted, 0u);
+  EXPECT_FALSE(std::filesystem::exists((*tier)->root() + "/data/old"));
+  EXPECT_LE(*(*tier)->LastUsage(), bounded.max_size);
+}
+
 }  // namespace
 }  // namespace wharf

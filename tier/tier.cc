@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -184,7 +186,8 @@ std::string TierEntry::ToJson() const {
   j["source"] = source;
   j["etag"] = etag;
   j["size"] = size;
-  j["md5"] = md5;
+  if (!md5.empty()) j["md5"] = md5;
+  if (!crc32c.empty()) j["crc32c"] = crc32c;
   j["filled"] = filled == absl::InfinitePast() ? 0.0 : absl::ToUnixMicros(filled) / 1e6;
   j["local"] = local;
   return j.dump();
@@ -198,7 +201,9 @@ std::optional<TierEntry> TierEntry::FromJson(absl::string_view text) {
     e.source = j.at("source").get<std::string>();
     e.etag = j.at("etag").get<std::string>();
     e.size = j.at("size").get<uint64_t>();
-    e.md5 = j.at("md5").get<std::string>();
+    e.md5 = j.value("md5", std::string());
+    e.crc32c = j.value("crc32c", std::string());
+    if (e.md5.empty() && e.crc32c.empty()) return std::nullopt;
     e.filled = absl::FromUnixMicros(static_cast<int64_t>(j.at("filled").get<double>() * 1e6));
     e.local = j.value("local", false);
     return e;
@@ -630,23 +635,119 @@ absl::StatusOr<uint64_t> Tier::FoldStats() {
   return now_folded.size();
 }
 
+std::optional<uint64_t> Tier::LastUsage() const {
+  auto text = ReadSmallFile(MetaPath("usage.json"));
+  if (!text.ok()) return std::nullopt;
+  json j = json::parse(*text, nullptr, false);
+  if (!j.is_object() || !j.contains("bytes") || !j["bytes"].is_number_unsigned()) {
+    return std::nullopt;
+  }
+  return j["bytes"].get<uint64_t>();
+}
+
+absl::Status Tier::RecordUsage(uint64_t bytes) const {
+  json j;
+  j["bytes"] = bytes;
+  j["time"] = absl::ToUnixSeconds(absl::Now());
+  // Not synced: a hint that a crash may lose (the next pass writes it again).
+  const std::string path = MetaPath("usage.json");
+  auto temp = TempObject::Create(path, "");
+  if (!temp.ok()) return temp.status();
+  WHARF_RETURN_IF_ERROR((*temp)->Append(j.dump() + "\n"));
+  return (*temp)->Commit(std::nullopt, /*fsync=*/false).status();
+}
+
 absl::Status Tier::RecordImport(const TierImport& import) {
   json j;
   j["source"] = import.source;
   j["dir"] = import.dir;
+  if (import.complete()) {
+    j["completed"] = absl::ToUnixMicros(import.completed) / 1e6;
+    j["objects"] = import.objects;
+  }
+  const bool sharded = import.world_size > 0;
+  if (sharded) {
+    j["rank"] = import.rank;
+    j["world_size"] = import.world_size;
+  }
   const std::string dir = MetaPath(kImportsDir);
   WHARF_RETURN_IF_ERROR(MakeDirs(dir));
   WHARF_ASSIGN_OR_RETURN(std::string temp_dir, TempDir());
-  const std::string name = Md5Hex(absl::StrCat(import.source, "\n", import.dir)).substr(0, 20);
-  return WriteSmallFile(absl::StrCat(dir, "/", name, ".json"), j.dump() + "\n", temp_dir);
+  // <hash of source and dir>.json for an unsharded run, <hash>-<rank>of<W>.json for a rank's.
+  const std::string base = Md5Hex(absl::StrCat(import.source, "\n", import.dir)).substr(0, 20);
+  const std::string name =
+      sharded ? absl::StrCat(base, "-", import.rank, "of", import.world_size) : base;
+  WHARF_RETURN_IF_ERROR(
+      WriteSmallFile(absl::StrCat(dir, "/", name, ".json"), j.dump() + "\n", temp_dir));
+  // The other kind's records (and other world sizes') describe an older layout of the tree.
+  if (DIR* d = opendir(dir.c_str())) {
+    std::vector<std::string> stale;
+    while (struct dirent* e = readdir(d)) {
+      const absl::string_view file = e->d_name;
+      if (!absl::StartsWith(file, base) || !absl::EndsWith(file, ".json")) continue;
+      const bool same =
+          sharded ? absl::StartsWith(file, absl::StrCat(base, "-")) &&
+                        absl::EndsWith(file, absl::StrCat("of", import.world_size, ".json"))
+                  : file == absl::StrCat(base, ".json");
+      if (!same) stale.push_back(absl::StrCat(dir, "/", file));
+    }
+    closedir(d);
+    for (const std::string& path : stale) unlink(path.c_str());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<TierImport>> Tier::Imports() const {
-  std::vector<TierImport> out;
   WHARF_ASSIGN_OR_RETURN(auto docs, ReadJsonFiles(MetaPath(kImportsDir)));
+  struct Runs {
+    TierImport merged;
+    std::set<int> ranks;  // complete ranks of a sharded import
+    bool any_incomplete = false;
+  };
+  std::map<std::pair<std::string, std::string>, Runs> by_tree;
   for (const auto& [name, j] : docs) {
     if (!j.contains("source") || !j["source"].is_string()) continue;
-    out.push_back({j["source"].get<std::string>(), j.value("dir", std::string())});
+    TierImport run;
+    run.source = j["source"].get<std::string>();
+    run.dir = j.value("dir", std::string());
+    run.rank = j.value("rank", -1);
+    run.world_size = j.value("world_size", 0);
+    if (j.contains("completed") && j["completed"].is_number()) {
+      run.completed =
+          absl::FromUnixMicros(static_cast<int64_t>(j["completed"].get<double>() * 1e6));
+      run.objects = j.value("objects", uint64_t{0});
+    }
+    Runs& runs = by_tree[{run.source, run.dir}];
+    TierImport& m = runs.merged;
+    if (m.source.empty()) {
+      m.source = run.source;
+      m.dir = run.dir;
+      m.world_size = run.world_size;
+      m.completed = absl::InfiniteFuture();
+    }
+    if (!run.complete() || run.world_size != m.world_size) {
+      runs.any_incomplete = true;
+      continue;
+    }
+    if (run.world_size > 0 &&
+        (run.rank < 0 || run.rank >= run.world_size || !runs.ranks.insert(run.rank).second)) {
+      continue;
+    }
+    m.objects += run.objects;
+    m.completed = std::min(m.completed, run.completed);
+  }
+  std::vector<TierImport> out;
+  for (auto& [tree, runs] : by_tree) {
+    TierImport& m = runs.merged;
+    const bool complete = !runs.any_incomplete &&
+                          (m.world_size > 0 ? static_cast<int>(runs.ranks.size()) == m.world_size
+                                            : m.completed != absl::InfiniteFuture());
+    if (!complete) {
+      m.completed = absl::InfinitePast();
+      m.objects = 0;
+    }
+    m.rank = -1;
+    out.push_back(std::move(m));
   }
   return out;
 }

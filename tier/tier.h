@@ -54,7 +54,12 @@ struct TierEntry {
   std::string source;  // the source object's URI ("" for data written to the tier itself)
   std::string etag;    // the source's ETag or generation when it was copied
   uint64_t size = 0;   // bytes of the data file
-  std::string md5;     // hex MD5 of the data file (what `verify` recomputes)
+  // The data file's checksum, what `verify` recomputes: the hex MD5 (entries written by
+  // puts: imports check it against an MD5 ETag, and data written to the tier lists with it)
+  // or, for copies the read-through decorator filled, the hex CRC32C (cheaper; their ETag is
+  // the source's). At least one is set.
+  std::string md5;
+  std::string crc32c;
   absl::Time filled = absl::InfinitePast();
   bool local = false;  // the data exists nowhere else (not exported yet): never evicted
 
@@ -80,6 +85,15 @@ absl::Status SetPinned(const std::string& path, bool pinned);
 struct TierImport {
   std::string source;  // URI of the source prefix
   std::string dir;     // tier-relative directory ("" for the tier's root)
+  // Set when a run (or, for `--rank/--world-size` runs, one run of every rank) listed the
+  // whole source and copied or kept every object it listed: the tree then held `objects`
+  // entries, the complete listing of the source at `completed` (the oldest such run).
+  absl::Time completed = absl::InfinitePast();
+  uint64_t objects = 0;
+  // The run that wrote a record (RecordImport); Imports() merges ranks into one import.
+  int rank = -1;
+  int world_size = 0;
+  bool complete() const { return completed != absl::InfinitePast(); }
 };
 
 class Tier {
@@ -142,8 +156,16 @@ class Tier {
   // how many owners' files it folded.
   absl::StatusOr<uint64_t> FoldStats();
 
+  // What the tier's entries held after the last eviction pass over the whole tier (a hint:
+  // processes filled or removed entries since), nullopt when no pass recorded it.
+  std::optional<uint64_t> LastUsage() const;
+  absl::Status RecordUsage(uint64_t bytes) const;
+
   // Records that the objects below `source` are files below `dir` (tier-relative), and lists
-  // the records.
+  // the imports: one per source and directory, complete when an unsharded run completed, or
+  // one run of each of the W ranks of a sharded import did (objects summed). A record
+  // replaces the same run's earlier one (an incomplete rerun makes the import incomplete);
+  // an unsharded record replaces the sharded ones and the other way round.
   absl::Status RecordImport(const TierImport& import);
   absl::StatusOr<std::vector<TierImport>> Imports() const;
 

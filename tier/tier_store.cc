@@ -178,6 +178,7 @@ TierStore::Stats TierStore::stats() const {
   s.bypassed = bypassed_.load(std::memory_order_relaxed);
   s.evicted = evictions_.load(std::memory_order_relaxed);
   s.revalidated = revalidated_.load(std::memory_order_relaxed);
+  s.listed = listed_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -209,6 +210,160 @@ std::vector<std::string> TierStore::Candidates(const std::string& key) const {
   }
   out.push_back(*std::move(fill));
   return out;
+}
+
+// ---- Listings from complete imports ----
+
+struct TierStore::TreeListing {
+  std::vector<ObjectMeta> objects;  // the source's keys (the backing store's), in key order
+};
+
+namespace {
+
+// Continuation tokens of pages the tier answered: the prefix, then 'k' and the last key
+// returned or 'p' and the last common prefix (the backing store's tokens are passed through).
+constexpr absl::string_view kTierToken = "wharf-tier:";
+
+// One page of `objects` (in key order) as a store pages a listing.
+ListPage ListSorted(const std::vector<ObjectMeta>& objects, const ListOptions& options,
+                    std::string after, const std::string& last_prefix) {
+  ListPage page;
+  const size_t limit = static_cast<size_t>(std::max(1, options.page_size));
+  after = std::max(after, options.start_after);
+  auto it = std::upper_bound(objects.begin(), objects.end(), after,
+                             [](const std::string& k, const ObjectMeta& m) { return k < m.key; });
+  it = std::max(
+      it, std::lower_bound(objects.begin(), objects.end(), options.prefix,
+                           [](const ObjectMeta& m, const std::string& k) { return m.key < k; }));
+  std::string rolled_last = last_prefix;
+  std::string token;
+  size_t entries = 0;
+  for (; it != objects.end(); ++it) {
+    const std::string& key = it->key;
+    if (!absl::StartsWith(key, options.prefix)) break;
+    if (!options.end_before.empty() && key >= options.end_before) break;
+    std::string rolled;
+    if (!options.delimiter.empty()) {
+      const size_t at = key.find(options.delimiter, options.prefix.size());
+      if (at != std::string::npos) rolled = key.substr(0, at + options.delimiter.size());
+    }
+    if (!rolled.empty() && rolled == rolled_last) continue;
+    if (entries == limit) {
+      page.continuation = absl::StrCat(kTierToken, token);
+      break;
+    }
+    ++entries;
+    if (!rolled.empty()) {
+      page.common_prefixes.push_back(rolled);
+      rolled_last = rolled;
+      token = absl::StrCat("p", rolled);
+    } else {
+      page.objects.push_back(*it);
+      token = absl::StrCat("k", key);
+    }
+  }
+  return page;
+}
+
+}  // namespace
+
+std::shared_ptr<const TierStore::TreeListing> TierStore::ListingFor(const std::string& prefix) {
+  const std::string uri = inner_->Uri(prefix);
+  const std::string base = inner_->Uri("");
+  const TierConfig& config = tier_->config();
+  for (const TierImport& import : imports_) {  // the longest covering source first
+    if (!import.complete() || !absl::StartsWith(uri, import.source) ||
+        !absl::StartsWith(import.source, base)) {
+      continue;
+    }
+    if (import.objects > kMaxListedImport) return nullptr;
+    if (config.mode != TierConfig::Mode::kImmutable &&
+        absl::Now() - import.completed > config.ttl) {
+      return nullptr;
+    }
+    {
+      absl::MutexLock lock(&listings_mu_);
+      if (auto it = listings_.find(import.source); it != listings_.end()) return it->second;
+    }
+    // The tree's entries of this source: each file whose entry names its own key's URI.
+    const std::string key_prefix = import.source.substr(base.size());
+    const std::string root =
+        import.dir.empty() ? tier_->root() : absl::StrCat(tier_->root(), "/", import.dir);
+    auto listing = std::make_shared<TreeListing>();
+    absl::Status walked =
+        WalkTierFiles(*tier_, root, [&](const std::string& path, const struct stat& st) {
+          const absl::string_view rel = absl::string_view(path).substr(root.size() + 1);
+          const auto entry = ReadEntryAttr(path);
+          if (!IsCompleteEntry(entry, st) ||
+              entry->source.size() != import.source.size() + rel.size() ||
+              !absl::StartsWith(entry->source, import.source) ||
+              !absl::EndsWith(entry->source, rel)) {
+            return;
+          }
+          ObjectMeta meta;
+          meta.key = absl::StrCat(key_prefix, rel);
+          meta.size = entry->size;
+          meta.etag = entry->etag;
+          meta.mtime = absl::TimeFromTimespec(st.st_mtim);
+          listing->objects.push_back(std::move(meta));
+        });
+    std::shared_ptr<const TreeListing> result;
+    if (walked.ok() && listing->objects.size() == import.objects) {
+      std::sort(listing->objects.begin(), listing->objects.end(),
+                [](const ObjectMeta& a, const ObjectMeta& b) { return a.key < b.key; });
+      result = std::move(listing);
+    } else {
+      std::fprintf(stderr,
+                   "wharf: listing %s from the bucket: the tier's import of it at %s holds %zu "
+                   "of its %llu objects%s\n",
+                   import.source.c_str(), root.c_str(), listing->objects.size(),
+                   static_cast<unsigned long long>(import.objects),
+                   walked.ok() ? "" : absl::StrCat(" (", walked.message(), ")").c_str());
+    }
+    absl::MutexLock lock(&listings_mu_);
+    return listings_.try_emplace(import.source, std::move(result)).first->second;
+  }
+  return nullptr;
+}
+
+void TierStore::ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) {
+  const bool ours = absl::StartsWith(continuation, kTierToken);
+  const bool maybe = std::any_of(imports_.begin(), imports_.end(),
+                                 [](const TierImport& i) { return i.complete(); });
+  if (!ours && (!continuation.empty() || !maybe)) {
+    return inner_->ListAsync(std::move(options), std::move(continuation), std::move(done));
+  }
+  runtime_->blocking_pool().Schedule([self = shared_from_this(), options = std::move(options),
+                                      continuation = std::move(continuation),
+                                      done = std::move(done)]() mutable {
+    std::string after, last_prefix;
+    if (absl::StartsWith(continuation, kTierToken) && continuation.size() > kTierToken.size()) {
+      const char kind = continuation[kTierToken.size()];
+      after = continuation.substr(kTierToken.size() + 1);
+      if (kind == 'p') last_prefix = after;
+    }
+    std::shared_ptr<const TreeListing> listing = self->ListingFor(options.prefix);
+    if (listing == nullptr) {
+      // The bucket answers, from where the tier's pages stopped (past a whole common prefix).
+      std::shared_ptr<ObjectStore> inner = self->inner_;
+      self.reset();
+      options.start_after =
+          std::max(options.start_after,
+                   last_prefix.empty() ? after : absl::StrCat(after, "\xf4\x8f\xbf\xbf"));
+      return inner->ListAsync(std::move(options), "", std::move(done));
+    }
+    self->listed_.fetch_add(1, std::memory_order_relaxed);
+    ListPage page = ListSorted(listing->objects, options, std::move(after), last_prefix);
+    self.reset();
+    std::move(done)(std::move(page));
+  });
+}
+
+absl::StatusOr<ListPage> TierStore::List(const ListOptions& options,
+                                         const std::string& continuation) {
+  return WaitFor<ListPage>([&](Callback<ListPage> cb) {
+    ListAsync(ListOptions(options), std::string(continuation), std::move(cb));
+  });
 }
 
 void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
@@ -399,7 +554,9 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   const std::string op = absl::StrCat("get ", inner_->Uri(key));
   auto temp_dir = tier_->TempDir();
   if (!temp_dir.ok()) return read->Finish(Annotate(temp_dir.status(), op));
-  auto temp = TempObject::Create(read->fill_path, *temp_dir);
+  // A CRC32C, not an MD5: the entry's ETag is the source's, so the checksum only has to let
+  // `verify` find damage, and an MD5 of every filled byte was a fifth of a fill's CPU.
+  auto temp = TempObject::Create(read->fill_path, *temp_dir, Checksum::kCrc32c);
   if (!temp.ok()) return read->Finish(Annotate(temp.status(), op));
   read->temp = *std::move(temp);
   read->sink = std::make_unique<FileSink>(read->temp.get());
@@ -456,7 +613,7 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
     entry.source = uri;
     entry.etag = got->meta.etag;
     entry.size = m.size;
-    entry.md5 = m.etag;
+    entry.crc32c = read.temp->checksum();
     entry.filled = absl::Now();
     return WriteEntryAttr(fd, entry);
   });
@@ -489,6 +646,13 @@ void TierStore::MaybeEvict(uint64_t filled) {
   // What the tier holds: known after this process's first pass, plus what it filled since.
   // Before that, a tier bounded only by free space is checked with statvfs alone, so a
   // process does not walk the whole tier at its first fill when nothing asks it to.
+  // A process's first fill starts from the usage the tier's last pass recorded.
+  if (usage_.load(std::memory_order_relaxed) < 0) {
+    if (auto last = tier_->LastUsage()) {
+      int64_t unknown = -1;
+      usage_.compare_exchange_strong(unknown, static_cast<int64_t>(*last));
+    }
+  }
   auto over = [&] {
     const int64_t usage = usage_.load(std::memory_order_relaxed);
     if (usage < 0) return c.max_size > 0 || OverBounds(*tier_, 0);

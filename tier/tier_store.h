@@ -20,6 +20,12 @@
 // Requests carry their read options: if_match other than the entry's ETag refills (then
 // fails as the backing store would); if_none_match is answered from the entry.
 // A HEAD of a key with a fresh entry is answered from the entry (size, the source's ETag).
+// A listing within the source of a complete import (tier.h: every object the import listed
+// is in the tree) is answered from the imported tree while the import is fresh (immutable
+// mode; in ttl mode for ttl after the import completed): the process's first such listing
+// walks the tree once, and the tree serves only when it still holds as many entries of that
+// source as the import listed (an evicted or deleted file sends listings to the bucket).
+// Trees above kMaxListedImport objects are not held in memory: they list from the bucket.
 // Puts, copies and deletes go to the backing store; each also removes the key's copy from
 // the read-through area, so this process never reads its own write stale.
 //
@@ -28,12 +34,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "base/runtime.h"
 #include "store/forwarding_store.h"
 #include "store/registry.h"
@@ -49,6 +57,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
                                                          std::shared_ptr<Runtime> runtime);
   ~TierStore() override;
 
+  void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override;
+  absl::StatusOr<ListPage> List(const ListOptions& options,
+                                const std::string& continuation = "") override;
   void HeadAsync(std::string key, Callback<ObjectMeta> done) override;
   void GetAsync(GetRequest request, Callback<GetResult> done) override;
   absl::StatusOr<GetResult> Get(const GetRequest& request) override;
@@ -68,7 +79,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
     uint64_t bypassed = 0;     // reads of keys that cannot be paths
     uint64_t evicted = 0;      // entries this process's eviction passes removed
     uint64_t revalidated = 0;  // stale copies the source confirmed unchanged (304)
+    uint64_t listed = 0;       // listing pages answered from imported trees
   };
+  static constexpr uint64_t kMaxListedImport = uint64_t{1} << 20;
   Stats stats() const;
 
   const std::shared_ptr<Tier>& tier() const { return tier_; }
@@ -77,6 +90,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
 
  private:
   struct PendingRead;
+  struct TreeListing;  // a complete import's objects in key order
   TierStore(std::shared_ptr<ObjectStore> inner, std::shared_ptr<Tier> tier,
             std::shared_ptr<Runtime> runtime, std::vector<TierImport> imports);
 
@@ -91,6 +105,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // Seals and publishes a filled object, then serves the read from it.
   void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
   void Forget(const std::string& key);
+  // The listing of the complete, fresh import whose source covers `prefix`, or null when
+  // the bucket must answer. Walks the tree the first time (blocking I/O).
+  std::shared_ptr<const TreeListing> ListingFor(const std::string& prefix);
   // After a fill: when the tier may be over its bounds, eviction passes until it is not.
   void MaybeEvict(uint64_t filled);
   // Counters: what was not yet written goes to the tier's stats (tier.h) when the store is
@@ -110,6 +127,10 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::atomic<uint64_t> filled_since_pass_{0};
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> revalidated_{0};
+  std::atomic<uint64_t> listed_{0};
+  absl::Mutex listings_mu_;
+  // By import source; null once a tree was found not to serve.
+  std::map<std::string, std::shared_ptr<const TreeListing>> listings_ ABSL_GUARDED_BY(listings_mu_);
   Stats flushed_;  // what FlushStatsLocked already wrote (guarded by the live-store lock)
 };
 

@@ -14,9 +14,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/crc32c.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/transfer.h"
+#include "store/local/temp_object.h"
 #include "store/testing/delayed_get_store.h"
 #include "store/testing/temp_store.h"
 #include "tier/tree_store.h"
@@ -61,6 +63,9 @@ TEST_F(TierStoreTest, AMissFillsAndTheNextReadHits) {
   auto entry = ReadEntryAttr(*path);
   ASSERT_TRUE(entry.has_value());
   EXPECT_EQ(entry->source, source_.store()->Uri("train/a.bin"));
+  // A fill records a CRC32C of its bytes (what `verify` recomputes), not an MD5.
+  EXPECT_EQ(entry->crc32c, Crc32cHex(Crc32c("hello tier")));
+  EXPECT_TRUE(entry->md5.empty());
 
   // The source changes; an immutable tier keeps answering with its copy, without asking.
   ASSERT_TRUE(source_.store()->Put("train/a.bin", absl::Cord("changed")).ok());
@@ -176,6 +181,81 @@ TEST_F(TierStoreTest, AnImportedTreeAnswersForItsSource) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(*store->Read(absl::StrCat("ds/", i)), absl::StrCat("v", i));
   EXPECT_EQ(store->stats().hits, 5u);
   EXPECT_EQ(store->stats().fills, 0u);
+}
+
+// Every page of a listing through `store`, following continuation tokens.
+std::vector<std::string> ListAllPages(ObjectStore& store, ListOptions options) {
+  std::vector<std::string> out;
+  std::string token;
+  do {
+    auto page = store.List(options, token);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) break;
+    for (const ObjectMeta& m : page->objects)
+      out.push_back(absl::StrCat(m.key, " ", m.size, " ", m.etag));
+    for (const std::string& p : page->common_prefixes) out.push_back(absl::StrCat(p, " (prefix)"));
+    token = page->continuation;
+  } while (!token.empty());
+  return out;
+}
+
+TEST_F(TierStoreTest, ACompleteImportAnswersListingsOfItsSource) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 10; ++i) keys.push_back(absl::StrCat("ds/a/", i));
+  for (int i = 0; i < 5; ++i) keys.push_back(absl::StrCat("ds/b/", i));
+  keys.push_back("ds/c");
+  for (const std::string& k : keys) {
+    ASSERT_TRUE(source_.store()->Put(k, absl::Cord(absl::StrCat("bytes of ", k))).ok());
+  }
+  auto tier = MakeTier();
+  {
+    auto tree = TierTreeStore::Open(tier, tier->root() + "/imported", Runtime::Default());
+    ASSERT_TRUE(tree.ok());
+    TransferOptions o;
+    o.recursive = true;
+    ASSERT_TRUE(Transfer({source_.store(), "ds/"}, {*tree, ""}, o).ok());
+  }
+  TierImport import{.source = source_.store()->Uri("ds/"), .dir = "imported"};
+  import.completed = absl::Now();
+  import.objects = keys.size();
+  ASSERT_TRUE(tier->RecordImport(import).ok());
+  const std::vector<ListOptions> cases = {
+      {.prefix = "ds/", .page_size = 4},
+      {.prefix = "ds/", .delimiter = "/", .page_size = 1},
+      {.prefix = "ds/a/", .page_size = 3},
+      {.prefix = "ds/", .start_after = "ds/a/3", .end_before = "ds/b/2", .page_size = 2},
+      {.prefix = "ds/b", .delimiter = "/", .page_size = 1000},
+  };
+  std::vector<std::vector<std::string>> expected;
+  for (const ListOptions& c : cases) expected.push_back(ListAllPages(*source_.store(), c));
+  ASSERT_EQ(expected[0].size(), keys.size());
+
+  // The source gains an object: the tier, a snapshot of it, answers without it.
+  ASSERT_TRUE(source_.store()->Put("ds/d", absl::Cord("new")).ok());
+  {
+    auto store = Cached(source_.store(), tier);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(ListAllPages(*store, cases[i]), expected[i]) << "case " << i;
+    }
+    EXPECT_GT(store->stats().listed, 0u);
+    // Prefixes outside the import go to the bucket.
+    EXPECT_EQ(ListAllPages(*store, {.prefix = "ds"}).size(), keys.size() + 1);
+  }
+  // A file missing from the tree: the bucket answers (with the new object).
+  ASSERT_EQ(unlink((tier->root() + "/imported/b/3").c_str()), 0);
+  {
+    auto store = Cached(source_.store(), tier);
+    EXPECT_EQ(ListAllPages(*store, cases[0]).size(), keys.size() + 1);
+    EXPECT_EQ(store->stats().listed, 0u);
+  }
+  // So does an import whose last run did not complete.
+  import.completed = absl::InfinitePast();
+  ASSERT_TRUE(tier->RecordImport(import).ok());
+  {
+    auto store = Cached(source_.store(), tier);
+    EXPECT_EQ(ListAllPages(*store, cases[0]).size(), keys.size() + 1);
+    EXPECT_EQ(store->stats().listed, 0u);
+  }
 }
 
 TEST_F(TierStoreTest, ConcurrentMissesInOneProcessFetchOnce) {

@@ -145,6 +145,15 @@ TEST(TierEntryTest, AttributeRoundTripsAndSizeDecidesCompleteness) {
   EXPECT_FALSE(IsCompleteEntry(ReadEntryAttr(path), st));
   // A file without the attribute is not an entry.
   std::ofstream(dir.path() + "/plain") << "x";
+  // A filled copy carries a CRC32C instead of an MD5; an entry with neither is refused.
+  e.md5.clear();
+  e.crc32c = "9a71bb4c";
+  auto crc_only = TierEntry::FromJson(e.ToJson());
+  ASSERT_TRUE(crc_only.has_value());
+  EXPECT_EQ(crc_only->crc32c, "9a71bb4c");
+  EXPECT_TRUE(crc_only->md5.empty());
+  e.crc32c.clear();
+  EXPECT_FALSE(TierEntry::FromJson(e.ToJson()).has_value());
   EXPECT_FALSE(ReadEntryAttr(dir.path() + "/plain").has_value());
 
   EXPECT_FALSE(IsPinned(path));
@@ -328,6 +337,47 @@ TEST(TierTest, ImportsAreRecorded) {
   auto imports = (*tier)->Imports();
   ASSERT_TRUE(imports.ok());
   ASSERT_EQ(imports->size(), 2u);
+}
+
+}  // namespace
+}  // namespace wharf
+
+namespace wharf {
+namespace {
+
+TEST(TierImportsTest, ShardedRunsMakeOneImportCompleteOnlyWhenEveryRankCompleted) {
+  TempDir dir;
+  auto tier = Tier::Init(dir.path() + "/t", TierConfig{});
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  auto run = [](int rank, int world, bool complete, uint64_t objects) {
+    TierImport r{.source = "s3://b/ds/", .dir = "ds"};
+    r.rank = rank;
+    r.world_size = world;
+    if (complete) {
+      r.completed = absl::Now();
+      r.objects = objects;
+    }
+    return r;
+  };
+  auto only = [&]() {
+    auto imports = (*tier)->Imports();
+    EXPECT_TRUE(imports.ok());
+    EXPECT_EQ(imports->size(), 1u);
+    return imports->empty() ? TierImport{} : imports->front();
+  };
+  ASSERT_TRUE((*tier)->RecordImport(run(0, 2, true, 7)).ok());
+  EXPECT_FALSE(only().complete());  // rank 1 has not run
+  ASSERT_TRUE((*tier)->RecordImport(run(1, 2, true, 5)).ok());
+  EXPECT_TRUE(only().complete());
+  EXPECT_EQ(only().objects, 12u);
+  ASSERT_TRUE((*tier)->RecordImport(run(1, 2, false, 0)).ok());  // rank 1 reran and failed
+  EXPECT_FALSE(only().complete());
+  // An unsharded run replaces the ranks' records.
+  ASSERT_TRUE((*tier)->RecordImport(run(-1, 0, true, 12)).ok());
+  EXPECT_TRUE(only().complete());
+  EXPECT_EQ(only().objects, 12u);
+  EXPECT_EQ(only().source, "s3://b/ds/");
+  EXPECT_EQ(only().dir, "ds");
 }
 
 }  // namespace

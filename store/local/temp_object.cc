@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "base/status.h"
 
 namespace wharf {
@@ -60,8 +61,11 @@ std::optional<std::string> CachedLocalEtag(int fd, const std::string& path, cons
   return std::string(value.substr(0, 32));
 }
 
-absl::StatusOr<std::string> Md5OfFile(int fd, uint64_t size_hint) {
+std::string Crc32cHex(uint32_t crc) { return absl::StrCat(absl::Hex(crc, absl::kZeroPad8)); }
+
+absl::StatusOr<std::string> ChecksumOfFile(int fd, uint64_t size_hint, Checksum kind) {
   Md5 md5;
+  uint32_t crc = 0;
   // One byte more than the size sees the end in one read.
   const size_t buf_size =
       static_cast<size_t>(std::clamp<uint64_t>(size_hint + 1, 4096, uint64_t{1} << 20));
@@ -72,10 +76,14 @@ absl::StatusOr<std::string> Md5OfFile(int fd, uint64_t size_hint) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoToStatus(errno, "hashing");
     if (n == 0) break;
-    md5.Update(absl::string_view(buf.get(), n));
+    if (kind == Checksum::kMd5) {
+      md5.Update(absl::string_view(buf.get(), n));
+    } else {
+      crc = Crc32cExtend(crc, buf.get(), n);
+    }
     off += n;
   }
-  return HexLower(md5.Finish());
+  return kind == Checksum::kMd5 ? HexLower(md5.Finish()) : Crc32cHex(crc);
 }
 
 absl::Status WriteAll(int fd, absl::string_view data) {
@@ -112,8 +120,9 @@ absl::Status MakeDirs(const std::string& dir) {
 }
 
 absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string target,
-                                                               const std::string& temp_dir) {
-  auto temp = std::unique_ptr<TempObject>(new TempObject(std::move(target)));
+                                                               const std::string& temp_dir,
+                                                               Checksum checksum) {
+  auto temp = std::unique_ptr<TempObject>(new TempObject(std::move(target), checksum));
   const std::string& t = temp->target_;
   const bool beside = temp_dir.empty();
   const std::string dir = beside ? t.substr(0, t.rfind('/')) : temp_dir;
@@ -135,7 +144,11 @@ TempObject::~TempObject() {
 }
 
 absl::Status TempObject::Append(absl::string_view data) {
-  md5_.Update(data);
+  if (kind_ == Checksum::kMd5) {
+    md5_.Update(data);
+  } else {
+    crc32c_ = Crc32cExtend(crc32c_, data.data(), data.size());
+  }
   return WriteAll(fd_, data);
 }
 
@@ -160,8 +173,12 @@ absl::StatusOr<ObjectMeta> TempObject::Seal(
   ObjectMeta meta;
   meta.size = st.st_size;
   meta.mtime = absl::TimeFromTimespec(st.st_mtim);
-  meta.etag = HexLower(md5_.Finish());
-  StoreLocalEtag(fd_, st, meta.etag);
+  if (kind_ == Checksum::kMd5) {
+    checksum_ = meta.etag = HexLower(md5_.Finish());
+    StoreLocalEtag(fd_, st, meta.etag);
+  } else {
+    checksum_ = Crc32cHex(crc32c_);
+  }
   WHARF_RETURN_IF_ERROR(before_close(fd_, meta));
   const int fd = fd_;
   fd_ = -1;

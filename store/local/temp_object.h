@@ -6,8 +6,11 @@
 //    created in `temp_dir` (on the target's file system), or, when that is empty, next to the
 //    target as ".wharf-tmp-<random>" (a name the file:// store never lists).
 //  - Seal() finishes the content: the final mode (0666 & ~umask), the modification time when
-//    given, the MD5 ETag (computed while writing) cached in the "user.wharf.etag" attribute
-//    so listings need not hash the file, and any attributes the caller adds; then it closes.
+//    given, the checksum computed while writing (Checksum::kMd5, the default: the MD5 ETag,
+//    cached in the "user.wharf.etag" attribute so listings need not hash the file;
+//    Checksum::kCrc32c: a CRC32C, ~20x cheaper, for files whose ETag comes from elsewhere,
+//    such as the tier's copies of remote objects), and any attributes the caller adds; then
+//    it closes.
 //  - Publish() renames it over the target, creating the target's directories.
 // Sealing and publishing are separate so a caller can make many sealed files durable at once
 // (one syncfs) before publishing any of them.
@@ -32,6 +35,9 @@
 
 namespace wharf {
 
+// What a TempObject computes over the bytes appended (see Seal) and ChecksumOfFile recomputes.
+enum class Checksum { kMd5, kCrc32c };
+
 // Names the file:// store reserves for its temporary files.
 inline constexpr absl::string_view kLocalTempPrefix = ".wharf-tmp-";
 
@@ -40,7 +46,8 @@ class TempObject {
   // A temporary file for `target` (an absolute path) in `temp_dir`, or next to the target
   // when `temp_dir` is empty (its directories are created then).
   static absl::StatusOr<std::unique_ptr<TempObject>> Create(std::string target,
-                                                            const std::string& temp_dir = "");
+                                                            const std::string& temp_dir = "",
+                                                            Checksum checksum = Checksum::kMd5);
   ~TempObject();
   TempObject(const TempObject&) = delete;
   TempObject& operator=(const TempObject&) = delete;
@@ -50,7 +57,8 @@ class TempObject {
 
   // Finishes the file (see above) and closes it. `before_close` may set more attributes on
   // the file descriptor; `fsync` flushes the data to disk before closing. Returns the
-  // object's size, modification time and ETag (key left empty).
+  // object's size, modification time and ETag (key left empty; the MD5 with Checksum::kMd5,
+  // empty with kCrc32c).
   absl::StatusOr<ObjectMeta> Seal(
       std::optional<absl::Time> mtime, bool fsync = false,
       absl::FunctionRef<absl::Status(int fd, const ObjectMeta& meta)> before_close =
@@ -62,16 +70,21 @@ class TempObject {
   absl::StatusOr<ObjectMeta> Commit(std::optional<absl::Time> mtime, bool fsync = false);
 
   const std::string& path() const { return path_; }
+  // The hex checksum of what was appended (8 digits for a CRC32C, 32 for an MD5); set by Seal.
+  const std::string& checksum() const { return checksum_; }
   const std::string& target() const { return target_; }
 
  private:
-  explicit TempObject(std::string target) : target_(std::move(target)) {}
+  TempObject(std::string target, Checksum kind) : target_(std::move(target)), kind_(kind) {}
 
   const std::string target_;
   std::string path_;
   int fd_ = -1;
   bool published_ = false;
+  const Checksum kind_;
   Md5 md5_;
+  uint32_t crc32c_ = 0;
+  std::string checksum_;
 };
 
 // Creates every missing directory of `dir` (absolute). A path component that is a file means
@@ -84,9 +97,15 @@ mode_t ProcessUmask();
 // 16 random hex digits (per-thread generator seeded from the OS).
 std::string RandomHex();
 
-// The hex MD5 of the content of the open file `fd` (read from offset 0 with pread; `size_hint`
-// sizes the buffer, so hashing many small files costs no large buffer each).
-absl::StatusOr<std::string> Md5OfFile(int fd, uint64_t size_hint);
+// The hex checksum of the content of the open file `fd`, as TempObject::checksum() gives it
+// (read from offset 0 with pread; `size_hint` sizes the buffer, so hashing many small files
+// costs no large buffer each).
+absl::StatusOr<std::string> ChecksumOfFile(int fd, uint64_t size_hint, Checksum kind);
+inline absl::StatusOr<std::string> Md5OfFile(int fd, uint64_t size_hint) {
+  return ChecksumOfFile(fd, size_hint, Checksum::kMd5);
+}
+// 8 lowercase hex digits.
+std::string Crc32cHex(uint32_t crc);
 
 // The file:// store's ETag cache: the MD5 of a file's content kept in the attribute
 // "user.wharf.etag" with the size and modification time it belongs to. Store is best effort

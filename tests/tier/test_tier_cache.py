@@ -50,6 +50,32 @@ def test_cli_reads_fill_once_then_hit(tmp_path, bucket, s3_env, s3_client):
     assert run_wharf("cat", f"s3://{bucket}/p/0003.bin", env=s3_env, check=True).stdout == b"new"
 
 
+def test_verify_finds_and_repairs_a_damaged_filled_copy(tmp_path, bucket, s3_env, s3_client):
+    # Filled copies carry a CRC32C of their bytes: a flipped byte (same size, so the size check
+    # alone would pass) is found; --repair drops the copy and the next read fills it again.
+    objects = put_objects(s3_client, bucket, "v/", 3)
+    tier = tmp_path / "tier"
+    run_wharf("fetch", "-r", "--cache", tier, f"s3://{bucket}/v/", env=s3_env, check=True)
+    copy = tier / ".wharf" / "objects" / "s3" / bucket / "v" / "0001.bin"
+    entry = json.loads(os.getxattr(copy, "user.wharf.entry"))
+    assert "md5" not in entry and len(entry["crc32c"]) == 8
+    assert run_wharf("tier", "verify", tier, env=s3_env).returncode == 0
+    data = bytearray(copy.read_bytes())
+    data[100] ^= 0xFF
+    os.chmod(copy, 0o644)
+    with open(copy, "r+b") as f:  # in place: the attribute stays, the content is damaged
+        f.write(data)
+    damaged = run_wharf("tier", "verify", tier, env=s3_env)
+    assert damaged.returncode == 1
+    assert "CRC32C" in damaged.stdout.decode() and "0001.bin" in damaged.stdout.decode()
+    assert run_wharf("tier", "verify", "--repair", tier, env=s3_env).returncode == 0
+    assert not copy.exists()
+    cat = run_wharf("cat", "--cache", tier, f"s3://{bucket}/v/0001.bin", env=s3_env, check=True)
+    assert cat.stdout == objects["v/0001.bin"]
+    assert copy.read_bytes() == objects["v/0001.bin"]
+    assert run_wharf("tier", "verify", tier, env=s3_env).returncode == 0
+
+
 def test_four_cold_processes_fetch_each_object_once(tmp_path, bucket, s3_env, s3_client):
     put_objects(s3_client, bucket, "shared/", 120, size=20000)
     tier = tmp_path / "tier"

@@ -90,7 +90,8 @@ def test_import_resumes_by_etag_and_verify_repairs(tmp_path, bucket, s3_env, s3_
                                   check=True).stdout)
     assert status["entries"] == 41
     assert status["bytes"] == sum(len(v) for v in objects.values())
-    assert status["imports"] == [{"source": f"s3://{bucket}/data/", "dir": "data"}]
+    assert status["imports"] == [{"source": f"s3://{bucket}/data/", "dir": "data",
+                                  "complete": True, "objects": 41}]
 
     assert run_wharf("tier", "verify", dest, env=s3_env).returncode == 0
     # Damage behind the tier's back: a flipped byte (same size) and a truncation.
@@ -209,3 +210,38 @@ def test_clear_errors(tmp_path, bucket, s3_env):
                                   check=True).stdout)
     assert (status["mode"], status["ttl_seconds"], status["max_size"], status["min_free"]) == \
         ("ttl", 30.0, 2 << 30, 10.0)
+
+
+def test_a_complete_import_answers_listings_through_the_tier(tmp_path, bucket, s3_env, s3_client):
+    # A tree that holds every object its import listed is the source's listing (immutable
+    # mode): `--cache` readers list from it and never ask the bucket; an import that has not
+    # completed (here: one rank of two) leaves listings to the bucket.
+    objects = put_objects(s3_client, bucket, "ls/", 30)
+    tier = tmp_path / "tier"
+    src = f"s3://{bucket}/ls/"
+    run_wharf("tier", "init", tier, check=True)
+
+    def listed(*cache):
+        out = run_wharf(*cache, "ls", "-r", src, env=s3_env, check=True).stdout.decode()
+        return sorted(line.split()[-1] for line in out.splitlines() if line.strip())
+
+    import_json("--rank", "0", "--world-size", "2", src, tier / "ls", env=s3_env)
+    st = json.loads(run_wharf("tier", "status", "--json", tier, check=True).stdout)
+    assert st["imports"][0]["complete"] is False
+    import_json("--rank", "1", "--world-size", "2", src, tier / "ls", env=s3_env)
+    st = json.loads(run_wharf("tier", "status", "--json", tier, check=True).stdout)
+    assert (st["imports"][0]["complete"], st["imports"][0]["objects"]) == (True, 30)
+
+    gone = "ls/0/obj-0000.bin"
+    s3_client.delete_object(Bucket=bucket, Key=gone)
+    everything = listed("--cache", tier)
+    assert len(everything) == 30 and any(k.endswith(gone) for k in everything)
+    assert len(listed()) == 29  # the bucket itself
+    # A reader lists and reads the whole set from the tier, the deleted object included.
+    fetched = run_wharf("--cache", tier, "fetch", "-r", src, env=s3_env, check=True)
+    assert fetched.returncode == 0
+    st = json.loads(run_wharf("tier", "status", "--json", tier, check=True).stdout)
+    assert st["hits"] == 30 and st["misses"] == 0
+    # A file removed from the tree: the tree is no longer the whole listing; the bucket answers.
+    os.unlink(tier / "ls" / "1" / "obj-0001.bin")
+    assert len(listed("--cache", tier)) == 29

@@ -1,4 +1,4 @@
-#include "formats/crc32c.h"
+#include "base/crc32c.h"
 
 #include <random>
 #include <string>
