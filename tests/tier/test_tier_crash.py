@@ -267,13 +267,13 @@ def test_kill_9_during_export(tmp_path, bucket, s3_env, s3_client, rng):
 
 def test_kill_9_during_eviction(tmp_path, bucket, s3_env, s3_client, rng):
     """Passes of `tier evict --to` and passes that bounded reads start, killed at random. The
-    tier holds 1,500 read-through entries (written here, as fills would), a few pinned, a few
+    tier holds 800 read-through entries (written here, as fills would), a few pinned, a few
     `local` and one held open by a reader: those are never evicted."""
     tier = tmp_path / "tier"
-    objects = put_dataset(s3_client, bucket, "r/", rng, 120)
+    objects = put_dataset(s3_client, bucket, "r/", rng, 80)
     area = tier / ".wharf" / "objects" / "s3" / bucket
     content = {f"e/{i % 10}/{i:05d}": rng.randbytes(rng.randrange(200, 1200))
-               for i in range(1500)}
+               for i in range(800)}
     total = sum(len(d) for d in content.values())
     # Reads fill the tier up to about two thirds of what it holds: their passes evict.
     run_wharf("tier", "init", "-q", "--max-size", str(total * 2 // 3), "--min-free", "0", tier,
