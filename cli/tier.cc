@@ -23,10 +23,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "base/bounded_worker.h"
 #include "base/hash.h"
 #include "base/runtime.h"
 #include "base/status.h"
-#include "base/thread_pool.h"
 #include "cli/common.h"
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
@@ -186,7 +186,8 @@ absl::Status RunImport(const TierArgs& args) {
 // now exists elsewhere, so eviction may remove it). An entry with no source also takes the
 // exported object's URI and ETag as its provenance, so it lists with the destination's ETag
 // and a rerun skips it even when that ETag is a multipart one (no MD5). The attribute is
-// written on a thread of its own, never on the transport thread that reports a put.
+// written on a thread of its own, not on the transport thread that reports a put, except
+// when kMaxPendingMarks marks are waiting already (then that thread writes it).
 class ExportObserver : public ProgressObserver {
  public:
   ExportObserver(Progress& progress, std::string dir, std::shared_ptr<ObjectStore> dst)
@@ -196,7 +197,7 @@ class ExportObserver : public ProgressObserver {
         dst_(std::move(dst)) {}
 
   void OnObjectAt(const ObjectMeta& src, const ObjectMeta& dst, bool /*copied*/) override {
-    marker_->Schedule([this, src, dst] {
+    marker_->Run([this, src, dst] {
       absl::Status s = MarkExported(absl::StrCat(dir_, "/", src.key), src, dst);
       if (s.ok()) return;
       progress_.PrintLine(absl::StrCat("wharf: ", OneLine(s.message())));
@@ -245,8 +246,14 @@ class ExportObserver : public ProgressObserver {
   uint64_t unmarked_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_ ABSL_GUARDED_BY(mu_);
   // One thread: attribute writes are small, and on a shared file system each is a metadata
-  // round trip that should not hold up the transfer's threads. Last: joined first.
-  std::unique_ptr<ThreadPool> marker_ = std::make_unique<ThreadPool>(1);
+  // round trip that should not hold up the transfer's threads. Bounded: marks come as fast
+  // as the listing finds objects already exported (a rerun over millions of files) or
+  // uploads finish, faster than a shared file system takes attribute writes; beyond
+  // kMaxPendingMarks waiting, the thread that reports an object marks it itself, so the
+  // queue's memory stays bounded (a few hundred bytes a mark) and the export slows to the
+  // rate of its marks instead. Last: joined first.
+  static constexpr size_t kMaxPendingMarks = 4096;
+  std::unique_ptr<BoundedWorker> marker_ = std::make_unique<BoundedWorker>(kMaxPendingMarks);
 };
 
 // Aborts the multipart uploads that killed exports left below the destination (a process
@@ -467,11 +474,19 @@ absl::Status RunStatus(const TierArgs& args) {
 absl::Status RunGc(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   WHARF_ASSIGN_OR_RETURN(Tier::Garbage garbage, tier->CollectGarbage());
+  WHARF_ASSIGN_OR_RETURN(uint64_t folded, tier->FoldStats());
   if (args.json) {
-    Print(JsonLine({{"tier", tier->root()}, {"owners", garbage.owners}, {"files", garbage.files}}));
+    Print(JsonLine({{"tier", tier->root()},
+                    {"owners", garbage.owners},
+                    {"files", garbage.files},
+                    {"stats_folded", folded}}));
   } else if (!args.quiet) {
     Print(absl::StrFormat("removed %d temporary files of %d finished or killed processes\n",
                           garbage.files, garbage.owners));
+    if (folded > 0) {
+      Print(absl::StrFormat("folded the read counters of %d finished processes into one file\n",
+                            folded));
+    }
   }
   return absl::OkStatus();
 }
@@ -683,7 +698,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
   status->add_flag("--json", args.json, "Print one JSON object");
   status->add_option("PATH", args.path, "A path inside a tier")->required();
 
-  CLI::App* gc = sub("gc", "Remove temporary files that finished or killed processes left");
+  CLI::App* gc = sub("gc",
+                     "Remove temporary files that finished or killed processes left, and fold "
+                     "their read counters into one file");
   gc->add_flag("--json", args.json, "Print one JSON object");
   gc->add_flag("-q,--quiet", args.quiet, "Print nothing");
   gc->add_option("TIER_DIR", args.path, "A path inside a tier")->required();

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -16,6 +17,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/hash.h"
@@ -32,6 +34,10 @@ using json = nlohmann::ordered_json;
 constexpr char kConfigFile[] = "tier.json";
 constexpr char kTempDir[] = "tmp";
 constexpr char kImportsDir[] = "imports";
+constexpr char kStatsDir[] = "stats";
+// stats/folded.json: the counters of dead owners (owners' names always hold a '-').
+constexpr char kFoldedStats[] = "folded";
+constexpr char kStatsLock[] = "locks/stats";
 constexpr char kProbeXattr[] = "user.wharf.probe";
 
 bool Exists(const std::string& path) {
@@ -75,10 +81,11 @@ void RemoveTree(const std::string& path, uint64_t& files) {
   rmdir(path.c_str());
 }
 
-// The JSON objects of the *.json files in `dir` (none when it does not exist); files that
-// vanish or do not parse are skipped (a concurrent writer publishes by rename).
-absl::StatusOr<std::vector<json>> ReadJsonFiles(const std::string& dir) {
-  std::vector<json> out;
+// The names (without ".json") and JSON objects of the *.json files in `dir` (none when it
+// does not exist); files that vanish or do not parse are skipped (a concurrent writer
+// publishes by rename).
+absl::StatusOr<std::vector<std::pair<std::string, json>>> ReadJsonFiles(const std::string& dir) {
+  std::vector<std::pair<std::string, json>> out;
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) {
     if (errno == ENOENT) return out;
@@ -93,7 +100,7 @@ absl::StatusOr<std::vector<json>> ReadJsonFiles(const std::string& dir) {
     auto text = ReadSmallFile(absl::StrCat(dir, "/", name));
     if (!text.ok()) continue;
     json j = json::parse(*text, nullptr, false);
-    if (j.is_object()) out.push_back(std::move(j));
+    if (j.is_object()) out.emplace_back(name.substr(0, name.size() - 5), std::move(j));
   }
   return out;
 }
@@ -261,19 +268,53 @@ absl::Status SetPinned(const std::string& path, bool pinned) {
 
 // ---- Tier ----
 
-Tier::Tier(std::string root, TierConfig config) : root_(std::move(root)), config_(config) {}
+// The process's Tier objects, so that their temporary directories are removed at exit even
+// when a Tier's last reference is dropped on a pool thread that exit() does not wait for
+// (a clean run leaves nothing in tmp/). Tiers are destroyed and released at exit under this
+// lock, so the exit handler never sees a destroyed one.
+namespace {
+absl::Mutex tiers_mu;
+std::vector<Tier*>* live_tiers ABSL_GUARDED_BY(tiers_mu) = nullptr;
+}  // namespace
+
+Tier::Tier(std::string root, TierConfig config) : root_(std::move(root)), config_(config) {
+  // Registered before any cache store registers its own exit handler (a store needs a Tier),
+  // so it runs after them: the stores' counters are written while the directory exists.
+  static const bool registered = [] { return std::atexit(&Tier::ReleaseAllAtExit) == 0; }();
+  (void)registered;
+  absl::MutexLock lock(&tiers_mu);
+  if (live_tiers == nullptr) live_tiers = new std::vector<Tier*>;
+  live_tiers->push_back(this);
+}
 
 Tier::~Tier() {
+  absl::MutexLock live(&tiers_mu);
+  if (live_tiers != nullptr) std::erase(*live_tiers, this);
   absl::MutexLock lock(&mu_);
+  ReleaseTempDirLocked();
+}
+
+void Tier::ReleaseAllAtExit() {
+  absl::MutexLock live(&tiers_mu);
+  if (live_tiers == nullptr) return;
+  for (Tier* tier : *live_tiers) {
+    absl::MutexLock lock(&tier->mu_);
+    tier->ReleaseTempDirLocked();
+    tier->exiting_ = true;
+  }
+}
+
+void Tier::ReleaseTempDirLocked() {
   if (temp_lock_fd_ < 0) return;
   if (temp_owner_pid_ == getpid()) {
-    // Our temporary files are gone with their writers by now; remove the directory and
-    // then its lock (the order garbage collection relies on).
+    // Our temporary files are gone with their writers by now (or, at exit, orphaned with
+    // them); remove the directory and then its lock (the order garbage collection relies on).
     uint64_t files = 0;
     RemoveTree(temp_dir_, files);
     unlink(absl::StrCat(temp_dir_, ".lock").c_str());
   }
   close(temp_lock_fd_);
+  temp_lock_fd_ = -1;
 }
 
 std::string Tier::MetaPath(absl::string_view rel) const {
@@ -353,11 +394,20 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir, const T
 absl::StatusOr<std::string> Tier::TempDir() {
   absl::MutexLock lock(&mu_);
   const int pid = getpid();
+  if (exiting_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tier ", root_, ": no temporary directory while the process exits"));
+  }
   if (temp_owner_pid_ == pid) return temp_dir_;
   if (temp_lock_fd_ >= 0) close(temp_lock_fd_);  // the parent's, inherited across fork
   temp_lock_fd_ = -1;
   const std::string temp_root = MetaPath(kTempDir);
   WHARF_RETURN_IF_ERROR(MakeDirs(temp_root));
+  // What killed processes left goes before this one adds its own: every process that writes
+  // to the tier (import, fills, export marks) cleans up after the dead, so their temporary
+  // files do not stay until someone runs `tier gc`. Best effort: a failure leaves them for
+  // the next one.
+  (void)CollectGarbage();
   for (int attempt = 0; attempt < 8; ++attempt) {
     const std::string name = absl::StrCat(HostName(), "-", pid, "-", RandomHex());
     const std::string lock_path = absl::StrCat(temp_root, "/", name, ".lock");
@@ -445,31 +495,144 @@ absl::Status Tier::SyncFs() {
   return absl::OkStatus();
 }
 
+namespace {
+
+json StatsJson(const Tier::Stats& s) {
+  json j;
+  j["hits"] = s.hits;
+  j["misses"] = s.misses;
+  j["fills"] = s.fills;
+  j["fill_bytes"] = s.fill_bytes;
+  return j;
+}
+
+void AddTo(Tier::Stats& total, const json& j) {
+  total.hits += j.value("hits", uint64_t{0});
+  total.misses += j.value("misses", uint64_t{0});
+  total.fills += j.value("fills", uint64_t{0});
+  total.fill_bytes += j.value("fill_bytes", uint64_t{0});
+}
+
+// The owners whose counters folded.json already holds (their files may still be there, when
+// a fold was killed before it removed them).
+absl::flat_hash_set<std::string> FoldedOwners(const json& folded) {
+  absl::flat_hash_set<std::string> owners;
+  if (auto it = folded.find("owners"); it != folded.end() && it->is_array()) {
+    for (const json& o : *it) {
+      if (o.is_string()) owners.insert(o.get<std::string>());
+    }
+  }
+  return owners;
+}
+
+// True when `owner` is dead: its lock file is gone, or its lock can be taken (the OS
+// released it with the process).
+bool OwnerIsGone(const std::string& temp_root, const std::string& owner) {
+  const std::string lock_path = absl::StrCat(temp_root, "/", owner, ".lock");
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  const bool gone = flock(fd, LOCK_EX | LOCK_NB) == 0;
+  close(fd);
+  return gone;
+}
+
+}  // namespace
+
+int Tier::LockStats(int operation) const {
+  if (MakeDirs(MetaPath("locks")).ok()) {
+    const int fd = open(MetaPath(kStatsLock).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0 && flock(fd, operation) == 0) return fd;
+    if (fd >= 0) close(fd);
+  }
+  return -1;
+}
+
 absl::Status Tier::AddStats(const Stats& stats) {
-  const std::string dir = MetaPath("stats");
+  const std::string dir = MetaPath(kStatsDir);
   WHARF_RETURN_IF_ERROR(MakeDirs(dir));
   WHARF_ASSIGN_OR_RETURN(std::string temp_dir, TempDir());
-  json j;
-  j["hits"] = stats.hits;
-  j["misses"] = stats.misses;
-  j["fills"] = stats.fills;
-  j["fill_bytes"] = stats.fill_bytes;
-  return WriteSmallFile(
-      absl::StrCat(dir, "/", HostName(), "-", getpid(), "-", RandomHex(), ".json"), j.dump() + "\n",
-      temp_dir);
+  const std::string owner = temp_dir.substr(temp_dir.rfind('/') + 1);
+  absl::MutexLock lock(&mu_);
+  if (owner != stats_owner_) {  // the first counters of this owner (or of a forked child)
+    stats_owner_ = owner;
+    stats_written_ = Stats{};
+  }
+  Stats total = stats_written_;
+  total.hits += stats.hits;
+  total.misses += stats.misses;
+  total.fills += stats.fills;
+  total.fill_bytes += stats.fill_bytes;
+  WHARF_RETURN_IF_ERROR(WriteSmallFile(absl::StrCat(dir, "/", owner, ".json"),
+                                       StatsJson(total).dump() + "\n", temp_dir));
+  stats_written_ = total;
+  return absl::OkStatus();
 }
 
 Tier::Stats Tier::ReadStats() const {
   Stats total;
-  auto docs = ReadJsonFiles(MetaPath("stats"));
-  if (!docs.ok()) return total;
-  for (const json& j : *docs) {
-    total.hits += j.value("hits", uint64_t{0});
-    total.misses += j.value("misses", uint64_t{0});
-    total.fills += j.value("fills", uint64_t{0});
-    total.fill_bytes += j.value("fill_bytes", uint64_t{0});
+  const int lock = LockStats(LOCK_SH);  // no fold moves counters while we add them up
+  auto docs = ReadJsonFiles(MetaPath(kStatsDir));
+  if (docs.ok()) {
+    absl::flat_hash_set<std::string> folded;
+    for (const auto& [name, j] : *docs) {
+      if (name != kFoldedStats) continue;
+      AddTo(total, j);
+      folded = FoldedOwners(j);
+    }
+    for (const auto& [name, j] : *docs) {
+      if (name != kFoldedStats && !folded.contains(name)) AddTo(total, j);
+    }
   }
+  if (lock >= 0) close(lock);
   return total;
+}
+
+absl::StatusOr<uint64_t> Tier::FoldStats() {
+  const std::string dir = MetaPath(kStatsDir);
+  const int lock = LockStats(LOCK_EX);
+  if (lock < 0) return ErrnoToStatus(errno, absl::StrCat("locking ", MetaPath(kStatsLock)));
+  auto docs = ReadJsonFiles(dir);
+  if (!docs.ok()) {
+    close(lock);
+    return docs.status();
+  }
+  Stats total;
+  absl::flat_hash_set<std::string> folded;
+  for (const auto& [name, j] : *docs) {
+    if (name != kFoldedStats) continue;
+    AddTo(total, j);
+    folded = FoldedOwners(j);
+  }
+  const std::string temp_root = MetaPath(kTempDir);
+  std::vector<std::string> now_folded;
+  for (const auto& [name, j] : *docs) {
+    if (name == kFoldedStats) continue;
+    if (folded.contains(name)) {  // counted already: a killed fold left it
+      unlink(absl::StrCat(dir, "/", name, ".json").c_str());
+    } else if (OwnerIsGone(temp_root, name)) {
+      AddTo(total, j);
+      now_folded.push_back(name);
+    }
+  }
+  absl::Status s;
+  if (!now_folded.empty()) {
+    // First the totals with the names they hold, durably; then the files. Killed between
+    // the two, the files are listed as folded and not counted again.
+    json j = StatsJson(total);
+    j["owners"] = now_folded;
+    auto temp_dir = TempDir();
+    s = temp_dir.ok() ? WriteSmallFile(absl::StrCat(dir, "/", kFoldedStats, ".json"),
+                                       j.dump() + "\n", *temp_dir)
+                      : temp_dir.status();
+    if (s.ok()) {
+      for (const std::string& name : now_folded) {
+        unlink(absl::StrCat(dir, "/", name, ".json").c_str());
+      }
+    }
+  }
+  close(lock);
+  if (!s.ok()) return Annotate(s, absl::StrCat("folding the counters in ", dir));
+  return now_folded.size();
 }
 
 std::optional<uint64_t> Tier::LastUsage() const {
@@ -535,14 +698,14 @@ absl::Status Tier::RecordImport(const TierImport& import) {
 }
 
 absl::StatusOr<std::vector<TierImport>> Tier::Imports() const {
-  WHARF_ASSIGN_OR_RETURN(std::vector<json> docs, ReadJsonFiles(MetaPath(kImportsDir)));
+  WHARF_ASSIGN_OR_RETURN(auto docs, ReadJsonFiles(MetaPath(kImportsDir)));
   struct Runs {
     TierImport merged;
     std::set<int> ranks;  // complete ranks of a sharded import
     bool any_incomplete = false;
   };
   std::map<std::pair<std::string, std::string>, Runs> by_tree;
-  for (const json& j : docs) {
+  for (const auto& [name, j] : docs) {
     if (!j.contains("source") || !j["source"].is_string()) continue;
     TierImport run;
     run.source = j["source"].get<std::string>();

@@ -122,7 +122,8 @@ class Tier {
   std::string Relative(const std::string& path) const;
 
   // This process's temporary directory, created on first use (again after a fork), owned
-  // while the process lives. Files written there are published by rename.
+  // while the process lives. Files written there are published by rename. Creating it
+  // first removes what dead owners left (CollectGarbage).
   absl::StatusOr<std::string> TempDir();
 
   struct Garbage {
@@ -135,8 +136,14 @@ class Tier {
   // Flushes the tier's file system (syncfs): everything written so far is on disk.
   absl::Status SyncFs();
 
-  // Read-through counters. Each process adds its own (one small file per process, written
-  // when its cache store closes); ReadStats sums every process's.
+  // Read-through counters. Each owner (process) adds its own to one small file,
+  // stats/<owner>.json, rewritten with its running totals (when its cache store closes).
+  // ReadStats sums every file; FoldStats (`tier gc`) folds the files of dead owners into
+  // stats/folded.json, so the folder does not grow by one file per process forever. Both
+  // hold .wharf/locks/stats (readers shared, folds exclusive), so a status running beside a
+  // fold, or two folds, count each file once; and a fold killed between writing folded.json
+  // and removing the files it folded leaves them listed there as folded, so they are never
+  // counted twice (the next fold removes them).
   struct Stats {
     uint64_t hits = 0;
     uint64_t misses = 0;
@@ -145,6 +152,9 @@ class Tier {
   };
   absl::Status AddStats(const Stats& stats);
   Stats ReadStats() const;
+  // Folds the counters of dead owners (their owner lock can be taken, or is gone); returns
+  // how many owners' files it folded.
+  absl::StatusOr<uint64_t> FoldStats();
 
   // What the tier's entries held after the last eviction pass over the whole tier (a hint:
   // processes filled or removed entries since), nullopt when no pass recorded it.
@@ -162,6 +172,11 @@ class Tier {
  private:
   Tier(std::string root, TierConfig config);
   static absl::StatusOr<std::shared_ptr<Tier>> Open(const std::string& root);
+  // The stats lock taken with flock `operation` (waits); -1 when it cannot be had.
+  int LockStats(int operation) const;
+  // Removes this process's temporary directory and releases its lock.
+  void ReleaseTempDirLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void ReleaseAllAtExit();
 
   const std::string root_;  // absolute, no trailing '/'
   const TierConfig config_;
@@ -170,6 +185,10 @@ class Tier {
   std::string temp_dir_ ABSL_GUARDED_BY(mu_);
   int temp_lock_fd_ ABSL_GUARDED_BY(mu_) = -1;
   int temp_owner_pid_ ABSL_GUARDED_BY(mu_) = 0;
+  bool exiting_ ABSL_GUARDED_BY(mu_) = false;  // released at exit: no new directory
+  // What AddStats wrote to stats/<stats_owner_>.json so far.
+  std::string stats_owner_ ABSL_GUARDED_BY(mu_);
+  Stats stats_written_ ABSL_GUARDED_BY(mu_);
 };
 
 // The absolute, normalized form of `path` ('.' and '..' resolved lexically, no trailing '/').

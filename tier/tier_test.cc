@@ -11,7 +11,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -182,24 +185,45 @@ TEST(TierTest, TempDirIsPrivateAndGarbageCollectionSparesLiveOwners) {
   EXPECT_TRUE(std::filesystem::exists(*temp + "/partial"));
 }
 
-TEST(TierTest, GarbageOfAKilledProcessIsRemoved) {
-  TempDir dir;
-  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+// A child process that owns a temporary directory in the tier at `root`, does `work` with
+// its Tier, and waits to be killed (like kill -9 mid-import). Returns once `work` is done.
+pid_t ForkOwner(const std::string& root, const std::function<void(Tier&)>& work) {
   int pipefd[2];
-  ASSERT_EQ(pipe(pipefd), 0);
+  if (pipe(pipefd) != 0) return -1;
   const pid_t child = fork();
-  ASSERT_GE(child, 0);
   if (child == 0) {
-    auto tier = Tier::Find(dir.path());
-    auto temp = (*tier)->TempDir();
-    if (!temp.ok()) _exit(3);
-    for (int i = 0; i < 3; ++i) std::ofstream(*temp + "/t" + std::to_string(i)) << "x";
+    auto tier = Tier::Find(root);
+    if (!tier.ok() || !(*tier)->TempDir().ok()) _exit(3);
+    work(**tier);
     (void)!write(pipefd[1], "r", 1);
-    pause();  // killed below, like kill -9 mid-import
+    pause();
     _exit(0);
   }
   char c;
-  ASSERT_EQ(read(pipefd[0], &c, 1), 1);
+  if (child < 0 || read(pipefd[0], &c, 1) != 1) return -1;
+  close(pipefd[0]);
+  close(pipefd[1]);
+  return child;
+}
+
+// A ForkOwner whose temporary directory holds three files.
+pid_t ForkOwnerWithTempFiles(const std::string& root) {
+  return ForkOwner(root, [](Tier& tier) {
+    for (int i = 0; i < 3; ++i) std::ofstream(*tier.TempDir() + "/t" + std::to_string(i)) << "x";
+  });
+}
+
+void KillAndReap(pid_t child) {
+  kill(child, SIGKILL);
+  int status;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+}
+
+TEST(TierTest, GarbageOfAKilledProcessIsRemoved) {
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+  const pid_t child = ForkOwnerWithTempFiles(dir.path());
+  ASSERT_GT(child, 0);
   const std::string temp_root = dir.path() + "/.wharf/tmp";
   EXPECT_EQ(CountEntries(temp_root), 5u);  // lock + dir + 3 files
   {
@@ -208,17 +232,99 @@ TEST(TierTest, GarbageOfAKilledProcessIsRemoved) {
     ASSERT_TRUE(alive.ok());
     EXPECT_EQ(alive->owners, 0u) << "the child still lives";
   }
-  kill(child, SIGKILL);
-  int status;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+  KillAndReap(child);
   auto tier = Tier::Find(dir.path());
   auto garbage = (*tier)->CollectGarbage();
   ASSERT_TRUE(garbage.ok()) << garbage.status();
   EXPECT_EQ(garbage->owners, 1u);
   EXPECT_EQ(garbage->files, 3u);
   EXPECT_EQ(CountEntries(temp_root), 0u);
-  close(pipefd[0]);
-  close(pipefd[1]);
+}
+
+TEST(TierTest, ANewOwnerRemovesWhatKilledOwnersLeft) {
+  // Fills and exports call no `tier gc`: the next process that writes to the tier cleans up.
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+  const pid_t alive = ForkOwnerWithTempFiles(dir.path());
+  const pid_t killed = ForkOwnerWithTempFiles(dir.path());
+  ASSERT_GT(alive, 0);
+  ASSERT_GT(killed, 0);
+  KillAndReap(killed);
+  const std::string temp_root = dir.path() + "/.wharf/tmp";
+  EXPECT_EQ(CountEntries(temp_root), 10u);
+  auto tier = Tier::Find(dir.path());
+  auto temp = (*tier)->TempDir();
+  ASSERT_TRUE(temp.ok()) << temp.status();
+  // The killed owner's lock, directory and files are gone; the live one's and ours remain.
+  EXPECT_EQ(CountEntries(temp_root), 5u + 2u);
+  KillAndReap(alive);
+}
+
+TEST(TierTest, GcFoldsDeadOwnersStatsKeepingTheTotals) {
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
+  // Three processes that counted reads (twice each, into one file each) and were killed, and
+  // one that lives on.
+  auto count = [](Tier& tier) {
+    (void)tier.AddStats({.hits = 1, .misses = 2, .fills = 3, .fill_bytes = 40});
+    (void)tier.AddStats({.hits = 10, .misses = 0, .fills = 0, .fill_bytes = 0});
+  };
+  std::vector<pid_t> dead;
+  for (int i = 0; i < 3; ++i) dead.push_back(ForkOwner(dir.path(), count));
+  const pid_t alive = ForkOwner(dir.path(), count);
+  ASSERT_GT(alive, 0);
+  for (pid_t child : dead) KillAndReap(child);
+  const std::string stats_dir = dir.path() + "/.wharf/stats";
+  EXPECT_EQ(CountEntries(stats_dir), 4u) << "one file per process";
+  auto tier = Tier::Find(dir.path());
+  ASSERT_TRUE(tier.ok());
+  auto expect_totals = [&](const char* when) {
+    const Tier::Stats s = (*tier)->ReadStats();
+    EXPECT_EQ(s.hits, 4u * 11) << when;
+    EXPECT_EQ(s.misses, 4u * 2) << when;
+    EXPECT_EQ(s.fills, 4u * 3) << when;
+    EXPECT_EQ(s.fill_bytes, 4u * 40) << when;
+  };
+  expect_totals("before folding");
+  const std::string one_dead = [&] {
+    for (const auto& e : std::filesystem::directory_iterator(stats_dir)) {
+      if (e.path().filename().string().find(absl::StrCat("-", dead[0], "-")) != std::string::npos) {
+        return e.path().string();
+      }
+    }
+    return std::string();
+  }();
+  ASSERT_FALSE(one_dead.empty());
+  std::stringstream saved;
+  saved << std::ifstream(one_dead).rdbuf();
+
+  auto folded = (*tier)->FoldStats();
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  EXPECT_EQ(*folded, 3u);
+  EXPECT_EQ(CountEntries(stats_dir), 2u) << "folded.json and the live process's";
+  expect_totals("after folding");
+
+  // A fold killed after it wrote folded.json left a file it had folded: not counted twice,
+  // and the next fold removes it.
+  std::ofstream(one_dead) << saved.str();
+  expect_totals("with a folded file left behind");
+  folded = (*tier)->FoldStats();
+  ASSERT_TRUE(folded.ok());
+  EXPECT_EQ(*folded, 0u);
+  EXPECT_FALSE(std::filesystem::exists(one_dead));
+  expect_totals("after the next fold");
+
+  KillAndReap(alive);
+  folded = (*tier)->FoldStats();
+  ASSERT_TRUE(folded.ok());
+  EXPECT_EQ(*folded, 1u);
+  EXPECT_EQ(CountEntries(stats_dir), 1u);
+  expect_totals("all folded");
+  // This process counts on: its own file, next to the folded one.
+  ASSERT_TRUE((*tier)->AddStats({.hits = 1}).ok());
+  ASSERT_TRUE((*tier)->AddStats({.hits = 1}).ok());
+  EXPECT_EQ(CountEntries(stats_dir), 2u);
+  EXPECT_EQ((*tier)->ReadStats().hits, 4u * 11 + 2);
 }
 
 TEST(TierTest, ImportsAreRecorded) {

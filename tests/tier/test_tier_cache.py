@@ -158,3 +158,46 @@ def test_bounded_tier_evicts_by_itself_and_on_request(tmp_path, bucket, s3_env, 
     to = json.loads(run_wharf("tier", "evict", "--json", "--to", "20000", tier,
                               check=True).stdout)
     assert to["bytes"] - to["evicted_bytes"] <= 20000  # the pinned entry counts, and stays
+
+
+def test_gc_folds_the_counters_of_finished_readers(tmp_path, bucket, s3_env, s3_client):
+    """Each reading process leaves one counters file; `tier gc` folds those of finished
+    processes into one, and `tier status` reports the same totals before, during and after
+    (gc's and statuses running at the same time count each process once)."""
+    put_objects(s3_client, bucket, "c/", 10, size=100)
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", "-q", tier, check=True)
+    for _ in range(6):
+        run_wharf("fetch", "-r", "--cache", tier, f"s3://{bucket}/c/", env=s3_env, check=True)
+    stats_dir = tier / ".wharf" / "stats"
+    assert len(os.listdir(stats_dir)) == 6
+    before = status(tier)
+    assert (before["misses"], before["hits"], before["fills"]) == (10, 50, 10)
+
+    def totals(s):
+        return (s["hits"], s["misses"], s["fills"], s["fill_bytes"])
+
+    gcs = [subprocess.Popen([wharf_bin(), "tier", "gc", "--json", str(tier)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    statuses = [subprocess.Popen([wharf_bin(), "tier", "status", "--json", str(tier)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for _ in range(3)]
+    folded = 0
+    for p in gcs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()
+        folded += json.loads(out)["stats_folded"]
+    for p in statuses:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err.decode()
+        assert totals(json.loads(out)) == totals(before)
+    assert folded == 6
+    assert os.listdir(stats_dir) == ["folded.json"]
+    assert totals(status(tier)) == totals(before)
+
+    run_wharf("fetch", "-r", "--cache", tier, f"s3://{bucket}/c/", env=s3_env, check=True)
+    assert status(tier)["hits"] == 60
+    out = json.loads(run_wharf("tier", "gc", "--json", tier, check=True).stdout)
+    assert out["stats_folded"] == 1
+    assert os.listdir(stats_dir) == ["folded.json"]
+    assert status(tier)["hits"] == 60
