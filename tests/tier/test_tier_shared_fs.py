@@ -172,8 +172,9 @@ def test_a_killed_filler_on_one_node_blocks_no_reader_on_the_other(node_dirs, bu
     assert (tier_a / ".wharf" / "objects" / "s3" / bucket / "victim").read_bytes() == victim
     assert run_wharf("tier", "verify", tier_a).returncode == 0
 
-    gc = tier_json("gc", tier_b)
-    assert gc["owners"] >= 1, gc
+    # The killed filler's directory goes: the reader on B collected it when it took its own
+    # temporary directory (a new owner removes dead owners'), or gc on B does.
+    tier_json("gc", tier_b)
     assert not set(live) & set(owner_dirs(tier_a)), "the killed filler's directory is still there"
 
 
