@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -356,6 +357,35 @@ absl::Status ObjectReader::Skip(uint64_t n) {
   if (current_ == nullptr && queue_.empty() && next_fetch_ < pos_) next_fetch_ = pos_;
   Schedule();
   return absl::OkStatus();
+}
+
+absl::Status ObjectReader::Seek(uint64_t offset) {
+  if (!status_.ok()) return status_;
+  if (offset < options_.offset || offset > end_) {
+    return absl::OutOfRangeError(absl::StrCat("seek ", uri_, ": byte ", offset,
+                                              " is outside the range [", options_.offset, ", ",
+                                              end_, "]"));
+  }
+  if (offset >= pos_) return Skip(offset - pos_);
+  if (current_ != nullptr && offset >= current_->offset) {
+    pos_ = offset;  // still inside the current chunk
+    return absl::OkStatus();
+  }
+  // Behind everything held: none of it is of use now. Chunks in flight are abandoned (their
+  // completions return the bytes); read-ahead starts over at the new position.
+  ReleaseCurrent();
+  DropQueuedBefore(std::numeric_limits<uint64_t>::max());
+  pos_ = next_fetch_ = offset;
+  Schedule();
+  return absl::OkStatus();
+}
+
+absl::string_view ObjectReader::Buffered() const {
+  if (!status_.ok() || current_ == nullptr || pos_ >= current_->offset + current_->size) {
+    return absl::string_view();
+  }
+  const uint64_t skip = pos_ - current_->offset;
+  return absl::string_view(current_->block.data() + skip, current_->size - skip);
 }
 
 ObjectReaderStats ObjectReader::stats() const {

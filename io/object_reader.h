@@ -132,6 +132,15 @@ class ObjectReader {
   // Advances `n` bytes without returning them; chunks wholly skipped that were not requested
   // yet are never fetched. OutOfRange if fewer remain.
   absl::Status Skip(uint64_t n);
+  // Moves the position to `offset`, in [the range's start, end()]: the random access of a file
+  // object (wharf.open in Python). Forward, as Skip(). Backward within the
+  // current chunk, the chunk is reused; further back, every chunk held or in flight is dropped
+  // and read-ahead restarts at `offset` (no byte before it is fetched). Never waits.
+  // OutOfRange outside the range; a sticky error is returned as by every call.
+  absl::Status Seek(uint64_t offset);
+  // The unread bytes of the current chunk that are already here, without waiting or
+  // requesting anything (empty when the next byte is not fetched yet). Valid as Peek()'s view.
+  absl::string_view Buffered() const;
 
   ObjectReaderStats stats() const;
   // The reader's account in the runtime's budget (its cap is the reader's byte bound).

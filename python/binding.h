@@ -252,5 +252,6 @@ uint64_t SizeArg(const py::handle& value, const char* name);
 void RegisterDataset(py::module_& m);
 void RegisterRecords(py::module_& m);
 void RegisterRuntime(py::module_& m);  // runtime.cc: configure, metrics, parse_size
+void RegisterFiles(py::module_& m);    // file.cc: the raw files under wharf.open
 
 }  // namespace wharf::python
