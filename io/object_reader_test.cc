@@ -382,5 +382,60 @@ TEST(ObjectReaderTest, SeekRestartsReadAheadAtTheNewPositionAndReusesTheCurrentC
   EXPECT_EQ(got, data.substr(0, 10));
 }
 
+TEST(ObjectReaderTest, ReadDirectFetchesLargeReadsStraightIntoTheCallersBuffer) {
+  TempStore tmp;
+  const std::string data = RandomBytes(10'000, 9);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  ObjectReaderOptions options{.chunk_size = 100, .read_ahead = 2};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->stats().requests, 3u);  // read-ahead: [0, 300)
+  std::string got(1000, '\0');
+  ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(0, 1000));
+  // 3 chunks copied, 7 direct GETs, then read-ahead again from 1000.
+  EXPECT_EQ((*reader)->stats().requests, 13u);
+  EXPECT_EQ((*reader)->position(), 1000u);
+  EXPECT_LE((*reader)->stats().peak_buffered_bytes, 300u);  // direct bytes are not held
+  EXPECT_EQ((*reader)->stats().bytes_direct, 700u);
+  // Small reads go through the chunks; a read of the rest finishes the object.
+  std::string small(50, '\0');
+  ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(small)).ok());
+  EXPECT_EQ(small, data.substr(1000, 50));
+  std::string rest(data.size() - 1050, '\0');
+  ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(rest)).ok());
+  EXPECT_EQ(rest, data.substr(1050));
+  EXPECT_EQ((*reader)->remaining(), 0u);
+  EXPECT_EQ((*reader)->ReadDirect(absl::MakeSpan(small)).code(), absl::StatusCode::kOutOfRange);
+
+  // Random positions and sizes, against the bytes.
+  std::mt19937_64 rng(21);
+  auto again = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t at = rng() % data.size();
+    const uint64_t n = std::min<uint64_t>(rng() % 2000, data.size() - at);
+    ASSERT_TRUE((*again)->Seek(at).ok());
+    std::string part(n, '\0');
+    ASSERT_TRUE((*again)->ReadDirect(absl::MakeSpan(part)).ok()) << at << " " << n;
+    ASSERT_EQ(part, data.substr(at, n)) << at << " " << n;
+  }
+}
+
+TEST(ObjectReaderTest, ReadDirectOfARewrittenObjectIsAStickyError) {
+  TempStore tmp;
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(10'000, 10))).ok());
+  ObjectReaderOptions options{.chunk_size = 100, .read_ahead = 0};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(10'000, 11))).ok());
+  ASSERT_TRUE((*reader)->Seek(5000).ok());
+  std::string got(1000, '\0');
+  const absl::Status status = (*reader)->ReadDirect(absl::MakeSpan(got));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ((*reader)->ReadDirect(absl::MakeSpan(got)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace wharf

@@ -95,6 +95,15 @@ class ObjectReadFile {
     size_t done = Take(r, r.Buffered(), dst, n);
     if (done == n || (one_chunk && done > 0)) return done;
     absl::Status status = WithoutGil([&]() -> absl::Status {
+      if (!one_chunk) {
+        // Large reads skip the chunk buffers: GETs straight into dst (ObjectReader).
+        absl::Status s = r.ReadDirect(absl::MakeSpan(dst + done, n - done));
+        if (s.ok()) {
+          pos_ += n - done;
+          done = n;
+        }
+        return s;
+      }
       while (done < n) {
         auto view = r.Peek();
         if (!view.ok()) return view.status();
@@ -181,6 +190,7 @@ class ObjectReadFile {
     py::dict d;
     d["requests"] = st.requests;
     d["bytes_fetched"] = st.bytes_fetched;
+    d["bytes_direct"] = st.bytes_direct;
     d["peak_buffered_bytes"] = st.peak_buffered_bytes;
     d["chunk_size"] = st.chunk_size;
     d["read_ahead"] = st.read_ahead;

@@ -85,8 +85,8 @@ class ObjectFile(io.BufferedIOBase):
         return self._reader().peek()
 
     def stats(self):
-        """"rb": the reader's GETs so far: requests, bytes_fetched, peak_buffered_bytes,
-        chunk_size, read_ahead."""
+        """"rb": the reader's GETs so far: requests, bytes_fetched, bytes_direct (fetched
+        straight into readinto's buffer), peak_buffered_bytes, chunk_size, read_ahead."""
         return self._reader().stats()
 
     def seek(self, offset, whence=io.SEEK_SET):

@@ -118,6 +118,21 @@ def test_small_sequential_reads_do_not_issue_a_request_each(s3_env, bucket):
     assert stats["bytes_fetched"] == len(data)
 
 
+def test_a_large_readinto_fetches_into_the_callers_buffer(root):
+    data = _bytes(1 << 20, 7)
+    wharf.Store(root).put("obj", data)
+    with wharf.open(root + "obj", chunk_size=64 << 10, read_ahead=2) as f:
+        buf = bytearray(len(data) - 100)
+        f.seek(100)
+        assert f.readinto(buf) == len(buf)
+        assert buf == data[100:]
+        stats = f.stats()
+    # past the read-ahead requested at open (3 chunks, copied from), the bytes came by GETs
+    # straight into buf, never through the reader's buffers
+    assert stats["bytes_direct"] == len(data) - 3 * (64 << 10), stats
+    assert stats["peak_buffered_bytes"] <= 3 * (64 << 10), stats
+
+
 def test_text_and_buffered_wrappers(root):
     lines = [f"line {i} {'x' * (i % 50)}\n" for i in range(5000)]
     wharf.Store(root).put("text", "".join(lines).encode())
