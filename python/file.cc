@@ -24,9 +24,12 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/runtime.h"
 #include "io/object_reader.h"
 #include "python/binding.h"
@@ -88,6 +91,7 @@ class ObjectReadFile {
   // (the current one, or the next after waiting) holds. Returns the bytes read.
   size_t ReadInto(char* dst, size_t n, bool one_chunk) {
     ObjectReader& r = reader();
+    OneThread guard(busy_, "file");
     if (pos_ >= size_) return 0;
     n = static_cast<size_t>(std::min<uint64_t>(n, size_ - pos_));
     Check(MoveReader(r));
@@ -130,6 +134,7 @@ class ObjectReadFile {
     if (one_chunk && n < 0) {
       // The rest of the chunk at the position, waiting for it if needed.
       ObjectReader& r = reader();
+      OneThread guard(busy_, "file");
       Check(MoveReader(r));
       if (r.Buffered().empty() && left > 0) {
         auto view = Check(WithoutGil([&] { return r.Peek(); }));
@@ -157,6 +162,7 @@ class ObjectReadFile {
   py::bytes Peek() {
     ObjectReader& r = reader();
     if (pos_ >= size_) return py::bytes();
+    OneThread guard(busy_, "file");
     Check(MoveReader(r));
     absl::string_view view = r.Buffered();
     if (view.empty()) view = Check(WithoutGil([&] { return r.Peek(); }));
@@ -231,7 +237,8 @@ class ObjectReadFile {
   std::unique_ptr<ObjectReader> reader_;
   uint64_t size_ = 0;
   std::string etag_;
-  uint64_t pos_ = 0;  // may be past size_ (a seek beyond the end)
+  uint64_t pos_ = 0;   // may be past size_ (a seek beyond the end)
+  bool busy_ = false;  // a call is waiting without the GIL (OneThread)
 };
 
 class ObjectWriteFile {
@@ -253,6 +260,7 @@ class ObjectWriteFile {
 
   size_t Write(const py::handle& b) {
     ObjectWriter& w = writer();
+    std::optional<OneThread> guard(std::in_place, busy_, "file");
     BufferView view(b, /*writable=*/false);
     const char* src = view.data();
     const size_t n = view.size();
@@ -274,6 +282,7 @@ class ObjectWriteFile {
       return absl::OkStatus();
     });
     if (!status.ok()) {
+      guard.reset();
       Abort();
       Raise(status);
     }
@@ -284,6 +293,7 @@ class ObjectWriteFile {
   // Commits: the object appears now, whole. On failure nothing is left (the writer aborts).
   py::dict Close() {
     ObjectWriter& w = writer();
+    std::optional<OneThread> guard(std::in_place, busy_, "file");
     absl::StatusOr<ObjectMeta> meta = WithoutGil([&]() -> absl::StatusOr<ObjectMeta> {
       if (staged_ > 0) {
         if (absl::Status s = w.Write(TakeStaged()); !s.ok()) return s;
@@ -291,6 +301,7 @@ class ObjectWriteFile {
       staging_.reset();
       return w.Close();
     });
+    guard.reset();
     if (!meta.ok()) {
       Abort();
       Raise(meta.status());
@@ -327,19 +338,27 @@ class ObjectWriteFile {
     return *writer_;
   }
 
-  // A staging block from the budget, waiting for room. When this file alone holds the whole
-  // budget (blocks the writer keeps until their part fills), waiting could be forever: then
-  // one block is taken outside the budget; the store's writer bounds its parts in flight.
-  // The owner of a kStagingBlock-byte buffer (a budget Block's owner: the charge returns
-  // when the last reference, the uploaded part's, is gone).
+  // A staging block from the budget, waiting for room: the blocks of parts in flight return
+  // as the parts finish. A writer keeps bytes short of a part until more arrive, which no
+  // wait gets back, so when this file alone holds the budget and nothing of it was released
+  // for kStall, one block is taken outside the budget rather than wait forever; the store's
+  // writer still bounds its parts in flight. The owner is a budget Block's: the charge
+  // returns when the last reference (the uploaded part's) is gone.
   std::shared_ptr<char> Allocate() {
+    constexpr absl::Duration kStall = absl::Seconds(2);
     std::shared_ptr<char> out;
+    uint64_t last_held = account_->held();
+    absl::Time last_change = absl::Now();
     budget_->WaitUntil([&] {
       if (Block block = budget_->TryAllocate(account_, kStagingBlock)) {
         out = block.owner();
         return true;
       }
-      if (budget_->held() <= account_->held()) {
+      const uint64_t held = account_->held();
+      if (held != last_held) {
+        last_held = held;
+        last_change = absl::Now();
+      } else if (budget_->held() <= held && absl::Now() - last_change >= kStall) {
         out = std::shared_ptr<char>(new char[kStagingBlock], std::default_delete<char[]>());
         return true;
       }
@@ -364,6 +383,7 @@ class ObjectWriteFile {
   std::shared_ptr<char> staging_;  // the block being filled, or null
   uint64_t staged_ = 0;
   uint64_t written_ = 0;
+  bool busy_ = false;  // a call is waiting without the GIL (OneThread)
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
 """wharf.open: binary file objects over file:// and the real S3 server (RGW)."""
 import gc
+import hashlib
 import io
 import random
 import warnings
@@ -250,3 +251,38 @@ def test_cache_option_reads_through_the_tier(s3_env, bucket, tmp_path):
     with wharf.open(f"s3://{bucket}/new", "wb", cache=str(tmp_path / "tier")) as f:
         f.write(data)
     assert bytes(wharf.Store(f"s3://{bucket}/").get("new")) == data
+
+
+def test_writes_are_staged_in_the_runtime_budget(s3_env, bucket, tmp_path, s3_client):
+    """A "wb" file's bytes in flight are blocks of the process's budget: with a 24 MiB budget
+    a 64 MiB upload holds at most the budget, and everything is released at close."""
+    from test_runtime import run_python
+    env = {k: s3_env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                  "AWS_SECRET_ACCESS_KEY")}
+    result = run_python("""
+        import hashlib, json, sys
+        import numpy as np
+        import wharf
+
+        wharf.configure(memory_budget="24M")
+        wharf._wharf._reset_peak()
+        # 1 MiB, written 64 times as a numpy buffer and changed after each write (write copies)
+        piece = np.arange(1 << 18, dtype=np.uint32)
+        md5 = hashlib.md5()
+        with wharf.open(sys.argv[1], "wb") as f:
+            for i in range(64):
+                piece += 1
+                f.write(piece)
+                md5.update(piece.tobytes())
+        g = wharf.metrics()["gauges"]
+        print(json.dumps({"md5": md5.hexdigest(),
+                          "gauges": {k: v for k, v in g.items() if "memory_budget" in k}}))
+    """, tmp_path, env_extra=env, args=(f"s3://{bucket}/big.bin",))
+    g = result["gauges"]
+    assert g["wharf_memory_budget_limit_bytes"] == 24 << 20
+    assert 2 * PART <= g["wharf_memory_budget_peak_bytes"] <= 24 << 20
+    assert g["wharf_memory_budget_held_bytes"] == 0
+    body = s3_client.get_object(Bucket=bucket, Key="big.bin")["Body"].read()
+    assert len(body) == 64 << 20
+    assert hashlib.md5(body).hexdigest() == result["md5"]
+    assert _uploads(s3_client, bucket) == []
