@@ -469,8 +469,10 @@ absl::Status ObjectReader::ReadDirect(absl::Span<char> dst) {
     status_ = error;
     return status_;
   }
+  // Read-ahead starts again with the next read, not now: after a large read the next one is
+  // as likely elsewhere (torch.load seeks to each record), and a sequential reader pays one
+  // first byte.
   pos_ = next_fetch_ = begin + rest;
-  Schedule();
   return absl::OkStatus();
 }
 

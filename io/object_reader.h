@@ -144,7 +144,7 @@ class ObjectReader {
   // and the rest, when at least one chunk long, is fetched by ranged GETs of chunk_size bytes
   // straight into dst, up to read_ahead + 1 of them in flight (pinned to the ETag like every
   // GET). That costs no copy and no charge to the budget (the memory is the caller's);
-  // read-ahead restarts after the read. OutOfRange if fewer remain. REQUIRES: dst stays
+  // read-ahead restarts with the next read. OutOfRange if fewer remain. REQUIRES: dst stays
   // valid until it returns (it waits for every GET it started).
   absl::Status ReadDirect(absl::Span<char> dst);
   // The unread bytes of the current chunk that are already here, without waiting or

@@ -14,8 +14,8 @@
 // staging blocks of the runtime's budget (kStagingBlock bytes, the S3 default part size, so
 // a part is one block and none is held back); the blocks return to the budget when their
 // part is uploaded, which bounds the bytes in flight by the budget as for every other
-// transfer. Close() commits (the object appears, atomically); Abort() or destruction
-// without Close() leaves nothing (the writer's contract).
+// transfer (see Allocate() for the one exception). Close() commits (the object appears,
+// atomically); Abort() or destruction without Close() leaves nothing (the writer's contract).
 //
 // Thread-safety: as io's raw objects, one thread at a time; the Python wrapper holds the GIL
 // around every call except the waits.
