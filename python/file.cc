@@ -94,7 +94,7 @@ class ObjectReadFile {
     OneThread guard(busy_, "file");
     if (pos_ >= size_) return 0;
     n = static_cast<size_t>(std::min<uint64_t>(n, size_ - pos_));
-    Check(MoveReader(r));
+    Checked(MoveReader(r));
     // What is here already: no GIL release.
     size_t done = Take(r, r.Buffered(), dst, n);
     if (done == n || (one_chunk && done > 0)) return done;
@@ -117,7 +117,7 @@ class ObjectReadFile {
       }
       return absl::OkStatus();
     });
-    Check(status);
+    Checked(status);
     return done;
   }
 
@@ -135,9 +135,9 @@ class ObjectReadFile {
       // The rest of the chunk at the position, waiting for it if needed.
       ObjectReader& r = reader();
       OneThread guard(busy_, "file");
-      Check(MoveReader(r));
+      Checked(MoveReader(r));
       if (r.Buffered().empty() && left > 0) {
-        auto view = Check(WithoutGil([&] { return r.Peek(); }));
+        auto view = Checked(WithoutGil([&] { return r.Peek(); }));
         want = view.size();
       } else {
         want = r.Buffered().size();
@@ -163,9 +163,9 @@ class ObjectReadFile {
     ObjectReader& r = reader();
     if (pos_ >= size_) return py::bytes();
     OneThread guard(busy_, "file");
-    Check(MoveReader(r));
+    Checked(MoveReader(r));
     absl::string_view view = r.Buffered();
-    if (view.empty()) view = Check(WithoutGil([&] { return r.Peek(); }));
+    if (view.empty()) view = Checked(WithoutGil([&] { return r.Peek(); }));
     view = view.substr(0, kMaxPeek);
     return py::bytes(view.data(), view.size());
   }
@@ -204,6 +204,21 @@ class ObjectReadFile {
   }
 
  private:
+  // Check() with the reason of an ETag mismatch spelled out.
+  void Checked(const absl::Status& status) {
+    if (status.code() == absl::StatusCode::kFailedPrecondition) {  // If-Match failed
+      Raise(absl::FailedPreconditionError(absl::StrCat(
+          status.message(), ": ", handle_.uri(), " was overwritten after it was opened (ETag ",
+          etag_, " at open); reads never mix versions: open it again to read the new one")));
+    }
+    Check(status);
+  }
+  template <typename T>
+  T Checked(absl::StatusOr<T> v) {
+    if (!v.ok()) Checked(v.status());
+    return *std::move(v);
+  }
+
   ObjectReader& reader() {
     if (reader_ == nullptr) RaiseClosed();
     if (generation_ != ForkGeneration()) {

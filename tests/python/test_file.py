@@ -240,6 +240,9 @@ def test_an_overwrite_during_a_read_is_an_error_not_a_mix(s3_env, bucket):
             f.seek(32 << 10)  # past anything fetched
             f.read(4096)
         assert f"s3://{bucket}/obj" in str(err.value)
+        assert "overwritten after it was opened" in str(err.value)
+        with pytest.raises(wharf.WharfError, match="overwritten"):  # sticky
+            f.read(1)
 
 
 def test_cache_option_reads_through_the_tier(s3_env, bucket, tmp_path):
