@@ -189,7 +189,10 @@ class ObjectReadFile {
     return pos_;
   }
 
-  void Close() { LeakOrDestroy(reader_, generation_); }
+  void Close() {
+    OneThread guard(busy_, "file");  // not under a read of another thread
+    LeakOrDestroy(reader_, generation_);
+  }
 
   py::dict Stats() {
     const ObjectReaderStats st = reader().stats();
@@ -328,6 +331,12 @@ class ObjectWriteFile {
     return d;
   }
 
+  // abort() of Python: not under a write of another thread.
+  void AbortFromPython() {
+    OneThread guard(busy_, "file");
+    Abort();
+  }
+
   // Drops the upload: nothing becomes visible. Idempotent.
   void Abort() {
     if (writer_ == nullptr) return;
@@ -435,7 +444,7 @@ void RegisterFiles(py::module_& m) {
       .def("tell", &ObjectWriteFile::tell)
       .def("write", &ObjectWriteFile::Write, py::arg("b"))
       .def("close", &ObjectWriteFile::Close)
-      .def("abort", &ObjectWriteFile::Abort);
+      .def("abort", &ObjectWriteFile::AbortFromPython);
 }
 
 }  // namespace wharf::python
