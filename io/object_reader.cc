@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -195,6 +196,7 @@ std::shared_ptr<ObjectReader::Chunk> ObjectReader::StartChunk(Block block) {
 }
 
 void ObjectReader::Schedule() {
+  if (hold_read_ahead_) return;
   std::vector<std::shared_ptr<Chunk>> start;
   const size_t max_chunks = static_cast<size_t>(options_.read_ahead) + 1;
   while (next_fetch_ < end_ && queue_.size() + (current_ != nullptr ? 1 : 0) < max_chunks) {
@@ -358,10 +360,135 @@ absl::Status ObjectReader::Skip(uint64_t n) {
   return absl::OkStatus();
 }
 
+absl::Status ObjectReader::Seek(uint64_t offset) {
+  if (!status_.ok()) return status_;
+  if (offset < options_.offset || offset > end_) {
+    return absl::OutOfRangeError(absl::StrCat("seek ", uri_, ": byte ", offset,
+                                              " is outside the range [", options_.offset, ", ",
+                                              end_, "]"));
+  }
+  if (offset >= pos_) return Skip(offset - pos_);
+  if (current_ != nullptr && offset >= current_->offset) {
+    pos_ = offset;  // still inside the current chunk
+    return absl::OkStatus();
+  }
+  // Behind everything held: none of it is of use now. Chunks in flight are abandoned (their
+  // completions return the bytes); read-ahead starts over at the new position.
+  ReleaseCurrent();
+  DropQueuedBefore(std::numeric_limits<uint64_t>::max());
+  pos_ = next_fetch_ = offset;
+  Schedule();
+  return absl::OkStatus();
+}
+
+absl::Status ObjectReader::ReadDirect(absl::Span<char> dst) {
+  if (!status_.ok()) return status_;
+  if (dst.size() > remaining()) return NotEnough(dst.size());
+  size_t done = 0;
+  // Bytes already requested come through their chunks, with read-ahead held back meanwhile
+  // (what it would request is read directly below).
+  const uint64_t requested = next_fetch_;
+  hold_read_ahead_ = true;
+  while (done < dst.size() && pos_ < requested) {
+    absl::StatusOr<absl::string_view> view = Peek();
+    if (!view.ok()) {
+      hold_read_ahead_ = false;
+      return view.status();
+    }
+    const size_t n = std::min(view->size(), dst.size() - done);
+    std::memcpy(dst.data() + done, view->data(), n);
+    Consume(n);
+    done += n;
+  }
+  hold_read_ahead_ = false;
+  const uint64_t rest = dst.size() - done;
+  if (rest < options_.chunk_size) return ReadExact(dst.subspan(done));
+  // Nothing past pos_ is requested: the rest goes straight into dst.
+  ReleaseCurrent();
+  DropQueuedBefore(std::numeric_limits<uint64_t>::max());  // empty by now; never stale
+  struct Direct {
+    absl::Mutex mu;
+    int max_in_flight = 1;
+    int in_flight ABSL_GUARDED_BY(mu) = 0;
+    uint64_t bytes ABSL_GUARDED_BY(mu) = 0;
+    absl::Status error ABSL_GUARDED_BY(mu);
+  };
+  // Shared with the completions, which may be destroyed a little after they ran.
+  auto direct = std::make_shared<Direct>();
+  direct->max_in_flight = options_.read_ahead + 1;
+  const uint64_t begin = pos_;
+  for (uint64_t off = 0; off < rest;) {
+    {
+      absl::MutexLock lock(&direct->mu);
+      direct->mu.Await(absl::Condition(
+          +[](Direct* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) {
+            return d->in_flight < d->max_in_flight || !d->error.ok();
+          },
+          direct.get()));
+      if (!direct->error.ok()) break;
+      ++direct->in_flight;
+    }
+    const uint64_t len = std::min(options_.chunk_size, rest - off);
+    GetRequest request;
+    request.key = meta_.key;
+    request.range = ByteRange::Of(begin + off, len);
+    request.buffer = dst.subspan(done + off, len);
+    if (options_.pin_version) request.if_match = meta_.etag;
+    ++requests_;
+    store_->GetAsync(std::move(request),
+                     [direct, len, at = begin + off, uri = uri_](absl::StatusOr<GetResult> result) {
+                       absl::Status status = result.status();
+                       if (status.ok() && result->bytes != len) {
+                         status = absl::DataLossError(absl::StrCat(
+                             "get ", uri, " bytes [", at, ", ", at + len, "): short read of ",
+                             result->bytes, " bytes (object changed while reading?)"));
+                       }
+                       absl::MutexLock lock(&direct->mu);
+                       --direct->in_flight;
+                       if (status.ok()) direct->bytes += len;
+                       if (!status.ok() && direct->error.ok()) direct->error = std::move(status);
+                     });
+    off += len;
+  }
+  absl::Status error;
+  uint64_t bytes;
+  {
+    absl::MutexLock lock(&direct->mu);
+    direct->mu.Await(absl::Condition(
+        +[](Direct* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) { return d->in_flight == 0; },
+        direct.get()));
+    error = direct->error;
+    bytes = direct->bytes;
+  }
+  {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->bytes_fetched += bytes;
+  }
+  bytes_direct_ += bytes;
+  if (!error.ok()) {
+    status_ = error;
+    return status_;
+  }
+  // Read-ahead starts again with the next read, not now: after a large read the next one is
+  // as likely elsewhere (torch.load seeks to each record), and a sequential reader pays one
+  // first byte.
+  pos_ = next_fetch_ = begin + rest;
+  return absl::OkStatus();
+}
+
+absl::string_view ObjectReader::Buffered() const {
+  if (!status_.ok() || current_ == nullptr || pos_ >= current_->offset + current_->size) {
+    return absl::string_view();
+  }
+  const uint64_t skip = pos_ - current_->offset;
+  return absl::string_view(current_->block.data() + skip, current_->size - skip);
+}
+
 ObjectReaderStats ObjectReader::stats() const {
   ObjectReaderStats stats;
   stats.requests = requests_;
   stats.bytes_copied = bytes_copied_;
+  stats.bytes_direct = bytes_direct_;
   stats.chunk_size = options_.chunk_size;
   stats.read_ahead = options_.read_ahead;
   absl::MutexLock lock(&shared_->mu);

@@ -88,6 +88,7 @@ struct ObjectReaderStats {
   uint64_t requests = 0;             // GETs issued
   uint64_t bytes_fetched = 0;        // bytes those GETs delivered
   uint64_t bytes_copied = 0;         // bytes ReadCord() copied rather than shared
+  uint64_t bytes_direct = 0;         // bytes ReadDirect() fetched straight into its caller's
   uint64_t peak_buffered_bytes = 0;  // most bytes held at once (<= the bound, or one chunk)
   uint64_t chunk_size = 0;           // as used (derived when the options left it unset)
   int read_ahead = 0;                // as used
@@ -132,6 +133,23 @@ class ObjectReader {
   // Advances `n` bytes without returning them; chunks wholly skipped that were not requested
   // yet are never fetched. OutOfRange if fewer remain.
   absl::Status Skip(uint64_t n);
+  // Moves the position to `offset`, in [the range's start, end()]: the random access of a file
+  // object (wharf.open in Python). Forward, as Skip(). Backward within the
+  // current chunk, the chunk is reused; further back, every chunk held or in flight is dropped
+  // and read-ahead restarts at `offset` (no byte before it is fetched). Never waits.
+  // OutOfRange outside the range; a sticky error is returned as by every call.
+  absl::Status Seek(uint64_t offset);
+  // Reads the next dst.size() bytes into dst, as ReadExact(), but a large read skips the
+  // chunk buffers: bytes already requested (held or in flight) are copied from their chunks,
+  // and the rest, when at least one chunk long, is fetched by ranged GETs of chunk_size bytes
+  // straight into dst, up to read_ahead + 1 of them in flight (pinned to the ETag like every
+  // GET). That costs no copy and no charge to the budget (the memory is the caller's);
+  // read-ahead restarts with the next read. OutOfRange if fewer remain. REQUIRES: dst stays
+  // valid until it returns (it waits for every GET it started).
+  absl::Status ReadDirect(absl::Span<char> dst);
+  // The unread bytes of the current chunk that are already here, without waiting or
+  // requesting anything (empty when the next byte is not fetched yet). Valid as Peek()'s view.
+  absl::string_view Buffered() const;
 
   ObjectReaderStats stats() const;
   // The reader's account in the runtime's budget (its cap is the reader's byte bound).
@@ -179,6 +197,8 @@ class ObjectReader {
   std::deque<std::shared_ptr<Chunk>> queue_;  // requested chunks after current_, in order
   uint64_t requests_ = 0;
   uint64_t bytes_copied_ = 0;
+  uint64_t bytes_direct_ = 0;
+  bool hold_read_ahead_ = false;  // ReadDirect: Schedule() requests nothing
   absl::Status status_;
   // The account chunks are charged to; replaced by a fresh one when only pieces the caller
   // keeps are left in it (see the class comment). Earlier ones live as long as those pieces.

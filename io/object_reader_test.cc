@@ -317,5 +317,125 @@ TEST(ObjectReaderTest, UnsetChunkSizeAndReadAheadComeFromTheLinkEstimate) {
   EXPECT_EQ((*fixed)->stats().read_ahead, 0);
 }
 
+TEST(ObjectReaderTest, SeeksAnywhereAndReadsTheSameBytesAsTheObject) {
+  TempStore tmp;
+  const std::string data = RandomBytes(20'000, 7);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  std::mt19937_64 rng(13);
+  for (uint64_t chunk : {1ul, 97ul, 4096ul, 1ul << 20}) {
+    for (int read_ahead : {0, 3}) {
+      ObjectReaderOptions options{.chunk_size = chunk, .read_ahead = read_ahead};
+      auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      for (int i = 0; i < 60; ++i) {
+        const uint64_t at = rng() % (data.size() + 1);
+        ASSERT_TRUE((*reader)->Seek(at).ok()) << at;
+        EXPECT_EQ((*reader)->position(), at);
+        const uint64_t n = std::min<uint64_t>(rng() % 700, data.size() - at);
+        std::string got(n, '\0');
+        ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok()) << at << " " << n;
+        ASSERT_EQ(got, data.substr(at, n)) << chunk << " " << read_ahead << " at " << at;
+      }
+      EXPECT_LE((*reader)->stats().peak_buffered_bytes, (read_ahead + 1) * chunk);
+    }
+  }
+}
+
+TEST(ObjectReaderTest, SeekRestartsReadAheadAtTheNewPositionAndReusesTheCurrentChunk) {
+  TempStore tmp;
+  const std::string data = RandomBytes(10'000, 8);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  // A byte bound above the chunks' so that dropped chunks still in flight do not hold back
+  // the new read-ahead: the request counts below are then exact.
+  ObjectReaderOptions options{.chunk_size = 100, .read_ahead = 2, .max_buffered_bytes = 10'000};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->stats().requests, 3u);  // chunks 0, 100, 200 at open
+  EXPECT_TRUE((*reader)->Buffered().empty());  // nothing consumed-ready before a read
+  // Far forward: the chunks ahead are dropped, read-ahead starts at 5000.
+  ASSERT_TRUE((*reader)->Seek(5000).ok());
+  EXPECT_EQ((*reader)->stats().requests, 6u);
+  std::string got(10, '\0');
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(5000, 10));
+  EXPECT_EQ((*reader)->stats().requests, 6u);
+  EXPECT_EQ((*reader)->Buffered(), absl::string_view(data).substr(5010, 90));
+  // Far backward: everything held is dropped and the new position fetched.
+  ASSERT_TRUE((*reader)->Seek(1000).ok());
+  EXPECT_EQ((*reader)->stats().requests, 9u);
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(1000, 10));
+  // Back inside the current chunk: no request.
+  ASSERT_TRUE((*reader)->Seek(1003).ok());
+  EXPECT_EQ((*reader)->Buffered(), absl::string_view(data).substr(1003, 97));
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(1003, 10));
+  EXPECT_EQ((*reader)->stats().requests, 9u);
+  // The end is a valid position; past it is not.
+  ASSERT_TRUE((*reader)->Seek(data.size()).ok());
+  auto view = (*reader)->Peek();
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(view->empty());
+  EXPECT_EQ((*reader)->Seek(data.size() + 1).code(), absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE((*reader)->Seek(0).ok());
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(0, 10));
+}
+
+TEST(ObjectReaderTest, ReadDirectFetchesLargeReadsStraightIntoTheCallersBuffer) {
+  TempStore tmp;
+  const std::string data = RandomBytes(10'000, 9);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  ObjectReaderOptions options{.chunk_size = 100, .read_ahead = 2};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->stats().requests, 3u);  // read-ahead: [0, 300)
+  std::string got(1000, '\0');
+  ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(0, 1000));
+  // 3 chunks copied, 7 direct GETs; read-ahead waits for the next read.
+  EXPECT_EQ((*reader)->stats().requests, 10u);
+  EXPECT_EQ((*reader)->position(), 1000u);
+  EXPECT_LE((*reader)->stats().peak_buffered_bytes, 300u);  // direct bytes are not held
+  EXPECT_EQ((*reader)->stats().bytes_direct, 700u);
+  // Small reads go through the chunks; a read of the rest finishes the object.
+  std::string small(50, '\0');
+  ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(small)).ok());
+  EXPECT_EQ(small, data.substr(1000, 50));
+  std::string rest(data.size() - 1050, '\0');
+  ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(rest)).ok());
+  EXPECT_EQ(rest, data.substr(1050));
+  EXPECT_EQ((*reader)->remaining(), 0u);
+  EXPECT_EQ((*reader)->ReadDirect(absl::MakeSpan(small)).code(), absl::StatusCode::kOutOfRange);
+
+  // Random positions and sizes, against the bytes.
+  std::mt19937_64 rng(21);
+  auto again = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t at = rng() % data.size();
+    const uint64_t n = std::min<uint64_t>(rng() % 2000, data.size() - at);
+    ASSERT_TRUE((*again)->Seek(at).ok());
+    std::string part(n, '\0');
+    ASSERT_TRUE((*again)->ReadDirect(absl::MakeSpan(part)).ok()) << at << " " << n;
+    ASSERT_EQ(part, data.substr(at, n)) << at << " " << n;
+  }
+}
+
+TEST(ObjectReaderTest, ReadDirectOfARewrittenObjectIsAStickyError) {
+  TempStore tmp;
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(10'000, 10))).ok());
+  ObjectReaderOptions options{.chunk_size = 100, .read_ahead = 0};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(RandomBytes(10'000, 11))).ok());
+  ASSERT_TRUE((*reader)->Seek(5000).ok());
+  std::string got(1000, '\0');
+  const absl::Status status = (*reader)->ReadDirect(absl::MakeSpan(got));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ((*reader)->ReadDirect(absl::MakeSpan(got)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace wharf

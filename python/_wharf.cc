@@ -6,7 +6,8 @@
 //
 // This file holds the module, the exceptions, Buffer and Store; dataset.cc the dataset core
 // (index, sampler, map-style reader, per-partition stream) and records.cc the record readers
-// over shards (tar, TFRecord, CSV / JSON lines). What they share is in binding.h.
+// over shards (tar, TFRecord, CSV / JSON lines), file.cc the raw files under wharf.open. What
+// they share is in binding.h.
 //
 // Fork safety: a Store remembers the fork generation it was opened in and reopens itself in a
 // forked child (DataLoader workers), whose copy of the parent's event loop has no thread.
@@ -369,6 +370,7 @@ PYBIND11_MODULE(_wharf, m) {
   RegisterDataset(m);
   RegisterRecords(m);
   RegisterRuntime(m);
+  RegisterFiles(m);
 }
 
 }  // namespace wharf::python

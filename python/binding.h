@@ -156,10 +156,14 @@ void LeakOrDestroy(std::shared_ptr<T>& p, uint64_t generation) {
 // race. Constructed and destroyed with the GIL held (which guards `busy`).
 class OneThread {
  public:
-  explicit OneThread(bool& busy) : busy_(busy) {
+  // `what`: the kind of object, for the message ("stream", "file").
+  explicit OneThread(bool& busy, const char* what = "stream") : busy_(busy) {
     if (busy_) {
       PyErr_SetString(PyExc_RuntimeError,
-                      "this stream is being read by another thread; use one per thread");
+                      absl::StrCat("this ", what,
+                                   " is being used by another thread; use one per "
+                                   "thread")
+                          .c_str());
       throw py::error_already_set();
     }
     busy_ = true;
@@ -252,5 +256,6 @@ uint64_t SizeArg(const py::handle& value, const char* name);
 void RegisterDataset(py::module_& m);
 void RegisterRecords(py::module_& m);
 void RegisterRuntime(py::module_& m);  // runtime.cc: configure, metrics, parse_size
+void RegisterFiles(py::module_& m);    // file.cc: the raw files under wharf.open
 
 }  // namespace wharf::python

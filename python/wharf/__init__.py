@@ -5,6 +5,8 @@
     for obj in store.list():                        # key, size, etag, mtime
         buf = store.get(obj["key"])                 # zero-copy: memoryview(buf), numpy.frombuffer
     bufs = store.get_many([o["key"] for o in store.list()])   # through the I/O engine
+    with wharf.open("s3://bucket/out.bin", "wb") as f:   # a file object; "rb" seeks anywhere
+        f.write(data)                                   # appears whole at close, never on error
 
 The dataset core, for any framework (see docs/design/python.md):
 
@@ -27,8 +29,9 @@ from wharf._wharf import (Buffer, NotFoundError, PermissionDeniedError, RecordSt
                           SampleIndex, SampleReader, Sampler, SampleStream, Store, WharfError,
                           consumed_after, metrics, parse_sampler_state, parse_size, split_csv)
 from wharf._runtime import configure, split_budget_for_worker
+from wharf._file import ObjectFile, open
 
 __all__ = ["Buffer", "NotFoundError", "PermissionDeniedError", "RecordStream", "SampleIndex",
            "SampleReader", "Sampler", "SampleStream", "Store", "WharfError", "consumed_after",
            "parse_sampler_state", "split_csv", "configure", "metrics", "parse_size",
-           "split_budget_for_worker"]
+           "split_budget_for_worker", "open", "ObjectFile"]

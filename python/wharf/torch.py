@@ -21,6 +21,11 @@
     loader = StatefulDataLoader(ds, batch_size=64, num_workers=8)
     ...  ckpt["loader"] = loader.state_dict()
 
+    # torch.save / torch.load to and from any wharf URI, streamed (wharf.open): the same bytes
+    # as torch.save into a file; the object appears whole at the end, never half-written.
+    wharf.torch.save({"model": model.state_dict()}, "s3://bucket/ckpt/model.pt")
+    state = wharf.torch.load("s3://bucket/ckpt/model.pt", map_location="cpu")
+
 Every sample is a `Sample` with `.key` and `.data`: a `wharf.Buffer` sharing the engine's
 memory (numpy.frombuffer / torch.frombuffer / memoryview read it without a copy; it is
 read-only, so torch warns that the tensor is not writable; copy before writing). For tar
@@ -64,10 +69,11 @@ import torch
 import torch.utils.data
 
 from wharf import _wharf
+from wharf._file import ObjectFile
 from wharf._runtime import split_budget_for_worker
 
 __all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "DistributedSampler",
-           "distributed_info", "consumed_after"]
+           "distributed_info", "consumed_after", "save", "load"]
 
 consumed_after = _wharf.consumed_after
 _SHARE_SLICE = 4096  # DistributedSampler: indices computed per call
@@ -725,3 +731,28 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
         state = self._snapshot_state()
         state["_live"] = None  # engine objects never travel
         return state
+
+
+def save(obj: Any, uri: str, *, pickle_protocol: int = 2, **store_options) -> None:
+    """torch.save(obj) to `uri` (s3://, gs://, file://, with wharf.Store's store options).
+
+    The bytes are torch.save's into a file object, byte for byte (plain torch.load reads the
+    object), streamed through wharf.open(uri, "wb"): tensors go up as parts while later ones
+    are serialized, with no copy of the whole state in memory. The object appears atomically
+    when the save completes; a save that raises leaves nothing (the upload is aborted).
+    """
+    with ObjectFile(uri, "wb", **store_options) as f:
+        torch.save(obj, f, pickle_protocol=pickle_protocol)
+
+
+def load(uri: str, map_location=None, *, weights_only: Optional[bool] = None,
+         chunk_size: int = 0, read_ahead: int = -1, **store_options) -> Any:
+    """torch.load of the object at `uri`, read through wharf.open(uri, "rb").
+
+    Reads are ranged GETs with parallel read-ahead pinned to the ETag seen at open (an
+    overwrite meanwhile is an error, never a mix). `map_location` and `weights_only` are
+    torch.load's (None: torch's default). Reads anything torch.save wrote.
+    """
+    with ObjectFile(uri, "rb", chunk_size=chunk_size, read_ahead=read_ahead,
+                    **store_options) as f:
+        return torch.load(f, map_location=map_location, weights_only=weights_only)

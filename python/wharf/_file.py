@@ -1,0 +1,170 @@
+"""wharf.open: binary file objects over any wharf URI (docs/design/python.md, "File objects").
+
+The engine does the work (python/file.cc): "rb" reads through an ObjectReader (ranged GETs
+with parallel read-ahead, pinned to the ETag seen at open), "wb" streams the store's writer
+(S3: a multipart upload with parts in flight). This class gives them io's shape, so anything
+that takes a binary file (torch.save / torch.load, io.TextIOWrapper, zipfile, tarfile, pickle)
+takes them.
+
+A "wb" file commits on close() only: leaving its `with` block by an exception, abort(), or
+being garbage-collected unclosed drops the upload, and nothing appears.
+"""
+import io
+import warnings
+
+from wharf import _wharf
+
+_CLOSED = "I/O operation on closed file."
+
+
+class ObjectFile(io.BufferedIOBase):
+    """A binary file of one object; made by wharf.open(uri, "rb" | "wb")."""
+
+    _raw = None  # until opened: __del__ and closed work on a file whose open raised
+
+    def __init__(self, uri, mode="rb", *, chunk_size=0, read_ahead=-1, **store_options):
+        if mode not in ("rb", "wb"):
+            raise ValueError(f"invalid mode {mode!r} for wharf.open (use 'rb' or 'wb')")
+        self._uri = str(uri)
+        self._mode = mode
+        if mode == "rb":
+            self._raw = _wharf._ObjectReadFile(self._uri, chunk_size, read_ahead,
+                                               **store_options)
+        else:
+            self._raw = _wharf._ObjectWriteFile(self._uri, **store_options)
+
+    # ---- what it is ----
+    @property
+    def name(self):
+        return self._uri
+
+    @property
+    def mode(self):
+        return self._mode
+
+    @property
+    def closed(self):
+        return self._raw is None or self._raw.closed
+
+    @property
+    def size(self):
+        """The object's size ("rb": as the HEAD at open saw it)."""
+        self._check_open()
+        return self._raw.size if self._mode == "rb" else self._raw.tell()
+
+    def readable(self):
+        self._check_open()
+        return self._mode == "rb"
+
+    def writable(self):
+        self._check_open()
+        return self._mode == "wb"
+
+    def seekable(self):
+        self._check_open()
+        return self._mode == "rb"
+
+    def __repr__(self):
+        return f"<wharf.ObjectFile name={self._uri!r} mode={self._mode!r}>"
+
+    # ---- reading ----
+    def read(self, size=-1):
+        return self._reader().read(-1 if size is None else size, False)
+
+    def read1(self, size=-1):
+        return self._reader().read(-1 if size is None else size, True)
+
+    def readinto(self, b):
+        return self._reader().readinto(b, False)
+
+    def readinto1(self, b):
+        return self._reader().readinto(b, True)
+
+    def peek(self, size=0):
+        """Bytes from the position on (at least one unless at the end), without moving it."""
+        return self._reader().peek()
+
+    def stats(self):
+        """"rb": the reader's GETs so far: requests, bytes_fetched, bytes_direct (fetched
+        straight into readinto's buffer), peak_buffered_bytes, chunk_size, read_ahead."""
+        return self._reader().stats()
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        if self._mode != "rb":
+            self._check_open()
+            raise io.UnsupportedOperation("seek: a 'wb' file is written sequentially")
+        return self._reader().seek(offset, whence)
+
+    def tell(self):
+        self._check_open()
+        return self._raw.tell()
+
+    # ---- writing ----
+    def write(self, b):
+        if self._mode != "wb":
+            self._check_open()
+            raise io.UnsupportedOperation("write: file opened for reading")
+        self._check_open()
+        return self._raw.write(b)
+
+    def flush(self):
+        self._check_open()  # bytes go up as parts fill; the object appears at close()
+
+    # ---- ending ----
+    def close(self):
+        """"rb": releases the read-ahead. "wb": commits the object (it appears now, whole)."""
+        if self.closed:
+            return
+        if self._mode == "wb":
+            self._raw.close()  # on failure the upload is aborted and the error raised
+        else:
+            self._raw.close()
+
+    def abort(self):
+        """"wb": drops the upload; nothing appears. "rb": the same as close()."""
+        if self._raw is None or self._raw.closed:
+            return
+        if self._mode == "wb":
+            self._raw.abort()
+        else:
+            self._raw.close()
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()  # never commit what an exception interrupted
+        else:
+            self.close()
+
+    def __del__(self):
+        if self._raw is None or self._raw.closed:
+            return
+        if self._mode == "wb":
+            warnings.warn(f"wharf.open({self._uri!r}, 'wb') was garbage-collected without "
+                          "close(): the upload is aborted, nothing was written",
+                          ResourceWarning, stacklevel=2)
+        self.abort()
+
+    # ---- helpers ----
+    def _check_open(self):
+        if self.closed:
+            raise ValueError(_CLOSED)
+
+    def _reader(self):
+        self._check_open()
+        if self._mode != "rb":
+            raise io.UnsupportedOperation("read: file opened for writing")
+        return self._raw
+
+
+def open(uri, mode="rb", **store_options):
+    """Opens one object as a binary file: mode "rb" or "wb".
+
+    "rb" reads with parallel read-ahead and seeks anywhere; every read is pinned to the
+    object's ETag at open, so an overwrite meanwhile is an error (WharfError), never a mix of
+    versions. A missing object raises NotFoundError (a FileNotFoundError).
+    "wb" streams the bytes as a multipart upload; the object appears atomically at close(),
+    and never if the `with` block raises or the file is dropped unclosed.
+    Store options are wharf.Store's (endpoint=, region=, cache=, ...); chunk_size= and
+    read_ahead= tune "rb" (default: from the store's link estimate).
+    """
+    return ObjectFile(uri, mode, **store_options)

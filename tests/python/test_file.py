@@ -1,0 +1,291 @@
+"""wharf.open: binary file objects over file:// and the real S3 server (RGW)."""
+import gc
+import hashlib
+import io
+import random
+import warnings
+
+import pytest
+
+import wharf
+
+PART = 8 << 20  # the S3 writer's part size, and wharf.open's staging block
+
+
+def _bytes(n, seed=0):
+    return random.Random(seed).randbytes(n)
+
+
+@pytest.fixture(params=["file", "s3"])
+def root(request, tmp_path):
+    """A URI prefix on file:// or on a fresh RGW bucket."""
+    if request.param == "file":
+        return f"file://{tmp_path}/"
+    request.getfixturevalue("s3_env")
+    return f"s3://{request.getfixturevalue('bucket')}/"
+
+
+def _uploads(s3_client, bucket):
+    return s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+
+
+@pytest.mark.parametrize("size", [0, 1, 1000, PART - 1, PART, 3 * PART + 1])
+def test_round_trip_of_many_sizes(root, size):
+    data = _bytes(size, size)
+    uri = root + f"obj-{size}"
+    with wharf.open(uri, "wb") as f:
+        assert f.writable() and not f.readable() and not f.seekable()
+        # in uneven pieces, as bytes, bytearray and memoryview
+        pos, step, kinds = 0, 0, [bytes, bytearray, memoryview]
+        while pos < size:
+            n = min(size - pos, [1, 777, 3 << 20][step % 3])
+            piece = data[pos:pos + n]
+            assert f.write(kinds[step % 3](piece)) == n
+            pos += n
+            step += 1
+            assert f.tell() == pos
+    assert f.closed
+    with wharf.open(uri) as f:
+        assert isinstance(f, io.BufferedIOBase)
+        assert f.readable() and f.seekable() and not f.writable()
+        assert f.name == uri
+        assert f.size == size
+        assert f.read() == data
+        assert f.read() == b""
+        assert f.tell() == size
+    assert wharf.Store(root).get(f"obj-{size}").__bytes__() == data
+
+
+def test_random_seeks_and_reads_match_the_bytes(root):
+    data = _bytes(300_000, 1)
+    wharf.Store(root).put("obj", data)
+    rng = random.Random(5)
+    # small chunks so that seeks cross chunks, read-ahead restarts and reuses
+    with wharf.open(root + "obj", chunk_size=4096, read_ahead=3) as f:
+        pos = 0
+        for _ in range(400):
+            op = rng.randrange(6)
+            if op == 0:
+                pos = f.seek(rng.randrange(len(data) + 10))
+            elif op == 1:
+                pos = f.seek(rng.randrange(-pos, 5000), io.SEEK_CUR)
+            elif op == 2:
+                pos = f.seek(-rng.randrange(len(data)), io.SEEK_END)
+            elif op == 3:
+                n = rng.randrange(20_000)
+                assert f.read(n) == data[pos:pos + n]
+                pos = min(pos + n, max(pos, len(data)))
+            elif op == 4:
+                buf = bytearray(rng.randrange(9000))
+                n = f.readinto(buf)
+                assert n == len(data[pos:pos + len(buf)])
+                assert bytes(buf[:n]) == data[pos:pos + n]
+                pos += n
+            else:
+                chunk = f.read1(rng.randrange(1, 9000))
+                assert chunk == data[pos:pos + len(chunk)]
+                assert chunk or pos >= len(data)
+                pos += len(chunk)
+            assert f.tell() == pos
+
+
+def test_readinto_memoryview_and_numpy(root):
+    np = pytest.importorskip("numpy")
+    data = _bytes(100_000, 2)
+    wharf.Store(root).put("obj", data)
+    with wharf.open(root + "obj") as f:
+        buf = bytearray(1000)
+        assert f.readinto(memoryview(buf)[100:600]) == 500
+        assert bytes(buf[100:600]) == data[:500]
+        arr = np.zeros(1000, dtype=np.float32)  # 4000 bytes, itemsize 4
+        assert f.readinto(arr) == 4000
+        assert arr.tobytes() == data[500:4500]
+        assert f.readinto1(bytearray(10)) == 10
+        with pytest.raises((TypeError, BufferError)):
+            f.readinto(b"read-only bytes")
+
+
+def test_small_sequential_reads_do_not_issue_a_request_each(s3_env, bucket):
+    data = _bytes(200_000, 3)
+    wharf.Store(f"s3://{bucket}/").put("obj", data)
+    out = bytearray()
+    with wharf.open(f"s3://{bucket}/obj", chunk_size=64 << 10) as f:
+        while b := f.read(7):
+            out += b
+        stats = f.stats()
+    assert out == data
+    # 28,572 reads, 4 chunks of 64 KiB: one GET each
+    assert stats["requests"] == 4, stats
+    assert stats["bytes_fetched"] == len(data)
+
+
+def test_a_large_readinto_fetches_into_the_callers_buffer(root):
+    data = _bytes(1 << 20, 7)
+    wharf.Store(root).put("obj", data)
+    with wharf.open(root + "obj", chunk_size=64 << 10, read_ahead=2) as f:
+        buf = bytearray(len(data) - 100)
+        f.seek(100)
+        assert f.readinto(buf) == len(buf)
+        assert buf == data[100:]
+        stats = f.stats()
+    # past the read-ahead requested at open (3 chunks, copied from), the bytes came by GETs
+    # straight into buf, never through the reader's buffers
+    assert stats["bytes_direct"] == len(data) - 3 * (64 << 10), stats
+    assert stats["peak_buffered_bytes"] <= 3 * (64 << 10), stats
+
+
+def test_text_and_buffered_wrappers(root):
+    lines = [f"line {i} {'x' * (i % 50)}\n" for i in range(5000)]
+    wharf.Store(root).put("text", "".join(lines).encode())
+    with io.TextIOWrapper(wharf.open(root + "text"), encoding="utf-8") as t:
+        assert list(t) == lines
+    with io.BufferedReader(wharf.open(root + "text")) as b:
+        assert b.readline() == lines[0].encode()
+        rest = "".join(lines[1:]).encode()
+        assert b.read(20) == rest[:20]
+    with wharf.open(root + "text") as f:  # io's own readline over peek()
+        assert f.readline() == lines[0].encode()
+        assert f.readlines()[-1] == lines[-1].encode()
+    with io.TextIOWrapper(wharf.open(root + "out", "wb"), encoding="utf-8") as t:
+        t.write("".join(lines))
+    assert bytes(wharf.Store(root).get("out")) == "".join(lines).encode()
+
+
+def test_errors_are_clear(root):
+    with pytest.raises(ValueError, match="invalid mode"):
+        wharf.open(root + "x", "r")
+    with pytest.raises(ValueError, match="invalid mode"):
+        wharf.open(root + "x", "ab")
+    with pytest.raises(FileNotFoundError):
+        wharf.open(root + "missing")
+    with pytest.raises(wharf.NotFoundError):
+        wharf.open(root + "missing")
+    wharf.Store(root).put("obj", b"abc")
+    f = wharf.open(root + "obj")
+    with pytest.raises(io.UnsupportedOperation):
+        f.write(b"x")
+    with pytest.raises(ValueError, match="negative seek"):
+        f.seek(-1)
+    f.close()
+    f.close()  # idempotent
+    assert f.closed
+    for call in (f.read, f.tell, f.readable, lambda: f.readinto(bytearray(1)),
+                 lambda: f.seek(0)):
+        with pytest.raises(ValueError, match="I/O operation on closed file"):
+            call()
+    w = wharf.open(root + "new", "wb")
+    with pytest.raises(io.UnsupportedOperation):
+        w.seek(0)
+    with pytest.raises(io.UnsupportedOperation):
+        w.read()
+    w.write(b"abc")
+    w.close()
+    with pytest.raises(ValueError, match="I/O operation on closed file"):
+        w.write(b"x")
+
+
+def test_an_exception_in_with_leaves_no_object_and_no_upload(s3_env, bucket, s3_client):
+    uri = f"s3://{bucket}/ckpt.bin"
+    with pytest.raises(RuntimeError, match="boom"):
+        with wharf.open(uri, "wb") as f:
+            f.write(_bytes(2 * PART + 5))  # parts are on their way: an upload exists
+            assert len(_uploads(s3_client, bucket)) == 1
+            raise RuntimeError("boom")
+    assert f.closed
+    assert "Contents" not in s3_client.list_objects_v2(Bucket=bucket)
+    assert _uploads(s3_client, bucket) == []
+
+
+def test_an_exception_in_with_over_an_existing_object_keeps_it(root):
+    wharf.Store(root).put("obj", b"old")
+    with pytest.raises(KeyError):
+        with wharf.open(root + "obj", "wb") as f:
+            f.write(b"new bytes")
+            raise KeyError("x")
+    assert bytes(wharf.Store(root).get("obj")) == b"old"
+    assert [o["key"] for o in wharf.Store(root).list()] == ["obj"]
+
+
+def test_a_file_dropped_without_close_aborts(s3_env, bucket, s3_client):
+    f = wharf.open(f"s3://{bucket}/dropped", "wb")
+    f.write(_bytes(PART + 1))
+    assert len(_uploads(s3_client, bucket)) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del f
+        gc.collect()
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    assert "Contents" not in s3_client.list_objects_v2(Bucket=bucket)
+    assert _uploads(s3_client, bucket) == []
+
+
+def test_a_dropped_small_file_on_file_uri_leaves_nothing(tmp_path):
+    f = wharf.open(f"file://{tmp_path}/small", "wb")
+    f.write(b"abc")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del f
+        gc.collect()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_overwrite_during_a_read_is_an_error_not_a_mix(s3_env, bucket):
+    store = wharf.Store(f"s3://{bucket}/")
+    store.put("obj", _bytes(64 << 10, 4))
+    with wharf.open(f"s3://{bucket}/obj", chunk_size=4096, read_ahead=0) as f:
+        first = f.read(4096)
+        assert first == _bytes(64 << 10, 4)[:4096]
+        store.put("obj", _bytes(64 << 10, 5))
+        with pytest.raises(wharf.WharfError) as err:
+            f.seek(32 << 10)  # past anything fetched
+            f.read(4096)
+        assert f"s3://{bucket}/obj" in str(err.value)
+        assert "overwritten after it was opened" in str(err.value)
+        with pytest.raises(wharf.WharfError, match="overwritten"):  # sticky
+            f.read(1)
+
+
+def test_cache_option_reads_through_the_tier(s3_env, bucket, tmp_path):
+    data = _bytes(50_000, 6)
+    wharf.Store(f"s3://{bucket}/").put("obj", data)
+    with wharf.open(f"s3://{bucket}/obj", cache=tmp_path / "tier") as f:
+        f.seek(10_000)
+        assert f.read(100) == data[10_000:10_100]
+    with wharf.open(f"s3://{bucket}/new", "wb", cache=str(tmp_path / "tier")) as f:
+        f.write(data)
+    assert bytes(wharf.Store(f"s3://{bucket}/").get("new")) == data
+
+
+def test_writes_are_staged_in_the_runtime_budget(s3_env, bucket, tmp_path, s3_client):
+    """A "wb" file's bytes in flight are blocks of the process's budget: with a 24 MiB budget
+    a 64 MiB upload holds at most the budget, and everything is released at close."""
+    from test_runtime import run_python
+    env = {k: s3_env[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                  "AWS_SECRET_ACCESS_KEY")}
+    result = run_python("""
+        import hashlib, json, sys
+        import numpy as np
+        import wharf
+
+        wharf.configure(memory_budget="24M")
+        wharf._wharf._reset_peak()
+        # 1 MiB, written 64 times as a numpy buffer and changed after each write (write copies)
+        piece = np.arange(1 << 18, dtype=np.uint32)
+        md5 = hashlib.md5()
+        with wharf.open(sys.argv[1], "wb") as f:
+            for i in range(64):
+                piece += 1
+                f.write(piece)
+                md5.update(piece.tobytes())
+        g = wharf.metrics()["gauges"]
+        print(json.dumps({"md5": md5.hexdigest(),
+                          "gauges": {k: v for k, v in g.items() if "memory_budget" in k}}))
+    """, tmp_path, env_extra=env, args=(f"s3://{bucket}/big.bin",))
+    g = result["gauges"]
+    assert g["wharf_memory_budget_limit_bytes"] == 24 << 20
+    assert 2 * PART <= g["wharf_memory_budget_peak_bytes"] <= 24 << 20
+    assert g["wharf_memory_budget_held_bytes"] == 0
+    body = s3_client.get_object(Bucket=bucket, Key="big.bin")["Body"].read()
+    assert len(body) == 64 << 20
+    assert hashlib.md5(body).hexdigest() == result["md5"]
+    assert _uploads(s3_client, bucket) == []
