@@ -63,15 +63,23 @@ absl::Status RunInit(const TierArgs& args) {
     WHARF_ASSIGN_OR_RETURN(config.max_size, ParseSize(args.max_size));
   }
   if (args.min_free >= 0) config.min_free = args.min_free;
+  if (!args.block_size.empty()) {
+    WHARF_ASSIGN_OR_RETURN(config.block_size, ParseSize(args.block_size));
+  }
+  if (!args.block_threshold.empty()) {
+    WHARF_ASSIGN_OR_RETURN(config.block_threshold, ParseSize(args.block_threshold));
+  }
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Init(args.path, config));
   if (!args.quiet) {
-    Print(absl::StrFormat("tier %s: mode %s%s, max size %s, min free %.1f%%\n", tier->root(),
+    Print(absl::StrFormat("tier %s: mode %s%s, max size %s, min free %.1f%%, blocks of %s above %s\n",
+                          tier->root(),
                           TierModeName(config.mode),
                           config.mode == TierConfig::Mode::kTtl
                               ? absl::StrFormat(" (ttl %.0f s)", absl::ToDoubleSeconds(config.ttl))
                               : "",
                           config.max_size == 0 ? "unbounded" : absl::StrCat(config.max_size),
-                          config.min_free));
+                          config.min_free, absl::StrCat(config.block_size),
+                          absl::StrCat(config.block_threshold)));
   }
   return absl::OkStatus();
 }
@@ -583,6 +591,12 @@ void AddTier(CLI::App& app, TierArgs& args) {
   init->add_option("--max-size", args.max_size, "Bytes the tier may hold (e.g. 500G)");
   init->add_option("--min-free", args.min_free, "Percent of the file system to keep free")
       ->check(CLI::Range(0.0, 99.0));
+  init->add_option("--block-size", args.block_size,
+                   "Objects above --block-threshold are read through the tier in blocks of this "
+                   "size (default 8M; at least 64K)");
+  init->add_option("--block-threshold", args.block_threshold,
+                   "Objects larger than this are cached in blocks, so a ranged read fetches and "
+                   "keeps only its blocks (default 64M; at least --block-size)");
   init->add_flag("-q,--quiet", args.quiet, "Print nothing");
   init->add_option("TIER_DIR", args.path, "The tier's directory")->required();
 
