@@ -163,8 +163,8 @@ absl::StatusOr<TierConfig> TierConfig::FromJson(absl::string_view text, absl::st
     c.block_size = j.value("block_size", c.block_size);
     c.block_threshold = j.value("block_threshold", c.block_threshold);
     if (c.block_size < kMinBlockSize || c.block_size > kMaxBlockSize) {
-      return bad(absl::StrCat("block_size must be in [", kMinBlockSize, ", ", kMaxBlockSize,
-                              "] bytes"));
+      return bad(
+          absl::StrCat("block_size must be in [", kMinBlockSize, ", ", kMaxBlockSize, "] bytes"));
     }
     if (c.block_threshold < c.block_size) return bad("block_threshold must be >= block_size");
   } catch (const json::exception& e) {
@@ -174,6 +174,8 @@ absl::StatusOr<TierConfig> TierConfig::FromJson(absl::string_view text, absl::st
 }
 
 // ---- TierEntry ----
+
+std::string TierBlockVersionDir(absl::string_view etag) { return Md5Hex(etag).substr(0, 16); }
 
 std::string TierEntry::ToJson() const {
   json j;

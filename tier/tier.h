@@ -75,6 +75,13 @@ struct TierEntry {
 };
 
 inline constexpr char kTierEntryXattr[] = "user.wharf.entry";
+
+// The blocks of a big object whose read-through copy would be at P live below
+// P + kTierBlocksSuffix, one directory per version of the object, named
+// TierBlockVersionDir(etag) (a hash: ETags may hold any character), each block named by its
+// index. A pin on the P.blocks directory pins the blocks filled into it later.
+inline constexpr char kTierBlocksSuffix[] = ".blocks";
+std::string TierBlockVersionDir(absl::string_view etag);
 inline constexpr char kTierPinXattr[] = "user.wharf.pin";
 
 // The entry attribute of an open file or a path, nullopt when there is none or it does not

@@ -1,5 +1,6 @@
 #include "tier/tier_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -9,12 +10,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "base/hash.h"
 #include "base/status.h"
 #include "store/local/temp_object.h"
 #include "tier/evict.h"
@@ -72,6 +75,45 @@ class ForgettingWriter : public ObjectWriter {
   std::function<void()> forget_;
 };
 
+// Copies `n` bytes at `file_offset` of the open file `fd` to the request's destination: its
+// sink (in order), or its buffer at `buffer_offset`.
+absl::Status CopyOut(int fd, uint64_t file_offset, uint64_t n, const GetRequest& req,
+                     uint64_t buffer_offset, const std::string& op) {
+  std::string chunk;
+  const uint64_t end = file_offset + n;
+  for (uint64_t off = file_offset; off < end;) {
+    if (IsCancelled(req.cancel)) return absl::CancelledError(absl::StrCat(op, ": cancelled"));
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(end - off, kSinkChunk));
+    char* dst;
+    if (req.sink != nullptr) {
+      chunk.resize(want);
+      dst = chunk.data();
+    } else {
+      dst = req.buffer.data() + buffer_offset + (off - file_offset);
+    }
+    const ssize_t got = pread(fd, dst, want, static_cast<off_t>(off));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return got < 0 ? ErrnoToStatus(errno, op)
+                     : absl::DataLossError(absl::StrCat(op, ": the tier's copy ended early"));
+    }
+    if (req.sink != nullptr) {
+      WHARF_RETURN_IF_ERROR(req.sink->Append(absl::string_view(chunk.data(), got)));
+    }
+    off += got;
+  }
+  return absl::OkStatus();
+}
+
+// The lock stripe of `path` (a file of the tier) opened, for the single-filler flock.
+absl::StatusOr<int> OpenStripe(const Tier& tier, const std::string& path, const std::string& op) {
+  const uint64_t stripe = std::hash<std::string>{}(tier.Relative(path)) % kLockStripes;
+  const std::string lock_path = tier.MetaPath(absl::StrCat("locks/", stripe));
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat(op, ": opening ", lock_path));
+  return fd;
+}
+
 }  // namespace
 
 struct TierStore::PendingRead {
@@ -93,18 +135,69 @@ struct TierStore::PendingRead {
   // Records the outcome; Deliver() hands it to the caller. The steps of a read run in
   // tasks that hold the store; each task drops its hold before it delivers, so a caller that
   // lets go of the store in its callback destroys it there (and its counters are written),
-  // not later on a pool thread that process exit may never wait for.
+  // not later on a pool thread that process exit may never wait for. Every task of a read
+  // calls Deliver() when it ends; the blocks of one read are steps on several threads, so
+  // the outcome is handed over under a lock, to exactly one of them.
   void Finish(absl::StatusOr<GetResult> r) {
     Unlock();
+    absl::MutexLock lock(&result_mu);
     result = std::move(r);
   }
   void Deliver() {
-    if (!result) return;
-    absl::StatusOr<GetResult> r = *std::move(result);
-    result.reset();
-    std::move(done)(std::move(r));
+    std::optional<absl::StatusOr<GetResult>> r;
+    {
+      absl::MutexLock lock(&result_mu);
+      if (!result) return;
+      r = std::move(result);
+      result.reset();
+    }
+    std::move(done)(*std::move(r));
   }
-  std::optional<absl::StatusOr<GetResult>> result;
+  bool counted = false;  // the read counted as a hit or a miss (by the step that decided)
+  absl::Mutex result_mu;
+  std::optional<absl::StatusOr<GetResult>> result ABSL_GUARDED_BY(result_mu);
+};
+
+// One block of a big object's read (TierStore::ReadBlocks).
+struct TierStore::BlockSlot {
+  uint64_t index = 0;
+  uint64_t length = 0;  // bytes of the block
+  std::string path;
+  int fd = -1;       // the block, open and share-locked once it is local
+  int lock_fd = -1;  // its stripe, while this read fills it
+  absl::Duration backoff = absl::Milliseconds(1);
+  std::unique_ptr<TempObject> temp;
+  std::unique_ptr<FileSink> sink;
+  absl::Status status;
+
+  ~BlockSlot() { Release(); }
+  void Unlock() {
+    if (lock_fd >= 0) close(lock_fd);
+    lock_fd = -1;
+  }
+  void Release() {
+    if (fd >= 0) close(fd);  // releases the reader's lock
+    fd = -1;
+    Unlock();
+  }
+};
+
+// A read served from blocks: windows of up to kBlockWindow blocks, each window's blocks made
+// local in parallel, then copied out in order.
+struct TierStore::BlockRead {
+  std::shared_ptr<PendingRead> read;
+  Version version;
+  std::string uri;
+  std::string blocks_dir;  // <fill path>.blocks
+  std::string version_dir;
+  bool retried = false;         // the object was looked up again after its version changed
+  bool pinned = false;          // the object's blocks directory is pinned: so are new blocks
+  bool filled = false;          // some block was fetched
+  uint64_t begin = 0, end = 0;  // the bytes read
+  uint64_t next_block = 0, end_block = 0;  // blocks not yet in a window: [next, end)
+  std::vector<std::unique_ptr<BlockSlot>> window;
+  std::atomic<int> pending{0};  // blocks of the window not yet local (or failed)
+  GetResult result;
 };
 
 absl::StatusOr<std::shared_ptr<TierStore>> TierStore::Open(std::shared_ptr<ObjectStore> inner,
@@ -178,6 +271,7 @@ TierStore::Stats TierStore::stats() const {
   s.bypassed = bypassed_.load(std::memory_order_relaxed);
   s.evicted = evictions_.load(std::memory_order_relaxed);
   s.revalidated = revalidated_.load(std::memory_order_relaxed);
+  s.block_fills = block_fills_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -191,6 +285,10 @@ std::optional<std::string> TierStore::FillPathOfUri(const std::string& uri) cons
   absl::string_view rest = absl::string_view(uri).substr(sep + 3);
   absl::ConsumePrefix(&rest, "/");  // file:///abs/path
   if (!IsSafeRelativePath(rest)) return std::nullopt;
+  // A segment ending in ".blocks" could name another object's blocks.
+  for (absl::string_view part : absl::StrSplit(rest, '/')) {
+    if (absl::EndsWith(part, kTierBlocksSuffix)) return std::nullopt;
+  }
   return absl::StrCat(tier_->MetaPath("objects"), "/", uri.substr(0, sep), "/", rest);
 }
 
@@ -225,12 +323,30 @@ void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
     if (self->ServeLocal(*read, /*after_fill=*/false)) {
       self->hits_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      self->misses_.fetch_add(1, std::memory_order_relaxed);
-      self->Acquire(read);
+      self->ReadUncached(read);
     }
     self.reset();
     read->Deliver();
   });
+}
+
+void TierStore::ReadUncached(std::shared_ptr<PendingRead> read) {
+  const GetRequest& req = read->request;
+  const uint64_t hint = req.range.suffix ? 0 : req.range.offset / tier_->config().block_size;
+  if (auto version = FindBlocks(read->fill_path, inner_->Uri(req.key), req.if_match,
+                                req.max_staleness, hint)) {
+    return ReadBlocks(std::move(read), *std::move(version), /*retried=*/false);
+  }
+  // A ranged read must know the object's size before it can tell blocks from a whole copy
+  // (and a whole read of an object with blocks, stale ones, would fetch it all again).
+  struct stat st;
+  if (!req.range.is_all() ||
+      stat(absl::StrCat(read->fill_path, kTierBlocksSuffix).c_str(), &st) == 0) {
+    return Discover(std::move(read), /*retried=*/false);
+  }
+  read->counted = true;
+  misses_.fetch_add(1, std::memory_order_relaxed);
+  Acquire(std::move(read));
 }
 
 absl::StatusOr<GetResult> TierStore::Get(const GetRequest& request) {
@@ -258,6 +374,17 @@ void TierStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
           meta.mtime = absl::TimeFromTimespec(st.st_mtim);
           self.reset();
           return std::move(done)(std::move(meta));
+        }
+        if (auto fill = self->FillPath(key)) {
+          if (auto version =
+                  self->FindBlocks(*fill, self->inner_->Uri(key), "", absl::ZeroDuration(), 0)) {
+            ObjectMeta meta;
+            meta.key = key;
+            meta.size = version->size;
+            meta.etag = version->etag;
+            self.reset();
+            return std::move(done)(std::move(meta));
+          }
         }
         std::shared_ptr<ObjectStore> inner = self->inner_;
         self.reset();
@@ -323,32 +450,7 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
         status = absl::OutOfRangeError(absl::StrCat(op, ": the buffer holds ", req.buffer.size(),
                                                     " bytes, the range ", end - begin));
       }
-      std::string chunk;
-      for (uint64_t off = begin; status.ok() && off < end;) {
-        if (IsCancelled(req.cancel)) {
-          status = absl::CancelledError(absl::StrCat(op, ": cancelled"));
-          break;
-        }
-        const size_t want = static_cast<size_t>(std::min<uint64_t>(end - off, kSinkChunk));
-        char* dst;
-        if (req.sink != nullptr) {
-          chunk.resize(want);
-          dst = chunk.data();
-        } else {
-          dst = req.buffer.data() + (off - begin);
-        }
-        const ssize_t n = pread(fd, dst, want, static_cast<off_t>(off));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          status = n < 0 ? ErrnoToStatus(errno, op)
-                         : absl::DataLossError(absl::StrCat(op, ": the tier's copy ended early"));
-          break;
-        }
-        if (req.sink != nullptr) {
-          status = req.sink->Append(absl::string_view(chunk.data(), n));
-        }
-        off += n;
-      }
+      if (status.ok()) status = CopyOut(fd, begin, end - begin, req, 0, op);
     }
     close(fd);
     if (status.ok()) {
@@ -367,13 +469,9 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
     return read->Finish(absl::CancelledError(absl::StrCat(op, ": cancelled")));
   }
   if (read->lock_fd < 0) {
-    const std::string rel = tier_->Relative(read->fill_path);
-    const uint64_t stripe = std::hash<std::string>{}(rel) % kLockStripes;
-    const std::string lock_path = tier_->MetaPath(absl::StrCat("locks/", stripe));
-    read->lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (read->lock_fd < 0) {
-      return read->Finish(ErrnoToStatus(errno, absl::StrCat(op, ": opening ", lock_path)));
-    }
+    auto fd = OpenStripe(*tier_, read->fill_path, op);
+    if (!fd.ok()) return read->Finish(fd.status());
+    read->lock_fd = *fd;
   }
   if (flock(read->lock_fd, LOCK_EX | LOCK_NB) != 0) {
     // Another filler holds the stripe: wait without holding a thread, then look again.
@@ -389,8 +487,15 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
     });
     return;
   }
-  // Ours. Someone may have filled the object while we waited.
+  // Ours. Someone may have filled the object while we waited (whole, or as blocks when it
+  // was big).
   if (ServeLocal(*read, /*after_fill=*/false)) return;
+  const GetRequest& req = read->request;
+  if (auto version =
+          FindBlocks(read->fill_path, inner_->Uri(req.key), req.if_match, req.max_staleness, 0)) {
+    read->Unlock();
+    return ReadBlocks(std::move(read), *std::move(version), /*retried=*/false);
+  }
   Fill(std::move(read));
 }
 
@@ -422,7 +527,12 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
                      // Sealing and publishing are syscalls: off the backing store's thread.
                      ThreadPool& pool = self->runtime_->blocking_pool();
                      pool.Schedule([self = std::move(self), read, got = std::move(got)]() mutable {
-                       self->Publish(*read, got);
+                       if (got.ok() && !got->not_modified && !got->meta.etag.empty() &&
+                           got->meta.size > self->tier_->config().block_threshold) {
+                         self->PublishAsBlocks(read, *got);
+                       } else {
+                         self->Publish(*read, got);
+                       }
                        self.reset();
                        read->Deliver();
                      });
@@ -513,8 +623,431 @@ void TierStore::MaybeEvict(uint64_t filled) {
   }
 }
 
+// ---- Blocks of big objects ----
+
+std::string TierStore::BlockPath(const std::string& fill_path, const std::string& etag,
+                                 uint64_t index) const {
+  return absl::StrCat(fill_path, kTierBlocksSuffix, "/", TierBlockVersionDir(etag), "/", index);
+}
+
+std::optional<TierStore::Version> TierStore::FindBlocks(const std::string& fill_path,
+                                                        const std::string& uri,
+                                                        const std::string& if_match,
+                                                        absl::Duration max_staleness,
+                                                        uint64_t hint) const {
+  const std::string blocks = absl::StrCat(fill_path, kTierBlocksSuffix);
+  std::vector<std::string> versions;
+  if (!if_match.empty()) {
+    versions.push_back(TierBlockVersionDir(if_match));
+  } else {
+    DIR* dir = opendir(blocks.c_str());
+    if (dir == nullptr) return std::nullopt;
+    while (struct dirent* e = readdir(dir)) {
+      if (e->d_name[0] != '.') versions.emplace_back(e->d_name);
+    }
+    closedir(dir);
+  }
+  const TierConfig& c = tier_->config();
+  const absl::Duration ttl = std::max(c.ttl, max_staleness);
+  const absl::Time now = absl::Now();
+  std::optional<Version> best;
+  absl::Time best_filled = absl::InfinitePast();
+  for (const std::string& version : versions) {
+    const std::string dir = absl::StrCat(blocks, "/", version);
+    // True when the block at `path` is a fresh block of this object in this directory.
+    auto consider = [&](const std::string& path) {
+      struct stat st;
+      if (stat(path.c_str(), &st) != 0) return false;
+      const auto entry = ReadEntryAttr(path);
+      if (!IsCompleteEntry(entry, st) || !entry->block || entry->source != uri ||
+          entry->object_size == 0 || TierBlockVersionDir(entry->etag) != version ||
+          (!if_match.empty() && entry->etag != if_match)) {
+        return false;
+      }
+      if (c.mode != TierConfig::Mode::kImmutable && now - entry->filled > ttl) return false;
+      if (entry->filled > best_filled) {
+        best = Version{entry->object_size, entry->etag, false};
+        best_filled = entry->filled;
+      }
+      return true;
+    };
+    if (consider(absl::StrCat(dir, "/", hint))) continue;
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) continue;
+    std::vector<std::string> names;
+    while (struct dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+    }
+    closedir(d);
+    for (const std::string& name : names) {
+      if (consider(absl::StrCat(dir, "/", name))) break;
+    }
+  }
+  return best;
+}
+
+void TierStore::Discover(std::shared_ptr<PendingRead> read, bool retried) {
+  std::string key = read->request.key;
+  inner_->HeadAsync(std::move(key), [self = shared_from_this(), read,
+                                     retried](absl::StatusOr<ObjectMeta> meta) mutable {
+    ThreadPool& pool = self->runtime_->blocking_pool();
+    pool.Schedule([self = std::move(self), read, retried, meta = std::move(meta)]() mutable {
+      const GetRequest& req = read->request;
+      if (!meta.ok()) {
+        read->Finish(meta.status());
+      } else if (!req.if_match.empty() && meta->etag != req.if_match) {
+        read->Finish(absl::FailedPreconditionError(
+            absl::StrCat("get ", self->inner_->Uri(req.key), ": object changed (etag ", meta->etag,
+                         ", expected ", req.if_match, ")")));
+      } else if (meta->size > self->tier_->config().block_threshold && !meta->etag.empty()) {
+        self->ReadBlocks(read, Version{meta->size, meta->etag, true}, retried);
+      } else {
+        if (!read->counted) {
+          read->counted = true;
+          self->misses_.fetch_add(1, std::memory_order_relaxed);
+        }
+        self->Acquire(read);
+      }
+      self.reset();
+      read->Deliver();
+    });
+  });
+}
+
+void TierStore::ReadBlocks(std::shared_ptr<PendingRead> read, Version version, bool retried) {
+  const GetRequest& req = read->request;
+  auto br = std::make_shared<BlockRead>();
+  br->uri = inner_->Uri(req.key);
+  const std::string op = absl::StrCat("get ", br->uri);
+  br->blocks_dir = absl::StrCat(read->fill_path, kTierBlocksSuffix);
+  br->version_dir = absl::StrCat(br->blocks_dir, "/", TierBlockVersionDir(version.etag));
+  br->retried = retried;
+  br->pinned = IsPinned(br->blocks_dir);
+  br->result.meta.key = req.key;
+  br->result.meta.size = version.size;
+  br->result.meta.etag = version.etag;
+  br->read = read;
+  br->version = std::move(version);
+  if (!req.if_none_match.empty() && req.if_none_match == br->version.etag) {
+    if (!read->counted) hits_.fetch_add(1, std::memory_order_relaxed);
+    read->counted = true;
+    br->result.not_modified = true;
+    return read->Finish(std::move(br->result));
+  }
+  auto range = req.range.Resolve(br->version.size);
+  if (!range.ok()) return read->Finish(Annotate(range.status(), op));
+  std::tie(br->begin, br->end) = *range;
+  if (req.sink == nullptr && req.buffer.size() < br->end - br->begin) {
+    return read->Finish(absl::OutOfRangeError(absl::StrCat(
+        op, ": the buffer holds ", req.buffer.size(), " bytes, the range ", br->end - br->begin)));
+  }
+  br->result.offset = br->begin;
+  br->result.bytes = br->end - br->begin;
+  const uint64_t block = tier_->config().block_size;
+  br->next_block = br->begin / block;
+  br->end_block = br->end == br->begin ? br->next_block : (br->end - 1) / block + 1;
+  StartWindow(std::move(br));
+}
+
+void TierStore::StartWindow(std::shared_ptr<BlockRead> br) {
+  const uint64_t block = tier_->config().block_size;
+  const uint64_t stop = std::min<uint64_t>(br->end_block, br->next_block + kBlockWindow);
+  br->window.clear();
+  for (uint64_t i = br->next_block; i < stop; ++i) {
+    auto slot = std::make_unique<BlockSlot>();
+    slot->index = i;
+    slot->length = std::min(block, br->version.size - i * block);
+    slot->path = BlockPath(br->read->fill_path, br->version.etag, i);
+    br->window.push_back(std::move(slot));
+  }
+  br->next_block = stop;
+  if (br->window.empty()) {  // an empty range
+    ServeWindow(br);
+    return;
+  }
+  br->pending.store(static_cast<int>(br->window.size()));
+  // The first block on this thread, the others on the pool.
+  for (size_t i = 1; i < br->window.size(); ++i) {
+    BlockSlot* slot = br->window[i].get();
+    runtime_->blocking_pool().Schedule([self = shared_from_this(), br, slot]() mutable {
+      self->StepBlock(br, *slot);
+      self.reset();
+      br->read->Deliver();
+    });
+  }
+  StepBlock(br, *br->window[0]);
+}
+
+bool TierStore::OpenBlock(const BlockRead& br, BlockSlot& slot) {
+  const int fd = open(slot.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  std::optional<TierEntry> entry;
+  if (fstat(fd, &st) == 0) entry = ReadEntryAttr(fd);
+  if (!IsCompleteEntry(entry, st) || !entry->block || entry->etag != br.version.etag ||
+      entry->source != br.uri || entry->object_size != br.version.size ||
+      entry->block_offset != slot.index * tier_->config().block_size ||
+      entry->size != slot.length) {
+    close(fd);
+    return false;
+  }
+  // Held while the bytes are read: an eviction pass skips what it cannot lock.
+  flock(fd, LOCK_SH);
+  TouchEntry(fd, *entry);
+  // The source confirmed this version during this read: the block is current again.
+  if (br.version.confirmed && tier_->config().mode != TierConfig::Mode::kImmutable &&
+      absl::Now() - entry->filled > tier_->config().ttl) {
+    entry->filled = absl::Now();
+    (void)WriteEntryAttr(fd, *entry);  // best effort: else the next read asks again
+  }
+  slot.fd = fd;
+  return true;
+}
+
+void TierStore::StepBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot) {
+  if (OpenBlock(*br, slot)) return SlotDone(br);
+  const std::string op = absl::StrCat("get ", br->uri, " (block ", slot.index, ")");
+  if (IsCancelled(br->read->request.cancel)) {
+    slot.status = absl::CancelledError(absl::StrCat(op, ": cancelled"));
+    return SlotDone(br);
+  }
+  if (slot.lock_fd < 0) {
+    auto fd = OpenStripe(*tier_, slot.path, op);
+    if (!fd.ok()) {
+      slot.status = fd.status();
+      return SlotDone(br);
+    }
+    slot.lock_fd = *fd;
+  }
+  if (flock(slot.lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    // Another reader fills this block: wait without holding a thread, then look again.
+    const absl::Duration delay = slot.backoff;
+    slot.backoff = std::min(slot.backoff * 2, kMaxBackoff);
+    runtime_->timer().After(delay, [self = shared_from_this(), br, slot = &slot]() mutable {
+      ThreadPool& pool = self->runtime_->blocking_pool();
+      pool.Schedule([self = std::move(self), br, slot]() mutable {
+        self->StepBlock(br, *slot);
+        self.reset();
+        br->read->Deliver();
+      });
+    });
+    return;
+  }
+  // Ours. Someone may have filled the block while we waited.
+  if (OpenBlock(*br, slot)) {
+    slot.Unlock();
+    return SlotDone(br);
+  }
+  FillBlock(br, &slot);
+}
+
+void TierStore::FillBlock(std::shared_ptr<BlockRead> br, BlockSlot* slot) {
+  const std::string op = absl::StrCat("get ", br->uri, " (block ", slot->index, ")");
+  auto temp_dir = tier_->TempDir();
+  auto temp = temp_dir.ok() ? TempObject::Create(slot->path, *temp_dir)
+                            : absl::StatusOr<std::unique_ptr<TempObject>>(temp_dir.status());
+  if (!temp.ok()) {
+    slot->status = Annotate(temp.status(), op);
+    slot->Unlock();
+    return SlotDone(br);
+  }
+  slot->temp = *std::move(temp);
+  slot->sink = std::make_unique<FileSink>(slot->temp.get());
+  GetRequest ranged;
+  ranged.key = br->read->request.key;
+  ranged.range = ByteRange::Of(slot->index * tier_->config().block_size, slot->length);
+  ranged.sink = slot->sink.get();
+  ranged.if_match = br->version.etag;  // never a block of another version
+  ranged.cancel = br->read->request.cancel;
+  inner_->GetAsync(std::move(ranged), [self = shared_from_this(), br,
+                                       slot](absl::StatusOr<GetResult> got) mutable {
+    // Sealing and publishing are syscalls: off the backing store's thread.
+    ThreadPool& pool = self->runtime_->blocking_pool();
+    pool.Schedule([self = std::move(self), br, slot, got = std::move(got)]() mutable {
+      self->PublishBlock(br, *slot, got);
+      self.reset();
+      br->read->Deliver();
+    });
+  });
+}
+
+void TierStore::PublishBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot,
+                             const absl::StatusOr<GetResult>& got) {
+  const std::string op = absl::StrCat("get ", br->uri, " (block ", slot.index, ")");
+  const uint64_t offset = slot.index * tier_->config().block_size;
+  absl::Status status;
+  if (!got.ok()) {
+    status = got.status();
+  } else if (slot.sink->bytes() != slot.length || got->offset != offset) {
+    status =
+        absl::DataLossError(absl::StrCat(op, ": received ", slot.sink->bytes(), " bytes at ",
+                                         got->offset, ", expected ", slot.length, " at ", offset));
+  } else if (got->meta.size != br->version.size) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        op, ": object changed (size ", got->meta.size, ", expected ", br->version.size, ")"));
+  }
+  int held = -1;
+  if (status.ok()) {
+    auto sealed = slot.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+      TierEntry entry;
+      entry.source = br->uri;
+      entry.etag = br->version.etag;
+      entry.size = m.size;
+      entry.md5 = m.etag;
+      entry.filled = absl::Now();
+      entry.block = true;
+      entry.block_offset = offset;
+      entry.object_size = br->version.size;
+      return WriteEntryAttr(fd, entry);
+    });
+    status = sealed.status();
+    if (status.ok() && br->pinned) status = SetPinned(slot.temp->path(), true);
+    // A reader's lock from before it is published until it is served (as whole fills).
+    if (status.ok()) held = open(slot.temp->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (held >= 0) flock(held, LOCK_SH);
+    if (status.ok()) status = slot.temp->Publish();
+    if (!status.ok()) status = Annotate(status, absl::StrCat(op, ": filling the tier"));
+  }
+  slot.temp.reset();
+  slot.sink.reset();
+  slot.Unlock();
+  if (!status.ok()) {
+    if (held >= 0) close(held);
+    slot.status = status;
+    return SlotDone(br);
+  }
+  slot.fd = held;
+  br->filled = true;
+  fills_.fetch_add(1, std::memory_order_relaxed);
+  block_fills_.fetch_add(1, std::memory_order_relaxed);
+  fill_bytes_.fetch_add(slot.length, std::memory_order_relaxed);
+  MaybeEvict(slot.length);
+  SlotDone(br);
+}
+
+void TierStore::SlotDone(const std::shared_ptr<BlockRead>& br) {
+  if (br->pending.fetch_sub(1) == 1) ServeWindow(br);
+}
+
+void TierStore::ServeWindow(const std::shared_ptr<BlockRead>& br) {
+  PendingRead& read = *br->read;
+  const GetRequest& req = read.request;
+  absl::Status status;
+  for (const auto& slot : br->window) {
+    if (!slot->status.ok()) {
+      status = slot->status;
+      break;
+    }
+  }
+  const uint64_t block = tier_->config().block_size;
+  for (const auto& slot : br->window) {
+    if (!status.ok()) break;
+    const uint64_t start = slot->index * block;
+    const uint64_t from = std::max(br->begin, start);
+    const uint64_t to = std::min(br->end, start + slot->length);
+    if (br->result.meta.mtime == absl::InfinitePast()) {
+      struct stat st;
+      if (fstat(slot->fd, &st) == 0) br->result.meta.mtime = absl::TimeFromTimespec(st.st_mtim);
+    }
+    status = CopyOut(slot->fd, from - start, to - from, req, from - br->begin,
+                     absl::StrCat("get ", br->uri, " (block ", slot->index, ")"));
+  }
+  br->window.clear();  // closes the blocks: their reader's locks go
+  if (status.ok() && br->next_block < br->end_block) return StartWindow(br);
+  if (!read.counted) {
+    read.counted = true;
+    (br->filled ? misses_ : hits_).fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!status.ok()) {
+    // The object changed at the source since its version was learnt (an immutable tier's
+    // blocks of an old version, or a HEAD just before a write): look it up again, once,
+    // unless the caller asked for that version.
+    if (absl::IsFailedPrecondition(status) && req.if_match.empty() && !br->retried) {
+      return Discover(br->read, /*retried=*/true);
+    }
+    return read.Finish(std::move(status));
+  }
+  if (br->filled) RemoveBlockVersions(br->blocks_dir, TierBlockVersionDir(br->version.etag));
+  read.Finish(std::move(br->result));
+}
+
+void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResult& got) {
+  const std::string uri = inner_->Uri(read->request.key);
+  const std::string op = absl::StrCat("get ", uri, ": filling the tier");
+  if (read->sink->bytes() != got.meta.size) {
+    return read->Finish(absl::DataLossError(absl::StrCat(
+        "get ", uri, ": received ", read->sink->bytes(), " of ", got.meta.size, " bytes")));
+  }
+  auto temp_dir = tier_->TempDir();
+  if (!temp_dir.ok()) return read->Finish(Annotate(temp_dir.status(), op));
+  const int src = open(read->temp->path().c_str(), O_RDONLY | O_CLOEXEC);
+  if (src < 0) return read->Finish(ErrnoToStatus(errno, op));
+  const std::string blocks_dir = absl::StrCat(read->fill_path, kTierBlocksSuffix);
+  const bool pinned = IsPinned(blocks_dir);
+  const uint64_t block = tier_->config().block_size;
+  absl::Status status;
+  uint64_t blocks = 0;
+  std::string buf;
+  // The copy is cut into blocks (one local copy, once per object): each is an entry of its
+  // own, so eviction can drop parts of it and ranged reads find what they need.
+  for (uint64_t offset = 0; status.ok() && offset < got.meta.size; offset += block) {
+    const uint64_t length = std::min(block, got.meta.size - offset);
+    auto temp =
+        TempObject::Create(BlockPath(read->fill_path, got.meta.etag, offset / block), *temp_dir);
+    if (!temp.ok()) {
+      status = temp.status();
+      break;
+    }
+    for (uint64_t off = offset; status.ok() && off < offset + length;) {
+      buf.resize(std::min<uint64_t>(offset + length - off, kSinkChunk));
+      const ssize_t n = pread(src, buf.data(), buf.size(), static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        status = n < 0 ? ErrnoToStatus(errno, "reading the fetched copy")
+                       : absl::DataLossError("the fetched copy ended early");
+        break;
+      }
+      status = (*temp)->Append(absl::string_view(buf.data(), n));
+      off += n;
+    }
+    if (!status.ok()) break;
+    auto sealed = (*temp)->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+      TierEntry entry;
+      entry.source = uri;
+      entry.etag = got.meta.etag;
+      entry.size = m.size;
+      entry.md5 = m.etag;
+      entry.filled = absl::Now();
+      entry.block = true;
+      entry.block_offset = offset;
+      entry.object_size = got.meta.size;
+      return WriteEntryAttr(fd, entry);
+    });
+    status = sealed.status();
+    if (status.ok() && pinned) status = SetPinned((*temp)->path(), true);
+    if (status.ok()) status = (*temp)->Publish();
+    ++blocks;
+  }
+  close(src);
+  read->temp.reset();
+  read->sink.reset();
+  read->Unlock();
+  if (!status.ok()) return read->Finish(Annotate(status, op));
+  fills_.fetch_add(blocks, std::memory_order_relaxed);
+  block_fills_.fetch_add(blocks, std::memory_order_relaxed);
+  fill_bytes_.fetch_add(got.meta.size, std::memory_order_relaxed);
+  RemoveBlockVersions(blocks_dir, TierBlockVersionDir(got.meta.etag));
+  MaybeEvict(got.meta.size);
+  // Served from the blocks (one the eviction pass took meanwhile is fetched again).
+  ReadBlocks(std::move(read), Version{got.meta.size, got.meta.etag, true}, /*retried=*/false);
+}
+
 void TierStore::Forget(const std::string& key) {
-  if (auto path = FillPath(key)) unlink(path->c_str());
+  if (auto path = FillPath(key)) {
+    unlink(path->c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(absl::StrCat(*path, kTierBlocksSuffix), ignored);
+  }
 }
 
 void TierStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
