@@ -127,35 +127,29 @@ struct TierStore::PendingRead {
   std::unique_ptr<FileSink> sink;
   std::optional<TierEntry> stale;  // the copy a fill revalidates (ttl mode)
 
-  ~PendingRead() { Unlock(); }
+  // The outcome goes to the caller when the read's last reference is dropped: every step of
+  // a read runs in a task that holds the read and the store, and drops the store first. So
+  // when the caller gets its answer no task of its read holds the store any more: a caller
+  // that lets go of the store in its callback destroys it there (and its counters are
+  // written), not later on a pool thread that process exit may never wait for. The blocks
+  // of one read are steps on several threads; whichever ends last delivers.
+  ~PendingRead() {
+    Unlock();
+    if (!done) return;  // never started (the key bypassed the tier)
+    if (!result) result = absl::InternalError(absl::StrCat("get ", request.key, ": read dropped"));
+    std::move(done)(*std::move(result));
+  }
   void Unlock() {
     if (lock_fd >= 0) close(lock_fd);  // releases the flock
     lock_fd = -1;
   }
-  // Records the outcome; Deliver() hands it to the caller. The steps of a read run in
-  // tasks that hold the store; each task drops its hold before it delivers, so a caller that
-  // lets go of the store in its callback destroys it there (and its counters are written),
-  // not later on a pool thread that process exit may never wait for. Every task of a read
-  // calls Deliver() when it ends; the blocks of one read are steps on several threads, so
-  // the outcome is handed over under a lock, to exactly one of them.
+  // Records the outcome (delivered when the read is dropped).
   void Finish(absl::StatusOr<GetResult> r) {
     Unlock();
-    absl::MutexLock lock(&result_mu);
     result = std::move(r);
   }
-  void Deliver() {
-    std::optional<absl::StatusOr<GetResult>> r;
-    {
-      absl::MutexLock lock(&result_mu);
-      if (!result) return;
-      r = std::move(result);
-      result.reset();
-    }
-    std::move(done)(*std::move(r));
-  }
   bool counted = false;  // the read counted as a hit or a miss (by the step that decided)
-  absl::Mutex result_mu;
-  std::optional<absl::StatusOr<GetResult>> result ABSL_GUARDED_BY(result_mu);
+  std::optional<absl::StatusOr<GetResult>> result;
 };
 
 // One block of a big object's read (TierStore::ReadBlocks).
@@ -326,7 +320,7 @@ void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       self->ReadUncached(read);
     }
     self.reset();
-    read->Deliver();
+    read.reset();
   });
 }
 
@@ -479,10 +473,10 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
     read->backoff = std::min(read->backoff * 2, kMaxBackoff);
     runtime_->timer().After(delay, [self = shared_from_this(), read]() mutable {
       ThreadPool& pool = self->runtime_->blocking_pool();
-      pool.Schedule([self = std::move(self), read]() mutable {
+      pool.Schedule([self = std::move(self), read = std::move(read)]() mutable {
         if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
         self.reset();
-        read->Deliver();
+        read.reset();
       });
     });
     return;
@@ -522,21 +516,21 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
       read->stale.reset();
     }
   }
-  inner_->GetAsync(std::move(whole),
-                   [self = shared_from_this(), read](absl::StatusOr<GetResult> got) mutable {
-                     // Sealing and publishing are syscalls: off the backing store's thread.
-                     ThreadPool& pool = self->runtime_->blocking_pool();
-                     pool.Schedule([self = std::move(self), read, got = std::move(got)]() mutable {
-                       if (got.ok() && !got->not_modified && !got->meta.etag.empty() &&
-                           got->meta.size > self->tier_->config().block_threshold) {
-                         self->PublishAsBlocks(read, *got);
-                       } else {
-                         self->Publish(*read, got);
-                       }
-                       self.reset();
-                       read->Deliver();
-                     });
-                   });
+  inner_->GetAsync(std::move(whole), [self = shared_from_this(),
+                                      read](absl::StatusOr<GetResult> got) mutable {
+    // Sealing and publishing are syscalls: off the backing store's thread.
+    ThreadPool& pool = self->runtime_->blocking_pool();
+    pool.Schedule([self = std::move(self), read = std::move(read), got = std::move(got)]() mutable {
+      if (got.ok() && !got->not_modified && !got->meta.etag.empty() &&
+          got->meta.size > self->tier_->config().block_threshold) {
+        self->PublishAsBlocks(read, *got);
+      } else {
+        self->Publish(*read, got);
+      }
+      self.reset();
+      read.reset();
+    });
+  });
 }
 
 void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got) {
@@ -691,7 +685,8 @@ void TierStore::Discover(std::shared_ptr<PendingRead> read, bool retried) {
   inner_->HeadAsync(std::move(key), [self = shared_from_this(), read,
                                      retried](absl::StatusOr<ObjectMeta> meta) mutable {
     ThreadPool& pool = self->runtime_->blocking_pool();
-    pool.Schedule([self = std::move(self), read, retried, meta = std::move(meta)]() mutable {
+    pool.Schedule([self = std::move(self), read = std::move(read), retried,
+                   meta = std::move(meta)]() mutable {
       const GetRequest& req = read->request;
       if (!meta.ok()) {
         read->Finish(meta.status());
@@ -709,7 +704,7 @@ void TierStore::Discover(std::shared_ptr<PendingRead> read, bool retried) {
         self->Acquire(read);
       }
       self.reset();
-      read->Deliver();
+      read.reset();
     });
   });
 }
@@ -772,7 +767,7 @@ void TierStore::StartWindow(std::shared_ptr<BlockRead> br) {
     runtime_->blocking_pool().Schedule([self = shared_from_this(), br, slot]() mutable {
       self->StepBlock(br, *slot);
       self.reset();
-      br->read->Deliver();
+      br.reset();
     });
   }
   StepBlock(br, *br->window[0]);
@@ -825,10 +820,10 @@ void TierStore::StepBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot)
     slot.backoff = std::min(slot.backoff * 2, kMaxBackoff);
     runtime_->timer().After(delay, [self = shared_from_this(), br, slot = &slot]() mutable {
       ThreadPool& pool = self->runtime_->blocking_pool();
-      pool.Schedule([self = std::move(self), br, slot]() mutable {
+      pool.Schedule([self = std::move(self), br = std::move(br), slot]() mutable {
         self->StepBlock(br, *slot);
         self.reset();
-        br->read->Deliver();
+        br.reset();
       });
     });
     return;
@@ -859,16 +854,17 @@ void TierStore::FillBlock(std::shared_ptr<BlockRead> br, BlockSlot* slot) {
   ranged.sink = slot->sink.get();
   ranged.if_match = br->version.etag;  // never a block of another version
   ranged.cancel = br->read->request.cancel;
-  inner_->GetAsync(std::move(ranged), [self = shared_from_this(), br,
-                                       slot](absl::StatusOr<GetResult> got) mutable {
-    // Sealing and publishing are syscalls: off the backing store's thread.
-    ThreadPool& pool = self->runtime_->blocking_pool();
-    pool.Schedule([self = std::move(self), br, slot, got = std::move(got)]() mutable {
-      self->PublishBlock(br, *slot, got);
-      self.reset();
-      br->read->Deliver();
-    });
-  });
+  inner_->GetAsync(std::move(ranged),
+                   [self = shared_from_this(), br, slot](absl::StatusOr<GetResult> got) mutable {
+                     // Sealing and publishing are syscalls: off the backing store's thread.
+                     ThreadPool& pool = self->runtime_->blocking_pool();
+                     pool.Schedule([self = std::move(self), br = std::move(br), slot,
+                                    got = std::move(got)]() mutable {
+                       self->PublishBlock(br, *slot, got);
+                       self.reset();
+                       br.reset();
+                     });
+                   });
 }
 
 void TierStore::PublishBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot,

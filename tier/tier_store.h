@@ -139,7 +139,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   void ReadBlocks(std::shared_ptr<PendingRead> read, Version version, bool retried);
   void StartWindow(std::shared_ptr<BlockRead> br);
   // One block of the window: local, or filled under its stripe lock. The step that makes the
-  // window's last block local serves the window (every step's task then calls Deliver).
+  // window's last block local serves the window.
   void StepBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot);
   bool OpenBlock(const BlockRead& br, BlockSlot& slot);
   void FillBlock(std::shared_ptr<BlockRead> br, BlockSlot* slot);
