@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,29 @@ using store_testing::MemoryStore;
 using store_testing::RandomBytes;
 using store_testing::TempStore;
 using ::testing::HasSubstr;
+
+// Runs `child` in `n` forked processes at once (each opens its own stores: the parent's
+// threads do not survive fork()); the sum of their exit codes, or -1 when one failed (exit
+// code 100) or did not exit.
+int SumOfForkedChildren(int n, const std::function<int()>& child) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(child());
+    pids.push_back(pid);
+  }
+  int sum = 0;
+  bool failed = false;
+  for (pid_t pid : pids) {
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) == 100) {
+      failed = true;
+    } else {
+      sum += WEXITSTATUS(status);
+    }
+  }
+  return failed ? -1 : sum;
+}
 
 class TierStoreTest : public ::testing::Test {
  protected:
@@ -220,26 +244,14 @@ TEST_F(TierStoreTest, ProcessesShareOneFillAndAKilledFillerBlocksNoOne) {
         std::make_shared<DelayedGetStore>(std::shared_ptr<ObjectStore>(*std::move(local)), delay),
         runtime);
   };
-  auto child_read = [&](absl::Duration delay) -> pid_t {
-    const pid_t pid = fork();
-    if (pid != 0) return pid;
+  const int fills = SumOfForkedChildren(4, [&] {
     auto t = Tier::Find(tier_root);
-    auto [slow, runtime] = child_source(delay);
+    auto [slow, runtime] = child_source(absl::Milliseconds(300));
     auto s = TierStore::Open(slow, *t, runtime);
     auto data = (*s)->Read("shared");
-    if (!data.ok() || data->size() != 50000) _exit(100);
-    _exit(static_cast<int>((*s)->stats().fills));  // 1 when this child fetched
-  };
-  std::vector<pid_t> children;
-  for (int i = 0; i < 4; ++i) children.push_back(child_read(absl::Milliseconds(300)));
-  int fills = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    ASSERT_NE(WEXITSTATUS(status), 100) << "a reader failed";
-    fills += WEXITSTATUS(status);
-  }
+    if (!data.ok() || data->size() != 50000) return 100;
+    return static_cast<int>((*s)->stats().fills);  // 1 when this child fetched
+  });
   EXPECT_EQ(fills, 1);
 
   ASSERT_TRUE(source_.store()->Put("victim", absl::Cord("v")).ok());
@@ -571,29 +583,16 @@ TEST_F(TierStoreTest, ProcessesReadingTheSameBlocksFetchEachOnce) {
   ASSERT_TRUE(source_.store()->Put("big.bin", absl::Cord(data)).ok());
   auto tier = MakeTier(SmallBlocks());
   const std::string tier_root = tier->root();
-  std::vector<pid_t> children;
-  for (int i = 0; i < 4; ++i) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      auto runtime = std::make_shared<Runtime>();
-      auto local = LocalStore::Open(source_.root(), runtime);
-      auto slow = std::make_shared<DelayedGetStore>(std::shared_ptr<ObjectStore>(*std::move(local)),
-                                                    absl::Milliseconds(200));
-      auto s = TierStore::Open(slow, *Tier::Find(tier_root), runtime);
-      auto got = (*s)->Read("big.bin", ByteRange::Of(kBlock / 2, 4 * kBlock));
-      if (!got.ok() || *got != data.substr(kBlock / 2, 4 * kBlock)) _exit(100);
-      _exit(static_cast<int>((*s)->stats().block_fills));
-    }
-    children.push_back(pid);
-  }
-  int fills = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    ASSERT_NE(WEXITSTATUS(status), 100) << "a reader failed";
-    fills += WEXITSTATUS(status);
-  }
+  const int fills = SumOfForkedChildren(4, [&] {
+    auto runtime = std::make_shared<Runtime>();
+    auto local = LocalStore::Open(source_.root(), runtime);
+    auto slow = std::make_shared<DelayedGetStore>(std::shared_ptr<ObjectStore>(*std::move(local)),
+                                                  absl::Milliseconds(200));
+    auto s = TierStore::Open(slow, *Tier::Find(tier_root), runtime);
+    auto got = (*s)->Read("big.bin", ByteRange::Of(kBlock / 2, 4 * kBlock));
+    if (!got.ok() || *got != data.substr(kBlock / 2, 4 * kBlock)) return 100;
+    return static_cast<int>((*s)->stats().block_fills);
+  });
   EXPECT_EQ(fills, 5);  // blocks 0-4, each by one process
 }
 
