@@ -331,6 +331,15 @@ void TierStore::ReadUncached(std::shared_ptr<PendingRead> read) {
                                 req.max_staleness, hint)) {
     return ReadBlocks(std::move(read), *std::move(version), /*retried=*/false);
   }
+  if (auto head = RecentHead(req.key);
+      head.has_value() && (req.if_match.empty() || req.if_match == head->etag)) {
+    if (head->size > tier_->config().block_threshold) {
+      return ReadBlocks(std::move(read), *std::move(head), /*retried=*/false);
+    }
+    read->counted = true;
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return Acquire(std::move(read));
+  }
   // A ranged read must know the object's size before it can tell blocks from a whole copy
   // (and a whole read of an object with blocks, stale ones, would fetch it all again).
   struct stat st;
@@ -381,8 +390,14 @@ void TierStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
           }
         }
         std::shared_ptr<ObjectStore> inner = self->inner_;
-        self.reset();
-        inner->HeadAsync(std::move(key), std::move(done));
+        std::string k = key;
+        inner->HeadAsync(std::move(key),
+                         [self = std::move(self), k = std::move(k),
+                          done = std::move(done)](absl::StatusOr<ObjectMeta> meta) mutable {
+                           if (meta.ok()) self->RememberHead(k, *meta);
+                           self.reset();
+                           std::move(done)(std::move(meta));
+                         });
       });
 }
 
@@ -680,6 +695,25 @@ std::optional<TierStore::Version> TierStore::FindBlocks(const std::string& fill_
   return best;
 }
 
+void TierStore::RememberHead(const std::string& key, const ObjectMeta& meta) {
+  if (meta.etag.empty()) return;
+  absl::MutexLock lock(&heads_mu_);
+  if (heads_.size() >= 4096) heads_.clear();  // a memo, not a cache: bounded the simple way
+  heads_[key] = HeadMemo{Version{meta.size, meta.etag, true}, absl::Now()};
+}
+
+std::optional<TierStore::Version> TierStore::RecentHead(const std::string& key) {
+  constexpr absl::Duration kHeadMemo = absl::Seconds(2);
+  absl::MutexLock lock(&heads_mu_);
+  auto it = heads_.find(key);
+  if (it == heads_.end()) return std::nullopt;
+  if (absl::Now() - it->second.at > std::min(kHeadMemo, tier_->config().ttl)) {
+    heads_.erase(it);
+    return std::nullopt;
+  }
+  return it->second.version;
+}
+
 void TierStore::Discover(std::shared_ptr<PendingRead> read, bool retried) {
   std::string key = read->request.key;
   inner_->HeadAsync(std::move(key), [self = shared_from_this(), read,
@@ -688,6 +722,7 @@ void TierStore::Discover(std::shared_ptr<PendingRead> read, bool retried) {
     pool.Schedule([self = std::move(self), read = std::move(read), retried,
                    meta = std::move(meta)]() mutable {
       const GetRequest& req = read->request;
+      if (meta.ok()) self->RememberHead(req.key, *meta);
       if (!meta.ok()) {
         read->Finish(meta.status());
       } else if (!req.if_match.empty() && meta->etag != req.if_match) {
@@ -701,6 +736,8 @@ void TierStore::Discover(std::shared_ptr<PendingRead> read, bool retried) {
           read->counted = true;
           self->misses_.fetch_add(1, std::memory_order_relaxed);
         }
+        // Small now: blocks it had are of an older version.
+        RemoveBlockVersions(absl::StrCat(read->fill_path, kTierBlocksSuffix), "");
         self->Acquire(read);
       }
       self.reset();
@@ -1033,6 +1070,7 @@ void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResu
   block_fills_.fetch_add(blocks, std::memory_order_relaxed);
   fill_bytes_.fetch_add(got.meta.size, std::memory_order_relaxed);
   RemoveBlockVersions(blocks_dir, TierBlockVersionDir(got.meta.etag));
+  if (read->stale.has_value()) unlink(read->fill_path.c_str());  // a whole copy, stale
   MaybeEvict(got.meta.size);
   // Served from the blocks (one the eviction pass took meanwhile is fetched again).
   ReadBlocks(std::move(read), Version{got.meta.size, got.meta.etag, true}, /*retried=*/false);

@@ -50,9 +50,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/runtime.h"
 #include "store/forwarding_store.h"
 #include "store/registry.h"
@@ -149,6 +152,13 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   void ServeWindow(const std::shared_ptr<BlockRead>& br);
   // Cuts a whole object just fetched (a big one) into blocks and serves the read from them.
   void PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResult& got);
+  // Sizes and ETags the source just reported to HEADs through this store, kept for
+  // kHeadMemo (at most the ttl), so a ranged read right after a HEAD (ObjectReader's) need not
+  // ask again. A memo gone stale is harmless: blocks are fetched with If-Match (a changed
+  // object is looked up again) and a whole fill of a small object that grew is cut into
+  // blocks.
+  void RememberHead(const std::string& key, const ObjectMeta& meta);
+  std::optional<Version> RecentHead(const std::string& key);
   // The block at `index` of `version` of the object at `fill_path`.
   std::string BlockPath(const std::string& fill_path, const std::string& etag,
                         uint64_t index) const;
@@ -167,6 +177,12 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, fills_{0}, fill_bytes_{0}, bypassed_{0};
   std::atomic<uint64_t> block_fills_{0};
+  struct HeadMemo {
+    Version version;
+    absl::Time at;
+  };
+  absl::Mutex heads_mu_;
+  std::unordered_map<std::string, HeadMemo> heads_ ABSL_GUARDED_BY(heads_mu_);
   std::atomic<int64_t> usage_{-1};  // bytes of entries after this process's last pass
   std::atomic<bool> evicting_{false};
   std::atomic<uint64_t> filled_since_pass_{0};

@@ -432,6 +432,23 @@ TEST_F(TierBlocksTest, ARangedReadOfABigObjectFetchesAndKeepsOnlyItsBlocks) {
   wrong.buffer = absl::MakeSpan(buf);
   wrong.if_match = "not-the-etag";
   EXPECT_EQ(store->Get(wrong).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // After a HEAD through the tier (as ObjectReader opens an object), a ranged read with that
+  // ETag does not ask for the size again.
+  ASSERT_TRUE(memory_->Put("other.bin", absl::Cord(data)).ok());
+  bucket_->Reset();
+  auto meta = store->Head("other.bin");
+  ASSERT_TRUE(meta.ok());
+  std::string two(2 * kBlock, '\0');
+  GetRequest ranged;
+  ranged.key = "other.bin";
+  ranged.range = ByteRange::Of(kBlock, 2 * kBlock);
+  ranged.buffer = absl::MakeSpan(two);
+  ranged.if_match = meta->etag;
+  ASSERT_TRUE(store->Get(ranged).ok());
+  EXPECT_TRUE(two == data.substr(kBlock, 2 * kBlock));
+  EXPECT_EQ(bucket_->heads(), 1);
+  EXPECT_EQ(bucket_->gets(), 2);
 }
 
 TEST_F(TierBlocksTest, AWholeReadOfAnUnknownBigObjectIsCutIntoBlocks) {
