@@ -326,10 +326,16 @@ void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
 
 void TierStore::ReadUncached(std::shared_ptr<PendingRead> read) {
   const GetRequest& req = read->request;
-  const uint64_t hint = req.range.suffix ? 0 : req.range.offset / tier_->config().block_size;
-  if (auto version = FindBlocks(read->fill_path, inner_->Uri(req.key), req.if_match,
-                                req.max_staleness, hint)) {
-    return ReadBlocks(std::move(read), *std::move(version), /*retried=*/false);
+  // One stat tells whether the object has blocks here (a miss of a small object costs no
+  // more than that).
+  struct stat st;
+  const bool has_blocks = stat(absl::StrCat(read->fill_path, kTierBlocksSuffix).c_str(), &st) == 0;
+  if (has_blocks) {
+    const uint64_t hint = req.range.suffix ? 0 : req.range.offset / tier_->config().block_size;
+    if (auto version = FindBlocks(read->fill_path, inner_->Uri(req.key), req.if_match,
+                                  req.max_staleness, hint)) {
+      return ReadBlocks(std::move(read), *std::move(version), /*retried=*/false);
+    }
   }
   if (auto head = RecentHead(req.key);
       head.has_value() && (req.if_match.empty() || req.if_match == head->etag)) {
@@ -342,11 +348,7 @@ void TierStore::ReadUncached(std::shared_ptr<PendingRead> read) {
   }
   // A ranged read must know the object's size before it can tell blocks from a whole copy
   // (and a whole read of an object with blocks, stale ones, would fetch it all again).
-  struct stat st;
-  if (!req.range.is_all() ||
-      stat(absl::StrCat(read->fill_path, kTierBlocksSuffix).c_str(), &st) == 0) {
-    return Discover(std::move(read), /*retried=*/false);
-  }
+  if (!req.range.is_all() || has_blocks) return Discover(std::move(read), /*retried=*/false);
   read->counted = true;
   misses_.fetch_add(1, std::memory_order_relaxed);
   Acquire(std::move(read));
