@@ -182,8 +182,7 @@ struct TierStore::BlockRead {
   std::shared_ptr<PendingRead> read;
   Version version;
   std::string uri;
-  std::string blocks_dir;  // <fill path>.blocks
-  std::string version_dir;
+  std::string blocks_dir;       // <fill path>.blocks
   bool retried = false;         // the object was looked up again after its version changed
   bool pinned = false;          // the object's blocks directory is pinned: so are new blocks
   bool filled = false;          // some block was fetched
@@ -754,7 +753,6 @@ void TierStore::ReadBlocks(std::shared_ptr<PendingRead> read, Version version, b
   br->uri = inner_->Uri(req.key);
   const std::string op = absl::StrCat("get ", br->uri);
   br->blocks_dir = absl::StrCat(read->fill_path, kTierBlocksSuffix);
-  br->version_dir = absl::StrCat(br->blocks_dir, "/", TierBlockVersionDir(version.etag));
   br->retried = retried;
   br->pinned = IsPinned(br->blocks_dir);
   br->result.meta.key = req.key;
@@ -988,7 +986,16 @@ void TierStore::ServeWindow(const std::shared_ptr<BlockRead>& br) {
                      absl::StrCat("get ", br->uri, " (block ", slot->index, ")"));
   }
   br->window.clear();  // closes the blocks: their reader's locks go
-  if (status.ok() && br->next_block < br->end_block) return StartWindow(br);
+  if (status.ok() && br->next_block < br->end_block) {
+    // The next window from a task of its own (not deeper on this stack).
+    runtime_->blocking_pool().Schedule(
+        [self = shared_from_this(), br = std::shared_ptr<BlockRead>(br)]() mutable {
+          self->StartWindow(br);
+          self.reset();
+          br.reset();
+        });
+    return;
+  }
   if (!read.counted) {
     read.counted = true;
     (br->filled ? misses_ : hits_).fetch_add(1, std::memory_order_relaxed);
