@@ -38,7 +38,8 @@
 // ".blocks", which names blocks) bypass the tier.
 // Requests carry their read options: if_match other than the entry's ETag refills (then
 // fails as the backing store would); if_none_match is answered from the entry.
-// A HEAD of a key with a fresh entry is answered from the entry (size, the source's ETag).
+// A HEAD of a key with a fresh entry (or fresh blocks) is answered from the entry (size, the
+// source's ETag).
 // Puts, copies and deletes go to the backing store; each also removes the key's copy from
 // the read-through area, so this process never reads its own write stale.
 //
