@@ -57,6 +57,56 @@ class FileSink : public ReadSink {
   uint64_t bytes_ = 0;
 };
 
+// Streams a whole object of unknown size into the tier: into the whole object's temporary
+// file up to `spill_at` (the first block boundary above the block threshold: an object that
+// ends before is one entry, or at most that many bytes to cut into blocks), then block by
+// block into temporary files of their own, so the bytes of a big object past that point are
+// written once, as the blocks they become (their names wait for the object's ETag).
+class SpillSink : public ReadSink {
+ public:
+  SpillSink(TempObject* whole, std::string temp_dir, std::string placeholder, uint64_t block,
+            uint64_t threshold)
+      : whole_(whole),
+        temp_dir_(std::move(temp_dir)),
+        placeholder_(std::move(placeholder)),
+        block_(block),
+        spill_at_((threshold / block + 1) * block) {}
+  absl::Status Append(absl::string_view chunk) override {
+    while (!chunk.empty()) {
+      size_t n;
+      if (bytes_ < spill_at_) {
+        n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), spill_at_ - bytes_));
+        WHARF_RETURN_IF_ERROR(whole_->Append(chunk.substr(0, n)));
+      } else {
+        const uint64_t index = bytes_ / block_;
+        if (bytes_ % block_ == 0) {
+          WHARF_ASSIGN_OR_RETURN(auto temp,
+                                 TempObject::Create(absl::StrCat(placeholder_, index), temp_dir_));
+          spilled_.push_back(std::move(temp));
+        }
+        n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), (index + 1) * block_ - bytes_));
+        WHARF_RETURN_IF_ERROR(spilled_.back()->Append(chunk.substr(0, n)));
+      }
+      bytes_ += n;
+      chunk.remove_prefix(n);
+    }
+    return absl::OkStatus();
+  }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t spill_at() const { return spill_at_; }
+  // The blocks from spill_at() / block on, in order.
+  std::vector<std::unique_ptr<TempObject>>& spilled() { return spilled_; }
+
+ private:
+  TempObject* const whole_;
+  const std::string temp_dir_;
+  const std::string placeholder_;
+  const uint64_t block_;
+  const uint64_t spill_at_;
+  uint64_t bytes_ = 0;
+  std::vector<std::unique_ptr<TempObject>> spilled_;
+};
+
 // Forwards to a writer of the backing store; on Close, forgets the tier's copy.
 class ForgettingWriter : public ObjectWriter {
  public:
@@ -124,7 +174,7 @@ struct TierStore::PendingRead {
   int lock_fd = -1;
   absl::Duration backoff = absl::Milliseconds(1);
   std::unique_ptr<TempObject> temp;
-  std::unique_ptr<FileSink> sink;
+  std::unique_ptr<SpillSink> sink;
   std::optional<TierEntry> stale;  // the copy a fill revalidates (ttl mode)
 
   // The outcome goes to the caller when the read's last reference is dropped: every step of
@@ -517,7 +567,9 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   auto temp = TempObject::Create(read->fill_path, *temp_dir);
   if (!temp.ok()) return read->Finish(Annotate(temp.status(), op));
   read->temp = *std::move(temp);
-  read->sink = std::make_unique<FileSink>(read->temp.get());
+  read->sink = std::make_unique<SpillSink>(
+      read->temp.get(), *temp_dir, absl::StrCat(read->fill_path, kTierBlocksSuffix, "/spilled-"),
+      tier_->config().block_size, tier_->config().block_threshold);
   GetRequest whole;
   whole.key = key;
   whole.sink = read->sink.get();
@@ -570,6 +622,12 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   if (read.sink->bytes() != got->meta.size) {
     return read.Finish(absl::DataLossError(absl::StrCat(
         "get ", uri, ": received ", read.sink->bytes(), " of ", got->meta.size, " bytes")));
+  }
+  if (!read.sink->spilled().empty()) {  // big, and no ETag to name its blocks by
+    return read.Finish(absl::UnimplementedError(
+        absl::StrCat("get ", uri,
+                     ": an object above the tier's block threshold without an "
+                     "ETag cannot be cached")));
   }
   auto sealed = read.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
     TierEntry entry;
@@ -1030,10 +1088,31 @@ void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResu
   absl::Status status;
   uint64_t blocks = 0;
   std::string buf;
-  // The copy is cut into blocks (one local copy, once per object): each is an entry of its
-  // own, so eviction can drop parts of it and ranged reads find what they need.
-  for (uint64_t offset = 0; status.ok() && offset < got.meta.size; offset += block) {
-    const uint64_t length = std::min(block, got.meta.size - offset);
+  // The part of the object in the whole file is cut into blocks (at most about the threshold
+  // copied, once per object); the blocks past it were written as blocks while they streamed.
+  // Each is an entry of its own, so eviction can drop parts of the object and ranged reads
+  // find what they need.
+  auto seal_and_publish = [&](TempObject& temp, uint64_t offset) -> absl::Status {
+    auto sealed = temp.Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+      TierEntry entry;
+      entry.source = uri;
+      entry.etag = got.meta.etag;
+      entry.size = m.size;
+      entry.md5 = m.etag;
+      entry.filled = absl::Now();
+      entry.block = true;
+      entry.block_offset = offset;
+      entry.object_size = got.meta.size;
+      return WriteEntryAttr(fd, entry);
+    });
+    WHARF_RETURN_IF_ERROR(sealed.status());
+    if (pinned) WHARF_RETURN_IF_ERROR(SetPinned(temp.path(), true));
+    ++blocks;
+    return temp.PublishAt(BlockPath(read->fill_path, got.meta.etag, offset / block));
+  };
+  const uint64_t in_whole = std::min(got.meta.size, read->sink->spill_at());
+  for (uint64_t offset = 0; status.ok() && offset < in_whole; offset += block) {
+    const uint64_t length = std::min(block, in_whole - offset);
     auto temp =
         TempObject::Create(BlockPath(read->fill_path, got.meta.etag, offset / block), *temp_dir);
     if (!temp.ok()) {
@@ -1052,23 +1131,13 @@ void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResu
       status = (*temp)->Append(absl::string_view(buf.data(), n));
       off += n;
     }
+    if (status.ok()) status = seal_and_publish(**temp, offset);
+  }
+  uint64_t offset = in_whole;
+  for (auto& temp : read->sink->spilled()) {
     if (!status.ok()) break;
-    auto sealed = (*temp)->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
-      TierEntry entry;
-      entry.source = uri;
-      entry.etag = got.meta.etag;
-      entry.size = m.size;
-      entry.md5 = m.etag;
-      entry.filled = absl::Now();
-      entry.block = true;
-      entry.block_offset = offset;
-      entry.object_size = got.meta.size;
-      return WriteEntryAttr(fd, entry);
-    });
-    status = sealed.status();
-    if (status.ok() && pinned) status = SetPinned((*temp)->path(), true);
-    if (status.ok()) status = (*temp)->Publish();
-    ++blocks;
+    status = seal_and_publish(*temp, offset);
+    offset += block;
   }
   close(src);
   read->temp.reset();

@@ -23,7 +23,8 @@
 //  - the object's size and ETag come from its blocks already in the tier (fresh ones, in ttl
 //    mode), else from a HEAD of the source (ranged reads, and whole reads of an object that
 //    has blocks); a whole read of an object the tier knows nothing of is one GET, and when
-//    the object turns out to be big its copy is cut into blocks before it is served;
+//    the object turns out to be big the part of it before the first block boundary above
+//    the threshold is cut into blocks (the rest streamed into blocks) before it is served;
 //  - a missing block is fetched with a ranged GET carrying If-Match on the object's ETag,
 //    filled like a whole object (private file, size check, attribute, rename) under the lock
 //    stripe of the block's path, so N readers of one block fetch it once; the blocks of one
