@@ -64,6 +64,12 @@ absl::Status RunInit(const TierArgs& args) {
     WHARF_ASSIGN_OR_RETURN(config.max_size, ParseSize(args.max_size));
   }
   if (args.min_free >= 0) config.min_free = args.min_free;
+  if (!args.block_size.empty()) {
+    WHARF_ASSIGN_OR_RETURN(config.block_size, ParseSize(args.block_size));
+  }
+  if (!args.block_threshold.empty()) {
+    WHARF_ASSIGN_OR_RETURN(config.block_threshold, ParseSize(args.block_threshold));
+  }
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Init(args.path, config));
   if (args.min_free > 0) {
     if (const std::string w = MinFreeIgnoredWarning(*tier); !w.empty()) {
@@ -71,13 +77,14 @@ absl::Status RunInit(const TierArgs& args) {
     }
   }
   if (!args.quiet) {
-    Print(absl::StrFormat("tier %s: mode %s%s, max size %s, min free %.1f%%\n", tier->root(),
-                          TierModeName(config.mode),
-                          config.mode == TierConfig::Mode::kTtl
-                              ? absl::StrFormat(" (ttl %.0f s)", absl::ToDoubleSeconds(config.ttl))
-                              : "",
-                          config.max_size == 0 ? "unbounded" : absl::StrCat(config.max_size),
-                          config.min_free));
+    Print(absl::StrFormat(
+        "tier %s: mode %s%s, max size %s, min free %.1f%%, blocks of %s above %s\n", tier->root(),
+        TierModeName(config.mode),
+        config.mode == TierConfig::Mode::kTtl
+            ? absl::StrFormat(" (ttl %.0f s)", absl::ToDoubleSeconds(config.ttl))
+            : "",
+        config.max_size == 0 ? "unbounded" : absl::StrCat(config.max_size), config.min_free,
+        absl::StrCat(config.block_size), absl::StrCat(config.block_threshold)));
   }
   return absl::OkStatus();
 }
@@ -398,7 +405,7 @@ absl::Status RunExport(const TierArgs& args) {
 absl::Status RunStatus(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   const std::string path = AbsolutePath(args.path);
-  uint64_t entries = 0, bytes = 0, pinned = 0, local = 0, other_files = 0;
+  uint64_t entries = 0, bytes = 0, pinned = 0, local = 0, blocks = 0, other_files = 0;
   WHARF_RETURN_IF_ERROR(
       WalkTierFiles(*tier, path, [&](const std::string& p, const struct stat& st) {
         const auto entry = ReadEntryAttr(p);
@@ -410,6 +417,7 @@ absl::Status RunStatus(const TierArgs& args) {
         bytes += st.st_size;
         if (IsPinned(p)) ++pinned;
         if (entry->local) ++local;
+        if (entry->block) ++blocks;
       }));
   WHARF_ASSIGN_OR_RETURN(std::vector<TierImport> imports, tier->Imports());
   const TierConfig& c = tier->config();
@@ -427,6 +435,7 @@ absl::Status RunStatus(const TierArgs& args) {
     j["bytes"] = bytes;
     j["pinned"] = pinned;
     j["local"] = local;
+    j["blocks"] = blocks;
     j["other_files"] = other_files;
     j["max_size"] = c.max_size;
     j["min_free"] = c.min_free;
@@ -451,6 +460,7 @@ absl::Status RunStatus(const TierArgs& args) {
   if (path != tier->root()) Print(absl::StrFormat("path      %s\n", path));
   Print(absl::StrFormat("entries   %d (%s MB), %d pinned, %d only here (not exported)\n", entries,
                         Megabytes(bytes), pinned, local));
+  if (blocks > 0) Print(absl::StrFormat("blocks    %d of them blocks of big objects\n", blocks));
   if (other_files > 0)
     Print(absl::StrFormat("other     %d files that are not entries\n", other_files));
   Print(absl::StrFormat(
@@ -475,17 +485,22 @@ absl::Status RunGc(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   WHARF_ASSIGN_OR_RETURN(Tier::Garbage garbage, tier->CollectGarbage());
   WHARF_ASSIGN_OR_RETURN(uint64_t folded, tier->FoldStats());
+  WHARF_ASSIGN_OR_RETURN(uint64_t old_blocks, CollectOldBlockVersions(*tier));
   if (args.json) {
     Print(JsonLine({{"tier", tier->root()},
                     {"owners", garbage.owners},
                     {"files", garbage.files},
-                    {"stats_folded", folded}}));
+                    {"stats_folded", folded},
+                    {"old_blocks", old_blocks}}));
   } else if (!args.quiet) {
     Print(absl::StrFormat("removed %d temporary files of %d finished or killed processes\n",
                           garbage.files, garbage.owners));
     if (folded > 0) {
       Print(absl::StrFormat("folded the read counters of %d finished processes into one file\n",
                             folded));
+    }
+    if (old_blocks > 0) {
+      Print(absl::StrFormat("removed %d blocks of old versions of big objects\n", old_blocks));
     }
   }
   return absl::OkStatus();
@@ -596,8 +611,15 @@ absl::Status RunPin(const TierArgs& args, bool pin) {
   absl::Status first;
   WHARF_RETURN_IF_ERROR(WalkTierFiles(*tier, AbsolutePath(args.path),
                                       [&](const std::string& p, const struct stat& st) {
-                                        if (!IsCompleteEntry(ReadEntryAttr(p), st)) return;
+                                        const auto entry = ReadEntryAttr(p);
+                                        if (!IsCompleteEntry(entry, st)) return;
                                         absl::Status s = SetPinned(p, pin);
+                                        // A block: its object's .blocks directory too, so
+                                        // blocks filled later are pinned as well.
+                                        if (s.ok() && entry->block) {
+                                          const std::string dir = p.substr(0, p.rfind('/'));
+                                          s = SetPinned(dir.substr(0, dir.rfind('/')), pin);
+                                        }
                                         if (s.ok()) {
                                           ++changed;
                                         } else if (first.ok()) {
@@ -636,6 +658,12 @@ void AddTier(CLI::App& app, TierArgs& args) {
   init->add_option("--max-size", args.max_size, "Bytes the tier may hold (e.g. 500G)");
   init->add_option("--min-free", args.min_free, "Percent of the file system to keep free")
       ->check(CLI::Range(0.0, 99.0));
+  init->add_option("--block-size", args.block_size,
+                   "Objects above --block-threshold are read through the tier in blocks of this "
+                   "size (default 8M; at least 64K)");
+  init->add_option("--block-threshold", args.block_threshold,
+                   "Objects larger than this are cached in blocks, so a ranged read fetches and "
+                   "keeps only its blocks (default 64M; at least --block-size)");
   init->add_flag("-q,--quiet", args.quiet, "Print nothing");
   init->add_option("TIER_DIR", args.path, "The tier's directory")->required();
 

@@ -153,10 +153,12 @@ struct TierArgs {
   std::vector<TransferFilter> filters;
   UploadArgs upload;
   // init
-  std::string mode;        // "immutable" or "ttl"; empty: keep (or the default)
-  double ttl_seconds = 0;  // 0: keep (or the default)
-  std::string max_size;    // SIZE; empty: keep (or no bound)
-  double min_free = -1;    // percent; -1: keep (or the default)
+  std::string mode;             // "immutable" or "ttl"; empty: keep (or the default)
+  double ttl_seconds = 0;       // 0: keep (or the default)
+  std::string max_size;         // SIZE; empty: keep (or no bound)
+  double min_free = -1;         // percent; -1: keep (or the default)
+  std::string block_size;       // SIZE; empty: keep (or the default)
+  std::string block_threshold;  // SIZE; empty: keep (or the default)
   // import (rank, world_size), import and export (the rest)
   int rank = -1;
   int world_size = 0;

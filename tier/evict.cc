@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -44,8 +45,45 @@ absl::Time ReadAtime(int fd, const std::string& path) {
 
 }  // namespace
 
+namespace {
+absl::Status WalkFiles(const Tier& tier, const std::string& path,
+                       const std::function<void(const std::string&, const struct stat&)>& fn);
+
+bool IsDir(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Names in `dir` other than "." and ".." (none when it cannot be read).
+std::vector<std::string> DirNames(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (struct dirent* e = readdir(d)) {
+      const absl::string_view name = e->d_name;
+      if (name != "." && name != "..") names.emplace_back(name);
+    }
+    closedir(d);
+  }
+  return names;
+}
+}  // namespace
+
 absl::Status WalkTierFiles(const Tier& tier, const std::string& path,
                            const std::function<void(const std::string&, const struct stat&)>& fn) {
+  // An object's path covers its blocks (which a directory walk reaches on its own).
+  const std::string blocks = absl::StrCat(path, kTierBlocksSuffix);
+  struct stat st;
+  const bool exists = lstat(path.c_str(), &st) == 0;
+  const bool with_blocks = (!exists || !S_ISDIR(st.st_mode)) && IsDir(blocks);
+  if (exists) WHARF_RETURN_IF_ERROR(WalkFiles(tier, path, fn));
+  if (with_blocks) return WalkFiles(tier, blocks, fn);
+  if (!exists) return ErrnoToStatus(ENOENT, path);
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status WalkFiles(const Tier& tier, const std::string& path,
+                       const std::function<void(const std::string&, const struct stat&)>& fn) {
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, path);
   if (S_ISREG(st.st_mode)) {
@@ -58,7 +96,7 @@ absl::Status WalkTierFiles(const Tier& tier, const std::string& path,
   if (path == meta) {
     const std::string objects = tier.MetaPath("objects");
     if (lstat(objects.c_str(), &st) != 0) return absl::OkStatus();
-    return WalkTierFiles(tier, objects, fn);
+    return WalkFiles(tier, objects, fn);
   }
   DIR* dir = opendir(path.c_str());
   if (dir == nullptr) {
@@ -72,10 +110,70 @@ absl::Status WalkTierFiles(const Tier& tier, const std::string& path,
   }
   closedir(dir);
   for (const std::string& name : names) {
-    absl::Status s = WalkTierFiles(tier, absl::StrCat(path, "/", name), fn);
+    absl::Status s = WalkFiles(tier, absl::StrCat(path, "/", name), fn);
     if (!s.ok() && !absl::IsNotFound(s)) return s;  // a file removed meanwhile is fine
   }
   return absl::OkStatus();
+}
+}  // namespace
+
+uint64_t RemoveBlockVersions(const std::string& blocks_dir, const std::string& keep) {
+  uint64_t removed = 0;
+  for (const std::string& version : DirNames(blocks_dir)) {
+    if (version == keep) continue;
+    const std::string dir = absl::StrCat(blocks_dir, "/", version);
+    for (const std::string& name : DirNames(dir)) {
+      const std::string path = absl::StrCat(dir, "/", name);
+      if (IsPinned(path)) continue;
+      const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      // Readers hold a shared lock while they read: what is in use stays (a later pass or
+      // gc takes it).
+      struct stat by_fd, by_path;
+      if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &by_fd) == 0 &&
+          stat(path.c_str(), &by_path) == 0 && by_fd.st_ino == by_path.st_ino &&
+          by_fd.st_dev == by_path.st_dev && unlink(path.c_str()) == 0) {
+        ++removed;
+      }
+      close(fd);
+    }
+    rmdir(dir.c_str());  // when empty
+  }
+  return removed;
+}
+
+absl::StatusOr<uint64_t> CollectOldBlockVersions(const Tier& tier) {
+  uint64_t removed = 0;
+  const std::string objects = tier.MetaPath("objects");
+  if (!IsDir(objects)) return removed;
+  std::vector<std::string> stack = {objects};
+  while (!stack.empty()) {
+    const std::string dir = std::move(stack.back());
+    stack.pop_back();
+    for (const std::string& name : DirNames(dir)) {
+      const std::string path = absl::StrCat(dir, "/", name);
+      if (!IsDir(path)) continue;
+      if (!absl::EndsWith(name, kTierBlocksSuffix)) {
+        stack.push_back(path);
+        continue;
+      }
+      // The newest version (latest fill among its blocks) stays.
+      std::string newest;
+      absl::Time newest_filled = absl::InfinitePast();
+      for (const std::string& version : DirNames(path)) {
+        for (const std::string& block : DirNames(absl::StrCat(path, "/", version))) {
+          const auto entry = ReadEntryAttr(absl::StrCat(path, "/", version, "/", block));
+          if (entry.has_value() && entry->filled > newest_filled) {
+            newest = version;
+            newest_filled = entry->filled;
+          }
+        }
+      }
+      removed += RemoveBlockVersions(path, newest);
+      rmdir(path.c_str());  // when no block is left
+    }
+  }
+  return removed;
 }
 
 absl::Time LastAccess(const std::string& path, const TierEntry& entry) {

@@ -32,6 +32,9 @@ inline constexpr char kTierAtimeXattr[] = "user.wharf.atime";
 
 // Calls `fn(path, st)` for every regular file below `path` (or `path` itself when it is a
 // file) that may be an entry: the tier's own folder is skipped except its read-through area.
+// A path naming a big object's read-through copy (whether or not a whole copy exists) also
+// covers its blocks (`path.blocks/...`), so pin, evict, verify and status of an object's
+// path include its blocks.
 absl::Status WalkTierFiles(const Tier& tier, const std::string& path,
                            const std::function<void(const std::string&, const struct stat&)>& fn);
 
@@ -39,6 +42,16 @@ absl::Status WalkTierFiles(const Tier& tier, const std::string& path,
 absl::Time LastAccess(const std::string& path, const TierEntry& entry);
 // Records an access to the entry open as `fd` when the recorded one is older than a minute.
 void TouchEntry(int fd, const TierEntry& entry);
+
+// Removes the blocks below `blocks_dir` (an object's `.blocks` directory) of every version
+// other than `keep` (a TierBlockVersionDir name; empty: every version) that nobody is reading
+// and nobody pinned, and the version directories left empty. Returns the blocks removed.
+uint64_t RemoveBlockVersions(const std::string& blocks_dir, const std::string& keep);
+
+// Garbage among blocks: in every `.blocks` directory below the tier's read-through area,
+// the versions other than the newest (by fill time); see RemoveBlockVersions. Returns the
+// blocks removed.
+absl::StatusOr<uint64_t> CollectOldBlockVersions(const Tier& tier);
 
 struct EvictResult {
   uint64_t entries = 0;  // complete entries found below the path

@@ -171,7 +171,11 @@ absl::StatusOr<TierConfig> TierConfig::FromJson(absl::string_view text, absl::st
     if (!(c.min_free >= 0 && c.min_free < 100)) return bad("min_free_percent must be in [0, 100)");
     c.block_size = j.value("block_size", c.block_size);
     c.block_threshold = j.value("block_threshold", c.block_threshold);
-    if (c.block_size == 0) return bad("block_size must be positive");
+    if (c.block_size < kMinBlockSize || c.block_size > kMaxBlockSize) {
+      return bad(
+          absl::StrCat("block_size must be in [", kMinBlockSize, ", ", kMaxBlockSize, "] bytes"));
+    }
+    if (c.block_threshold < c.block_size) return bad("block_threshold must be >= block_size");
   } catch (const json::exception& e) {
     return bad(absl::StrCat("malformed field: ", e.what()));
   }
@@ -179,6 +183,8 @@ absl::StatusOr<TierConfig> TierConfig::FromJson(absl::string_view text, absl::st
 }
 
 // ---- TierEntry ----
+
+std::string TierBlockVersionDir(absl::string_view etag) { return Md5Hex(etag).substr(0, 16); }
 
 std::string TierEntry::ToJson() const {
   json j;
@@ -190,6 +196,10 @@ std::string TierEntry::ToJson() const {
   if (!crc32c.empty()) j["crc32c"] = crc32c;
   j["filled"] = filled == absl::InfinitePast() ? 0.0 : absl::ToUnixMicros(filled) / 1e6;
   j["local"] = local;
+  if (block) {
+    j["block_offset"] = block_offset;
+    j["object_size"] = object_size;
+  }
   return j.dump();
 }
 
@@ -206,6 +216,11 @@ std::optional<TierEntry> TierEntry::FromJson(absl::string_view text) {
     if (e.md5.empty() && e.crc32c.empty()) return std::nullopt;
     e.filled = absl::FromUnixMicros(static_cast<int64_t>(j.at("filled").get<double>() * 1e6));
     e.local = j.value("local", false);
+    if (j.contains("block_offset")) {
+      e.block = true;
+      e.block_offset = j.at("block_offset").get<uint64_t>();
+      e.object_size = j.at("object_size").get<uint64_t>();
+    }
     return e;
   } catch (const json::exception&) {
     return std::nullopt;
@@ -361,6 +376,11 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::FindOrCreate(const std::string& dir)
 
 absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir, const TierConfig& config) {
   const std::string root = AbsolutePath(dir);
+  // The checks a tier.json read back gets (e.g. block sizes) apply to what init writes.
+  if (auto checked = TierConfig::FromJson(config.ToJson(), absl::StrCat("tier init ", root));
+      !checked.ok()) {
+    return checked.status();
+  }
   if (auto enclosing = Find(root); enclosing.ok() && (*enclosing)->root() != root) {
     return absl::FailedPreconditionError(
         absl::StrCat("tier init ", root, ": it is inside the tier at ", (*enclosing)->root()));

@@ -39,8 +39,14 @@ struct TierConfig {
   absl::Duration ttl = absl::Hours(1);
   uint64_t max_size = 0;  // bytes the tier may hold; 0: no bound but min_free
   double min_free = 5;    // percent of the file system kept free
+  // Objects larger than block_threshold are cached by the read-through decorator in blocks
+  // of block_size bytes, each an entry of its own (docs/design/tier.md, "Blocks").
+  // block_size is at least kMinBlockSize (tests use small blocks; 8-16 MiB in production)
+  // and block_threshold at least block_size.
   uint64_t block_size = uint64_t{8} << 20;
   uint64_t block_threshold = uint64_t{64} << 20;
+  static constexpr uint64_t kMinBlockSize = uint64_t{64} << 10;
+  static constexpr uint64_t kMaxBlockSize = uint64_t{1} << 30;
 
   std::string ToJson() const;
   // InvalidArgument naming `what` and the field on a malformed document or value.
@@ -62,12 +68,25 @@ struct TierEntry {
   std::string crc32c;
   absl::Time filled = absl::InfinitePast();
   bool local = false;  // the data exists nowhere else (not exported yet): never evicted
+  // A block of a big object (TierStore): the data file holds bytes [block_offset,
+  // block_offset + size) of a source object of object_size bytes; source and etag are the
+  // object's. Not a block: both 0 and `block` false.
+  bool block = false;
+  uint64_t block_offset = 0;
+  uint64_t object_size = 0;
 
   std::string ToJson() const;
   static std::optional<TierEntry> FromJson(absl::string_view json);
 };
 
 inline constexpr char kTierEntryXattr[] = "user.wharf.entry";
+
+// The blocks of a big object whose read-through copy would be at P live below
+// P + kTierBlocksSuffix, one directory per version of the object, named
+// TierBlockVersionDir(etag) (a hash: ETags may hold any character), each block named by its
+// index. A pin on the P.blocks directory pins the blocks filled into it later.
+inline constexpr char kTierBlocksSuffix[] = ".blocks";
+std::string TierBlockVersionDir(absl::string_view etag);
 inline constexpr char kTierPinXattr[] = "user.wharf.pin";
 
 // The entry attribute of an open file or a path, nullopt when there is none or it does not

@@ -1,5 +1,6 @@
 #include "tier/tier_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <utility>
 
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "base/hash.h"
 #include "base/status.h"
 #include "store/local/temp_object.h"
 #include "tier/evict.h"
@@ -55,6 +58,57 @@ class FileSink : public ReadSink {
   uint64_t bytes_ = 0;
 };
 
+// Streams a whole object of unknown size into the tier: into the whole object's temporary
+// file up to `spill_at` (the first block boundary above the block threshold: an object that
+// ends before is one entry, or at most that many bytes to cut into blocks), then block by
+// block into temporary files of their own, so the bytes of a big object past that point are
+// written once, as the blocks they become (their names wait for the object's ETag).
+class SpillSink : public ReadSink {
+ public:
+  SpillSink(TempObject* whole, std::string temp_dir, std::string placeholder, uint64_t block,
+            uint64_t threshold)
+      : whole_(whole),
+        temp_dir_(std::move(temp_dir)),
+        placeholder_(std::move(placeholder)),
+        block_(block),
+        spill_at_((threshold / block + 1) * block) {}
+  absl::Status Append(absl::string_view chunk) override {
+    while (!chunk.empty()) {
+      size_t n;
+      if (bytes_ < spill_at_) {
+        n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), spill_at_ - bytes_));
+        WHARF_RETURN_IF_ERROR(whole_->Append(chunk.substr(0, n)));
+      } else {
+        const uint64_t index = bytes_ / block_;
+        if (bytes_ % block_ == 0) {
+          WHARF_ASSIGN_OR_RETURN(auto temp,
+                                 TempObject::Create(absl::StrCat(placeholder_, index), temp_dir_,
+                                                    Checksum::kCrc32c));
+          spilled_.push_back(std::move(temp));
+        }
+        n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), (index + 1) * block_ - bytes_));
+        WHARF_RETURN_IF_ERROR(spilled_.back()->Append(chunk.substr(0, n)));
+      }
+      bytes_ += n;
+      chunk.remove_prefix(n);
+    }
+    return absl::OkStatus();
+  }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t spill_at() const { return spill_at_; }
+  // The blocks from spill_at() / block on, in order.
+  std::vector<std::unique_ptr<TempObject>>& spilled() { return spilled_; }
+
+ private:
+  TempObject* const whole_;
+  const std::string temp_dir_;
+  const std::string placeholder_;
+  const uint64_t block_;
+  const uint64_t spill_at_;
+  uint64_t bytes_ = 0;
+  std::vector<std::unique_ptr<TempObject>> spilled_;
+};
+
 // Forwards to a writer of the backing store; on Close, forgets the tier's copy.
 class ForgettingWriter : public ObjectWriter {
  public:
@@ -73,6 +127,45 @@ class ForgettingWriter : public ObjectWriter {
   std::function<void()> forget_;
 };
 
+// Copies `n` bytes at `file_offset` of the open file `fd` to the request's destination: its
+// sink (in order), or its buffer at `buffer_offset`.
+absl::Status CopyOut(int fd, uint64_t file_offset, uint64_t n, const GetRequest& req,
+                     uint64_t buffer_offset, const std::string& op) {
+  std::string chunk;
+  const uint64_t end = file_offset + n;
+  for (uint64_t off = file_offset; off < end;) {
+    if (IsCancelled(req.cancel)) return absl::CancelledError(absl::StrCat(op, ": cancelled"));
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(end - off, kSinkChunk));
+    char* dst;
+    if (req.sink != nullptr) {
+      chunk.resize(want);
+      dst = chunk.data();
+    } else {
+      dst = req.buffer.data() + buffer_offset + (off - file_offset);
+    }
+    const ssize_t got = pread(fd, dst, want, static_cast<off_t>(off));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return got < 0 ? ErrnoToStatus(errno, op)
+                     : absl::DataLossError(absl::StrCat(op, ": the tier's copy ended early"));
+    }
+    if (req.sink != nullptr) {
+      WHARF_RETURN_IF_ERROR(req.sink->Append(absl::string_view(chunk.data(), got)));
+    }
+    off += got;
+  }
+  return absl::OkStatus();
+}
+
+// The lock stripe of `path` (a file of the tier) opened, for the single-filler flock.
+absl::StatusOr<int> OpenStripe(const Tier& tier, const std::string& path, const std::string& op) {
+  const uint64_t stripe = std::hash<std::string>{}(tier.Relative(path)) % kLockStripes;
+  const std::string lock_path = tier.MetaPath(absl::StrCat("locks/", stripe));
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat(op, ": opening ", lock_path));
+  return fd;
+}
+
 }  // namespace
 
 struct TierStore::PendingRead {
@@ -86,30 +179,74 @@ struct TierStore::PendingRead {
   std::function<void()> release;
   absl::Duration backoff = absl::Milliseconds(1);
   std::unique_ptr<TempObject> temp;
-  std::unique_ptr<FileSink> sink;
+  std::unique_ptr<SpillSink> sink;
   std::optional<TierEntry> stale;  // the copy a fill revalidates (ttl mode)
 
-  ~PendingRead() { Unlock(); }
+  // The outcome goes to the caller when the read's last reference is dropped: every step of
+  // a read runs in a task that holds the read and the store, and drops the store first. So
+  // when the caller gets its answer no task of its read holds the store any more: a caller
+  // that lets go of the store in its callback destroys it there (and its counters are
+  // written), not later on a pool thread that process exit may never wait for. The blocks
+  // of one read are steps on several threads; whichever ends last delivers.
+  ~PendingRead() {
+    Unlock();
+    if (!done) return;  // never started (the key bypassed the tier)
+    if (!result) result = absl::InternalError(absl::StrCat("get ", request.key, ": read dropped"));
+    std::move(done)(*std::move(result));
+  }
   void Unlock() {
     if (lock_fd >= 0) close(lock_fd);
     lock_fd = -1;
     if (release) std::exchange(release, nullptr)();
   }
-  // Records the outcome; Deliver() hands it to the caller. The steps of a read run in
-  // tasks that hold the store; each task drops its hold before it delivers, so a caller that
-  // lets go of the store in its callback destroys it there (and its counters are written),
-  // not later on a pool thread that process exit may never wait for.
+  // Records the outcome (delivered when the read is dropped).
   void Finish(absl::StatusOr<GetResult> r) {
     Unlock();
     result = std::move(r);
   }
-  void Deliver() {
-    if (!result) return;
-    absl::StatusOr<GetResult> r = *std::move(result);
-    result.reset();
-    std::move(done)(std::move(r));
-  }
+  bool counted = false;  // the read counted as a hit or a miss (by the step that decided)
   std::optional<absl::StatusOr<GetResult>> result;
+};
+
+// One block of a big object's read (TierStore::ReadBlocks).
+struct TierStore::BlockSlot {
+  uint64_t index = 0;
+  uint64_t length = 0;  // bytes of the block
+  std::string path;
+  int fd = -1;       // the block, open and share-locked once it is local
+  int lock_fd = -1;  // its stripe, while this read fills it
+  absl::Duration backoff = absl::Milliseconds(1);
+  std::unique_ptr<TempObject> temp;
+  std::unique_ptr<FileSink> sink;
+  absl::Status status;
+
+  ~BlockSlot() { Release(); }
+  void Unlock() {
+    if (lock_fd >= 0) close(lock_fd);
+    lock_fd = -1;
+  }
+  void Release() {
+    if (fd >= 0) close(fd);  // releases the reader's lock
+    fd = -1;
+    Unlock();
+  }
+};
+
+// A read served from blocks: windows of up to kBlockWindow blocks, each window's blocks made
+// local in parallel, then copied out in order.
+struct TierStore::BlockRead {
+  std::shared_ptr<PendingRead> read;
+  Version version;
+  std::string uri;
+  std::string blocks_dir;       // <fill path>.blocks
+  bool retried = false;         // the object was looked up again after its version changed
+  bool pinned = false;          // the object's blocks directory is pinned: so are new blocks
+  bool filled = false;          // some block was fetched
+  uint64_t begin = 0, end = 0;  // the bytes read
+  uint64_t next_block = 0, end_block = 0;  // blocks not yet in a window: [next, end)
+  std::vector<std::unique_ptr<BlockSlot>> window;
+  std::atomic<int> pending{0};  // blocks of the window not yet local (or failed)
+  GetResult result;
 };
 
 absl::StatusOr<std::shared_ptr<TierStore>> TierStore::Open(std::shared_ptr<ObjectStore> inner,
@@ -184,6 +321,7 @@ TierStore::Stats TierStore::stats() const {
   s.evicted = evictions_.load(std::memory_order_relaxed);
   s.revalidated = revalidated_.load(std::memory_order_relaxed);
   s.listed = listed_.load(std::memory_order_relaxed);
+  s.block_fills = block_fills_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -197,6 +335,10 @@ std::optional<std::string> TierStore::FillPathOfUri(const std::string& uri) cons
   absl::string_view rest = absl::string_view(uri).substr(sep + 3);
   absl::ConsumePrefix(&rest, "/");  // file:///abs/path
   if (!IsSafeRelativePath(rest)) return std::nullopt;
+  // A segment ending in ".blocks" could name another object's blocks.
+  for (absl::string_view part : absl::StrSplit(rest, '/')) {
+    if (absl::EndsWith(part, kTierBlocksSuffix)) return std::nullopt;
+  }
   return absl::StrCat(tier_->MetaPath("objects"), "/", uri.substr(0, sep), "/", rest);
 }
 
@@ -385,12 +527,41 @@ void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
     if (self->ServeLocal(*read, /*after_fill=*/false)) {
       self->hits_.fetch_add(1, std::memory_order_relaxed);
     } else {
-      self->misses_.fetch_add(1, std::memory_order_relaxed);
-      self->Acquire(read);
+      self->ReadUncached(read);
     }
     self.reset();
-    read->Deliver();
+    read.reset();
   });
+}
+
+void TierStore::ReadUncached(std::shared_ptr<PendingRead> read) {
+  const GetRequest& req = read->request;
+  // One stat tells whether the object has blocks here (a miss of a small object costs no
+  // more than that).
+  struct stat st;
+  const bool has_blocks = stat(absl::StrCat(read->fill_path, kTierBlocksSuffix).c_str(), &st) == 0;
+  if (has_blocks) {
+    const uint64_t hint = req.range.suffix ? 0 : req.range.offset / tier_->config().block_size;
+    if (auto version = FindBlocks(read->fill_path, inner_->Uri(req.key), req.if_match,
+                                  req.max_staleness, hint)) {
+      return ReadBlocks(std::move(read), *std::move(version), /*retried=*/false);
+    }
+  }
+  if (auto head = RecentHead(req.key);
+      head.has_value() && (req.if_match.empty() || req.if_match == head->etag)) {
+    if (head->size > tier_->config().block_threshold) {
+      return ReadBlocks(std::move(read), *std::move(head), /*retried=*/false);
+    }
+    read->counted = true;
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return Acquire(std::move(read));
+  }
+  // A ranged read must know the object's size before it can tell blocks from a whole copy
+  // (and a whole read of an object with blocks, stale ones, would fetch it all again).
+  if (!req.range.is_all() || has_blocks) return Discover(std::move(read), /*retried=*/false);
+  read->counted = true;
+  misses_.fetch_add(1, std::memory_order_relaxed);
+  Acquire(std::move(read));
 }
 
 absl::StatusOr<GetResult> TierStore::Get(const GetRequest& request) {
@@ -419,9 +590,26 @@ void TierStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
           self.reset();
           return std::move(done)(std::move(meta));
         }
+        if (auto fill = self->FillPath(key)) {
+          if (auto version =
+                  self->FindBlocks(*fill, self->inner_->Uri(key), "", absl::ZeroDuration(), 0)) {
+            ObjectMeta meta;
+            meta.key = key;
+            meta.size = version->size;
+            meta.etag = version->etag;
+            self.reset();
+            return std::move(done)(std::move(meta));
+          }
+        }
         std::shared_ptr<ObjectStore> inner = self->inner_;
-        self.reset();
-        inner->HeadAsync(std::move(key), std::move(done));
+        std::string k = key;
+        inner->HeadAsync(std::move(key),
+                         [self = std::move(self), k = std::move(k),
+                          done = std::move(done)](absl::StatusOr<ObjectMeta> meta) mutable {
+                           if (meta.ok()) self->RememberHead(k, *meta);
+                           self.reset();
+                           std::move(done)(std::move(meta));
+                         });
       });
 }
 
@@ -483,32 +671,7 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
         status = absl::OutOfRangeError(absl::StrCat(op, ": the buffer holds ", req.buffer.size(),
                                                     " bytes, the range ", end - begin));
       }
-      std::string chunk;
-      for (uint64_t off = begin; status.ok() && off < end;) {
-        if (IsCancelled(req.cancel)) {
-          status = absl::CancelledError(absl::StrCat(op, ": cancelled"));
-          break;
-        }
-        const size_t want = static_cast<size_t>(std::min<uint64_t>(end - off, kSinkChunk));
-        char* dst;
-        if (req.sink != nullptr) {
-          chunk.resize(want);
-          dst = chunk.data();
-        } else {
-          dst = req.buffer.data() + (off - begin);
-        }
-        const ssize_t n = pread(fd, dst, want, static_cast<off_t>(off));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          status = n < 0 ? ErrnoToStatus(errno, op)
-                         : absl::DataLossError(absl::StrCat(op, ": the tier's copy ended early"));
-          break;
-        }
-        if (req.sink != nullptr) {
-          status = req.sink->Append(absl::string_view(chunk.data(), n));
-        }
-        off += n;
-      }
+      if (status.ok()) status = CopyOut(fd, begin, end - begin, req, 0, op);
     }
     close(fd);
     if (status.ok()) {
@@ -526,8 +689,7 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   if (IsCancelled(read->request.cancel)) {
     return read->Finish(absl::CancelledError(absl::StrCat(op, ": cancelled")));
   }
-  const std::string rel = tier_->Relative(read->fill_path);
-  const uint64_t stripe = std::hash<std::string>{}(rel) % kLockStripes;
+  const uint64_t stripe = std::hash<std::string>{}(tier_->Relative(read->fill_path)) % kLockStripes;
   // This process's own fills: a read of an object it is filling waits for that fill, and a
   // stripe it already holds (for another object) is shared, not fought over: flock excludes
   // per open file, so two fills of one process on one stripe would otherwise exclude each
@@ -547,11 +709,9 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   }
   if (!owned) {
     if (read->lock_fd < 0) {
-      const std::string lock_path = tier_->MetaPath(absl::StrCat("locks/", stripe));
-      read->lock_fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (read->lock_fd < 0) {
-        return read->Finish(ErrnoToStatus(errno, absl::StrCat(op, ": opening ", lock_path)));
-      }
+      auto fd = OpenStripe(*tier_, read->fill_path, op);
+      if (!fd.ok()) return read->Finish(fd.status());
+      read->lock_fd = *fd;
     }
     if (flock(read->lock_fd, LOCK_EX | LOCK_NB) != 0) {
       // Another process fills on this stripe (or a thread of ours took it a moment ago; the
@@ -560,11 +720,10 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
       read->backoff = std::min(read->backoff * 2, kMaxBackoff);
       runtime_->timer().After(delay, [self = shared_from_this(), read]() mutable {
         ThreadPool& pool = self->runtime_->blocking_pool();
-        pool.Schedule([self = std::move(self), read]() mutable {
+        pool.Schedule([self = std::move(self), read = std::move(read)]() mutable {
           if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
           self.reset();
-          read->Deliver();
-        });
+          read.reset();
       });
       return;
     }
@@ -575,8 +734,15 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   read->release = [self = shared_from_this(), stripe, path = read->fill_path] {
     self->ReleaseFill(stripe, path);
   };
-  // Ours. Someone may have filled the object while we waited.
+  // Ours. Someone may have filled the object while we waited (whole, or as blocks when it
+  // was big).
   if (ServeLocal(*read, /*after_fill=*/false)) return;
+  const GetRequest& req = read->request;
+  if (auto version =
+          FindBlocks(read->fill_path, inner_->Uri(req.key), req.if_match, req.max_staleness, 0)) {
+    read->Unlock();
+    return ReadBlocks(std::move(read), *std::move(version), /*retried=*/false);
+  }
   Fill(std::move(read));
 }
 
@@ -596,10 +762,10 @@ void TierStore::ReleaseFill(uint64_t stripe, const std::string& fill_path) {
   }
   if (unlock_fd >= 0) close(unlock_fd);  // releases the flock
   for (std::shared_ptr<PendingRead>& read : waiting) {
-    runtime_->blocking_pool().Schedule([self = shared_from_this(), read]() mutable {
+    runtime_->blocking_pool().Schedule([self = shared_from_this(), read = std::move(read)]() mutable {
       if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
       self.reset();
-      read->Deliver();
+      read.reset();
     });
   }
 }
@@ -614,7 +780,9 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   auto temp = TempObject::Create(read->fill_path, *temp_dir, Checksum::kCrc32c);
   if (!temp.ok()) return read->Finish(Annotate(temp.status(), op));
   read->temp = *std::move(temp);
-  read->sink = std::make_unique<FileSink>(read->temp.get());
+  read->sink = std::make_unique<SpillSink>(
+      read->temp.get(), *temp_dir, absl::StrCat(read->fill_path, kTierBlocksSuffix, "/spilled-"),
+      tier_->config().block_size, tier_->config().block_threshold);
   GetRequest whole;
   whole.key = key;
   whole.sink = read->sink.get();
@@ -629,16 +797,21 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
       read->stale.reset();
     }
   }
-  inner_->GetAsync(std::move(whole),
-                   [self = shared_from_this(), read](absl::StatusOr<GetResult> got) mutable {
-                     // Sealing and publishing are syscalls: off the backing store's thread.
-                     ThreadPool& pool = self->runtime_->blocking_pool();
-                     pool.Schedule([self = std::move(self), read, got = std::move(got)]() mutable {
-                       self->Publish(*read, got);
-                       self.reset();
-                       read->Deliver();
-                     });
-                   });
+  inner_->GetAsync(std::move(whole), [self = shared_from_this(),
+                                      read](absl::StatusOr<GetResult> got) mutable {
+    // Sealing and publishing are syscalls: off the backing store's thread.
+    ThreadPool& pool = self->runtime_->blocking_pool();
+    pool.Schedule([self = std::move(self), read = std::move(read), got = std::move(got)]() mutable {
+      if (got.ok() && !got->not_modified && !got->meta.etag.empty() &&
+          got->meta.size > self->tier_->config().block_threshold) {
+        self->PublishAsBlocks(read, *got);
+      } else {
+        self->Publish(*read, got);
+      }
+      self.reset();
+      read.reset();
+    });
+  });
 }
 
 void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got) {
@@ -662,6 +835,12 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   if (read.sink->bytes() != got->meta.size) {
     return read.Finish(absl::DataLossError(absl::StrCat(
         "get ", uri, ": received ", read.sink->bytes(), " of ", got->meta.size, " bytes")));
+  }
+  if (!read.sink->spilled().empty()) {  // big, and no ETag to name its blocks by
+    return read.Finish(absl::UnimplementedError(
+        absl::StrCat("get ", uri,
+                     ": an object above the tier's block threshold without an "
+                     "ETag cannot be cached")));
   }
   auto sealed = read.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
     TierEntry entry;
@@ -732,8 +911,476 @@ void TierStore::MaybeEvict(uint64_t filled) {
   }
 }
 
+// ---- Blocks of big objects ----
+
+std::string TierStore::BlockPath(const std::string& fill_path, const std::string& etag,
+                                 uint64_t index) const {
+  return absl::StrCat(fill_path, kTierBlocksSuffix, "/", TierBlockVersionDir(etag), "/", index);
+}
+
+std::optional<TierStore::Version> TierStore::FindBlocks(const std::string& fill_path,
+                                                        const std::string& uri,
+                                                        const std::string& if_match,
+                                                        absl::Duration max_staleness,
+                                                        uint64_t hint) const {
+  const std::string blocks = absl::StrCat(fill_path, kTierBlocksSuffix);
+  std::vector<std::string> versions;
+  if (!if_match.empty()) {
+    versions.push_back(TierBlockVersionDir(if_match));
+  } else {
+    DIR* dir = opendir(blocks.c_str());
+    if (dir == nullptr) return std::nullopt;
+    while (struct dirent* e = readdir(dir)) {
+      if (e->d_name[0] != '.') versions.emplace_back(e->d_name);
+    }
+    closedir(dir);
+  }
+  const TierConfig& c = tier_->config();
+  const absl::Duration ttl = std::max(c.ttl, max_staleness);
+  const absl::Time now = absl::Now();
+  std::optional<Version> best;
+  absl::Time best_filled = absl::InfinitePast();
+  for (const std::string& version : versions) {
+    const std::string dir = absl::StrCat(blocks, "/", version);
+    // True when the block at `path` is a fresh block of this object in this directory.
+    auto consider = [&](const std::string& path) {
+      struct stat st;
+      if (stat(path.c_str(), &st) != 0) return false;
+      const auto entry = ReadEntryAttr(path);
+      if (!IsCompleteEntry(entry, st) || !entry->block || entry->source != uri ||
+          entry->object_size == 0 || TierBlockVersionDir(entry->etag) != version ||
+          (!if_match.empty() && entry->etag != if_match)) {
+        return false;
+      }
+      if (c.mode != TierConfig::Mode::kImmutable && now - entry->filled > ttl) return false;
+      if (entry->filled > best_filled) {
+        best = Version{entry->object_size, entry->etag, false};
+        best_filled = entry->filled;
+      }
+      return true;
+    };
+    if (consider(absl::StrCat(dir, "/", hint))) continue;
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) continue;
+    std::vector<std::string> names;
+    while (struct dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+    }
+    closedir(d);
+    for (const std::string& name : names) {
+      if (consider(absl::StrCat(dir, "/", name))) break;
+    }
+  }
+  return best;
+}
+
+void TierStore::RememberHead(const std::string& key, const ObjectMeta& meta) {
+  if (meta.etag.empty()) return;
+  absl::MutexLock lock(&heads_mu_);
+  if (heads_.size() >= 4096) heads_.clear();  // a memo, not a cache: bounded the simple way
+  heads_[key] = HeadMemo{Version{meta.size, meta.etag, true}, absl::Now()};
+}
+
+std::optional<TierStore::Version> TierStore::RecentHead(const std::string& key) {
+  constexpr absl::Duration kHeadMemo = absl::Seconds(2);
+  absl::MutexLock lock(&heads_mu_);
+  auto it = heads_.find(key);
+  if (it == heads_.end()) return std::nullopt;
+  if (absl::Now() - it->second.at > std::min(kHeadMemo, tier_->config().ttl)) {
+    heads_.erase(it);
+    return std::nullopt;
+  }
+  return it->second.version;
+}
+
+void TierStore::Discover(std::shared_ptr<PendingRead> read, bool retried) {
+  std::string key = read->request.key;
+  inner_->HeadAsync(std::move(key), [self = shared_from_this(), read,
+                                     retried](absl::StatusOr<ObjectMeta> meta) mutable {
+    ThreadPool& pool = self->runtime_->blocking_pool();
+    pool.Schedule([self = std::move(self), read = std::move(read), retried,
+                   meta = std::move(meta)]() mutable {
+      const GetRequest& req = read->request;
+      if (meta.ok()) self->RememberHead(req.key, *meta);
+      if (!meta.ok()) {
+        read->Finish(meta.status());
+      } else if (!req.if_match.empty() && meta->etag != req.if_match) {
+        read->Finish(absl::FailedPreconditionError(
+            absl::StrCat("get ", self->inner_->Uri(req.key), ": object changed (etag ", meta->etag,
+                         ", expected ", req.if_match, ")")));
+      } else if (meta->size > self->tier_->config().block_threshold && !meta->etag.empty()) {
+        self->ReadBlocks(read, Version{meta->size, meta->etag, true}, retried);
+      } else {
+        if (!read->counted) {
+          read->counted = true;
+          self->misses_.fetch_add(1, std::memory_order_relaxed);
+        }
+        // Small now: blocks it had are of an older version.
+        RemoveBlockVersions(absl::StrCat(read->fill_path, kTierBlocksSuffix), "");
+        self->Acquire(read);
+      }
+      self.reset();
+      read.reset();
+    });
+  });
+}
+
+void TierStore::ReadBlocks(std::shared_ptr<PendingRead> read, Version version, bool retried) {
+  const GetRequest& req = read->request;
+  auto br = std::make_shared<BlockRead>();
+  br->uri = inner_->Uri(req.key);
+  const std::string op = absl::StrCat("get ", br->uri);
+  br->blocks_dir = absl::StrCat(read->fill_path, kTierBlocksSuffix);
+  br->retried = retried;
+  br->pinned = IsPinned(br->blocks_dir);
+  br->result.meta.key = req.key;
+  br->result.meta.size = version.size;
+  br->result.meta.etag = version.etag;
+  br->read = read;
+  br->version = std::move(version);
+  if (!req.if_none_match.empty() && req.if_none_match == br->version.etag) {
+    if (!read->counted) hits_.fetch_add(1, std::memory_order_relaxed);
+    read->counted = true;
+    br->result.not_modified = true;
+    return read->Finish(std::move(br->result));
+  }
+  auto range = req.range.Resolve(br->version.size);
+  if (!range.ok()) return read->Finish(Annotate(range.status(), op));
+  std::tie(br->begin, br->end) = *range;
+  if (req.sink == nullptr && req.buffer.size() < br->end - br->begin) {
+    return read->Finish(absl::OutOfRangeError(absl::StrCat(
+        op, ": the buffer holds ", req.buffer.size(), " bytes, the range ", br->end - br->begin)));
+  }
+  br->result.offset = br->begin;
+  br->result.bytes = br->end - br->begin;
+  const uint64_t block = tier_->config().block_size;
+  br->next_block = br->begin / block;
+  br->end_block = br->end == br->begin ? br->next_block : (br->end - 1) / block + 1;
+  StartWindow(std::move(br));
+}
+
+void TierStore::StartWindow(std::shared_ptr<BlockRead> br) {
+  const uint64_t block = tier_->config().block_size;
+  const uint64_t stop = std::min<uint64_t>(br->end_block, br->next_block + kBlockWindow);
+  br->window.clear();
+  for (uint64_t i = br->next_block; i < stop; ++i) {
+    auto slot = std::make_unique<BlockSlot>();
+    slot->index = i;
+    slot->length = std::min(block, br->version.size - i * block);
+    slot->path = BlockPath(br->read->fill_path, br->version.etag, i);
+    br->window.push_back(std::move(slot));
+  }
+  br->next_block = stop;
+  if (br->window.empty()) {  // an empty range
+    ServeWindow(br);
+    return;
+  }
+  br->pending.store(static_cast<int>(br->window.size()));
+  // The first block on this thread, the others on the pool.
+  for (size_t i = 1; i < br->window.size(); ++i) {
+    BlockSlot* slot = br->window[i].get();
+    runtime_->blocking_pool().Schedule([self = shared_from_this(), br, slot]() mutable {
+      self->StepBlock(br, *slot);
+      self.reset();
+      br.reset();
+    });
+  }
+  StepBlock(br, *br->window[0]);
+}
+
+bool TierStore::OpenBlock(const BlockRead& br, BlockSlot& slot) {
+  const int fd = open(slot.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  std::optional<TierEntry> entry;
+  if (fstat(fd, &st) == 0) entry = ReadEntryAttr(fd);
+  if (!IsCompleteEntry(entry, st) || !entry->block || entry->etag != br.version.etag ||
+      entry->source != br.uri || entry->object_size != br.version.size ||
+      entry->block_offset != slot.index * tier_->config().block_size ||
+      entry->size != slot.length) {
+    close(fd);
+    return false;
+  }
+  // Held while the bytes are read: an eviction pass skips what it cannot lock.
+  flock(fd, LOCK_SH);
+  TouchEntry(fd, *entry);
+  // The source confirmed this version during this read: the block is current again.
+  if (br.version.confirmed && tier_->config().mode != TierConfig::Mode::kImmutable &&
+      absl::Now() - entry->filled > tier_->config().ttl) {
+    entry->filled = absl::Now();
+    (void)WriteEntryAttr(fd, *entry);  // best effort: else the next read asks again
+  }
+  slot.fd = fd;
+  return true;
+}
+
+void TierStore::StepBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot) {
+  if (OpenBlock(*br, slot)) return SlotDone(br);
+  const std::string op = absl::StrCat("get ", br->uri, " (block ", slot.index, ")");
+  if (IsCancelled(br->read->request.cancel)) {
+    slot.status = absl::CancelledError(absl::StrCat(op, ": cancelled"));
+    return SlotDone(br);
+  }
+  if (slot.lock_fd < 0) {
+    auto fd = OpenStripe(*tier_, slot.path, op);
+    if (!fd.ok()) {
+      slot.status = fd.status();
+      return SlotDone(br);
+    }
+    slot.lock_fd = *fd;
+  }
+  if (flock(slot.lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    // Another reader fills this block: wait without holding a thread, then look again.
+    const absl::Duration delay = slot.backoff;
+    slot.backoff = std::min(slot.backoff * 2, kMaxBackoff);
+    runtime_->timer().After(delay, [self = shared_from_this(), br, slot = &slot]() mutable {
+      ThreadPool& pool = self->runtime_->blocking_pool();
+      pool.Schedule([self = std::move(self), br = std::move(br), slot]() mutable {
+        self->StepBlock(br, *slot);
+        self.reset();
+        br.reset();
+      });
+    });
+    return;
+  }
+  // Ours. Someone may have filled the block while we waited.
+  if (OpenBlock(*br, slot)) {
+    slot.Unlock();
+    return SlotDone(br);
+  }
+  FillBlock(br, &slot);
+}
+
+void TierStore::FillBlock(std::shared_ptr<BlockRead> br, BlockSlot* slot) {
+  const std::string op = absl::StrCat("get ", br->uri, " (block ", slot->index, ")");
+  auto temp_dir = tier_->TempDir();
+  auto temp = temp_dir.ok() ? TempObject::Create(slot->path, *temp_dir, Checksum::kCrc32c)
+                            : absl::StatusOr<std::unique_ptr<TempObject>>(temp_dir.status());
+  if (!temp.ok()) {
+    slot->status = Annotate(temp.status(), op);
+    slot->Unlock();
+    return SlotDone(br);
+  }
+  slot->temp = *std::move(temp);
+  slot->sink = std::make_unique<FileSink>(slot->temp.get());
+  GetRequest ranged;
+  ranged.key = br->read->request.key;
+  ranged.range = ByteRange::Of(slot->index * tier_->config().block_size, slot->length);
+  ranged.sink = slot->sink.get();
+  ranged.if_match = br->version.etag;  // never a block of another version
+  ranged.cancel = br->read->request.cancel;
+  inner_->GetAsync(std::move(ranged),
+                   [self = shared_from_this(), br, slot](absl::StatusOr<GetResult> got) mutable {
+                     // Sealing and publishing are syscalls: off the backing store's thread.
+                     ThreadPool& pool = self->runtime_->blocking_pool();
+                     pool.Schedule([self = std::move(self), br = std::move(br), slot,
+                                    got = std::move(got)]() mutable {
+                       self->PublishBlock(br, *slot, got);
+                       self.reset();
+                       br.reset();
+                     });
+                   });
+}
+
+void TierStore::PublishBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot,
+                             const absl::StatusOr<GetResult>& got) {
+  const std::string op = absl::StrCat("get ", br->uri, " (block ", slot.index, ")");
+  const uint64_t offset = slot.index * tier_->config().block_size;
+  absl::Status status;
+  if (!got.ok()) {
+    status = got.status();
+  } else if (slot.sink->bytes() != slot.length || got->offset != offset) {
+    status =
+        absl::DataLossError(absl::StrCat(op, ": received ", slot.sink->bytes(), " bytes at ",
+                                         got->offset, ", expected ", slot.length, " at ", offset));
+  } else if (got->meta.size != br->version.size) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        op, ": object changed (size ", got->meta.size, ", expected ", br->version.size, ")"));
+  }
+  int held = -1;
+  if (status.ok()) {
+    auto sealed = slot.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+      TierEntry entry;
+      entry.source = br->uri;
+      entry.etag = br->version.etag;
+      entry.size = m.size;
+      entry.crc32c = slot.temp->checksum();
+      entry.filled = absl::Now();
+      entry.block = true;
+      entry.block_offset = offset;
+      entry.object_size = br->version.size;
+      return WriteEntryAttr(fd, entry);
+    });
+    status = sealed.status();
+    if (status.ok() && br->pinned) status = SetPinned(slot.temp->path(), true);
+    // A reader's lock from before it is published until it is served (as whole fills).
+    if (status.ok()) held = open(slot.temp->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (held >= 0) flock(held, LOCK_SH);
+    if (status.ok()) status = slot.temp->Publish();
+    if (!status.ok()) status = Annotate(status, absl::StrCat(op, ": filling the tier"));
+  }
+  slot.temp.reset();
+  slot.sink.reset();
+  slot.Unlock();
+  if (!status.ok()) {
+    if (held >= 0) close(held);
+    slot.status = status;
+    return SlotDone(br);
+  }
+  slot.fd = held;
+  br->filled = true;
+  fills_.fetch_add(1, std::memory_order_relaxed);
+  block_fills_.fetch_add(1, std::memory_order_relaxed);
+  fill_bytes_.fetch_add(slot.length, std::memory_order_relaxed);
+  MaybeEvict(slot.length);
+  SlotDone(br);
+}
+
+void TierStore::SlotDone(const std::shared_ptr<BlockRead>& br) {
+  if (br->pending.fetch_sub(1) == 1) ServeWindow(br);
+}
+
+void TierStore::ServeWindow(const std::shared_ptr<BlockRead>& br) {
+  PendingRead& read = *br->read;
+  const GetRequest& req = read.request;
+  absl::Status status;
+  for (const auto& slot : br->window) {
+    if (!slot->status.ok()) {
+      status = slot->status;
+      break;
+    }
+  }
+  const uint64_t block = tier_->config().block_size;
+  for (const auto& slot : br->window) {
+    if (!status.ok()) break;
+    const uint64_t start = slot->index * block;
+    const uint64_t from = std::max(br->begin, start);
+    const uint64_t to = std::min(br->end, start + slot->length);
+    if (br->result.meta.mtime == absl::InfinitePast()) {
+      struct stat st;
+      if (fstat(slot->fd, &st) == 0) br->result.meta.mtime = absl::TimeFromTimespec(st.st_mtim);
+    }
+    status = CopyOut(slot->fd, from - start, to - from, req, from - br->begin,
+                     absl::StrCat("get ", br->uri, " (block ", slot->index, ")"));
+  }
+  br->window.clear();  // closes the blocks: their reader's locks go
+  if (status.ok() && br->next_block < br->end_block) {
+    // The next window from a task of its own (not deeper on this stack).
+    runtime_->blocking_pool().Schedule(
+        [self = shared_from_this(), br = std::shared_ptr<BlockRead>(br)]() mutable {
+          self->StartWindow(br);
+          self.reset();
+          br.reset();
+        });
+    return;
+  }
+  if (!read.counted) {
+    read.counted = true;
+    (br->filled ? misses_ : hits_).fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!status.ok()) {
+    // The object changed at the source since its version was learnt (an immutable tier's
+    // blocks of an old version, or a HEAD just before a write): look it up again, once,
+    // unless the caller asked for that version.
+    if (absl::IsFailedPrecondition(status) && req.if_match.empty() && !br->retried) {
+      return Discover(br->read, /*retried=*/true);
+    }
+    return read.Finish(std::move(status));
+  }
+  if (br->filled) RemoveBlockVersions(br->blocks_dir, TierBlockVersionDir(br->version.etag));
+  read.Finish(std::move(br->result));
+}
+
+void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResult& got) {
+  const std::string uri = inner_->Uri(read->request.key);
+  const std::string op = absl::StrCat("get ", uri, ": filling the tier");
+  if (read->sink->bytes() != got.meta.size) {
+    return read->Finish(absl::DataLossError(absl::StrCat(
+        "get ", uri, ": received ", read->sink->bytes(), " of ", got.meta.size, " bytes")));
+  }
+  auto temp_dir = tier_->TempDir();
+  if (!temp_dir.ok()) return read->Finish(Annotate(temp_dir.status(), op));
+  const int src = open(read->temp->path().c_str(), O_RDONLY | O_CLOEXEC);
+  if (src < 0) return read->Finish(ErrnoToStatus(errno, op));
+  const std::string blocks_dir = absl::StrCat(read->fill_path, kTierBlocksSuffix);
+  const bool pinned = IsPinned(blocks_dir);
+  const uint64_t block = tier_->config().block_size;
+  absl::Status status;
+  uint64_t blocks = 0;
+  std::string buf;
+  // The part of the object in the whole file is cut into blocks (at most about the threshold
+  // copied, once per object); the blocks past it were written as blocks while they streamed.
+  // Each is an entry of its own, so eviction can drop parts of the object and ranged reads
+  // find what they need.
+  auto seal_and_publish = [&](TempObject& temp, uint64_t offset) -> absl::Status {
+    auto sealed = temp.Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+      TierEntry entry;
+      entry.source = uri;
+      entry.etag = got.meta.etag;
+      entry.size = m.size;
+      entry.crc32c = temp.checksum();
+      entry.filled = absl::Now();
+      entry.block = true;
+      entry.block_offset = offset;
+      entry.object_size = got.meta.size;
+      return WriteEntryAttr(fd, entry);
+    });
+    WHARF_RETURN_IF_ERROR(sealed.status());
+    if (pinned) WHARF_RETURN_IF_ERROR(SetPinned(temp.path(), true));
+    ++blocks;
+    return temp.PublishAt(BlockPath(read->fill_path, got.meta.etag, offset / block));
+  };
+  const uint64_t in_whole = std::min(got.meta.size, read->sink->spill_at());
+  for (uint64_t offset = 0; status.ok() && offset < in_whole; offset += block) {
+    const uint64_t length = std::min(block, in_whole - offset);
+    auto temp =
+        TempObject::Create(BlockPath(read->fill_path, got.meta.etag, offset / block), *temp_dir,
+                           Checksum::kCrc32c);
+    if (!temp.ok()) {
+      status = temp.status();
+      break;
+    }
+    for (uint64_t off = offset; status.ok() && off < offset + length;) {
+      buf.resize(std::min<uint64_t>(offset + length - off, kSinkChunk));
+      const ssize_t n = pread(src, buf.data(), buf.size(), static_cast<off_t>(off));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        status = n < 0 ? ErrnoToStatus(errno, "reading the fetched copy")
+                       : absl::DataLossError("the fetched copy ended early");
+        break;
+      }
+      status = (*temp)->Append(absl::string_view(buf.data(), n));
+      off += n;
+    }
+    if (status.ok()) status = seal_and_publish(**temp, offset);
+  }
+  uint64_t offset = in_whole;
+  for (auto& temp : read->sink->spilled()) {
+    if (!status.ok()) break;
+    status = seal_and_publish(*temp, offset);
+    offset += block;
+  }
+  close(src);
+  read->temp.reset();
+  read->sink.reset();
+  read->Unlock();
+  if (!status.ok()) return read->Finish(Annotate(status, op));
+  fills_.fetch_add(blocks, std::memory_order_relaxed);
+  block_fills_.fetch_add(blocks, std::memory_order_relaxed);
+  fill_bytes_.fetch_add(got.meta.size, std::memory_order_relaxed);
+  RemoveBlockVersions(blocks_dir, TierBlockVersionDir(got.meta.etag));
+  if (read->stale.has_value()) unlink(read->fill_path.c_str());  // a whole copy, stale
+  MaybeEvict(got.meta.size);
+  // Served from the blocks (one the eviction pass took meanwhile is fetched again).
+  ReadBlocks(std::move(read), Version{got.meta.size, got.meta.etag, true}, /*retried=*/false);
+}
+
 void TierStore::Forget(const std::string& key) {
-  if (auto path = FillPath(key)) unlink(path->c_str());
+  if (auto path = FillPath(key)) {
+    unlink(path->c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(absl::StrCat(*path, kTierBlocksSuffix), ignored);
+  }
 }
 
 void TierStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,

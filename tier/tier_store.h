@@ -16,10 +16,31 @@
 //    (its size is the backing store's), sealed with its entry attribute (source URI and ETag)
 //    and published by rename. Fills are not fsynced: an entry a crash truncated fails the
 //    size check and is fetched again.
-// Keys that cannot be paths (a ".." segment, "//", a trailing '/') bypass the tier.
+// Objects larger than the tier's block_threshold are cached in blocks of block_size bytes
+// instead (`<fill path>.blocks/<hash of the ETag>/<index>`, each an entry of its own whose
+// attribute names the object, its ETag and size, and the block's offset), so a ranged read
+// of a big object fetches and keeps only the blocks it covers:
+//  - the object's size and ETag come from its blocks already in the tier (fresh ones, in ttl
+//    mode), else from a HEAD of the source (ranged reads, and whole reads of an object that
+//    has blocks); a whole read of an object the tier knows nothing of is one GET, and when
+//    the object turns out to be big the part of it before the first block boundary above
+//    the threshold is cut into blocks (the rest streamed into blocks) before it is served;
+//  - a missing block is fetched with a ranged GET carrying If-Match on the object's ETag,
+//    filled like a whole object (private file, size check, attribute, rename) under the lock
+//    stripe of the block's path, so N readers of one block fetch it once; the blocks of one
+//    read are fetched in parallel, a window of at most kBlockWindow at a time (each streams
+//    into its file: no memory is held for them);
+//  - blocks of one version are never mixed with another's: each ETag has its directory; a
+//    source changed under an immutable tier's blocks (If-Match fails) makes the read look the
+//    object up again once; a fill into a new version's directory removes the old versions'
+//    blocks that nobody reads or pinned, and `tier gc` the rest;
+//  - a block filled for an object whose `.blocks` directory is pinned is pinned too.
+// Keys that cannot be paths (a ".." segment, "//", a trailing '/', a segment ending in
+// ".blocks", which names blocks) bypass the tier.
 // Requests carry their read options: if_match other than the entry's ETag refills (then
 // fails as the backing store would); if_none_match is answered from the entry.
-// A HEAD of a key with a fresh entry is answered from the entry (size, the source's ETag).
+// A HEAD of a key with a fresh entry (or fresh blocks) is answered from the entry (size, the
+// source's ETag).
 // A listing within the source of a complete import (tier.h: every object the import listed
 // is in the tree) is answered from the imported tree while the import is fresh (immutable
 // mode; in ttl mode for ttl after the import completed): the process's first such listing
@@ -38,10 +59,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/runtime.h"
 #include "store/forwarding_store.h"
 #include "store/registry.h"
@@ -74,8 +97,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   struct Stats {
     uint64_t hits = 0;    // reads served from the tier
     uint64_t misses = 0;  // reads that found no fresh entry
-    uint64_t fills = 0;   // objects this process fetched into the tier
+    uint64_t fills = 0;   // objects (or blocks) this process fetched into the tier
     uint64_t fill_bytes = 0;
+    uint64_t block_fills = 0;  // of which blocks of big objects
     uint64_t bypassed = 0;     // reads of keys that cannot be paths
     uint64_t evicted = 0;      // entries this process's eviction passes removed
     uint64_t revalidated = 0;  // stale copies the source confirmed unchanged (304)
@@ -88,9 +112,21 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // The copy of `key` in the read-through area (nullopt when the key bypasses the tier).
   std::optional<std::string> FillPath(const std::string& key) const;
 
+  // Blocks of one read fetched at once.
+  static constexpr int kBlockWindow = 8;
+
  private:
   struct PendingRead;
   struct TreeListing;  // a complete import's objects in key order
+  struct BlockRead;
+  struct BlockSlot;
+  // A version of a big object: its size and ETag. `confirmed`: the source said so during
+  // this read (a HEAD), so its blocks are current whatever their age.
+  struct Version {
+    uint64_t size = 0;
+    std::string etag;
+    bool confirmed = false;
+  };
   TierStore(std::shared_ptr<ObjectStore> inner, std::shared_ptr<Tier> tier,
             std::shared_ptr<Runtime> runtime, std::vector<TierImport> imports);
 
@@ -111,6 +147,42 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // The listing of the complete, fresh import whose source covers `prefix`, or null when
   // the bucket must answer. Walks the tree the first time (blocking I/O).
   std::shared_ptr<const TreeListing> ListingFor(const std::string& prefix);
+
+  // ---- Blocks of big objects ----
+  // The newest version of the object at `fill_path` whose blocks are in the tier (fresh ones
+  // in ttl mode, with `if_match` its ETag when given); `hint`: a block index to look at first.
+  std::optional<Version> FindBlocks(const std::string& fill_path, const std::string& uri,
+                                    const std::string& if_match, absl::Duration max_staleness,
+                                    uint64_t hint) const;
+  // What a read that found no whole entry does: blocks it knows of, else a HEAD (ranged
+  // reads, objects with blocks), else a whole fill. Counts the miss or, for blocks, later.
+  void ReadUncached(std::shared_ptr<PendingRead> read);
+  // Looks the object up at the source and reads it as blocks when it is big, whole if not.
+  void Discover(std::shared_ptr<PendingRead> read, bool retried);
+  // Serves `read` from the blocks of `version`, filling the missing ones.
+  void ReadBlocks(std::shared_ptr<PendingRead> read, Version version, bool retried);
+  void StartWindow(std::shared_ptr<BlockRead> br);
+  // One block of the window: local, or filled under its stripe lock. The step that makes the
+  // window's last block local serves the window.
+  void StepBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot);
+  bool OpenBlock(const BlockRead& br, BlockSlot& slot);
+  void FillBlock(std::shared_ptr<BlockRead> br, BlockSlot* slot);
+  void PublishBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot,
+                    const absl::StatusOr<GetResult>& got);
+  void SlotDone(const std::shared_ptr<BlockRead>& br);
+  void ServeWindow(const std::shared_ptr<BlockRead>& br);
+  // Cuts a whole object just fetched (a big one) into blocks and serves the read from them.
+  void PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResult& got);
+  // Sizes and ETags the source just reported to HEADs through this store, kept for
+  // kHeadMemo (at most the ttl), so a ranged read right after a HEAD (ObjectReader's) need not
+  // ask again. A memo gone stale is harmless: blocks are fetched with If-Match (a changed
+  // object is looked up again) and a whole fill of a small object that grew is cut into
+  // blocks.
+  void RememberHead(const std::string& key, const ObjectMeta& meta);
+  std::optional<Version> RecentHead(const std::string& key);
+  // The block at `index` of `version` of the object at `fill_path`.
+  std::string BlockPath(const std::string& fill_path, const std::string& etag,
+                        uint64_t index) const;
   // After a fill: when the tier may be over its bounds, eviction passes until it is not.
   void MaybeEvict(uint64_t filled);
   // Counters: what was not yet written goes to the tier's stats (tier.h) when the store is
@@ -125,6 +197,13 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   const std::vector<TierImport> imports_;  // source URI prefixes, longest first
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, fills_{0}, fill_bytes_{0}, bypassed_{0};
+  std::atomic<uint64_t> block_fills_{0};
+  struct HeadMemo {
+    Version version;
+    absl::Time at;
+  };
+  absl::Mutex heads_mu_;
+  std::unordered_map<std::string, HeadMemo> heads_ ABSL_GUARDED_BY(heads_mu_);
   std::atomic<int64_t> usage_{-1};  // bytes of entries after this process's last pass
   std::atomic<bool> evicting_{false};
   std::atomic<uint64_t> filled_since_pass_{0};

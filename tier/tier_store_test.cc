@@ -3,11 +3,15 @@
 // option, writes through it forget the tier's copy, imported trees answer for their source.
 #include "tier/tier_store.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,15 +24,43 @@
 #include "io/transfer.h"
 #include "store/local/temp_object.h"
 #include "store/testing/delayed_get_store.h"
+#include "store/testing/memory_store.h"
+#include "store/testing/random_bytes.h"
 #include "store/testing/temp_store.h"
+#include "tier/evict.h"
 #include "tier/tree_store.h"
 
 namespace wharf {
 namespace {
 
 using store_testing::DelayedGetStore;
+using store_testing::MemoryStore;
+using store_testing::RandomBytes;
 using store_testing::TempStore;
 using ::testing::HasSubstr;
+
+// Runs `child` in `n` forked processes at once (each opens its own stores: the parent's
+// threads do not survive fork()); the sum of their exit codes, or -1 when one failed (exit
+// code 100) or did not exit.
+int SumOfForkedChildren(int n, const std::function<int()>& child) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(child());
+    pids.push_back(pid);
+  }
+  int sum = 0;
+  bool failed = false;
+  for (pid_t pid : pids) {
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) == 100) {
+      failed = true;
+    } else {
+      sum += WEXITSTATUS(status);
+    }
+  }
+  return failed ? -1 : sum;
+}
 
 class TierStoreTest : public ::testing::Test {
  protected:
@@ -289,26 +321,14 @@ TEST_F(TierStoreTest, ProcessesShareOneFillAndAKilledFillerBlocksNoOne) {
         std::make_shared<DelayedGetStore>(std::shared_ptr<ObjectStore>(*std::move(local)), delay),
         runtime);
   };
-  auto child_read = [&](absl::Duration delay) -> pid_t {
-    const pid_t pid = fork();
-    if (pid != 0) return pid;
+  const int fills = SumOfForkedChildren(4, [&] {
     auto t = Tier::Find(tier_root);
-    auto [slow, runtime] = child_source(delay);
+    auto [slow, runtime] = child_source(absl::Milliseconds(300));
     auto s = TierStore::Open(slow, *t, runtime);
     auto data = (*s)->Read("shared");
-    if (!data.ok() || data->size() != 50000) _exit(100);
-    _exit(static_cast<int>((*s)->stats().fills));  // 1 when this child fetched
-  };
-  std::vector<pid_t> children;
-  for (int i = 0; i < 4; ++i) children.push_back(child_read(absl::Milliseconds(300)));
-  int fills = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    ASSERT_NE(WEXITSTATUS(status), 100) << "a reader failed";
-    fills += WEXITSTATUS(status);
-  }
+    if (!data.ok() || data->size() != 50000) return 100;
+    return static_cast<int>((*s)->stats().fills);  // 1 when this child fetched
+  });
   EXPECT_EQ(fills, 1);
 
   ASSERT_TRUE(source_.store()->Put("victim", absl::Cord("v")).ok());
@@ -330,6 +350,344 @@ TEST_F(TierStoreTest, ProcessesShareOneFillAndAKilledFillerBlocksNoOne) {
   auto garbage = tier->CollectGarbage();
   ASSERT_TRUE(garbage.ok());
   EXPECT_GE(garbage->owners, 1u) << "the killed filler's temporary directory";
+}
+
+// Counts what reaches the bucket: GETs (and the bytes they delivered, and their ranges) and
+// HEADs.
+class CountingStore : public ForwardingStore {
+ public:
+  explicit CountingStore(std::shared_ptr<ObjectStore> inner) : ForwardingStore(std::move(inner)) {}
+  void GetAsync(GetRequest request, Callback<GetResult> done) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++gets_;
+      ranges_.push_back(request.range.is_all() ? "all" : request.range.ToHttp());
+    }
+    ForwardingStore::GetAsync(std::move(request),
+                              [this, done = std::move(done)](absl::StatusOr<GetResult> r) mutable {
+                                if (r.ok()) {
+                                  absl::MutexLock lock(&mu_);
+                                  bytes_ += r->bytes;
+                                }
+                                std::move(done)(std::move(r));
+                              });
+  }
+  void HeadAsync(std::string key, Callback<ObjectMeta> done) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++heads_;
+    }
+    ForwardingStore::HeadAsync(std::move(key), std::move(done));
+  }
+  int gets() {
+    absl::MutexLock lock(&mu_);
+    return gets_;
+  }
+  int heads() {
+    absl::MutexLock lock(&mu_);
+    return heads_;
+  }
+  uint64_t bytes() {
+    absl::MutexLock lock(&mu_);
+    return bytes_;
+  }
+  std::vector<std::string> ranges() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> out = ranges_;
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  void Reset() {
+    absl::MutexLock lock(&mu_);
+    gets_ = heads_ = 0;
+    bytes_ = 0;
+    ranges_.clear();
+  }
+
+ private:
+  absl::Mutex mu_;
+  int gets_ ABSL_GUARDED_BY(mu_) = 0;
+  int heads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> ranges_ ABSL_GUARDED_BY(mu_);
+};
+
+constexpr uint64_t kBlock = 256 << 10;
+constexpr uint64_t kBig = 12 * kBlock;  // 3 MiB: 12 blocks
+
+TierConfig SmallBlocks() {
+  TierConfig config;
+  config.block_size = kBlock;
+  config.block_threshold = 1 << 20;
+  return config;
+}
+
+std::vector<std::string> FilesBelow(const std::string& dir) {
+  std::vector<std::string> out;
+  if (!std::filesystem::exists(dir)) return out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) out.push_back(e.path().string().substr(dir.size() + 1));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+class TierBlocksTest : public TierStoreTest {
+ protected:
+  void SetUp() override {
+    memory_ = std::make_shared<MemoryStore>();
+    bucket_ = std::make_shared<CountingStore>(memory_);
+  }
+  std::string BlocksDir(TierStore& store, const std::string& key) {
+    return *store.FillPath(key) + kTierBlocksSuffix;
+  }
+  std::shared_ptr<MemoryStore> memory_;
+  std::shared_ptr<CountingStore> bucket_;
+};
+
+TEST_F(TierBlocksTest, ARangedReadOfABigObjectFetchesAndKeepsOnlyItsBlocks) {
+  const std::string data = RandomBytes(kBig, 1);
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());
+  auto store = Cached(bucket_, MakeTier(SmallBlocks()));
+  // Bytes [300000, 900000): blocks 1, 2 and 3.
+  auto part = store->Read("big.bin", ByteRange::Of(300000, 600000));
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(*part, data.substr(300000, 600000));
+  EXPECT_EQ(bucket_->heads(), 1);  // the size, to tell blocks from a whole copy
+  EXPECT_EQ(bucket_->gets(), 3);
+  EXPECT_EQ(bucket_->bytes(), 3 * kBlock);
+  EXPECT_THAT(bucket_->ranges(),
+              ::testing::ElementsAre("262144-524287", "524288-786431", "786432-1048575"));
+  EXPECT_EQ(store->stats().block_fills, 3u);
+  EXPECT_EQ(store->stats().fill_bytes, 3 * kBlock);
+  EXPECT_FALSE(std::filesystem::exists(*store->FillPath("big.bin")));  // no whole copy
+  const std::string version = TierBlockVersionDir(memory_->Head("big.bin")->etag);
+  EXPECT_THAT(FilesBelow(BlocksDir(*store, "big.bin")),
+              ::testing::ElementsAre(version + "/1", version + "/2", version + "/3"));
+  auto entry = ReadEntryAttr(BlocksDir(*store, "big.bin") + "/" + version + "/2");
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_TRUE(entry->block);
+  EXPECT_EQ(entry->block_offset, 2 * kBlock);
+  EXPECT_EQ(entry->object_size, kBig);
+  EXPECT_EQ(entry->size, kBlock);
+  EXPECT_EQ(entry->source, memory_->Uri("big.bin"));
+
+  // Again, and any range inside those blocks: nothing reaches the bucket, HEAD included.
+  bucket_->Reset();
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Of(300000, 600000)), data.substr(300000, 600000));
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Of(kBlock, 10)), data.substr(kBlock, 10));
+  auto head = store->Head("big.bin");
+  ASSERT_TRUE(head.ok());
+  EXPECT_EQ(head->size, kBig);
+  EXPECT_EQ(bucket_->gets() + bucket_->heads(), 0);
+  EXPECT_EQ(store->stats().hits, 2u);
+
+  // A whole read fetches the 9 other blocks and assembles the object, into a buffer and into
+  // a sink; a suffix read is served from the blocks.
+  auto whole = store->Read("big.bin");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == data);
+  EXPECT_EQ(bucket_->gets(), 9);
+  EXPECT_EQ(bucket_->bytes(), 9 * kBlock);
+  EXPECT_EQ(FilesBelow(BlocksDir(*store, "big.bin")).size(), 12u);
+  bucket_->Reset();
+  std::string buf(kBig, '\0');
+  GetRequest into;
+  into.key = "big.bin";
+  into.buffer = absl::MakeSpan(buf);
+  auto got = store->Get(into);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->bytes, kBig);
+  EXPECT_TRUE(buf == data);
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Last(5)), data.substr(kBig - 5));
+  EXPECT_EQ(store->Read("big.bin", ByteRange::From(kBig)).status().code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(bucket_->gets(), 0);
+  // if_match on another version refills (and fails as the bucket does).
+  GetRequest wrong;
+  wrong.key = "big.bin";
+  wrong.buffer = absl::MakeSpan(buf);
+  wrong.if_match = "not-the-etag";
+  EXPECT_EQ(store->Get(wrong).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // After a HEAD through the tier (as ObjectReader opens an object), a ranged read with that
+  // ETag does not ask for the size again.
+  ASSERT_TRUE(memory_->Put("other.bin", absl::Cord(data)).ok());
+  bucket_->Reset();
+  auto meta = store->Head("other.bin");
+  ASSERT_TRUE(meta.ok());
+  std::string two(2 * kBlock, '\0');
+  GetRequest ranged;
+  ranged.key = "other.bin";
+  ranged.range = ByteRange::Of(kBlock, 2 * kBlock);
+  ranged.buffer = absl::MakeSpan(two);
+  ranged.if_match = meta->etag;
+  ASSERT_TRUE(store->Get(ranged).ok());
+  EXPECT_TRUE(two == data.substr(kBlock, 2 * kBlock));
+  EXPECT_EQ(bucket_->heads(), 1);
+  EXPECT_EQ(bucket_->gets(), 2);
+}
+
+TEST_F(TierBlocksTest, AWholeReadOfAnUnknownBigObjectIsCutIntoBlocks) {
+  const std::string data = RandomBytes(kBig + 1000, 2);  // a short last block
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());
+  ASSERT_TRUE(memory_->Put("small.bin", absl::Cord(std::string(1 << 20, 's'))).ok());
+  auto store = Cached(bucket_, MakeTier(SmallBlocks()));
+  auto whole = store->Read("big.bin");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == data);
+  EXPECT_EQ(bucket_->gets(), 1);  // one GET, no HEAD
+  EXPECT_EQ(bucket_->heads(), 0);
+  EXPECT_EQ(FilesBelow(BlocksDir(*store, "big.bin")).size(), 13u);
+  EXPECT_FALSE(std::filesystem::exists(*store->FillPath("big.bin")));
+  // An object at the threshold is one whole entry.
+  ASSERT_TRUE(store->Read("small.bin").ok());
+  EXPECT_TRUE(std::filesystem::exists(*store->FillPath("small.bin")));
+  EXPECT_FALSE(std::filesystem::exists(BlocksDir(*store, "small.bin")));
+  bucket_->Reset();
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Of(kBig, 1000)), data.substr(kBig));
+  EXPECT_EQ(*store->Read("small.bin", ByteRange::Of(5, 5)), "sssss");
+  EXPECT_EQ(bucket_->gets() + bucket_->heads(), 0);
+  // Writes through the tier forget the blocks too.
+  ASSERT_TRUE(store->Put("big.bin", absl::Cord("now small")).ok());
+  EXPECT_FALSE(std::filesystem::exists(BlocksDir(*store, "big.bin")));
+  EXPECT_EQ(*store->Read("big.bin"), "now small");
+}
+
+TEST_F(TierBlocksTest, AChangedSourceNeverMixesBlocksOfTwoVersions) {
+  TierConfig config = SmallBlocks();
+  config.mode = TierConfig::Mode::kTtl;
+  config.ttl = absl::Milliseconds(300);
+  auto store = Cached(bucket_, MakeTier(config));
+  const std::string v1 = RandomBytes(kBig, 3), v2 = RandomBytes(kBig, 4);
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(v1)).ok());
+  const std::string e1 = memory_->Head("big.bin")->etag;
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Of(0, 2 * kBlock)), v1.substr(0, 2 * kBlock));
+  // The source changes (same size). Within the ttl, a read that needs a block not yet here
+  // finds that block's version gone (If-Match fails), looks the object up again and reads
+  // every block of the new version: never block 1 of v1 with block 2 of v2.
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(v2)).ok());
+  const std::string e2 = memory_->Head("big.bin")->etag;
+  auto mixed = store->Read("big.bin", ByteRange::Of(kBlock, 2 * kBlock));
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_TRUE(*mixed == v2.substr(kBlock, 2 * kBlock));
+  // The old version's blocks were removed when the new one was filled.
+  const std::string blocks = BlocksDir(*store, "big.bin");
+  EXPECT_FALSE(std::filesystem::exists(blocks + "/" + TierBlockVersionDir(e1)));
+  EXPECT_THAT(FilesBelow(blocks), ::testing::ElementsAre(TierBlockVersionDir(e2) + "/1",
+                                                         TierBlockVersionDir(e2) + "/2"));
+
+  // Past the ttl and unchanged: a HEAD confirms the version, no block is fetched again.
+  absl::SleepFor(absl::Milliseconds(350));
+  bucket_->Reset();
+  EXPECT_TRUE(*store->Read("big.bin", ByteRange::Of(kBlock, 2 * kBlock)) ==
+              v2.substr(kBlock, 2 * kBlock));
+  EXPECT_EQ(bucket_->heads(), 1);
+  EXPECT_EQ(bucket_->gets(), 0);
+  // Past the ttl and changed: the new version is read.
+  const std::string v3 = RandomBytes(kBig, 5);
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(v3)).ok());
+  absl::SleepFor(absl::Milliseconds(350));
+  EXPECT_TRUE(*store->Read("big.bin", ByteRange::Of(kBlock, 2 * kBlock)) ==
+              v3.substr(kBlock, 2 * kBlock));
+  auto whole = store->Read("big.bin");
+  ASSERT_TRUE(whole.ok());
+  EXPECT_TRUE(*whole == v3);
+}
+
+TEST_F(TierBlocksTest, ImmutableBlocksOfAVersionGoneAreReadAgainAndGcRemovesOldVersions) {
+  auto tier = MakeTier(SmallBlocks());
+  auto store = Cached(bucket_, tier);
+  const std::string v1 = RandomBytes(kBig, 6), v2 = RandomBytes(kBig, 7);
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(v1)).ok());
+  const std::string e1 = memory_->Head("big.bin")->etag;
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Of(0, kBlock)), v1.substr(0, kBlock));
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(v2)).ok());
+  // The cached block answers (immutable); a read needing another block gets one version.
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Of(0, kBlock)), v1.substr(0, kBlock));
+  const std::string blocks = BlocksDir(*store, "big.bin");
+  // Held by a reader: the fill of the new version cannot remove it; gc later can.
+  const std::string old_block = blocks + "/" + TierBlockVersionDir(e1) + "/0";
+  const int reader = open(old_block.c_str(), O_RDONLY);
+  ASSERT_GE(reader, 0);
+  ASSERT_EQ(flock(reader, LOCK_SH), 0);
+  auto both = store->Read("big.bin", ByteRange::Of(0, 2 * kBlock));
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_TRUE(*both == v2.substr(0, 2 * kBlock));
+  EXPECT_TRUE(std::filesystem::exists(old_block));
+  auto busy = CollectOldBlockVersions(*tier);
+  ASSERT_TRUE(busy.ok());
+  EXPECT_EQ(*busy, 0u);
+  close(reader);
+  auto collected = CollectOldBlockVersions(*tier);
+  ASSERT_TRUE(collected.ok());
+  EXPECT_EQ(*collected, 1u);
+  EXPECT_FALSE(std::filesystem::exists(blocks + "/" + TierBlockVersionDir(e1)));
+  EXPECT_EQ(FilesBelow(blocks).size(), 2u);
+}
+
+TEST_F(TierBlocksTest, EvictionTakesBlocksLeastRecentlyUsedFirstAndNeverOneBeingRead) {
+  auto tier = MakeTier(SmallBlocks());
+  auto store = Cached(bucket_, tier);
+  const std::string data = RandomBytes(kBig, 8);
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());
+  const std::string version = TierBlockVersionDir(memory_->Head("big.bin")->etag);
+  // Block 1 first, then 0 and 2 (blocks of one read are filled in parallel, in any order).
+  ASSERT_TRUE(store->Read("big.bin", ByteRange::Of(kBlock, 10)).ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(store->Read("big.bin", ByteRange::Of(0, 3 * kBlock)).ok());
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(store->Read("big.bin", ByteRange::Of(9 * kBlock, 3 * kBlock)).ok());  // 9-11
+  const std::string blocks = BlocksDir(*store, "big.bin");
+  // Down to four blocks: the older ones go, except block 1, which a reader holds (and which
+  // counts as kept).
+  const int reader = open((blocks + "/" + version + "/1").c_str(), O_RDONLY);
+  ASSERT_GE(reader, 0);
+  ASSERT_EQ(flock(reader, LOCK_SH), 0);
+  auto pass = EvictTo(*tier, tier->root(), 4 * kBlock);
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  EXPECT_EQ(pass->entries, 6u);
+  EXPECT_EQ(pass->kept_busy, 1u);
+  EXPECT_EQ(pass->evicted, 2u);
+  close(reader);
+  EXPECT_THAT(FilesBelow(blocks), ::testing::ElementsAre(version + "/1", version + "/10",
+                                                         version + "/11", version + "/9"));
+  // Evicting the object's path (no whole copy) covers its blocks; a pinned object keeps
+  // them, and the blocks filled later are pinned too.
+  ASSERT_TRUE(SetPinned(blocks, true).ok());
+  bucket_->Reset();
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Of(4 * kBlock, 10)), data.substr(4 * kBlock, 10));
+  EXPECT_EQ(bucket_->gets(), 1);  // block 4
+  EXPECT_TRUE(IsPinned(blocks + "/" + version + "/4"));
+  auto by_path = EvictTo(*tier, *store->FillPath("big.bin"), 0);
+  ASSERT_TRUE(by_path.ok()) << by_path.status();
+  EXPECT_EQ(by_path->entries, 5u);
+  EXPECT_EQ(by_path->evicted, 4u);
+  EXPECT_EQ(by_path->kept_pinned, 1u);
+  EXPECT_THAT(FilesBelow(blocks), ::testing::ElementsAre(version + "/4"));
+  // What was evicted is fetched again.
+  bucket_->Reset();
+  EXPECT_TRUE(*store->Read("big.bin") == data);
+  EXPECT_EQ(bucket_->gets(), 11);
+}
+
+// N processes reading the same blocks of a big object at once fetch each block once.
+TEST_F(TierStoreTest, ProcessesReadingTheSameBlocksFetchEachOnce) {
+  const std::string data = RandomBytes(kBig, 9);
+  ASSERT_TRUE(source_.store()->Put("big.bin", absl::Cord(data)).ok());
+  auto tier = MakeTier(SmallBlocks());
+  const std::string tier_root = tier->root();
+  const int fills = SumOfForkedChildren(4, [&] {
+    auto runtime = std::make_shared<Runtime>();
+    auto local = LocalStore::Open(source_.root(), runtime);
+    auto slow = std::make_shared<DelayedGetStore>(std::shared_ptr<ObjectStore>(*std::move(local)),
+                                                  absl::Milliseconds(200));
+    auto s = TierStore::Open(slow, *Tier::Find(tier_root), runtime);
+    auto got = (*s)->Read("big.bin", ByteRange::Of(kBlock / 2, 4 * kBlock));
+    if (!got.ok() || *got != data.substr(kBlock / 2, 4 * kBlock)) return 100;
+    return static_cast<int>((*s)->stats().block_fills);
+  });
+  EXPECT_EQ(fills, 5);  // blocks 0-4, each by one process
 }
 
 }  // namespace

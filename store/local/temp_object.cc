@@ -186,14 +186,16 @@ absl::StatusOr<ObjectMeta> TempObject::Seal(
   return meta;
 }
 
-absl::Status TempObject::Publish(bool sync_dir) {
-  const size_t slash = target_.rfind('/');
-  const std::string dir = slash == 0 ? "/" : target_.substr(0, slash);
-  if (rename(path_.c_str(), target_.c_str()) != 0) {
+absl::Status TempObject::Publish(bool sync_dir) { return PublishAt(target_, sync_dir); }
+
+absl::Status TempObject::PublishAt(const std::string& target, bool sync_dir) {
+  const size_t slash = target.rfind('/');
+  const std::string dir = slash == 0 ? "/" : target.substr(0, slash);
+  if (rename(path_.c_str(), target.c_str()) != 0) {
     int err = errno;
     if (err == ENOENT) {  // the target's directory is missing (a temp_dir elsewhere)
       WHARF_RETURN_IF_ERROR(MakeDirs(dir));
-      if (rename(path_.c_str(), target_.c_str()) == 0)
+      if (rename(path_.c_str(), target.c_str()) == 0)
         err = 0;
       else
         err = errno;

@@ -66,6 +66,9 @@ class TempObject {
   // Renames the sealed file over the target; with `sync_dir`, then fsyncs the directory.
   // FailedPrecondition when the target is a directory (other keys have it as a prefix).
   absl::Status Publish(bool sync_dir = false);
+  // The same, renaming it to `target` (absolute) instead: for a file whose final name is
+  // known only once it is written (the tier's blocks, named by the object's ETag).
+  absl::Status PublishAt(const std::string& target, bool sync_dir = false);
   // Seal + Publish.
   absl::StatusOr<ObjectMeta> Commit(std::optional<absl::Time> mtime, bool fsync = false);
 

@@ -6,6 +6,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,6 +113,7 @@ def test_python_store_and_dataset_read_through_the_tier(tmp_path, bucket, s3_env
 
     code = f"""
 import sys
+import time
 sys.path.insert(0, {str(ROOT / 'python')!r})
 from wharf.torch import MapDataset
 ds = MapDataset.from_prefix("s3://{bucket}/ds/", cache={str(tier)!r})
@@ -201,3 +203,127 @@ def test_gc_folds_the_counters_of_finished_readers(tmp_path, bucket, s3_env, s3_
     assert out["stats_folded"] == 1
     assert os.listdir(stats_dir) == ["folded.json"]
     assert status(tier)["hits"] == 60
+
+
+BLOCK = 256 << 10
+
+
+def blocks_tier(tmp_path, *options):
+    """A tier that caches objects above 1 MiB in 256 KiB blocks."""
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", "--block-size", "256K", "--block-threshold", "1M", *options, tier,
+              check=True)
+    return tier
+
+
+def blocks_dir(tier, bucket, key):
+    return tier / ".wharf" / "objects" / "s3" / bucket / (key + ".blocks")
+
+
+def block_files(tier, bucket, key):
+    root = blocks_dir(tier, bucket, key)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_block_settings_are_checked(tmp_path):
+    tier = blocks_tier(tmp_path)
+    config = json.loads((tier / ".wharf" / "tier.json").read_text())
+    assert (config["block_size"], config["block_threshold"]) == (BLOCK, 1 << 20)
+    small = run_wharf("tier", "init", "--block-size", "1K", tmp_path / "t2")
+    assert small.returncode == 1 and "block_size" in small.stderr
+    below = run_wharf("tier", "init", "--block-size", "1M", "--block-threshold", "512K",
+                      tmp_path / "t3")
+    assert below.returncode == 1 and "block_threshold" in below.stderr
+
+
+def test_ranged_reads_of_a_big_object_fetch_and_keep_only_their_blocks(tmp_path, bucket, s3_env,
+                                                                      s3_client):
+    data = os.urandom(12 * BLOCK)
+    s3_client.put_object(Bucket=bucket, Key="big/model.bin", Body=data)
+    tier = blocks_tier(tmp_path)
+    uri = f"s3://{bucket}/big/model.bin"
+    # Bytes [300000, 900000): blocks 1, 2 and 3, and only they come from the bucket.
+    part = run_wharf("cat", "--cache", tier, "--range", "300000-899999", uri, env=s3_env,
+                     check=True)
+    assert part.stdout == data[300000:900000]
+    s = status(tier)
+    assert (s["fill_bytes"], s["blocks"], s["entries"]) == (3 * BLOCK, 3, 3)
+    assert [name.split("/")[1] for name in block_files(tier, bucket, "big/model.bin")] == \
+        ["1", "2", "3"]
+    # Again: served by the tier, nothing fetched.
+    again = run_wharf("cat", "--cache", tier, "--range", "262144-300000", uri, env=s3_env,
+                      check=True)
+    assert again.stdout == data[262144:300001]
+    assert status(tier)["fill_bytes"] == 3 * BLOCK
+    # A whole read fetches the other nine blocks and assembles the object.
+    whole = run_wharf("cat", "--cache", tier, uri, env=s3_env, check=True)
+    assert whole.stdout == data
+    s = status(tier)
+    assert (s["fill_bytes"], s["blocks"]) == (12 * BLOCK, 12)
+
+    # The object's path covers its blocks: status, verify, pin, evict.
+    obj = tier / ".wharf" / "objects" / "s3" / bucket / "big" / "model.bin"
+    assert status(obj)["entries"] == 12
+    verified = json.loads(run_wharf("tier", "verify", "--json", obj, check=True).stdout)
+    assert (verified["checked"], verified["damaged"]) == (12, 0)
+    damaged = blocks_dir(tier, bucket, "big/model.bin") / block_files(tier, bucket,
+                                                                     "big/model.bin")[4]
+    with open(damaged, "r+b") as f:  # same size, other bytes
+        f.write(b"\0" * 100)
+    bad = run_wharf("tier", "verify", obj)
+    assert bad.returncode == 1 and str(damaged).encode() in bad.stdout
+    run_wharf("tier", "verify", "--repair", obj, check=True)
+    assert run_wharf("cat", "--cache", tier, uri, env=s3_env, check=True).stdout == data
+    assert status(tier)["fill_bytes"] == 13 * BLOCK  # the damaged block, fetched again
+
+    run_wharf("tier", "pin", obj, check=True)
+    kept = json.loads(run_wharf("tier", "evict", "--json", tier, check=True).stdout)
+    assert (kept["kept_pinned"], kept["evicted"]) == (12, 0)
+    run_wharf("tier", "unpin", obj, check=True)
+    gone = json.loads(run_wharf("tier", "evict", "--json", obj, check=True).stdout)
+    assert gone["evicted"] == 12
+    assert block_files(tier, bucket, "big/model.bin") == []
+
+
+def test_processes_reading_the_same_blocks_fetch_them_once(tmp_path, bucket, s3_env, s3_client):
+    data = os.urandom(16 * BLOCK)
+    s3_client.put_object(Bucket=bucket, Key="big/shared.bin", Body=data)
+    tier = blocks_tier(tmp_path)
+    uri = f"s3://{bucket}/big/shared.bin"
+    procs = [subprocess.Popen([wharf_bin(), "cat", "--cache", str(tier), "--range",
+                               f"{BLOCK // 2}-{6 * BLOCK - 1}", uri], env=s3_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+        assert out == data[BLOCK // 2:6 * BLOCK]
+    s = status(tier)
+    assert (s["fill_bytes"], s["blocks"]) == (6 * BLOCK, 6), s
+
+
+def test_a_changed_source_never_mixes_blocks_of_two_versions(tmp_path, bucket, s3_env,
+                                                             s3_client):
+    v1, v2 = os.urandom(8 * BLOCK), os.urandom(8 * BLOCK)
+    s3_client.put_object(Bucket=bucket, Key="big/changing.bin", Body=v1)
+    tier = blocks_tier(tmp_path, "--mode", "ttl", "--ttl", "1")
+    uri = f"s3://{bucket}/big/changing.bin"
+
+    def cat(rng=None):
+        args = ["--range", rng] if rng else []
+        return run_wharf("cat", "--cache", tier, *args, uri, env=s3_env, check=True).stdout
+
+    assert cat(f"0-{2 * BLOCK - 1}") == v1[:2 * BLOCK]
+    s3_client.put_object(Bucket=bucket, Key="big/changing.bin", Body=v2)
+    # Block 1 is here (v1), block 2 is not: the read gets both from v2, never v1's block 1
+    # with v2's block 2.
+    assert cat(f"{BLOCK}-{3 * BLOCK - 1}") == v2[BLOCK:3 * BLOCK]
+    versions = [p.name for p in blocks_dir(tier, bucket, "big/changing.bin").iterdir()]
+    assert len(versions) == 1  # the old version's blocks went when the new one was filled
+    time.sleep(1.2)  # past the ttl: the version is checked again, and still v2
+    assert cat() == v2
+    s3_client.put_object(Bucket=bucket, Key="big/changing.bin", Body=v1)
+    time.sleep(1.2)
+    assert cat() == v1
+    gc = json.loads(run_wharf("tier", "gc", "--json", tier, check=True).stdout)
+    assert "old_blocks" in gc
+    assert len(list(blocks_dir(tier, bucket, "big/changing.bin").iterdir())) == 1
