@@ -81,9 +81,8 @@ class SpillSink : public ReadSink {
       } else {
         const uint64_t index = bytes_ / block_;
         if (bytes_ % block_ == 0) {
-          WHARF_ASSIGN_OR_RETURN(auto temp,
-                                 TempObject::Create(absl::StrCat(placeholder_, index), temp_dir_,
-                                                    Checksum::kCrc32c));
+          WHARF_ASSIGN_OR_RETURN(auto temp, TempObject::Create(absl::StrCat(placeholder_, index),
+                                                               temp_dir_, Checksum::kCrc32c));
           spilled_.push_back(std::move(temp));
         }
         n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), (index + 1) * block_ - bytes_));
@@ -724,6 +723,7 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
           if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
           self.reset();
           read.reset();
+        });
       });
       return;
     }
@@ -762,11 +762,12 @@ void TierStore::ReleaseFill(uint64_t stripe, const std::string& fill_path) {
   }
   if (unlock_fd >= 0) close(unlock_fd);  // releases the flock
   for (std::shared_ptr<PendingRead>& read : waiting) {
-    runtime_->blocking_pool().Schedule([self = shared_from_this(), read = std::move(read)]() mutable {
-      if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
-      self.reset();
-      read.reset();
-    });
+    runtime_->blocking_pool().Schedule(
+        [self = shared_from_this(), read = std::move(read)]() mutable {
+          if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);
+          self.reset();
+          read.reset();
+        });
   }
 }
 
@@ -1333,9 +1334,8 @@ void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResu
   const uint64_t in_whole = std::min(got.meta.size, read->sink->spill_at());
   for (uint64_t offset = 0; status.ok() && offset < in_whole; offset += block) {
     const uint64_t length = std::min(block, in_whole - offset);
-    auto temp =
-        TempObject::Create(BlockPath(read->fill_path, got.meta.etag, offset / block), *temp_dir,
-                           Checksum::kCrc32c);
+    auto temp = TempObject::Create(BlockPath(read->fill_path, got.meta.etag, offset / block),
+                                   *temp_dir, Checksum::kCrc32c);
     if (!temp.ok()) {
       status = temp.status();
       break;
