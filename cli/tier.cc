@@ -733,7 +733,8 @@ void AddTier(CLI::App& app, TierArgs& args) {
   gc->add_flag("-q,--quiet", args.quiet, "Print nothing");
   gc->add_option("TIER_DIR", args.path, "A path inside a tier")->required();
 
-  CLI::App* verify = sub("verify", "Check entries below PATH against their recorded size and MD5");
+  CLI::App* verify =
+      sub("verify", "Check entries below PATH against their recorded size and checksum");
   verify->add_flag("--repair", args.repair, "Fetch damaged entries again from their source");
   verify->add_flag("--json", args.json, "Print one JSON object");
   verify->add_flag("-q,--quiet", args.quiet, "Print only damaged entries");

@@ -53,12 +53,13 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
   return s.str();
 }
 
-// Writes `content` to `path` atomically and durably (temporary file, fsync, rename).
+// Writes `content` to `path` atomically (temporary file, rename), durably unless `sync` is
+// false. An empty `temp_dir` writes the temporary file beside `path`.
 absl::Status WriteSmallFile(const std::string& path, absl::string_view content,
-                            const std::string& temp_dir) {
+                            const std::string& temp_dir, bool sync = true) {
   WHARF_ASSIGN_OR_RETURN(auto temp, TempObject::Create(path, temp_dir));
   WHARF_RETURN_IF_ERROR(temp->Append(content));
-  return temp->Commit(std::nullopt, /*fsync=*/true).status();
+  return temp->Commit(std::nullopt, sync).status();
 }
 
 // Removes `path` and everything below it; counts the files removed.
@@ -670,11 +671,7 @@ absl::Status Tier::RecordUsage(uint64_t bytes) const {
   j["bytes"] = bytes;
   j["time"] = absl::ToUnixSeconds(absl::Now());
   // Not synced: a hint that a crash may lose (the next pass writes it again).
-  const std::string path = MetaPath("usage.json");
-  auto temp = TempObject::Create(path, "");
-  if (!temp.ok()) return temp.status();
-  WHARF_RETURN_IF_ERROR((*temp)->Append(j.dump() + "\n"));
-  return (*temp)->Commit(std::nullopt, /*fsync=*/false).status();
+  return WriteSmallFile(MetaPath("usage.json"), j.dump() + "\n", "", /*sync=*/false);
 }
 
 absl::Status Tier::RecordImport(const TierImport& import) {

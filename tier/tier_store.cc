@@ -881,8 +881,8 @@ void TierStore::MaybeEvict(uint64_t filled) {
   // What the tier holds: known after this process's first pass, plus what it filled since.
   // Before that, a tier bounded only by free space is checked with statvfs alone, so a
   // process does not walk the whole tier at its first fill when nothing asks it to.
-  // A process's first fill starts from the usage the tier's last pass recorded.
-  if (usage_.load(std::memory_order_relaxed) < 0) {
+  // A process's first fill starts from the usage the tier's last pass recorded (read once).
+  if (!usage_read_.exchange(true)) {
     if (auto last = tier_->LastUsage()) {
       int64_t unknown = -1;
       usage_.compare_exchange_strong(unknown, static_cast<int64_t>(*last));

@@ -204,7 +204,8 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   };
   absl::Mutex heads_mu_;
   std::unordered_map<std::string, HeadMemo> heads_ ABSL_GUARDED_BY(heads_mu_);
-  std::atomic<int64_t> usage_{-1};  // bytes of entries after this process's last pass
+  std::atomic<int64_t> usage_{-1};       // bytes of entries after this process's last pass
+  std::atomic<bool> usage_read_{false};  // the tier's recorded usage was looked up
   std::atomic<bool> evicting_{false};
   std::atomic<uint64_t> filled_since_pass_{0};
   std::atomic<uint64_t> evictions_{0};
