@@ -727,8 +727,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
   status->add_option("PATH", args.path, "A path inside a tier")->required();
 
   CLI::App* gc = sub("gc",
-                     "Remove temporary files that finished or killed processes left, and fold "
-                     "their read counters into one file");
+                     "Remove temporary files that finished or killed processes left and blocks "
+                     "of old versions of big objects, and fold dead processes' read counters "
+                     "into one file");
   gc->add_flag("--json", args.json, "Print one JSON object");
   gc->add_flag("-q,--quiet", args.quiet, "Print nothing");
   gc->add_option("TIER_DIR", args.path, "A path inside a tier")->required();
