@@ -1,5 +1,6 @@
 // wharf tier: flag parsing and output around tier/ (docs/design/tier.md). Import is a
-// transfer (io/transfer.h) into the tier's tree store; the other sub-verbs walk the tier.
+// transfer (io/transfer.h) into the tier's tree store, export is ExportTierPath
+// (tier/export.h); the other sub-verbs walk the tier.
 #include "tier/tier.h"
 
 #include <dirent.h>
@@ -9,9 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,9 +20,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
-#include "base/bounded_worker.h"
 #include "base/hash.h"
 #include "base/runtime.h"
 #include "base/status.h"
@@ -31,9 +27,9 @@
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "io/transfer.h"
-#include "store/keys.h"
 #include "store/local/temp_object.h"
 #include "tier/evict.h"
+#include "tier/export.h"
 #include "tier/tree_store.h"
 
 namespace wharf::cli {
@@ -189,101 +185,6 @@ absl::Status RunImport(const TierArgs& args) {
   return absl::OkStatus();
 }
 
-// The export's observer: the progress line, and each exported entry loses `local` (its data
-// now exists elsewhere, so eviction may remove it). An entry with no source also takes the
-// exported object's URI and ETag as its provenance, so it lists with the destination's ETag
-// and a rerun skips it even when that ETag is a multipart one (no MD5). The attribute is
-// written on a thread of its own, not on the transport thread that reports a put, except
-// when kMaxPendingMarks marks are waiting already (then that thread writes it).
-class ExportObserver : public ProgressObserver {
- public:
-  ExportObserver(Progress& progress, std::string dir, std::shared_ptr<ObjectStore> dst)
-      : ProgressObserver(progress),
-        progress_(progress),
-        dir_(std::move(dir)),
-        dst_(std::move(dst)) {}
-
-  void OnObjectAt(const ObjectMeta& src, const ObjectMeta& dst, bool /*copied*/) override {
-    marker_->Run([this, src, dst] {
-      absl::Status s = MarkExported(absl::StrCat(dir_, "/", src.key), src, dst);
-      if (s.ok()) return;
-      progress_.PrintLine(absl::StrCat("wharf: ", OneLine(s.message())));
-      absl::MutexLock lock(&mu_);
-      if (unmarked_++ == 0) first_ = s;
-    });
-  }
-
-  // Waits for the attributes still being written; the first failure, if any. Call once,
-  // after the transfer.
-  absl::Status Finish() {
-    marker_.reset();  // runs what is queued, then joins
-    absl::MutexLock lock(&mu_);
-    if (unmarked_ == 0) return absl::OkStatus();
-    return absl::Status(
-        first_.code(),
-        absl::StrCat(unmarked_, " exported entries still say local (", first_.message(), ")"));
-  }
-
- private:
-  // Clears `local` on the entry at `path` if it still holds what was exported (a file
-  // replaced since it was listed keeps its flag: its new content is not at the destination).
-  absl::Status MarkExported(const std::string& path, const ObjectMeta& src, const ObjectMeta& dst) {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return absl::OkStatus();  // gone since: nothing to mark
-    std::optional<TierEntry> entry = ReadEntryAttr(fd);
-    struct stat st;
-    absl::Status s;
-    if (fstat(fd, &st) == 0 && IsCompleteEntry(entry, st) && entry->local &&
-        entry->size == src.size && EntryEtag(*entry) == src.etag) {
-      entry->local = false;
-      if (entry->source.empty()) {
-        entry->source = dst_->Uri(dst.key);
-        entry->etag = dst.etag;
-      }
-      s = Annotate(WriteEntryAttr(fd, *entry), absl::StrCat("marking ", path, " exported"));
-    }
-    close(fd);
-    return s;
-  }
-
-  Progress& progress_;
-  const std::string dir_;
-  const std::shared_ptr<ObjectStore> dst_;
-  absl::Mutex mu_;
-  uint64_t unmarked_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status first_ ABSL_GUARDED_BY(mu_);
-  // One thread: attribute writes are small, and on a shared file system each is a metadata
-  // round trip that should not hold up the transfer's threads. Bounded: marks come as fast
-  // as the listing finds objects already exported (a rerun over millions of files) or
-  // uploads finish, faster than a shared file system takes attribute writes; beyond
-  // kMaxPendingMarks waiting, the thread that reports an object marks it itself, so the
-  // queue's memory stays bounded (a few hundred bytes a mark) and the export slows to the
-  // rate of its marks instead. Last: joined first.
-  static constexpr size_t kMaxPendingMarks = 4096;
-  std::unique_ptr<BoundedWorker> marker_ = std::make_unique<BoundedWorker>(kMaxPendingMarks);
-};
-
-// Aborts the multipart uploads that killed exports left below the destination (a process
-// killed with -9 cannot abort its own; failures abort theirs, io/transfer.h). Only uploads
-// of keys this export writes: `key_of(rel)` true for a key it would write. Listed before
-// this run starts any upload, so every one of them was initiated before the run; an export
-// of the same keys running elsewhere at the same time would lose its uploads (and fail),
-// which we prefer to leaving parts behind that the bucket's owner pays for. Stores without
-// multipart uploads have nothing to sweep.
-absl::StatusOr<uint64_t> AbortLeftoverUploads(ObjectStore& dst, const std::string& prefix,
-                                              const std::function<bool(absl::string_view)>& ours) {
-  absl::StatusOr<std::vector<PendingUpload>> uploads = dst.ListUploads(prefix);
-  if (absl::IsUnimplemented(uploads.status())) return 0;
-  if (!uploads.ok()) return uploads.status();
-  uint64_t aborted = 0;
-  for (const PendingUpload& u : *uploads) {
-    if (!ours(u.key)) continue;
-    WHARF_RETURN_IF_ERROR(dst.AbortUpload(u.key, u.upload_id));
-    ++aborted;
-  }
-  return aborted;
-}
-
 absl::Status RunExport(const TierArgs& args) {
   auto put = PutOptionsFrom(args.upload);
   if (!put.ok()) return Annotate(put.status(), "tier export");
@@ -292,111 +193,49 @@ absl::Status RunExport(const TierArgs& args) {
   auto found = Tier::Find(path);
   if (!found.ok()) return Annotate(found.status(), "tier export");
   std::shared_ptr<Tier> tier = *std::move(found);
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("tier export ", path));
-  }
-  const bool one_file = S_ISREG(st.st_mode);
-  const std::string dir = one_file ? path.substr(0, path.rfind('/')) : path;
   WHARF_ASSIGN_OR_RETURN(OpenedUri dst, OpenCliUri(args.dst));
 
-  TransferOptions options;
-  // kCopy: skip what the destination holds with the same size and ETag. A tier entry lists
-  // with its source's ETag, or (data written to the tier) the MD5 of its content until it is
-  // exported, and then the exported object's ETag (ExportObserver): so the comparison is by
-  // content, multipart uploads included, and a changed file (a new entry) is uploaded again.
-  // kSync's size-and-mtime rule would trust clocks and skip a file rewritten in the second
-  // of its upload.
-  options.mode = TransferMode::kCopy;
-  options.recursive = !one_file;
+  Progress progress(Progress::ShouldShow(args.quiet || args.json));
+  ProgressObserver observer(progress);
+  TierExportOptions options;
   options.filters = args.filters;
   options.list_workers = args.list_workers;
   options.put = *std::move(put);
-
-  // What killed runs left: first their uploads of the keys this run writes.
-  std::string dst_prefix;
-  std::function<bool(absl::string_view)> ours;
-  if (one_file) {
-    const std::string name = path.substr(dir.size() + 1);
-    dst_prefix =
-        dst.uri.key.empty() || dst.uri.key.back() == '/' ? JoinKey(dst.uri.key, name) : dst.uri.key;
-    ours = [&](absl::string_view key) {
-      return key == dst_prefix && PassesFilters(options.filters, name);
-    };
-  } else {
-    dst_prefix = AsPrefix(dst.uri.key);
-    const bool at_root = dir == tier->root();
-    ours = [&](absl::string_view key) {
-      absl::string_view rel = key;
-      if (!absl::ConsumePrefix(&rel, dst_prefix) || !IsSafeRelativeKey(rel)) return false;
-      if (at_root &&
-          (rel == Tier::kMetaDir || absl::StartsWith(rel, absl::StrCat(Tier::kMetaDir, "/")))) {
-        return false;
-      }
-      struct stat fst;
-      const std::string file = absl::StrCat(dir, "/", rel);
-      return PassesFilters(options.filters, rel) && lstat(file.c_str(), &fst) == 0 &&
-             S_ISREG(fst.st_mode);
-    };
-  }
-  absl::StatusOr<uint64_t> aborted = AbortLeftoverUploads(*dst.store, dst_prefix, ours);
-  if (!aborted.ok()) return Annotate(aborted.status(), absl::StrCat("tier export ", path));
-
-  Progress progress(Progress::ShouldShow(args.quiet || args.json));
-  ExportObserver observer(progress, dir, dst.store);
-  absl::StatusOr<TransferSummary> summary;
-  {
-    WHARF_ASSIGN_OR_RETURN(std::shared_ptr<TierTreeStore> tree,
-                           TierTreeStore::Open(tier, dir, Runtime::Default()));
-    if (one_file) {
-      const std::string name = path.substr(dir.size() + 1);
-      // kCopy checks the destination only for prefixes: the same check for the one file.
-      absl::StatusOr<ObjectMeta> mine = tree->Head(name);
-      absl::StatusOr<ObjectMeta> have = dst.store->Head(dst_prefix);
-      if (!PassesFilters(options.filters, name)) {
-        summary = TransferSummary{.listed = 1};
-      } else if (mine.ok() && have.ok() && !mine->etag.empty() && mine->size == have->size &&
-                 mine->etag == have->etag) {
-        summary = TransferSummary{.listed = 1, .skipped = 1};
-        observer.OnObjectAt(*mine, *have, /*copied=*/false);
-      } else {
-        summary = Transfer({tree, name}, {dst.store, dst_prefix}, options, &observer);
-      }
-    } else {
-      summary = Transfer({tree, ""}, {dst.store, dst.uri.key}, options, &observer);
-    }
-  }
-  absl::Status marked = observer.Finish();
+  options.on_warning = [&progress](const absl::Status& s) {
+    progress.PrintLine(absl::StrCat("wharf: ", OneLine(s.message())));
+  };
+  absl::StatusOr<TierExportSummary> exported =
+      ExportTierPath(tier, path, {dst.store, dst.uri.key}, options, &observer);
   progress.Stop();
-  if (!summary.ok()) return summary.status();
-  WHARF_RETURN_IF_ERROR(marked);
-  const double seconds = absl::ToDoubleSeconds(summary->elapsed);
-  const std::string dst_uri = dst.store->Uri(dst.uri.key);
+  if (!exported.ok()) return exported.status();
+  const TransferSummary& summary = exported->transfer;
+  // The objects the filters selected (listed minus filtered out).
+  const uint64_t selected = summary.objects + summary.skipped + summary.failed;
+  const double seconds = absl::ToDoubleSeconds(summary.elapsed);
   if (args.json) {
     json j;
     j["source"] = path;
-    j["dest"] = dst_uri;
+    j["dest"] = exported->dst_uri;
     j["tier"] = tier->root();
-    // The objects the filters selected (listed minus filtered out).
-    j["objects"] = summary->objects + summary->skipped + summary->failed;
-    j["bytes"] = summary->bytes;
-    j["uploaded"] = summary->objects;
-    j["skipped"] = summary->skipped;
-    j["failed"] = summary->failed;
+    j["objects"] = selected;
+    j["bytes"] = summary.bytes;
+    j["uploaded"] = summary.objects;
+    j["skipped"] = summary.skipped;
+    j["failed"] = summary.failed;
     j["seconds"] = seconds;
-    j["aborted_uploads"] = *aborted;
+    j["aborted_uploads"] = exported->aborted_uploads;
     Print(JsonLine(j));
   } else if (!args.quiet) {
     Print(absl::StrFormat("exported %d of %d objects (%s MB) in %.2f s (%s MB/s) to %s\n",
-                          summary->objects, summary->objects + summary->skipped + summary->failed,
-                          Megabytes(summary->bytes), seconds,
-                          MegabytesPerSecond(summary->bytes, summary->elapsed), OneLine(dst_uri)));
-    if (summary->skipped > 0) {
-      Print(absl::StrFormat("skipped %d already there (same size and ETag)\n", summary->skipped));
+                          summary.objects, selected, Megabytes(summary.bytes), seconds,
+                          MegabytesPerSecond(summary.bytes, summary.elapsed),
+                          OneLine(exported->dst_uri)));
+    if (summary.skipped > 0) {
+      Print(absl::StrFormat("skipped %d already there (same size and ETag)\n", summary.skipped));
     }
-    if (*aborted > 0) {
+    if (exported->aborted_uploads > 0) {
       Print(absl::StrFormat("aborted %d multipart uploads that interrupted exports left\n",
-                            *aborted));
+                            exported->aborted_uploads));
     }
   }
   return absl::OkStatus();
