@@ -70,6 +70,7 @@ int Main(int argc, char** argv) {
   DemoArgs demo;
   FetchArgs fetch;
   TierArgs tier;
+  CkptArgs ckpt;
   AddLs(app, ls);
   AddStat(app, stat);
   AddCat(app, cat);
@@ -79,6 +80,7 @@ int Main(int argc, char** argv) {
   AddFetch(app, fetch);
   AddDemo(app, demo);
   AddTier(app, tier);
+  AddCkpt(app, ckpt);
   // After the verbs, which would otherwise inherit it.
   app.footer("Run 'wharf VERB --help' for the flags of a verb.");
 
@@ -126,6 +128,8 @@ int Main(int argc, char** argv) {
       status = RunDemo(demo);
     } else if (verb == "tier") {
       status = RunTier(tier);
+    } else if (verb == "ckpt") {
+      status = RunCkpt(ckpt);
     } else {
       status = absl::InternalError(absl::StrCat("verb '", verb, "' has no implementation"));
     }

@@ -176,4 +176,22 @@ struct TierArgs {
 void AddTier(CLI::App& app, TierArgs& args);
 absl::Status RunTier(const TierArgs& args);
 
+// wharf ckpt ls|export|restore|rm ... (docs/design/checkpoint.md)
+struct CkptArgs {
+  std::string action;  // ls, export, restore, rm
+  std::string uri;     // the checkpoint root
+  std::string to;      // export: TO_URI; restore: DEST
+  int64_t step = -1;   // --step N; -1: not given
+  bool latest = false;
+  bool best = false;
+  std::string metric;  // --best ranks by it (default: the root's)
+  std::string mode;    // min | max (default: the root's)
+  bool json = false;
+  bool quiet = false;
+  int jobs = 0;
+  EngineArgs engine;
+};
+void AddCkpt(CLI::App& app, CkptArgs& args);
+absl::Status RunCkpt(const CkptArgs& args);
+
 }  // namespace wharf::cli

@@ -371,6 +371,7 @@ PYBIND11_MODULE(_wharf, m) {
   RegisterRecords(m);
   RegisterRuntime(m);
   RegisterFiles(m);
+  RegisterCheckpoint(m);
 }
 
 }  // namespace wharf::python

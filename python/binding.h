@@ -61,6 +61,25 @@ inline void Check(const absl::Status& s) {
   if (!s.ok()) Raise(s);
 }
 
+// A Py_buffer held for the duration of one call (C-contiguous, as io requires).
+class BufferView {
+ public:
+  BufferView(const py::handle& obj, bool writable) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+      throw py::error_already_set();
+    }
+  }
+  ~BufferView() { PyBuffer_Release(&view_); }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+
+  char* data() const { return static_cast<char*>(view_.buf); }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_;
+};
+
 // Read-only bytes owned by C++ (a fetched block, a string, a Cord), exposed through the
 // buffer protocol without a copy.
 class Buffer {
@@ -255,7 +274,8 @@ uint64_t SizeArg(const py::handle& value, const char* name);
 // Registration of each part of the module.
 void RegisterDataset(py::module_& m);
 void RegisterRecords(py::module_& m);
-void RegisterRuntime(py::module_& m);  // runtime.cc: configure, metrics, parse_size
-void RegisterFiles(py::module_& m);    // file.cc: the raw files under wharf.open
+void RegisterRuntime(py::module_& m);     // runtime.cc: configure, metrics, parse_size
+void RegisterFiles(py::module_& m);       // file.cc: the raw files under wharf.open
+void RegisterCheckpoint(py::module_& m);  // checkpoint.cc: CheckpointRoot, copy_checkpoint
 
 }  // namespace wharf::python

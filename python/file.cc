@@ -41,25 +41,6 @@ constexpr uint64_t kStagingBlock = uint64_t{8} << 20;
 // peek() returns at most this much: io's readline() looks for the newline in it.
 constexpr uint64_t kMaxPeek = uint64_t{64} << 10;
 
-// A Py_buffer held for the duration of one call (C-contiguous, as io requires).
-class BufferView {
- public:
-  BufferView(const py::handle& obj, bool writable) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
-      throw py::error_already_set();
-    }
-  }
-  ~BufferView() { PyBuffer_Release(&view_); }
-  BufferView(const BufferView&) = delete;
-  BufferView& operator=(const BufferView&) = delete;
-
-  char* data() const { return static_cast<char*>(view_.buf); }
-  size_t size() const { return static_cast<size_t>(view_.len); }
-
- private:
-  Py_buffer view_;
-};
-
 [[noreturn]] void RaiseClosed() {
   PyErr_SetString(PyExc_ValueError, "I/O operation on closed file.");
   throw py::error_already_set();

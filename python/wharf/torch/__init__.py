@@ -756,3 +756,13 @@ def load(uri: str, map_location=None, *, weights_only: Optional[bool] = None,
     with ObjectFile(uri, "rb", chunk_size=chunk_size, read_ahead=read_ahead,
                     **store_options) as f:
         return torch.load(f, map_location=map_location, weights_only=weights_only)
+
+
+def __getattr__(name):
+    # wharf.torch.CheckpointManager and wharf.torch.checkpoint without importing
+    # torch.distributed.checkpoint with the datasets.
+    if name in ("CheckpointManager", "checkpoint"):
+        import importlib
+        module = importlib.import_module("wharf.torch.checkpoint")
+        return module if name == "checkpoint" else module.CheckpointManager
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,278 @@
+// wharf ckpt ls|export|restore|rm: the checkpoints of a root (checkpoint/catalog.h,
+// docs/design/checkpoint.md). Only complete checkpoints (a manifest written last) are listed,
+// exported or restored.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "base/status.h"
+#include "checkpoint/catalog.h"
+#include "cli/common.h"
+#include "cli/store_flags.h"
+#include "cli/verbs.h"
+#include "nlohmann/json.hpp"
+#include "store/uri.h"
+
+namespace wharf::cli {
+namespace {
+
+using checkpoint::CheckpointRoot;
+using checkpoint::Manifest;
+using json = nlohmann::json;
+
+absl::StatusOr<std::shared_ptr<CheckpointRoot>> OpenRoot(const std::string& uri) {
+  WHARF_ASSIGN_OR_RETURN(ObjectUri parsed, ParseUriOrPath(uri));
+  StoreOptions options = CliStoreOptions(parsed.scheme);
+  options.cache.reset();  // a checkpoint root is read and written where it is
+  return CheckpointRoot::Open(uri, options);
+}
+
+// One complete checkpoint and where it is.
+struct Found {
+  Manifest manifest;
+  bool here = false;   // in the root given
+  bool there = false;  // in the root's export destination
+};
+
+struct Candidates {
+  std::shared_ptr<CheckpointRoot> root;
+  std::shared_ptr<CheckpointRoot> exported;  // the root's export_to, when it has one
+  checkpoint::RootConfig config;
+  std::map<int64_t, Found> by_step;
+  std::vector<Manifest> All() const {
+    std::vector<Manifest> out;
+    for (const auto& [step, f] : by_step) out.push_back(f.manifest);
+    return out;
+  }
+};
+
+// The root's complete checkpoints, and for a local root that exports, the destination's.
+absl::StatusOr<Candidates> Collect(const std::string& uri) {
+  Candidates c;
+  WHARF_ASSIGN_OR_RETURN(c.root, OpenRoot(uri));
+  WHARF_ASSIGN_OR_RETURN(c.config, c.root->ReadConfig());
+  WHARF_ASSIGN_OR_RETURN(CheckpointRoot::Listing here, c.root->List());
+  for (Manifest& m : here.complete) {
+    Found& f = c.by_step[m.step];
+    f.manifest = std::move(m);
+    f.here = true;
+  }
+  if (c.root->is_local() && !c.config.export_to.empty()) {
+    WHARF_ASSIGN_OR_RETURN(c.exported, OpenRoot(c.config.export_to));
+    WHARF_ASSIGN_OR_RETURN(CheckpointRoot::Listing there, c.exported->List());
+    for (Manifest& m : there.complete) {
+      Found& f = c.by_step[m.step];
+      if (!f.here) f.manifest = std::move(m);
+      f.there = true;
+    }
+  }
+  return c;
+}
+
+std::string Where(const Candidates& c, const Found& f) {
+  const char* here = c.root->is_local() ? "tier" : "bucket";
+  if (f.here && f.there) return "both";
+  return f.here ? here : "bucket";
+}
+
+absl::StatusOr<checkpoint::Selector> SelectorOf(const CkptArgs& args,
+                                                const checkpoint::RootConfig& config) {
+  checkpoint::Selector s;
+  const int given = (args.step >= 0) + args.latest + args.best;
+  if (given != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ckpt ", args.action, ": give one of --step N, --latest, --best"));
+  }
+  if (args.step >= 0) {
+    s.kind = checkpoint::Selector::Kind::kStep;
+    s.step = args.step;
+  } else if (args.best) {
+    s.kind = checkpoint::Selector::Kind::kBest;
+    s.metric = args.metric.empty() ? config.metric : args.metric;
+    const std::string mode = args.mode.empty() ? config.mode : args.mode;
+    if (s.metric.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ckpt ", args.action, " --best: no metric (give --metric; the root records none)"));
+    }
+    s.maximize = mode == "max";
+  }
+  return s;
+}
+
+std::string MetricsText(const Manifest& m) {
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : m.metrics) parts.push_back(absl::StrFormat("%s=%g", k, v));
+  return absl::StrJoin(parts, " ");
+}
+
+std::string TimeText(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S", t, absl::LocalTimeZone());
+}
+
+absl::Status RunCkptLs(const CkptArgs& args) {
+  WHARF_ASSIGN_OR_RETURN(Candidates c, Collect(args.uri));
+  if (args.json) {
+    for (const auto& [step, f] : c.by_step) {
+      json j;
+      j["step"] = step;
+      j["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", f.manifest.time, absl::UTCTimeZone());
+      j["time_unix"] = absl::ToDoubleSeconds(f.manifest.time - absl::UnixEpoch());
+      j["bytes"] = f.manifest.bytes;
+      j["files"] = f.manifest.files.size();
+      j["world_size"] = f.manifest.world_size;
+      j["metrics"] = json::object();
+      for (const auto& [k, v] : f.manifest.metrics) j["metrics"][k] = v;
+      j["where"] = Where(c, f);
+      j["uri"] = f.here ? c.root->StepUri(step) : c.exported->StepUri(step);
+      Print(JsonLine(j));
+    }
+    return absl::OkStatus();
+  }
+  if (c.by_step.empty()) {
+    Print(absl::StrCat("no complete checkpoint in ", OneLine(c.root->uri()), "\n"));
+    return absl::OkStatus();
+  }
+  Print(absl::StrFormat("%-12s %-19s %12s  %-6s  %s\n", "STEP", "TIME", "MB", "WHERE", "METRICS"));
+  for (const auto& [step, f] : c.by_step) {
+    Print(absl::StrFormat("%-12d %-19s %12s  %-6s  %s\n", step, TimeText(f.manifest.time),
+                          Megabytes(f.manifest.bytes), Where(c, f), MetricsText(f.manifest)));
+  }
+  return absl::OkStatus();
+}
+
+// export and restore: copy the selected checkpoint into the root at `to`.
+absl::Status RunCkptCopy(const CkptArgs& args) {
+  WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.jobs));
+  WHARF_ASSIGN_OR_RETURN(Candidates c, Collect(args.uri));
+  WHARF_ASSIGN_OR_RETURN(checkpoint::Selector selector, SelectorOf(args, c.config));
+  WHARF_ASSIGN_OR_RETURN(Manifest chosen, checkpoint::Select(c.All(), selector, c.root->uri()));
+  const Found& found = c.by_step.at(chosen.step);
+  const CheckpointRoot& from = found.here ? *c.root : *c.exported;
+  WHARF_ASSIGN_OR_RETURN(std::shared_ptr<CheckpointRoot> to, OpenRoot(args.to));
+  if (to->uri() == from.uri()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ckpt ", args.action, ": ", to->uri(), " is where the checkpoint is"));
+  }
+  Progress progress(Progress::ShouldShow(args.quiet || args.json));
+  ProgressObserver observer(progress);
+  checkpoint::CopyOptions options;
+  options.observer = &observer;
+  auto copied = checkpoint::CopyCheckpoint(from, *to, chosen.step, options);
+  progress.Stop();
+  if (!copied.ok()) return copied.status();
+  const double seconds = absl::ToDoubleSeconds(copied->elapsed);
+  if (args.json) {
+    json j;
+    j["step"] = chosen.step;
+    j["source"] = from.StepUri(chosen.step);
+    j["dest"] = to->StepUri(chosen.step);
+    j["files"] = chosen.files.size();
+    j["bytes"] = chosen.bytes;
+    j["copied"] = copied->files;
+    j["copied_bytes"] = copied->bytes;
+    j["skipped"] = copied->skipped;
+    j["seconds"] = seconds;
+    Print(JsonLine(j));
+  } else if (!args.quiet) {
+    Print(absl::StrFormat("%s step %d (%d files, %s MB) to %s in %.2f s (%s MB/s)\n",
+                          args.action == "export" ? "exported" : "restored", chosen.step,
+                          chosen.files.size(), Megabytes(chosen.bytes),
+                          OneLine(to->StepUri(chosen.step)), seconds,
+                          MegabytesPerSecond(copied->bytes, copied->elapsed)));
+    if (copied->skipped > 0) {
+      Print(absl::StrFormat("skipped %d files already there (same size and ETag)\n",
+                            copied->skipped));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunCkptRm(const CkptArgs& args) {
+  WHARF_ASSIGN_OR_RETURN(std::shared_ptr<CheckpointRoot> root, OpenRoot(args.uri));
+  if (args.step < 0) return absl::InvalidArgumentError("ckpt rm: give --step N");
+  auto listing = root->List();
+  if (!listing.ok()) return listing.status();
+  bool known = false;
+  for (const Manifest& m : listing->complete) known |= m.step == args.step;
+  for (int64_t s : listing->incomplete) known |= s == args.step;
+  if (!known) {
+    return absl::NotFoundError(
+        absl::StrCat("ckpt rm: no checkpoint of step ", args.step, " in ", root->uri()));
+  }
+  WHARF_RETURN_IF_ERROR(root->Delete(args.step));
+  if (!args.quiet) Print(absl::StrCat("removed ", OneLine(root->StepUri(args.step)), "\n"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddCkpt(CLI::App& app, CkptArgs& args) {
+  CLI::App* ckpt = app.add_subcommand(
+      "ckpt",
+      "Checkpoints of a root (a tier directory, a local directory or a bucket prefix): "
+      "list, export, restore, remove (only complete ones: a manifest written last)");
+  ckpt->require_subcommand(1);
+  auto sub = [&](const std::string& name, const std::string& help) {
+    CLI::App* cmd = ckpt->add_subcommand(name, help);
+    cmd->callback([&args, name] { args.action = name; });
+    return cmd;
+  };
+  auto select = [&](CLI::App* cmd) {
+    auto* step = cmd->add_option("--step", args.step, "The checkpoint of step N");
+    auto* latest = cmd->add_flag("--latest", args.latest, "The latest complete checkpoint");
+    auto* best = cmd->add_flag("--best", args.best,
+                               "The best by --metric (default: the metric the root records)");
+    step->excludes(latest)->excludes(best);
+    latest->excludes(best);
+    cmd->add_option("--metric", args.metric, "The metric --best ranks by");
+    cmd->add_option("--mode", args.mode, "min (default) or max: which --metric value is best")
+        ->check(CLI::IsMember({"min", "max"}));
+    cmd->add_flag("--json", args.json, "Print a JSON summary");
+    cmd->add_flag("-q,--quiet", args.quiet, "Print nothing on success");
+    cmd->add_option("--inflight,-j,--jobs", args.jobs, "Requests in flight (default: derived)");
+    AddEngineFlags(cmd, args.engine, /*budget_mb_alias=*/false);
+  };
+
+  CLI::App* ls = sub("ls",
+                     "The complete checkpoints of URI: step, time, size, metrics, and "
+                     "where they are (tier, bucket or both: a root that exports lists "
+                     "its export destination too)");
+  ls->add_flag("--json", args.json,
+               "One JSON object per line: step, time, time_unix, bytes, files, world_size, "
+               "metrics, where, uri");
+  ls->add_option("URI", args.uri, "The checkpoint root")->required();
+
+  CLI::App* exp = sub("export",
+                      "Copy one checkpoint to TO_URI/step-<N>/ (files in parallel, then the "
+                      "manifest); from a tier, the copied files may then be evicted");
+  select(exp);
+  exp->add_option("URI", args.uri, "The checkpoint root")->required();
+  exp->add_option("TO_URI", args.to, "The root to export to")->required();
+
+  CLI::App* restore = sub("restore",
+                          "Copy one checkpoint into DEST/step-<N>/ (a tier or local "
+                          "directory, or a bucket), manifest last");
+  select(restore);
+  restore->add_option("URI", args.uri, "The checkpoint root")->required();
+  restore->add_option("DEST", args.to, "The root to restore into")->required();
+
+  CLI::App* rm = sub("rm", "Remove one checkpoint (its manifest first)");
+  rm->add_option("--step", args.step, "The checkpoint of step N")->required();
+  rm->add_flag("-q,--quiet", args.quiet, "Print nothing");
+  rm->add_option("URI", args.uri, "The checkpoint root")->required();
+}
+
+absl::Status RunCkpt(const CkptArgs& args) {
+  if (args.action == "ls") return RunCkptLs(args);
+  if (args.action == "export" || args.action == "restore") return RunCkptCopy(args);
+  if (args.action == "rm") return RunCkptRm(args);
+  return absl::InvalidArgumentError(absl::StrCat("ckpt: unknown action '", args.action, "'"));
+}
+
+}  // namespace wharf::cli

@@ -1,0 +1,431 @@
+"""wharf.torch.CheckpointManager: checkpoints of a training run, saved to the tier (async by
+default), exported to the bucket in the background, kept by retention rules, restored by
+latest / step / best / time (docs/design/checkpoint.md).
+
+    mgr = CheckpointManager("/nvme/tier/run1", export_to="s3://bucket/run1",
+                            keep_last=3, keep_best=1, metric="loss", mode="min")
+    for step in ...:
+        ...
+        if step % 100 == 0:
+            mgr.save(step, {"model": model, "optim": opt, "data": ds.state_dict(steps=step)},
+                     metrics={"loss": loss})        # returns once the state is copied
+    mgr.wait()
+    state = mgr.restore("latest")                   # the dict given to save (tensors on CPU)
+    mgr.restore("best", state={"model": model, "optim": opt})   # in place, any world size
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import random
+import sys
+import threading
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Optional, Union
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from wharf import _wharf
+from wharf.torch.checkpoint import StorageReader, StorageWriter
+
+__all__ = ["CheckpointManager", "SaveHandle"]
+
+_OWN = "_wharf"  # the manager's entry in a saved state: step and RNG states
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if "numpy" in sys.modules:
+        state["numpy"] = sys.modules["numpy"].random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    if "python" in state:
+        random.setstate(_as_tuple(state["python"]))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"].to(torch.uint8))
+    if "numpy" in state:
+        import numpy
+        numpy.random.set_state(_as_tuple(state["numpy"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(v):
+    # random.setstate wants tuples all the way down (DCP may hand lists back).
+    if isinstance(v, list):
+        return tuple(_as_tuple(x) for x in v)
+    return v
+
+
+class SaveHandle:
+    """One save: result() waits for it (its manifest written) and returns the manifest."""
+
+    def __init__(self, step: int, future: Future):
+        self.step = step
+        self._future = future
+
+    def result(self, timeout: Optional[float] = None) -> dict:
+        return self._future.result(timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def exception(self, timeout: Optional[float] = None):
+        return self._future.exception(timeout)
+
+    def __repr__(self):
+        return f"<wharf SaveHandle step={self.step} done={self.done()}>"
+
+
+class _Stager:
+    """The CPU copy an async save writes from, kept across saves (no allocation after the
+    first; a state of another shape gets a fresh copy)."""
+
+    def __init__(self):
+        self._cache = None
+        self._lock = threading.Lock()
+
+    def stage(self, state_dict: dict) -> dict:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        with self._lock:
+            if self._cache is not None:
+                try:
+                    return _copy_state_dict(state_dict, self._cache, type_check=False)
+                except (ValueError, RuntimeError, KeyError):
+                    self._cache = None  # another structure: stage afresh
+            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            return _copy_state_dict(state_dict, self._cache, type_check=False)
+
+
+class _Writer(StorageWriter):
+    """The manager's StorageWriter: the coordinator clears the step's directory once every
+    rank planned and before any writes (leftovers of a killed save of the same step, or an
+    older checkpoint of it being replaced: its manifest goes first)."""
+
+    def __init__(self, uri, clear, **kwargs):
+        super().__init__(uri, **kwargs)
+        self._clear = clear
+
+    def prepare_global_plan(self, plans):
+        self._clear()
+        return super().prepare_global_plan(plans)
+
+
+class CheckpointManager:
+    """Checkpoints of one training run under `dir_or_uri` (a tier directory, a local directory
+    or a bucket URI): `<root>/step-<N:012d>/`, each a DCP checkpoint (any world size restores
+    it) committed by a manifest written last.
+
+    export_to: a URI the selected checkpoints are exported to in the background (every
+      `export_every`-th save; the tier copies then become evictable).
+    keep_last / keep_best: retention, in both places, counting only complete checkpoints
+      (and, in the bucket, completed exports): the `keep_last` latest and the `keep_best` best
+      by `metric` (mode "min" or "max") are kept; None keeps all.
+    async_save: save() returns once the state is copied to CPU memory (a staging copy kept
+      across saves); the write, the commit and retention run in the background. False: save()
+      returns when the checkpoint is committed.
+    record_rng: each rank's RNG states (python, numpy, torch, cuda) go into the checkpoint and
+      restore() puts them back (restore_rng=False keeps the current ones).
+    files_per_rank: files each rank writes (in parallel). Store options (endpoint=, ...) apply
+      to both places. With torch.distributed initialized, every rank makes the same calls;
+      rank 0 commits, applies retention and exports (it must see every rank's files: one node,
+      or a tier on a shared file system).
+    """
+
+    def __init__(self, dir_or_uri, export_to: Optional[str] = None, *,
+                 keep_last: Optional[int] = None, keep_best: Optional[int] = None,
+                 metric: Optional[str] = None, mode: str = "min", export_every: int = 1,
+                 async_save: bool = True, record_rng: bool = True, files_per_rank: int = 4,
+                 process_group=None, **store_options):
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', not {mode!r}")
+        if keep_best is not None and not metric:
+            raise ValueError("keep_best needs metric= (the metric that ranks checkpoints)")
+        for name, v in (("keep_last", keep_last), ("keep_best", keep_best)):
+            if v is not None and v < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if export_every < 1:
+            raise ValueError("export_every must be at least 1")
+        self.root = _wharf.CheckpointRoot(str(dir_or_uri), **store_options)
+        self.export_root = (_wharf.CheckpointRoot(str(export_to), **store_options)
+                            if export_to else None)
+        self.keep_last, self.keep_best = keep_last, keep_best
+        self.metric, self.mode = metric, mode
+        self.export_every = export_every
+        self.async_save = async_save
+        self.record_rng = record_rng
+        self.files_per_rank = files_per_rank
+        self._store_options = store_options
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        if not self.distributed:
+            # DCP warns on every single-process save and load; here that is the intent.
+            warnings.filterwarnings("ignore", category=UserWarning,
+                                    message=r"torch\.distributed is .*unavailable")
+        # Checkpoint collectives run on a thread of their own: a group of their own keeps
+        # them from interleaving with the training loop's.
+        self._pg = process_group
+        if self.distributed and self._pg is None and self.world_size > 1:
+            self._pg = dist.new_group(backend="gloo")
+        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wharf-ckpt-save")
+        self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wharf-ckpt-export")
+        self._stager = _Stager()
+        self._lock = threading.Lock()
+        self._pending: list[Future] = []
+        self._to_export: set[int] = set()  # selected, export not completed: kept on the tier
+        self._saves = 0
+        self.last_restored: Optional[dict] = None  # the manifest restore() loaded
+        if self.rank == 0:
+            config = {"export_to": self.export_root.uri if self.export_root else "",
+                      "metric": metric or "", "mode": mode}
+            try:
+                if self.root.read_config() != config:
+                    self.root.write_config(**config)
+            except _wharf.WharfError as e:
+                warnings.warn(f"wharf: could not record the checkpoint settings in "
+                              f"{self.root.uri}: {e}", stacklevel=2)
+
+    # ---- saving ----
+    def save(self, step: int, state: dict, metrics: Optional[dict] = None) -> SaveHandle:
+        """Saves `state` (a dict: tensors, nn.Modules / optimizers or other objects with
+        state_dict(), and picklable values) as checkpoint `step`. Async (the default): returns
+        once the state is copied; the handle's result() waits for the commit."""
+        if not isinstance(state, dict):
+            raise TypeError("state must be a dict (as torch.distributed.checkpoint wants)")
+        if _OWN in state:
+            raise ValueError(f"the key {_OWN!r} is the manager's own")
+        step = int(step)
+        if step < 0:
+            raise ValueError("step must be >= 0")
+        metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+        from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
+        to_save = dict(_stateful_to_state_dict(state))
+        own = {"step": step}
+        if self.record_rng:
+            own["rng"] = {f"rank{self.rank}": _rng_state()}
+        to_save[_OWN] = own
+        if self.async_save:
+            staged = self._stager.stage(to_save)  # the only part the loop waits for
+            future = self._saver.submit(self._save_now, step, staged, metrics)
+        else:
+            future = Future()
+            try:
+                future.set_result(self._save_now(step, to_save, metrics))
+            except BaseException as e:
+                future.set_exception(e)
+                raise
+        with self._lock:
+            self._pending.append(future)
+        return SaveHandle(step, future)
+
+    def _save_now(self, step: int, state: dict, metrics: dict) -> dict:
+        uri = self.root.step_uri(step)
+
+        def clear():  # on the coordinator, between planning and writing
+            self.root.delete(step)
+
+        writer = _Writer(uri, clear, files_per_rank=self.files_per_rank, **self._store_options)
+        dcp.save(state, storage_writer=writer, process_group=self._pg)
+        manifest, error = None, None
+        if self.rank == 0:
+            try:
+                user = {"wharf": {"manager": 1, "rng": self.record_rng}}
+                manifest = self.root.commit(step, metrics, self.world_size, "dcp",
+                                            json.dumps(user), writer.files)
+            except BaseException as e:  # every rank learns that the commit failed
+                error = f"{type(e).__name__}: {e}"
+        if self.distributed and self.world_size > 1:
+            box = [(manifest, error)]
+            dist.broadcast_object_list(box, src=0, group=self._pg)
+            manifest, error = box[0]
+        if error:
+            raise _wharf.WharfError(f"saving checkpoint {uri}: {error}")
+        if self.rank == 0:
+            self._saves += 1
+            self._after_commit(step)
+        return manifest
+
+    def _after_commit(self, step: int) -> None:
+        # What earlier killed saves left, then retention on the tier.
+        try:
+            self.root.remove_abandoned(step)
+        except _wharf.WharfError as e:
+            warnings.warn(f"wharf: cleaning up abandoned saves in {self.root.uri}: {e}")
+        if self.export_root is not None and self._saves % self.export_every == 0:
+            with self._lock:
+                self._to_export.add(step)
+        self._retain(self.root, protect=self._exporting())
+        if self.export_root is not None:
+            for s in sorted(self._exporting()):
+                with self._lock:
+                    self._pending.append(self._exporter.submit(self._export, s))
+
+    def _exporting(self) -> set:
+        with self._lock:
+            return set(self._to_export)
+
+    def _export(self, step: int) -> dict:
+        with self._lock:
+            if step not in self._to_export:
+                return {}
+        summary = _wharf.copy_checkpoint(self.root, self.export_root, step)
+        with self._lock:
+            self._to_export.discard(step)
+        self._retain(self.export_root, protect=set())
+        self._retain(self.root, protect=self._exporting())
+        return summary
+
+    def _retain(self, root, protect: set) -> None:
+        if self.keep_last is None and self.keep_best is None:
+            return
+        complete = root.list()["complete"]
+        keep = set(protect)
+        by_step = sorted(complete, key=lambda m: m["step"])
+        if self.keep_last is not None:
+            keep.update(m["step"] for m in by_step[max(0, len(by_step) - self.keep_last):])
+        else:
+            keep.update(m["step"] for m in by_step)
+        if self.keep_best:
+            ranked = [m for m in by_step if self.metric in m["metrics"]]
+            sign = -1 if self.mode == "max" else 1
+            ranked.sort(key=lambda m: (sign * m["metrics"][self.metric], -m["step"]))
+            keep.update(m["step"] for m in ranked[:self.keep_best])
+        for m in by_step:
+            if m["step"] not in keep:
+                root.delete(m["step"])
+
+    def wait(self) -> None:
+        """Waits for every pending save and export; raises the first failure."""
+        first = None
+        while True:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            if not pending:
+                break
+            for f in pending:
+                try:
+                    f.result()
+                except BaseException as e:
+                    first = first or e
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        """wait(), then stops the background threads."""
+        try:
+            self.wait()
+        finally:
+            self._saver.shutdown(wait=True)
+            self._exporter.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- listing and restoring ----
+    def list(self) -> list[dict]:
+        """Complete checkpoints by step: manifest fields plus `where` ("tier", "bucket" or
+        "both"; "tier" also names a local directory)."""
+        here = {m["step"]: dict(m, where="tier" if self.root.is_local else "bucket")
+                for m in self.root.list()["complete"]}
+        if self.export_root is not None:
+            for m in self.export_root.list()["complete"]:
+                if m["step"] in here:
+                    here[m["step"]]["where"] = "both"
+                else:
+                    here[m["step"]] = dict(m, where="bucket")
+        return [here[s] for s in sorted(here)]
+
+    def restore(self, which: Union[str, int, datetime.datetime] = "latest",
+                state: Optional[dict] = None, *, restore_rng: bool = True) -> Any:
+        """Loads a checkpoint: "latest", a step (int), "best" (by the manager's metric), or a
+        datetime (the latest committed at or before it). Without `state`, returns the state
+        that was saved (tensors on CPU; modules and optimizers as their state_dicts). With
+        `state`, loads into it in place through DCP (any world size; tensors, including
+        optimizer state, must exist, as DCP requires) and returns it. Reads from the tier
+        when the checkpoint is there, else copies it from the bucket into the tier first."""
+        if self._pending:
+            self.wait()
+        chosen = self._choose(which)
+        step = chosen["step"]
+        if chosen["where"] == "bucket" and self.export_root is not None:
+            if self.rank == 0:
+                _wharf.copy_checkpoint(self.export_root, self.root, step)
+            if self._pg is not None:
+                dist.barrier(group=self._pg)
+        manifest = self.root.read(step)
+        etags = {f["path"]: f["etag"] for f in manifest["files"] if f["etag"]}
+        reader = StorageReader(self.root.step_uri(step), etags=etags, **self._store_options)
+        user = json.loads(manifest.get("user_json") or "{}")
+        own_saved = bool(user.get("wharf", {}).get("manager"))
+        if state is None:
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+            loaded = _load_state_dict_from_keys(storage_reader=reader, process_group=self._pg)
+            own = loaded.pop(_OWN, {}) if own_saved else {}
+            self._restore_rng(own, restore_rng)
+            self.last_restored = manifest
+            return loaded
+        if not isinstance(state, dict):
+            raise TypeError("state must be a dict")
+        to_load = dict(state)
+        if own_saved and restore_rng and self.record_rng:
+            to_load[_OWN] = {"step": 0, "rng": {f"rank{self.rank}": _rng_state()}}
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        planner = DefaultLoadPlanner(allow_partial_load=_OWN in to_load)
+        dcp.load(to_load, storage_reader=reader, planner=planner, process_group=self._pg)
+        from torch.distributed.checkpoint.stateful import Stateful
+        for k in state:
+            if not isinstance(state[k], Stateful):
+                state[k] = to_load[k]
+        self._restore_rng(to_load.get(_OWN, {}), restore_rng)
+        self.last_restored = manifest
+        return state
+
+    def _restore_rng(self, own: dict, restore_rng: bool) -> None:
+        if not restore_rng:
+            return
+        rng = (own or {}).get("rng", {}).get(f"rank{self.rank}")
+        if rng:
+            _set_rng_state(rng)
+
+    def _choose(self, which) -> dict:
+        complete = self.list()
+        if not complete:
+            raise _wharf.NotFoundError(f"no complete checkpoint in {self.root.uri}" + (
+                f" or {self.export_root.uri}" if self.export_root else ""))
+        if isinstance(which, bool):
+            raise TypeError("which must be 'latest', 'best', a step or a datetime")
+        if isinstance(which, int):
+            for m in complete:
+                if m["step"] == which:
+                    return m
+            raise _wharf.NotFoundError(f"no complete checkpoint of step {which} in "
+                                       f"{self.root.uri}" + (f" or {self.export_root.uri}"
+                                                             if self.export_root else ""))
+        if isinstance(which, datetime.datetime):
+            t = which.timestamp()
+            before = [m for m in complete if m["time"] <= t]
+            if not before:
+                raise _wharf.NotFoundError(f"no checkpoint committed at or before {which}")
+            return max(before, key=lambda m: m["step"])
+        if which == "latest":
+            return complete[-1]
+        if which == "best":
+            if not self.metric:
+                raise ValueError("restore('best') needs the manager's metric=")
+            ranked = [m for m in complete if self.metric in m["metrics"]]
+            if not ranked:
+                raise _wharf.NotFoundError(f"no checkpoint records the metric {self.metric!r}")
+            sign = -1 if self.mode == "max" else 1
+            return min(ranked, key=lambda m: (sign * m["metrics"][self.metric], -m["step"]))
+        raise ValueError(f"which must be 'latest', 'best', a step or a datetime, not {which!r}")

@@ -1,0 +1,428 @@
+"""PyTorch Distributed Checkpoint (DCP) on any wharf URI, and the CheckpointManager.
+
+    import torch.distributed.checkpoint as dcp
+    from wharf.torch.checkpoint import StorageWriter, StorageReader
+
+    dcp.save(state_dict, storage_writer=StorageWriter("s3://bucket/ckpt/step-100"))
+    dcp.load(state_dict, storage_reader=StorageReader("s3://bucket/ckpt/step-100"))
+    fut = dcp.async_save(state_dict, storage_writer=StorageWriter("/nvme/tier/ckpt/step-100"))
+
+URIs are s3://, gs://, file:// or local paths; a path inside a tier writes tier entries that
+stay `local` (never evicted) until exported (docs/design/checkpoint.md).
+
+Layout, as DCP's own FileSystemWriter: each rank writes its own files `__<rank>_<i>.distcp`
+(`files_per_rank` of them, balanced by size), the coordinator writes `.metadata` (pickled DCP
+Metadata) last. The difference is inside the files: a tensor is its raw bytes, not a
+torch.save archive, so a save hands the tensors' memory to the engine (parallel multipart
+uploads, no staging copy) and a load reads each tensor's bytes straight into the destination
+tensor's storage. Each item's storage info is DCP's `_StorageInfo` with the transform
+descriptor "wharf.raw/1" (DCP's FileSystemReader refuses it by name rather than misreading it).
+StorageReader also reads checkpoints written by FileSystemWriter (or s3torchconnector's
+S3StorageWriter, which writes the same files) from any wharf URI: items without the descriptor
+are torch.load-ed as DCP does.
+
+Loads sort each rank's read items by file and offset, coalesce neighbours into one ranged GET
+and fetch them concurrently (checkpoint/io.h ReadRanges); resharding works as DCP defines it
+(a read item is a box of a saved chunk: a box contiguous in the chunk's bytes is read as one
+range, straight into the destination when it is a contiguous CPU tensor of the saved dtype;
+otherwise the covering byte window is read and copied out).
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import os
+import pickle
+import uuid
+from typing import Any, Optional, Sequence
+
+import torch
+from torch.futures import Future
+from torch.distributed.checkpoint import staging as _staging
+from torch.distributed.checkpoint.filesystem import _StorageInfo, _StorageReaderTransforms
+from torch.distributed.checkpoint.metadata import (Metadata, MetadataIndex, StorageMeta,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, SavePlan,
+                                                  SavePlanner, WriteItemType)
+from torch.distributed.checkpoint.storage import StorageReader as _StorageReader
+from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriter
+from torch.distributed.checkpoint.storage import WriteResult
+
+from wharf import _wharf
+
+__all__ = ["StorageWriter", "StorageReader", "CheckpointManager", "RAW_DESCRIPTOR"]
+
+RAW_DESCRIPTOR = "wharf.raw/1"
+_METADATA = ".metadata"
+_SUFFIX = ".distcp"
+DCP_VERSION = "1.0.0"
+
+
+@dataclasses.dataclass
+class _Prefix:
+    """A rank's file name prefix ("__<rank>_"), DCP's _StoragePrefix under another name."""
+    prefix: str
+
+
+def _uri_of(checkpoint_id) -> str:
+    return os.fspath(checkpoint_id) if isinstance(checkpoint_id, os.PathLike) else str(checkpoint_id)
+
+
+def _region(data) -> tuple[Any, int, Any]:
+    """(memory for _wharf, nbytes, object to keep alive) of a resolved write item."""
+    if isinstance(data, io.BytesIO):
+        view = data.getbuffer()
+        return view, view.nbytes, data
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"DCP resolved a write item to {type(data).__name__}, not a tensor")
+    t = data.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if not t.is_contiguous():
+        t = t.contiguous()
+    nbytes = t.numel() * t.element_size()
+    return (t.data_ptr(), nbytes), nbytes, t
+
+
+def _balance(items: list, sizes: list[int], bins: int) -> list[list[int]]:
+    """Indices of `items` in `bins` bins of about equal bytes (largest first), in item order."""
+    bins = max(1, min(bins, len(items)))
+    load = [0] * bins
+    out: list[list[int]] = [[] for _ in range(bins)]
+    for i in sorted(range(len(items)), key=lambda i: -sizes[i]):
+        b = min(range(bins), key=load.__getitem__)
+        out[b].append(i)
+        load[b] += sizes[i]
+    return [sorted(b) for b in out if b]
+
+
+class StorageWriter(_StorageWriter, _staging.BlockingAsyncStager):
+    """DCP StorageWriter on any wharf URI (the checkpoint's directory).
+
+    files_per_rank: files each rank writes, written in parallel (each as parallel parts);
+    default 4. overwrite: replace a checkpoint already at the URI (as DCP's FileSystemWriter,
+    default True). cache_staged_state_dict: dcp.async_save keeps the CPU copy it stages into
+    across saves (faster staging, one copy of the state held). Store options (endpoint=,
+    region=, ...) as wharf.Store's.
+    """
+
+    def __init__(self, uri, *, files_per_rank: int = 4, overwrite: bool = True,
+                 cache_staged_state_dict: bool = False, max_files_in_flight: int = 0,
+                 **store_options):
+        _StorageWriter.__init__(self)
+        _staging.BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
+        if files_per_rank < 1:
+            raise ValueError("files_per_rank must be at least 1")
+        self.files_per_rank = files_per_rank
+        self.overwrite = overwrite
+        self.max_files_in_flight = max_files_in_flight
+        self._store_options = store_options
+        self.uri = _uri_of(uri)
+        self._root = None
+        self.save_id = uuid.uuid4().hex
+        self.rank: Optional[int] = None
+        self.is_coordinator = False
+        self.use_collectives = True
+        # After finish() on the coordinator: file name -> bytes the save wrote into it.
+        self.files: dict[str, int] = {}
+
+    # ---- DCP's StorageWriter ----
+    def reset(self, checkpoint_id=None) -> None:
+        if checkpoint_id:
+            self.uri = _uri_of(checkpoint_id)
+            self._root = None
+        self.save_id = uuid.uuid4().hex
+        self.files = {}
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank")
+        self.use_collectives = kwargs.get("use_collectives", True)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if not self.overwrite and self.root.exists(self._metadata_name()):
+            raise RuntimeError(f"a checkpoint exists at {self.uri} and overwrite=False")
+        if self.rank is not None and not self.use_collectives:
+            plan = dataclasses.replace(plan, storage_data=_Prefix(f"__{self.rank}_"))
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return [dataclasses.replace(p, storage_data=_Prefix(f"__{i}_"))
+                if p.storage_data is None else p for i, p in enumerate(plans)]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        prefix = plan.storage_data.prefix
+        regions, sizes, keep = [], [], []
+        for item in plan.items:
+            memory, nbytes, owner = _region(planner.resolve_data(item))
+            regions.append(memory)
+            sizes.append(nbytes)
+            keep.append(owner)
+        results, files = [], []
+        for n, members in enumerate(_balance(plan.items, sizes, self.files_per_rank)):
+            name = f"{prefix}{n}{_SUFFIX}"
+            offset = 0
+            for i in members:
+                item = plan.items[i]
+                results.append(WriteResult(
+                    index=item.index, size_in_bytes=sizes[i],
+                    storage_data=_StorageInfo(name, offset, sizes[i],
+                                              transform_descriptors=[RAW_DESCRIPTOR])))
+                offset += sizes[i]
+            files.append((name, [regions[i] for i in members]))
+        future: Future = Future()
+        try:
+            self.root.write_files(files, self.max_files_in_flight)  # GIL released inside
+            future.set_result(results)
+        except BaseException as e:  # the future carries it to DCP
+            future.set_exception(e)
+        del keep
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        storage = {}
+        files: dict[str, int] = {}
+        for per_rank in results:
+            for r in per_rank:
+                storage[r.index] = r.storage_data
+                info = r.storage_data
+                files[info.relative_path] = max(files.get(info.relative_path, 0),
+                                                info.offset + info.length)
+        metadata.storage_data = storage
+        metadata.storage_meta = self.storage_meta()
+        metadata.version = DCP_VERSION
+        data = pickle.dumps(metadata)
+        # One atomic put, after every rank's files (DCP calls finish once they all wrote).
+        self.root.put_object(self._metadata_name(), data)
+        files[self._metadata_name()] = len(data)
+        self.files = files
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.uri, save_id=self.save_id)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.uri
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _valid(checkpoint_id)
+
+    # ---- staging for dcp.async_save ----
+    def stage(self, state_dict):
+        """A CPU copy of state_dict (dcp.async_save writes it while training goes on)."""
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        pin = torch.cuda.is_available()
+        if not self.cache_staged_state_dict:
+            staged = _create_cpu_state_dict(state_dict, pin_memory=pin)
+            return _copy_state_dict(state_dict, staged, type_check=False)
+        if self.state_dict_cache is None:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
+        return _copy_state_dict(state_dict, self.state_dict_cache, type_check=False)
+
+    # ---- helpers ----
+    @property
+    def root(self):
+        if self._root is None:
+            self._root = _wharf.CheckpointRoot(self.uri, **self._store_options)
+        return self._root
+
+    def _metadata_name(self) -> str:
+        if not self.use_collectives and self.rank is not None:
+            return f"__{self.rank}{_METADATA}"
+        return _METADATA
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_root"] = None  # reopened where it is used
+        return state
+
+
+def _valid(checkpoint_id) -> bool:
+    try:
+        _wharf.CheckpointRoot(_uri_of(checkpoint_id))
+        return True
+    except Exception:
+        return False
+
+
+def _contiguous_box(offsets: Sequence[int], lengths: Sequence[int], sizes: Sequence[int]) -> bool:
+    """Whether a box of a C-contiguous chunk is one run of its bytes."""
+    # Leading dims of length 1, then one dim cut anywhere, then full dims.
+    k = 0
+    while k < len(lengths) and lengths[k] == 1:
+        k += 1
+    return all(lengths[j] == sizes[j] for j in range(k + 1, len(sizes)))
+
+
+def _flat(offsets: Sequence[int], sizes: Sequence[int]) -> int:
+    flat = 0
+    for o, s in zip(offsets, sizes):
+        flat = flat * s + o
+    return flat
+
+
+class StorageReader(_StorageReader):
+    """DCP StorageReader on any wharf URI (the checkpoint's directory).
+
+    Reads checkpoints written by wharf's StorageWriter (raw tensor bytes, straight into the
+    destination tensors) and by DCP's FileSystemWriter / s3torchconnector (torch.save items).
+    max_in_flight: GETs at once (0: the runtime's setting, else 64). etags: file -> ETag to pin
+    every read to (the CheckpointManager passes its manifest's), so a file overwritten during
+    a load fails instead of mixing versions. Store options as wharf.Store's.
+    """
+
+    def __init__(self, uri, *, max_in_flight: int = 0, etags: Optional[dict] = None,
+                 **store_options):
+        super().__init__()
+        self.uri = _uri_of(uri)
+        self.max_in_flight = max_in_flight
+        self.etags = dict(etags or {})
+        self._store_options = store_options
+        self._root = None
+        self.storage_data: dict = {}
+        self.metadata: Optional[Metadata] = None
+        self.load_id = uuid.uuid4().hex
+        self.transforms = _StorageReaderTransforms()
+        self.stats: dict = {}
+
+    @property
+    def root(self):
+        if self._root is None:
+            self._root = _wharf.CheckpointRoot(self.uri, **self._store_options)
+        return self._root
+
+    def reset(self, checkpoint_id=None) -> None:
+        self.storage_data = {}
+        if checkpoint_id:
+            self.uri = _uri_of(checkpoint_id)
+            self._root = None
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        rank = kwargs.get("rank")
+        name = _METADATA if rank is None else f"__{rank}{_METADATA}"
+        data = self.root.read_object(name)
+        if data is None:
+            raise FileNotFoundError(
+                f"{self.uri.rstrip('/')}/{name}: no such checkpoint (DCP writes its metadata "
+                f"last: a save that did not finish has none)")
+        metadata = pickle.loads(data)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args,
+                              **kwargs) -> None:
+        if metadata.storage_data is None:
+            raise ValueError(f"{self.uri}: the checkpoint's metadata has no storage data")
+        self.metadata = metadata
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        ranges, after = [], []
+        for req in plan.items:
+            info = self.storage_data[req.storage_index]
+            etag = self.etags.get(info.relative_path, "")
+            descriptors = list(getattr(info, "transform_descriptors", None) or ())
+            raw = descriptors == [RAW_DESCRIPTOR]
+            if req.type == LoadItemType.BYTE_IO or not raw:
+                buf = bytearray(info.length)
+                ranges.append((info.relative_path, info.offset, info.length, buf, etag))
+                after.append((self._finish_stream, req, buf, descriptors))
+                continue
+            chunk = self._chunk(req)
+            dtype = self.metadata.state_dict_metadata[req.storage_index.fqn].properties.dtype
+            elt = torch._utils._element_size(dtype)
+            target = planner.resolve_tensor(req).detach()
+            sizes, offsets, lengths = list(chunk.sizes), list(req.storage_offsets), list(req.lengths)
+            first = _flat(offsets, sizes)
+            count = math.prod(lengths)
+            if count == 0:
+                after.append((self._commit, req, target, None))
+                continue
+            if (_contiguous_box(offsets, lengths, sizes) and target.is_cpu
+                    and target.is_contiguous() and target.dtype == dtype):
+                ranges.append((info.relative_path, info.offset + first * elt, count * elt,
+                               (target.data_ptr(), count * elt), etag))
+                after.append((self._commit, req, target, None))
+                continue
+            # The byte window from the box's first element to its last, then the box's view.
+            last = _flat([o + n - 1 for o, n in zip(offsets, lengths)], sizes)
+            window = torch.empty(last - first + 1, dtype=dtype)
+            ranges.append((info.relative_path, info.offset + first * elt, window.numel() * elt,
+                           (window.data_ptr(), window.numel() * elt), etag))
+            strides = [math.prod(sizes[j + 1:]) for j in range(len(sizes))]
+            view = window.as_strided(lengths, strides, 0)
+            after.append((self._commit, req, target, view))
+        future: Future = Future()
+        try:
+            self.stats = self.root.read_ranges(ranges, self.max_in_flight)  # GIL released
+            for fn, *args in after:
+                fn(planner, *args)
+            future.set_result(None)
+        except BaseException as e:
+            future.set_exception(e)
+        return future
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.uri
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return _valid(checkpoint_id)
+
+    # ---- helpers ----
+    def _chunk(self, req):
+        md = self.metadata.state_dict_metadata[req.storage_index.fqn]
+        if not isinstance(md, TensorStorageMetadata):
+            raise ValueError(f"{self.uri}: {req.storage_index.fqn} is not a tensor")
+        hint = req.storage_index.index
+        if hint is not None and hint < len(md.chunks) and \
+                list(md.chunks[hint].offsets) == list(req.storage_index.offset):
+            return md.chunks[hint]
+        for c in md.chunks:
+            if list(c.offsets) == list(req.storage_index.offset):
+                return c
+        raise ValueError(f"{self.uri}: no saved chunk of {req.storage_index.fqn} at "
+                         f"{list(req.storage_index.offset)}")
+
+    @staticmethod
+    def _commit(planner, req, target, view):
+        if view is not None:
+            target.copy_(view)
+        planner.commit_tensor(req, target)
+
+    def _finish_stream(self, planner, req, buf, descriptors):
+        stream = io.BytesIO(buf)
+        if descriptors and descriptors != [RAW_DESCRIPTOR]:
+            stream = io.BytesIO(self.transforms.transform_load_stream(req, descriptors,
+                                                                      stream).read())
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, stream)
+            return
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+        tensor = torch.load(stream, map_location="cpu", weights_only=True)
+        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise ValueError(f"{self.uri}: {req.storage_index.fqn}: saved {tuple(tensor.size())}"
+                             f", loading into {tuple(target.size())}")
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
+
+
+def __getattr__(name):
+    if name == "CheckpointManager":
+        from wharf.torch._manager import CheckpointManager
+        return CheckpointManager
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
