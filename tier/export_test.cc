@@ -1,0 +1,122 @@
+// Exporting a tier path: the selected files arrive, their entries lose `local` and take the
+// exported objects as provenance, a rerun skips them.
+#include "tier/export.h"
+
+#include <atomic>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/cord.h"
+#include "gtest/gtest.h"
+#include "store/testing/temp_store.h"
+#include "tier/tree_store.h"
+
+namespace wharf {
+namespace {
+
+using store_testing::TempStore;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Counts what the export forwards.
+class CountingObserver : public TransferObserver {
+ public:
+  void OnObjectDone(const std::string&, const std::string&) override { ++done; }
+  void OnObjectAt(const ObjectMeta&, const ObjectMeta&, bool) override { ++at; }
+  std::atomic<int> done{0};
+  std::atomic<int> at{0};
+};
+
+class ExportTierPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tier = Tier::Init(tier_dir_.root() + "/tier", {});
+    ASSERT_TRUE(tier.ok()) << tier.status();
+    tier_ = *tier;
+    // Written to the tier with no provenance: `local` entries.
+    auto tree = TierTreeStore::Open(tier_, Dir(), Runtime::Default());
+    ASSERT_TRUE(tree.ok()) << tree.status();
+    for (const char* name : {"a.bin", "sub/b.bin"}) {
+      auto put = (*tree)->Put(name, absl::Cord(std::string("data of ") + name), {});
+      ASSERT_TRUE(put.ok()) << put.status();
+    }
+  }
+  std::string Dir() const { return tier_->root() + "/ckpt"; }
+  bool Local(const std::string& rel) const {
+    auto entry = ReadEntryAttr(Dir() + "/" + rel);
+    EXPECT_TRUE(entry.has_value()) << rel;
+    return entry.has_value() && entry->local;
+  }
+
+  TempStore tier_dir_;
+  TempStore dst_;
+  std::shared_ptr<Tier> tier_;
+};
+
+TEST_F(ExportTierPathTest, ExportsMarksAndResumes) {
+  ASSERT_TRUE(Local("a.bin"));
+  ASSERT_TRUE(Local("sub/b.bin"));
+
+  // A filter leaves sub/b.bin out: it stays local and does not arrive.
+  TierExportOptions filtered;
+  filtered.filters = {{.include = false, .pattern = "sub/*"}};
+  CountingObserver observer;
+  auto first = ExportTierPath(tier_, Dir(), {dst_.store(), "out/"}, filtered, &observer);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->transfer.objects, 1u);
+  EXPECT_EQ(first->aborted_uploads, 0u);
+  EXPECT_EQ(first->dst_uri, dst_.store()->Uri("out/"));
+  EXPECT_EQ(observer.done, 1);  // the caller's observer sees the transfer
+  EXPECT_EQ(observer.at, 1);
+  EXPECT_EQ(ReadFile(dst_.PathOf("out/a.bin")), "data of a.bin");
+  EXPECT_FALSE(std::ifstream(dst_.PathOf("out/sub/b.bin")).good());
+  EXPECT_FALSE(Local("a.bin"));
+  EXPECT_TRUE(Local("sub/b.bin"));
+  auto a = ReadEntryAttr(Dir() + "/a.bin");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->source, dst_.store()->Uri("out/a.bin"));  // provenance: the exported object
+
+  // Unfiltered: both arrive (a.bin already there) and neither says local.
+  auto second = ExportTierPath(tier_, Dir(), {dst_.store(), "out/"}, {});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->transfer.objects, 1u);
+  EXPECT_EQ(second->transfer.skipped, 1u);
+  EXPECT_EQ(ReadFile(dst_.PathOf("out/sub/b.bin")), "data of sub/b.bin");
+  EXPECT_FALSE(Local("a.bin"));
+  EXPECT_FALSE(Local("sub/b.bin"));
+
+  // A rerun skips both.
+  auto third = ExportTierPath(tier_, Dir(), {dst_.store(), "out/"}, {});
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->transfer.objects, 0u);
+  EXPECT_EQ(third->transfer.skipped, 2u);
+  EXPECT_EQ(third->transfer.failed, 0u);
+}
+
+TEST_F(ExportTierPathTest, OneFileGoesBelowAPrefixUnderItsName) {
+  auto one = ExportTierPath(tier_, Dir() + "/sub/b.bin", {dst_.store(), "one/"}, {});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->transfer.objects, 1u);
+  EXPECT_EQ(ReadFile(dst_.PathOf("one/b.bin")), "data of sub/b.bin");
+  EXPECT_FALSE(Local("sub/b.bin"));
+  EXPECT_TRUE(Local("a.bin"));
+
+  auto again = ExportTierPath(tier_, Dir() + "/sub/b.bin", {dst_.store(), "one/"}, {});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->transfer.objects, 0u);
+  EXPECT_EQ(again->transfer.skipped, 1u);
+}
+
+TEST_F(ExportTierPathTest, RefusesAPathOutsideTheTier) {
+  auto outside = ExportTierPath(tier_, dst_.root(), {dst_.store(), "x/"}, {});
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument) << outside.status();
+}
+
+}  // namespace
+}  // namespace wharf
