@@ -9,6 +9,8 @@ Usage (from the repository root, after ./run setup and ./run build):
                                         (the training-loop benchmark: bench/train_bench.py)
     .venv/bin/python bench/run_bench.py --scenario TIER [--quick] [--repeat 3]
                                         (the tier benchmarks of issue 12: bench/tier_bench.py)
+    .venv/bin/python bench/run_bench.py --scenario CKPT [--quick] [--delays 0,25]
+                                        (the checkpoint benchmarks of issue 13: bench/ckpt_bench.py)
 
 What it does
 ------------
@@ -1194,7 +1196,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (bench/run_bench.py) for details.")
     ap.add_argument("--scenario", default="all",
-                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER"],
+                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT"],
                     help="TRAIN: the training-loop benchmark, bench/train_bench.py (passes "
                     "--quick, --out, --wharf, --proxy-bin, --timeout, --keep-server and the "
                     "first of --delays as --delay-ms). TIER: the tier benchmarks of "
@@ -1234,6 +1236,9 @@ def main() -> int:
     ap.add_argument("--tier-parts", default="a,b,c",
                     help="TIER: which parts to run (a: import, b: one epoch three ways, "
                     "c: 4 cold readers on one tier)")
+    ap.add_argument("--ckpt-parts", default="store,tier,async",
+                    help="CKPT: which parts to run (store: save/load through RGW at each delay; "
+                    "tier: to a local disk vs FileSystemWriter; async: the loop's stall)")
     ap.add_argument("--keep-server", action="store_true",
                     help="leave a server this run started running (its data stays)")
     a = ap.parse_args()
@@ -1258,10 +1263,10 @@ def main() -> int:
         return 2
     scenarios = make_scenarios(a.quick)
     names = ["S1", "S2", "S3"] if a.scenario == "all" else [a.scenario]
-    names = [] if a.scenario == "TIER" else names  # bench/tier_bench.py runs it
+    names = [] if a.scenario in ("TIER", "CKPT") else names  # tier_bench / ckpt_bench run them
     wanted = set(a.clients.split(",")) if a.clients else {c.name for c in CLIENTS}
     unknown = wanted - {c.name for c in CLIENTS}
-    if unknown:
+    if unknown and a.scenario != "CKPT":  # CKPT's clients are ckpt_bench's
         print(f"error: unknown clients {sorted(unknown)}", file=sys.stderr)
         return 2
     wanted -= set(filter(None, a.skip_clients.split(",")))
@@ -1277,7 +1282,7 @@ def main() -> int:
     try:
         a._scratch = scratch_root(a.scratch)
         proxy_bin = find_proxy(a.proxy_bin)
-        big = "S2" in names and not a.quick
+        big = ("S2" in names or a.scenario == "CKPT") and not a.quick
         server.start(big)
         versions = tool_versions(a)
         avail = {c.name: c.available(a) for c in CLIENTS if c.name in wanted}
@@ -1288,6 +1293,11 @@ def main() -> int:
             import tier_bench
 
             sections += tier_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
+                                       results)
+        if a.scenario == "CKPT":
+            import ckpt_bench
+
+            sections += ckpt_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
                                        results)
         for name in names:
             sc = scenarios[name]

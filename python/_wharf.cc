@@ -304,10 +304,17 @@ PYBIND11_MODULE(_wharf, m) {
   // Multiple inheritance so `except FileNotFoundError` works too.
   py::object builtins = py::module_::import("builtins");
   py::object type = builtins.attr("type");
+  // __module__ names where pickle finds them (DCP pickles a rank's error to send it to the
+  // coordinator).
+  auto attrs = [] {
+    py::dict d;
+    d["__module__"] = "wharf._wharf";
+    return d;
+  };
   py::object not_found =
-      type("NotFoundError", py::make_tuple(error, builtins.attr("FileNotFoundError")), py::dict());
+      type("NotFoundError", py::make_tuple(error, builtins.attr("FileNotFoundError")), attrs());
   py::object permission = type("PermissionDeniedError",
-                               py::make_tuple(error, builtins.attr("PermissionError")), py::dict());
+                               py::make_tuple(error, builtins.attr("PermissionError")), attrs());
   m.attr("NotFoundError") = not_found;
   m.attr("PermissionDeniedError") = permission;
   g_not_found = not_found.release().ptr();

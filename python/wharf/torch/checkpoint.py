@@ -79,6 +79,9 @@ def _region(data) -> tuple[Any, int, Any]:
     t = data.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
+    # A conjugate or negative view's memory holds the values before the lazy op: materialize
+    # it (no copy when the bits are not set), as torch.save does.
+    t = t.resolve_conj().resolve_neg()
     if not t.is_contiguous():
         t = t.contiguous()
     nbytes = t.numel() * t.element_size()
@@ -256,6 +259,13 @@ def _contiguous_box(offsets: Sequence[int], lengths: Sequence[int], sizes: Seque
     return all(lengths[j] == sizes[j] for j in range(k + 1, len(sizes)))
 
 
+def _unquote_etag(etag: str) -> str:
+    etag = str(etag)
+    if len(etag) >= 2 and etag[0] == '"' and etag[-1] == '"':
+        return etag[1:-1]
+    return etag
+
+
 def _flat(offsets: Sequence[int], sizes: Sequence[int]) -> int:
     flat = 0
     for o, s in zip(offsets, sizes):
@@ -278,7 +288,9 @@ class StorageReader(_StorageReader):
         super().__init__()
         self.uri = _uri_of(uri)
         self.max_in_flight = max_in_flight
-        self.etags = dict(etags or {})
+        # ETags as the store reports them (unquoted); accept the quoted form S3 clients
+        # (boto3, the HTTP header) show, which would otherwise never match.
+        self.etags = {k: _unquote_etag(v) for k, v in (etags or {}).items()}
         self._store_options = store_options
         self._root = None
         self.storage_data: dict = {}
@@ -350,7 +362,8 @@ class StorageReader(_StorageReader):
                 after.append((self._commit, req, target, None))
                 continue
             if (_contiguous_box(offsets, lengths, sizes) and target.is_cpu
-                    and target.is_contiguous() and target.dtype == dtype):
+                    and target.is_contiguous() and target.dtype == dtype
+                    and not target.is_conj() and not target.is_neg()):
                 ranges.append((info.relative_path, info.offset + first * elt, count * elt,
                                (target.data_ptr(), count * elt), etag))
                 after.append((self._commit, req, target, None))
