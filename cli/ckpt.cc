@@ -224,6 +224,14 @@ void AddCkpt(CLI::App& app, CkptArgs& args) {
     return cmd;
   };
   auto select = [&](CLI::App* cmd) {
+    // Exactly one selector: a usage error (exit 2) otherwise, found while parsing.
+    cmd->callback([&args, cmd] {
+      args.action = cmd->get_name();
+      if ((args.step >= 0) + args.latest + args.best != 1) {
+        throw CLI::ValidationError(
+            absl::StrCat("ckpt ", cmd->get_name(), ": give one of --step N, --latest, --best"));
+      }
+    });
     auto* step = cmd->add_option("--step", args.step, "The checkpoint of step N");
     auto* latest = cmd->add_flag("--latest", args.latest, "The latest complete checkpoint");
     auto* best = cmd->add_flag("--best", args.best,

@@ -352,6 +352,18 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Open(const std::string& root) {
     WHARF_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(config_path));
     WHARF_ASSIGN_OR_RETURN(config, TierConfig::FromJson(text, config_path));
   }
+  {
+    // One Tier per root and process while one is alive (with the settings just read), so
+    // a process has one temporary directory in a tier however many stores it opens there.
+    absl::MutexLock live(&tiers_mu);
+    if (live_tiers != nullptr) {
+      const std::string settings = config.ToJson();
+      for (Tier* tier : *live_tiers) {
+        if (tier->root_ != root || tier->config_.ToJson() != settings) continue;
+        if (std::shared_ptr<Tier> shared = tier->weak_from_this().lock()) return shared;
+      }
+    }
+  }
   return std::shared_ptr<Tier>(new Tier(root, config));
 }
 

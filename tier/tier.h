@@ -115,7 +115,7 @@ struct TierImport {
   bool complete() const { return completed != absl::InfinitePast(); }
 };
 
-class Tier {
+class Tier : public std::enable_shared_from_this<Tier> {
  public:
   // The tier's own folder inside its root.
   static constexpr absl::string_view kMetaDir = ".wharf";

@@ -21,12 +21,15 @@ import random
 import sys
 import threading
 import warnings
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from wharf import _wharf
 from wharf.torch.checkpoint import StorageReader, StorageWriter
@@ -55,6 +58,78 @@ def _set_rng_state(state: dict) -> None:
         numpy.random.set_state(_as_tuple(state["numpy"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _cause(e: CheckpointException) -> BaseException:
+    """The exception DCP wrapped (the lowest failing rank's), so that a save or load fails
+    with wharf's own error (PermissionDeniedError, NotFoundError, ...) rather than DCP's
+    CheckpointException, which is not even an Exception."""
+    failures = getattr(e, "failures", None) or {}
+    for rank in sorted(failures):
+        failure = failures[rank]
+        exc = failure[0] if isinstance(failure, tuple) and failure else failure
+        if isinstance(exc, BaseException):
+            return exc
+    return e
+
+
+def _dcp(call, *args, **kwargs):
+    try:
+        return call(*args, **kwargs)
+    except CheckpointException as e:
+        cause = _cause(e)
+        if cause is e:
+            raise
+        raise cause from e
+
+
+class _LoadPlanner(DefaultLoadPlanner):
+    """DCP's planner, strict about the caller's keys (a key the checkpoint lacks raises), while
+    the manager's own entry may be partly absent (the RNG states a checkpoint records depend
+    on what the saving process had: numpy imported, CUDA initialized)."""
+
+    def create_local_plan(self):
+        saved = self.metadata.state_dict_metadata
+        for fqn in [k for k in self.state_dict if k.startswith(_OWN + ".") and k not in saved]:
+            del self.state_dict[fqn]
+        return super().create_local_plan()
+
+
+def _int_keyed(obj, path=(), out=None) -> list:
+    """[[path, [int keys]], ...]: the dicts in `obj` with int keys (an optimizer's state:
+    {param index: ...}), which DCP stores as strings; path as DCP walks it (str(key) in a
+    dict, the index in a list)."""
+    out = [] if out is None else out
+    if isinstance(obj, Mapping):
+        ints = [k for k in obj if type(k) is int]
+        if ints:
+            out.append([list(path), ints])
+        for k, v in obj.items():
+            _int_keyed(v, path + (str(k),), out)
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _int_keyed(v, path + (i,), out)
+    return out
+
+
+def _restore_int_keys(state: dict, int_keyed: list) -> None:
+    """Puts back the int keys _int_keyed() recorded, deepest dicts first."""
+    for path, ints in sorted(int_keyed, key=lambda e: -len(e[0])):
+        parent, d = None, state
+        try:
+            for p in path:
+                parent, d = d, d[p]
+        except (KeyError, IndexError, TypeError):
+            continue  # not loaded (a partial state)
+        if not isinstance(d, dict):
+            continue
+        back = {str(k): k for k in ints}
+        fixed = {back.get(k, k) if isinstance(k, str) else k: v for k, v in d.items()}
+        if parent is None:
+            state.clear()
+            state.update(fixed)
+        else:
+            parent[path[-1]] = fixed
 
 
 def _as_tuple(v):
@@ -86,22 +161,37 @@ class SaveHandle:
 
 class _Stager:
     """The CPU copy an async save writes from, kept across saves (no allocation after the
-    first; a state of another shape gets a fresh copy)."""
+    first; a state of another shape gets a fresh copy). One save at a time writes from it:
+    stage() waits until the previous save's writes are done (release()) before copying into
+    it, or the earlier checkpoint would get the later state's values."""
 
     def __init__(self):
         self._cache = None
         self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
 
     def stage(self, state_dict: dict) -> dict:
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
         with self._lock:
-            if self._cache is not None:
-                try:
-                    return _copy_state_dict(state_dict, self._cache, type_check=False)
-                except (ValueError, RuntimeError, KeyError):
-                    self._cache = None  # another structure: stage afresh
-            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
-            return _copy_state_dict(state_dict, self._cache, type_check=False)
+            self._idle.wait()  # the previous save may still be writing from the cache
+            self._idle.clear()
+            try:
+                if self._cache is not None:
+                    try:
+                        return _copy_state_dict(state_dict, self._cache, type_check=False)
+                    except (ValueError, RuntimeError, KeyError):
+                        self._cache = None  # another structure: stage afresh
+                self._cache = _create_cpu_state_dict(state_dict,
+                                                     pin_memory=torch.cuda.is_available())
+                return _copy_state_dict(state_dict, self._cache, type_check=False)
+            except BaseException:
+                self._idle.set()
+                raise
+
+    def release(self) -> None:
+        """The save that staged last has written its files: the cache may be reused."""
+        self._idle.set()
 
 
 class _Writer(StorageWriter):
@@ -129,8 +219,9 @@ class CheckpointManager:
       (and, in the bucket, completed exports): the `keep_last` latest and the `keep_best` best
       by `metric` (mode "min" or "max") are kept; None keeps all.
     async_save: save() returns once the state is copied to CPU memory (a staging copy kept
-      across saves); the write, the commit and retention run in the background. False: save()
-      returns when the checkpoint is committed.
+      across saves, so a save waits for the previous one's writes before copying); the write,
+      the commit and retention run in the background. False: save() returns when the
+      checkpoint is committed.
     record_rng: each rank's RNG states (python, numpy, torch, cuda) go into the checkpoint and
       restore() puts them back (restore_rng=False keeps the current ones).
     files_per_rank: files each rank writes (in parallel). Store options (endpoint=, ...) apply
@@ -209,12 +300,20 @@ class CheckpointManager:
         from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
         to_save = dict(_stateful_to_state_dict(state))
         own = {"step": step}
+        int_keyed = _int_keyed(to_save)
+        if int_keyed:  # restore() without a state gives them back as they were
+            own["int_keys"] = int_keyed
         if self.record_rng:
             own["rng"] = {f"rank{self.rank}": _rng_state()}
         to_save[_OWN] = own
         if self.async_save:
             staged = self._stager.stage(to_save)  # the only part the loop waits for
-            future = self._saver.submit(self._save_now, step, staged, metrics)
+            try:
+                future = self._saver.submit(self._save_now, step, staged, metrics,
+                                            self._stager.release)
+            except BaseException:
+                self._stager.release()
+                raise
         else:
             future = Future()
             try:
@@ -226,26 +325,33 @@ class CheckpointManager:
             self._pending.append(future)
         return SaveHandle(step, future)
 
-    def _save_now(self, step: int, state: dict, metrics: dict) -> dict:
+    def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
         uri = self.root.step_uri(step)
 
         def clear():  # on the coordinator, between planning and writing
             self.root.delete(step)
 
-        writer = _Writer(uri, clear, files_per_rank=self.files_per_rank, **self._store_options)
-        dcp.save(state, storage_writer=writer, process_group=self._pg)
-        manifest, error = None, None
+        try:
+            writer = _Writer(uri, clear, files_per_rank=self.files_per_rank,
+                             **self._store_options)
+            _dcp(dcp.save, state, storage_writer=writer, process_group=self._pg)
+        finally:
+            if written is not None:
+                written()  # the staged copy is free for the next save
+        manifest, error, failure = None, None, None
         if self.rank == 0:
             try:
                 user = {"wharf": {"manager": 1, "rng": self.record_rng}}
                 manifest = self.root.commit(step, metrics, self.world_size, "dcp",
                                             json.dumps(user), writer.files)
             except BaseException as e:  # every rank learns that the commit failed
-                error = f"{type(e).__name__}: {e}"
+                error, failure = f"{type(e).__name__}: {e}", e
         if self.distributed and self.world_size > 1:
             box = [(manifest, error)]
             dist.broadcast_object_list(box, src=0, group=self._pg)
             manifest, error = box[0]
+        if failure is not None:
+            raise failure  # rank 0: the error itself (PermissionDeniedError, ...)
         if error:
             raise _wharf.WharfError(f"saving checkpoint {uri}: {error}")
         if self.rank == 0:
@@ -336,15 +442,21 @@ class CheckpointManager:
     def list(self) -> list[dict]:
         """Complete checkpoints by step: manifest fields plus `where` ("tier", "bucket" or
         "both"; "tier" also names a local directory)."""
-        here = {m["step"]: dict(m, where="tier" if self.root.is_local else "bucket")
-                for m in self.root.list()["complete"]}
+        return self._listing()[0]
+
+    def _listing(self) -> tuple[list, set]:
+        """(list(), the steps complete in the root itself). `where` alone does not say the
+        latter when the root is a bucket too ("bucket" for both roots)."""
+        in_root = {m["step"]: m for m in self.root.list()["complete"]}
+        here = {s: dict(m, where="tier" if self.root.is_local else "bucket")
+                for s, m in in_root.items()}
         if self.export_root is not None:
             for m in self.export_root.list()["complete"]:
                 if m["step"] in here:
                     here[m["step"]]["where"] = "both"
                 else:
                     here[m["step"]] = dict(m, where="bucket")
-        return [here[s] for s in sorted(here)]
+        return [here[s] for s in sorted(here)], set(in_root)
 
     def restore(self, which: Union[str, int, datetime.datetime] = "latest",
                 state: Optional[dict] = None, *, restore_rng: bool = True) -> Any:
@@ -356,9 +468,9 @@ class CheckpointManager:
         when the checkpoint is there, else copies it from the bucket into the tier first."""
         if self._pending:
             self.wait()
-        chosen = self._choose(which)
+        chosen, in_root = self._choose(which)
         step = chosen["step"]
-        if chosen["where"] == "bucket" and self.export_root is not None:
+        if not in_root and self.export_root is not None:
             if self.rank == 0:
                 _wharf.copy_checkpoint(self.export_root, self.root, step)
             if self._pg is not None:
@@ -370,8 +482,10 @@ class CheckpointManager:
         own_saved = bool(user.get("wharf", {}).get("manager"))
         if state is None:
             from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-            loaded = _load_state_dict_from_keys(storage_reader=reader, process_group=self._pg)
+            loaded = _dcp(_load_state_dict_from_keys, storage_reader=reader,
+                          process_group=self._pg)
             own = loaded.pop(_OWN, {}) if own_saved else {}
+            _restore_int_keys(loaded, (own or {}).get("int_keys") or [])
             self._restore_rng(own, restore_rng)
             self.last_restored = manifest
             return loaded
@@ -380,9 +494,8 @@ class CheckpointManager:
         to_load = dict(state)
         if own_saved and restore_rng and self.record_rng:
             to_load[_OWN] = {"step": 0, "rng": {f"rank{self.rank}": _rng_state()}}
-        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-        planner = DefaultLoadPlanner(allow_partial_load=_OWN in to_load)
-        dcp.load(to_load, storage_reader=reader, planner=planner, process_group=self._pg)
+        _dcp(dcp.load, to_load, storage_reader=reader, planner=_LoadPlanner(),
+             process_group=self._pg)
         from torch.distributed.checkpoint.stateful import Stateful
         for k in state:
             if not isinstance(state[k], Stateful):
@@ -398,8 +511,13 @@ class CheckpointManager:
         if rng:
             _set_rng_state(rng)
 
-    def _choose(self, which) -> dict:
-        complete = self.list()
+    def _choose(self, which) -> tuple[dict, bool]:
+        """(the entry of list() `which` selects, whether the root itself holds it)."""
+        complete, in_root = self._listing()
+        chosen = self._select(complete, which)
+        return chosen, chosen["step"] in in_root
+
+    def _select(self, complete: list, which) -> dict:
         if not complete:
             raise _wharf.NotFoundError(f"no complete checkpoint in {self.root.uri}" + (
                 f" or {self.export_root.uri}" if self.export_root else ""))

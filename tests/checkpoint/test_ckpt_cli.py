@@ -1,0 +1,256 @@
+"""`wharf ckpt ls|export|restore|rm` (build/wharf) against the real Ceph RGW, on checkpoints
+written by wharf.torch.CheckpointManager: a tier root that exports to a bucket (where = tier,
+bucket or both), the bucket itself, a plain directory with an incomplete step; exports by
+--latest / --step / --best, a restore into a fresh tier that a manager then loads, removal,
+and the exit codes of usage errors and missing steps."""
+import datetime
+import json
+import os
+import pathlib
+
+import pytest
+import torch
+
+from conftest import run_wharf
+from wharf.torch import CheckpointManager
+
+LS_KEYS = {"step", "time", "time_unix", "bytes", "files", "world_size", "metrics", "where", "uri"}
+LOSSES = {1: 0.9, 2: 0.4, 3: 0.7, 4: 0.6}
+
+
+def step_dir(step):
+    return f"step-{step:012d}"
+
+
+def state_of(step):
+    g = torch.Generator().manual_seed(step)
+    return {"w": torch.randn(128, 64, generator=g), "b": torch.randn(64, generator=g),
+            "meta": {"step": step}}
+
+
+def same(a, b):
+    assert set(a) == set(b)
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.fixture
+def aws(s3_env, monkeypatch):
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        if k in s3_env:
+            monkeypatch.setenv(k, s3_env[k])
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return s3_env
+
+
+def make_tier(path, env):
+    run_wharf("tier", "init", path, "-q", env=env, check=True)
+    return path
+
+
+@pytest.fixture
+def run(tmp_path, bucket, aws):
+    """A tier root exporting every 2nd save to s3://bucket/run, keep_last=2, metric loss (min):
+    steps 1..4 saved; the tier keeps 3 and 4, the bucket the exports 2 and 4. Returns
+    (tier root, bucket root, {step: manifest as the manager lists it})."""
+    tier = make_tier(tmp_path / "tier", aws)
+    root = tier / "run"
+    remote = f"s3://{bucket}/run"
+    mgr = CheckpointManager(root, export_to=remote, keep_last=2, metric="loss", mode="min",
+                            export_every=2)
+    for step, loss in LOSSES.items():
+        mgr.save(step, state_of(step), metrics={"loss": loss})
+    mgr.close()
+    listed = {m["step"]: m for m in mgr.list()}
+    assert {s: m["where"] for s, m in listed.items()} == {2: "bucket", 3: "tier", 4: "both"}
+    return root, remote, listed
+
+
+def ls_json(root, env):
+    proc = run_wharf("ckpt", "ls", "--json", root, env=env, check=True)
+    return [json.loads(line) for line in proc.stdout.decode().splitlines()]
+
+
+def ckpt(*args, env):
+    return run_wharf("ckpt", *args, env=env)
+
+
+def test_ls_json_and_text_on_a_tier_that_exports_and_on_the_bucket(run, aws):
+    root, remote, listed = run
+    lines = ls_json(root, aws)
+    assert [(j["step"], j["where"]) for j in lines] == [(2, "bucket"), (3, "tier"), (4, "both")]
+    for j in lines:
+        assert set(j) == LS_KEYS
+        m = listed[j["step"]]
+        assert j["metrics"] == {"loss": LOSSES[j["step"]]}
+        assert j["bytes"] == m["bytes"] > 128 * 64 * 4
+        assert j["files"] == len(m["files"])
+        assert j["world_size"] == 1
+        assert abs(j["time_unix"] - m["time"]) < 1e-3
+        utc = datetime.datetime.fromtimestamp(int(j["time_unix"]), datetime.timezone.utc)
+        assert j["time"] == utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert lines[0]["uri"] == f"{remote}/{step_dir(2)}/"  # only in the bucket
+    assert lines[1]["uri"] == f"file://{root}/{step_dir(3)}/"
+    assert lines[2]["uri"] == f"file://{root}/{step_dir(4)}/"  # both: the tier's copy
+
+    text = ckpt("ls", root, env=aws)
+    assert text.returncode == 0, text.stderr
+    rows = text.stdout.decode().splitlines()
+    assert rows[0].split() == ["STEP", "TIME", "MB", "WHERE", "METRICS"]
+    cells = [r.split() for r in rows[1:]]
+    assert [(c[0], c[4], c[5]) for c in cells] == \
+        [("2", "bucket", "loss=0.4"), ("3", "tier", "loss=0.7"), ("4", "both", "loss=0.6")]
+
+    # The bucket root alone: its own checkpoints, all "bucket".
+    lines = ls_json(remote, aws)
+    assert [(j["step"], j["where"], j["uri"]) for j in lines] == \
+        [(s, "bucket", f"{remote}/{step_dir(s)}/") for s in (2, 4)]
+    # A root without checkpoints: a line saying so, exit 0.
+    empty = ckpt("ls", f"{remote}-none", env=aws)
+    assert empty.returncode == 0
+    assert empty.stdout.decode().startswith("no complete checkpoint in ")
+    assert ls_json(f"{remote}-none", aws) == []
+
+
+def test_export_by_latest_step_and_best(run, bucket, aws, s3_client):
+    root, remote, _ = run
+    other = f"s3://{bucket}/other"
+    out = ckpt("export", root, "--latest", "--json", other, env=aws)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert (summary["step"], summary["dest"]) == (4, f"{other}/{step_dir(4)}/")
+    assert summary["source"] == f"file://{root}/{step_dir(4)}/"
+    # Step 4 was exported before: its files are in the destination's bucket already, but
+    # not at this prefix, so they are copied.
+    assert summary["copied"] == summary["files"] > 0
+    out = ckpt("export", root, "--step", "3", other, env=aws)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().startswith("exported step 3 ")
+    # Step 3 existed only in the tier: its entries now name the bucket's copies.
+    for name in os.listdir(root / step_dir(3)):
+        entry = json.loads(os.getxattr(root / step_dir(3) / name, "user.wharf.entry"))
+        assert entry["local"] is False and entry["source"].startswith(f"{other}/{step_dir(3)}/")
+    # --best by --metric: step 2 (0.4), which only the bucket holds.
+    out = ckpt("export", root, "--best", "--metric", "loss", "--json", other, env=aws)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["step"] == 2 and summary["source"] == f"{remote}/{step_dir(2)}/"
+    assert [j["step"] for j in ls_json(other, aws)] == [2, 3, 4]
+    # --best with the metric the root records (checkpoints.json: loss, min), and --mode max.
+    best = f"s3://{bucket}/best"
+    assert ckpt("export", root, "--best", "-q", best, env=aws).returncode == 0
+    assert [j["step"] for j in ls_json(best, aws)] == [2]
+    worst = f"s3://{bucket}/worst"
+    assert ckpt("export", root, "--best", "--mode", "max", "-q", worst, env=aws).returncode == 0
+    assert [j["step"] for j in ls_json(worst, aws)] == [3]
+    # Every exported copy is whole and loads.
+    for uri, step in ((other, 2), (other, 3), (other, 4), (best, 2), (worst, 3)):
+        same(CheckpointManager(uri).restore(step), state_of(step))
+    # The bucket root records no metric: --best there needs --metric.
+    out = ckpt("export", remote, "--best", f"s3://{bucket}/x", env=aws)
+    assert out.returncode == 1 and "no metric" in out.stderr
+    out = ckpt("export", remote, "--best", "--metric", "loss", "-q", f"s3://{bucket}/x", env=aws)
+    assert out.returncode == 0, out.stderr
+    assert [j["step"] for j in ls_json(f"s3://{bucket}/x", aws)] == [2]
+    assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_restore_into_a_fresh_tier_then_the_manager_loads_it(run, tmp_path, aws):
+    _, remote, _ = run
+    tier2 = make_tier(tmp_path / "tier2", aws)
+    dest = tier2 / "run"
+    out = ckpt("restore", remote, "--latest", dest, env=aws)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().startswith("restored step 4 ")
+    assert (dest / step_dir(4) / "manifest.json").is_file()
+    assert [(j["step"], j["where"]) for j in ls_json(dest, aws)] == [(4, "tier")]
+    mgr = CheckpointManager(dest)
+    same(mgr.restore("latest"), state_of(4))
+    assert mgr.last_restored["metrics"] == {"loss": LOSSES[4]}
+    # A second restore of the same step copies nothing: the files are there.
+    again = ckpt("restore", remote, "--step", "4", "--json", dest, env=aws)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["copied"] == 0 and summary["skipped"] == summary["files"] > 0
+    mgr.close()
+
+
+def test_rm_removes_a_checkpoint_from_the_listing(run, bucket, aws, s3_client):
+    root, remote, _ = run
+    out = ckpt("rm", root, "--step", "3", env=aws)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode() == f"removed file://{root}/{step_dir(3)}/\n"
+    assert not (root / step_dir(3)).exists()
+    assert [j["step"] for j in ls_json(root, aws)] == [2, 4]
+    # On the bucket: every object of the step goes.
+    assert ckpt("rm", remote, "--step", "2", "-q", env=aws).returncode == 0
+    keys = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"run/{step_dir(2)}/")
+    assert keys.get("KeyCount", 0) == 0
+    assert [(j["step"], j["where"]) for j in ls_json(root, aws)] == [(4, "both")]
+    # A missing step: exit 1, one line naming it.
+    missing = ckpt("rm", root, "--step", "3", env=aws)
+    assert missing.returncode == 1
+    assert missing.stderr.count("\n") == 1 and "step 3" in missing.stderr
+
+
+def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):
+    root, _, _ = run
+    dest = f"s3://{bucket}/x"
+    for selectors in (["--step", "3", "--latest"], ["--latest", "--best"],
+                      ["--step", "3", "--best"]):
+        out = ckpt("export", root, *selectors, dest, env=aws)
+        assert out.returncode == 2, (selectors, out.stderr)
+        assert "excludes" in out.stderr
+    assert ckpt("restore", root, "--latest", "--best", dest, env=aws).returncode == 2
+    assert ckpt("rm", root, env=aws).returncode == 2  # --step is required
+    assert ckpt("export", root, "--latest", env=aws).returncode == 2  # no destination
+    assert ckpt("ls", env=aws).returncode == 2
+    assert ckpt("export", root, "--best", "--mode", "median", dest, env=aws).returncode == 2
+    for verb in ("export", "restore"):  # no selector at all
+        out = ckpt(verb, root, dest, env=aws)
+        assert out.returncode == 2, out.stderr
+        assert "give one of --step N, --latest, --best" in out.stderr
+    for verb, args in (("export", [root, "--step", "99", dest]),
+                       ("restore", [root, "--step", "99", dest])):
+        out = ckpt(verb, *args, env=aws)
+        assert out.returncode == 1, out.stderr
+        assert out.stderr.count("\n") == 1 and "step 99" in out.stderr, out.stderr
+    assert ls_json(dest, aws) == []
+
+
+def test_only_complete_checkpoints_are_listed(tmp_path, bucket, aws, s3_client):
+    # A plain directory and a bucket, each with a step whose manifest was never written.
+    plain = tmp_path / "plain"
+    remote = f"s3://{bucket}/ckpts"
+    for root in (plain, remote):
+        mgr = CheckpointManager(root, async_save=False)
+        for step in (1, 2):
+            mgr.save(step, state_of(step))
+        mgr.close()
+    incomplete = plain / step_dir(5)
+    incomplete.mkdir()
+    for name in os.listdir(plain / step_dir(2)):
+        if name != "manifest.json":
+            (incomplete / name).write_bytes((plain / step_dir(2) / name).read_bytes())
+    for name in ("__0_0.distcp", ".metadata"):
+        s3_client.put_object(Bucket=bucket, Key=f"ckpts/{step_dir(7)}/{name}", Body=b"partial")
+    for root in (plain, remote):
+        assert [j["step"] for j in ls_json(root, aws)] == [1, 2]
+        rows = ckpt("ls", root, env=aws).stdout.decode().splitlines()[1:]
+        assert [r.split()[0] for r in rows] == ["1", "2"]
+        # --latest is the latest complete one.
+        dest = f"s3://{bucket}/from-{pathlib.Path(str(root)).name}"
+        out = ckpt("export", root, "--latest", "--json", dest, env=aws)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["step"] == 2
+        # An incomplete step is not restorable, but rm removes it.
+        out = ckpt("export", root, "--step", "5" if root == plain else "7", dest, env=aws)
+        assert out.returncode == 1
+    assert ckpt("rm", plain, "--step", "5", "-q", env=aws).returncode == 0
+    assert not incomplete.exists()
+    assert ckpt("rm", remote, "--step", "7", "-q", env=aws).returncode == 0
+    assert s3_client.list_objects_v2(Bucket=bucket,
+                                     Prefix=f"ckpts/{step_dir(7)}/").get("KeyCount", 0) == 0

@@ -1,0 +1,535 @@
+"""wharf.torch.CheckpointManager with real torch (CPU) against the real Ceph RGW: retention in
+the tier and in the bucket it exports to, async saves that return before the commit and save
+what the state was when save() returned, restore after the tier is lost, kill -9 in the middle
+of a save (on s3:// through a slow link and on a tier), bit-exact resume of a training run, and
+the errors it raises.
+
+Kill delays are random; the seed is printed (WHARF_CRASH_SEED replays a run)."""
+import datetime
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import wharf
+from conftest import ROOT, run_wharf, wharf_bin
+from wharf.torch import CheckpointManager
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from ckpt_worker import step1_state  # noqa: E402
+
+
+
+def step_dir(step):
+    return f"step-{step:012d}"
+
+
+# ---- helpers ----
+
+@pytest.fixture
+def aws(s3_env, monkeypatch):
+    """The RGW's endpoint and credentials in this process's environment, for this test."""
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        if k in s3_env:
+            monkeypatch.setenv(k, s3_env[k])
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return s3_env
+
+
+@pytest.fixture
+def tier(tmp_path, s3_env):
+    path = tmp_path / "tier"
+    run_wharf("tier", "init", path, "-q", env=s3_env, check=True)
+    return path
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("WHARF_CRASH_SEED", random.randrange(1 << 31)))
+    print(f"WHARF_CRASH_SEED={seed}")
+    return random.Random(seed)
+
+
+class LatencyProxy:
+    """tools/latency_proxy in front of the RGW: every request pays 2 x delay_ms, and the bytes
+    move at most at bandwidth_mbps."""
+
+    def __init__(self, s3_env, delay_ms, bandwidth_mbps=None):
+        name = pathlib.Path("tools") / "latency_proxy" / "wharf-latency-proxy"
+        binary = pathlib.Path(wharf_bin()).parent / name
+        if not binary.exists():
+            binary = ROOT / "build" / name
+        assert binary.exists(), f"{binary} is missing: ./run build builds it"
+        upstream = s3_env["WHARF_S3_ENDPOINT"].split("://", 1)[1]
+        args = [str(binary), "--listen", "127.0.0.1:0", "--upstream", upstream,
+                "--delay-ms", str(delay_ms)]
+        if bandwidth_mbps:
+            args += ["--bandwidth-mbps", str(bandwidth_mbps)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        line = self.proc.stdout.readline().strip()
+        assert line.startswith("listening on 127.0.0.1:"), line
+        self.url = f"http://127.0.0.1:{int(line.rsplit(':', 1)[1])}"
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def slow_link(s3_env):
+    proxies = []
+
+    def start(delay_ms, bandwidth_mbps=None):
+        proxies.append(LatencyProxy(s3_env, delay_ms, bandwidth_mbps))
+        return proxies[-1].url
+
+    yield start
+    for p in proxies:
+        p.stop()
+
+
+def bucket_steps(s3_client, bucket, prefix):
+    """{step: [file names]} below s3://bucket/prefix/."""
+    out = {}
+    for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                     Prefix=prefix + "/"):
+        for o in page.get("Contents", []):
+            rel = o["Key"][len(prefix) + 1:]
+            if "/" in rel:
+                d, name = rel.split("/", 1)
+                out.setdefault(int(d.split("-")[1]), []).append(name)
+    return out
+
+
+def uploads(s3_client, bucket, prefix=""):
+    return s3_client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
+
+
+def tier_steps(root):
+    return sorted(int(p.name.split("-")[1]) for p in pathlib.Path(root).glob("step-*"))
+
+
+def entry_of(path):
+    return json.loads(os.getxattr(path, "user.wharf.entry"))
+
+
+def small_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+
+def stepped_optimizer(model):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 32)).sum().backward()
+    opt.step()
+    return opt
+
+
+def assert_same(a, b, where="state"):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), (where, set(a), set(b))
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+def marked_state(model, step):
+    """A state whose `marker` says which step saved it."""
+    return {"model": model, "marker": torch.tensor([step], dtype=torch.int64),
+            "info": {"step": step}}
+
+
+# ---- 1. retention, export, where ----
+
+def test_retention_keeps_latest_and_best_in_tier_and_bucket(tier, bucket, aws, s3_client):
+    root = tier / "run"
+    mgr = CheckpointManager(root, export_to=f"s3://{bucket}/run", keep_last=2, keep_best=1,
+                            metric="loss", mode="min")
+    model = small_model(0)
+    losses = {1: 3.0, 2: 0.5, 3: 2.0, 4: 1.5, 5: 1.0}  # the best is step 2
+    saved = {}
+    for step, loss in losses.items():
+        with torch.no_grad():
+            model[0].weight.add_(step)
+        saved[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        mgr.save(step, marked_state(model, step), metrics={"loss": loss})
+    mgr.wait()
+
+    kept = [2, 4, 5]
+    assert tier_steps(root) == kept
+    in_bucket = bucket_steps(s3_client, bucket, "run")
+    assert sorted(in_bucket) == kept
+    for step in kept:
+        assert (root / step_dir(step) / "manifest.json").is_file()
+        assert "manifest.json" in in_bucket[step]
+        assert sorted(in_bucket[step]) == sorted(os.listdir(root / step_dir(step)))
+    assert uploads(s3_client, bucket) == []
+    listed = mgr.list()
+    assert [(m["step"], m["where"], m["metrics"]) for m in listed] == \
+        [(s, "both", {"loss": losses[s]}) for s in kept]
+    # Exported tier files are local no more: their entries name the bucket's copies.
+    for step in kept:
+        for name in os.listdir(root / step_dir(step)):
+            e = entry_of(root / step_dir(step) / name)
+            assert e["local"] is False, (step, name)
+            assert e["source"] == f"s3://{bucket}/run/{step_dir(step)}/{name}"
+    # The root records its settings for the CLI.
+    config = json.loads((root / "checkpoints.json").read_text())
+    assert config == {"export_to": f"s3://{bucket}/run/", "metric": "loss", "mode": "min"}
+    for step in kept:
+        state = mgr.restore(step)
+        assert state["marker"].tolist() == [step] and state["info"] == {"step": step}
+        assert_same(state["model"], saved[step])
+    mgr.close()
+
+
+def test_export_every_leaves_unexported_checkpoints_local(tier, bucket, aws, s3_client):
+    root = tier / "run"
+    mgr = CheckpointManager(root, export_to=f"s3://{bucket}/run", keep_last=2, keep_best=1,
+                            metric="loss", mode="min", export_every=2)
+    model = small_model(1)
+    losses = {1: 0.1, 2: 3.0, 3: 2.0, 4: 1.5, 5: 1.2}  # the best, step 1, is never exported
+    for step, loss in losses.items():
+        mgr.save(step, marked_state(model, step), metrics={"loss": loss})
+    mgr.wait()
+    # The tier: latest 2 and the best; steps 2 and 4 were exported (saves 2 and 4), so the
+    # bucket holds those (its own latest 2, step 4 also its best).
+    assert tier_steps(root) == [1, 4, 5]
+    assert sorted(bucket_steps(s3_client, bucket, "run")) == [2, 4]
+    assert [(m["step"], m["where"]) for m in mgr.list()] == \
+        [(1, "tier"), (2, "bucket"), (4, "both"), (5, "tier")]
+    for step, local in ((1, True), (4, False), (5, True)):
+        names = os.listdir(root / step_dir(step))
+        assert "manifest.json" in names
+        for name in names:
+            assert entry_of(root / step_dir(step) / name)["local"] is local, (step, name)
+    # Each restores, from where it is (step 2 is copied back into the tier first).
+    for step in (1, 2, 4, 5):
+        assert mgr.restore(step)["marker"].tolist() == [step]
+    assert tier_steps(root) == [1, 2, 4, 5]
+    mgr.close()
+
+
+def test_a_bucket_root_exporting_to_another_prefix_restores_from_either(bucket, aws):
+    # Both roots are buckets (`where` says "bucket" for both): a checkpoint not exported yet
+    # restores from the root, one only in the export destination is copied back first.
+    mgr = CheckpointManager(f"s3://{bucket}/fast", export_to=f"s3://{bucket}/archive",
+                            export_every=2, keep_last=2)
+    model = small_model(2)
+    for step in (1, 2, 3, 4, 5):
+        mgr.save(step, marked_state(model, step))
+    mgr.wait()
+    assert [(m["step"], m["where"]) for m in mgr.list()] == \
+        [(2, "bucket"), (4, "both"), (5, "bucket")]
+    for step in (5, 2, 4):
+        assert mgr.restore(step)["marker"].tolist() == [step]
+    mgr.close()
+
+
+# ---- 2. async saves ----
+
+def test_async_save_returns_before_the_commit_and_saves_the_state_of_that_moment(
+        bucket, aws, s3_client, slow_link):
+    endpoint = slow_link(delay_ms=25)  # every request 50 ms: a save takes many of them
+    mgr = CheckpointManager(f"s3://{bucket}/slow", endpoint=endpoint)
+    model = small_model(3)
+    opt = stepped_optimizer(model)
+    at_save1 = {k: v.clone() for k, v in model.state_dict().items()}
+    h1 = mgr.save(1, {"model": model, "optim": opt})
+    pending = not h1.done()
+    committed_early = _exists(s3_client, bucket, f"slow/{step_dir(1)}/manifest.json")
+    with torch.no_grad():  # in place, right away: the staged copy is what gets written
+        for p in model.parameters():
+            p.mul_(-2.0).add_(1.0)
+    at_save2 = {k: v.clone() for k, v in model.state_dict().items()}
+    # A second save while the first still writes from the staging copy: it waits for those
+    # writes before copying into it (else step 1 would hold step 2's values).
+    h2 = mgr.save(2, {"model": model, "optim": opt})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(7.0)
+    assert pending and not committed_early
+    assert h1.result()["step"] == 1 and h2.result()["step"] == 2
+    assert not any(torch.equal(at_save1[k], at_save2[k]) for k in at_save1)
+    assert_same(mgr.restore(1)["model"], at_save1)
+    assert_same(mgr.restore(2)["model"], at_save2)
+    # The optimizer state too (what save() saw; untouched since).
+    assert_same(mgr.restore(2)["optim"]["state"], opt.state_dict()["state"])
+    mgr.close()
+
+
+def _exists(s3_client, bucket, key):
+    return s3_client.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount", 0) > 0
+
+
+def test_restore_in_place_into_a_fresh_model_and_optimizer(tier):
+    mgr = CheckpointManager(tier / "run")
+    model = small_model(4)
+    opt = stepped_optimizer(model)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 32)).pow(2).sum().backward()
+        opt.step()
+    mgr.save(3, {"model": model, "optim": opt, "epoch": 7}).result()
+
+    fresh = small_model(99)
+    fresh_opt = stepped_optimizer(fresh)  # DCP loads into existing tensors: state must exist
+    assert not torch.equal(fresh[0].weight, model[0].weight)
+    state = {"model": fresh, "optim": fresh_opt, "epoch": 0}
+    assert mgr.restore(3, state=state) is state
+    assert state["epoch"] == 7
+    assert_same(fresh.state_dict(), model.state_dict())
+    assert_same(fresh_opt.state_dict(), opt.state_dict())
+    # A model of another shape is refused, not half loaded.
+    other = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8),
+                                torch.nn.Linear(8, 2))
+    before = other[3].weight.clone()
+    with pytest.raises(RuntimeError, match="Missing key.*model.3.weight"):
+        mgr.restore(3, state={"model": other})
+    assert torch.equal(other[3].weight, before)
+    mgr.close()
+
+
+# ---- 3. the tier lost ----
+
+def test_restore_after_the_tier_is_lost(tier, bucket, aws):
+    root = tier / "run"
+    args = dict(export_to=f"s3://{bucket}/run", metric="loss", mode="min")
+    mgr = CheckpointManager(root, **args)
+    model = small_model(5)
+    losses = {1: 2.0, 2: 0.5, 3: 1.0, 4: 1.5}
+    for step, loss in losses.items():
+        mgr.save(step, marked_state(model, step), metrics={"loss": loss})
+        time.sleep(0.01)  # commits apart in time, for restore by time
+    mgr.close()
+    times = {m["step"]: m["time"] for m in mgr.list()}
+    assert sorted(times) == [1, 2, 3, 4] and times[1] < times[2] < times[3] < times[4]
+
+    shutil.rmtree(root)
+    mgr = CheckpointManager(root, **args)
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(s, "bucket") for s in losses]
+    assert mgr.restore("latest")["marker"].tolist() == [4]
+    assert (root / step_dir(4) / "manifest.json").is_file()  # copied into the tier first
+    assert mgr.last_restored["step"] == 4
+    assert mgr.restore("best")["marker"].tolist() == [2]
+    assert (root / step_dir(2) / "manifest.json").is_file()
+    assert tier_steps(root) == [2, 4]
+    assert [(m["step"], m["where"]) for m in mgr.list()] == \
+        [(1, "bucket"), (2, "both"), (3, "bucket"), (4, "both")]
+    with pytest.raises(FileNotFoundError, match="step 99"):
+        mgr.restore(99)
+    # By time: the latest committed at or before it (naive local time or aware UTC).
+    between = datetime.datetime.fromtimestamp((times[2] + times[3]) / 2)
+    assert mgr.restore(between)["marker"].tolist() == [2]
+    aware = datetime.datetime.fromtimestamp((times[3] + times[4]) / 2, tz=datetime.timezone.utc)
+    assert mgr.restore(aware)["marker"].tolist() == [3]
+    with pytest.raises(FileNotFoundError):
+        mgr.restore(datetime.datetime.fromtimestamp(times[1] - 60))
+    mgr.close()
+
+
+# ---- 4. kill -9 in the middle of a save ----
+
+def _start_worker(root, env, *extra):
+    proc = subprocess.Popen([sys.executable, str(HERE / "ckpt_worker.py"), str(root), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for expected in ("SAVED 1", "SAVING 2"):
+        line = proc.stdout.readline().strip()
+        if line != expected:
+            proc.kill()
+            raise AssertionError(f"worker said {line!r}, not {expected!r}: "
+                                 f"{proc.communicate()[1]}")
+    return proc
+
+
+def _kill(proc, delay):
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert "SAVED 2" not in out, "the save finished before the kill"
+
+
+def _poll(condition, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+
+
+def _ls_steps(root, env):
+    proc = run_wharf("ckpt", "ls", "--json", root, env=env, check=True)
+    return [json.loads(line)["step"] for line in proc.stdout.decode().splitlines()]
+
+
+def test_kill_during_a_save_to_a_bucket(bucket, s3_env, aws, s3_client, slow_link, rng):
+    # 48 MiB at 200 Mbit/s: about 2 s of multipart uploads to be killed in.
+    endpoint = slow_link(delay_ms=2, bandwidth_mbps=200)
+    root = f"s3://{bucket}/run"
+    proc = _start_worker(root, s3_env, "--endpoint", endpoint, "--mib", "48")
+    prefix = f"run/{step_dir(2)}/"
+    _poll(lambda: uploads(s3_client, bucket, prefix), "the step-2 multipart uploads")
+    _kill(proc, rng.uniform(0, 0.5))
+    left = uploads(s3_client, bucket, prefix)
+    assert left, "nothing of the killed save left: it was not killed in the middle"
+    assert not _exists(s3_client, bucket, prefix + "manifest.json")
+
+    assert _ls_steps(root, s3_env) == [1]
+    mgr = CheckpointManager(root)
+    assert [m["step"] for m in mgr.list()] == [1]
+    assert_same(mgr.restore("latest"), step1_state())
+    # The next save removes what the killed one left: its files and its uploads.
+    mgr.save(3, {"x": torch.arange(10)}).result()
+    assert uploads(s3_client, bucket) == []
+    assert sorted(bucket_steps(s3_client, bucket, "run")) == [1, 3]
+    assert _ls_steps(root, s3_env) == [1, 3]
+    mgr.close()
+
+
+def test_kill_during_a_save_to_a_tier(tier, s3_env, rng):
+    root = tier / "run"
+    proc = _start_worker(root, s3_env, "--mib", "128")  # about 0.5 s to write
+    temp = list((tier / ".wharf" / "tmp").glob(f"*-{proc.pid}-*"))
+    temp = [p for p in temp if p.is_dir()]
+    assert len(temp) == 1, temp  # the worker's own temporary directory
+    step2 = root / step_dir(2)
+    _poll(step2.exists, "step 2's directory")
+    _kill(proc, rng.uniform(0, 0.1))
+    assert not (step2 / "manifest.json").exists()
+
+    # The tier's gc collects what the dead writer had in its temporary directory.
+    gc = json.loads(run_wharf("tier", "gc", "--json", tier, env=s3_env, check=True).stdout)
+    assert gc["owners"] >= 1
+    assert not temp[0].exists()
+
+    assert _ls_steps(root, s3_env) == [1]
+    mgr = CheckpointManager(root)
+    assert [m["step"] for m in mgr.list()] == [1]
+    assert_same(mgr.restore("latest"), step1_state())
+    mgr.save(3, {"x": torch.arange(10)}).result()
+    assert not step2.exists()
+    assert tier_steps(root) == [1, 3]
+    assert _ls_steps(root, s3_env) == [1, 3]
+    mgr.close()
+
+
+# ---- 5. bit-exact resume ----
+
+def _train(mode, data, ckpt, out, env, *extra):
+    return subprocess.Popen([sys.executable, str(HERE / "train_resume.py"), "--mode", mode,
+                             "--data", data, "--ckpt", ckpt, "--out", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _finish(proc):
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return out
+
+
+def test_resume_after_kill_is_bit_exact(tmp_path, bucket, s3_env, aws, s3_client):
+    g = torch.Generator().manual_seed(7)
+    for i in range(200):  # 16 float32 features and a label, as raw bytes
+        x = torch.randn(16, generator=g)
+        label = torch.tensor([float(i % 4)])
+        s3_client.put_object(Bucket=bucket, Key=f"data/{i:04d}.bin",
+                             Body=torch.cat([x, label]).numpy().tobytes())
+    data = f"s3://{bucket}/data/"
+
+    a = _train("full", data, f"s3://{bucket}/ckpt-a", tmp_path / "a.pt", s3_env)
+    _finish(a)
+
+    ckpt = f"s3://{bucket}/ckpt-b"
+    b = _train("killed", data, ckpt, tmp_path / "b.pt", s3_env)
+    line = b.stdout.readline().strip()
+    assert line == "STEP 8 DONE", (line, b.stderr.read() if b.poll() is not None else "")
+    b.send_signal(signal.SIGKILL)
+    b.communicate(timeout=30)
+    assert b.returncode == -signal.SIGKILL
+    assert _ls_steps(ckpt, s3_env) == [6]
+
+    c = _train("resume", data, ckpt, tmp_path / "c.pt", s3_env)
+    assert "RESUMED 6" in _finish(c)
+    # The same resume without putting the RNG states back: dropout and random.random() then
+    # draw other numbers, so the weights differ (the comparison above can fail).
+    d = _train("resume", data, ckpt, tmp_path / "d.pt", s3_env, "--no-rng")
+    _finish(d)
+
+    ra, rc, rd = (torch.load(tmp_path / f"{n}.pt") for n in "acd")
+    assert sorted(ra["keys"]) == list(range(1, 13)) and sorted(rc["keys"]) == list(range(7, 13))
+    for step in range(7, 13):
+        assert rc["keys"][step] == ra["keys"][step], step
+        assert len(set(ra["keys"][step])) == 8
+    assert not set(ra["keys"][7]) & set(ra["keys"][6])
+    for k in ra["model"]:
+        assert torch.equal(ra["model"][k], rc["model"][k]), k
+    assert_same(ra["optim"]["state"], rc["optim"]["state"])
+    assert ra["random"] == rc["random"]
+    assert rd["keys"] == rc["keys"]
+    assert not all(torch.equal(ra["model"][k], rd["model"][k]) for k in ra["model"])
+
+
+# ---- 6. errors ----
+
+def test_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match="metric"):
+        CheckpointManager(tmp_path / "a", keep_best=1)
+    with pytest.raises(ValueError, match="mode"):
+        CheckpointManager(tmp_path / "a", metric="loss", mode="lowest")
+    with pytest.raises(ValueError, match="keep_last"):
+        CheckpointManager(tmp_path / "a", keep_last=-1)
+    mgr = CheckpointManager(tmp_path / "a")
+    with pytest.raises(TypeError, match="dict"):
+        mgr.save(1, [torch.zeros(3)])
+    with pytest.raises(ValueError, match="_wharf"):
+        mgr.save(1, {"_wharf": 1})
+    with pytest.raises(FileNotFoundError):
+        mgr.restore("latest")  # nothing saved yet
+    mgr.save(1, {"x": torch.ones(2)}).result()
+    with pytest.raises(ValueError, match="metric"):
+        mgr.restore("best")  # the manager has no metric
+    with pytest.raises(ValueError):
+        mgr.restore("newest")
+    with pytest.raises(TypeError):
+        mgr.restore(1, state=[torch.ones(2)])
+    assert mgr.restore(1)["x"].tolist() == [1.0, 1.0]
+    mgr.close()
+
+
+def test_wrong_credentials_fail_the_save_and_keep_the_previous_checkpoint(bucket, aws,
+                                                                          monkeypatch):
+    root = f"s3://{bucket}/run"
+    good = CheckpointManager(root)
+    good.save(1, {"x": torch.ones(4)}).result()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.warns(UserWarning, match="could not record the checkpoint settings"):
+        bad = CheckpointManager(root)
+    handle = bad.save(2, {"x": torch.zeros(4)})
+    with pytest.raises(wharf.PermissionDeniedError, match="SignatureDoesNotMatch"):
+        handle.result()
+    with pytest.raises(wharf.PermissionDeniedError):
+        bad.close()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", aws["AWS_SECRET_ACCESS_KEY"])
+    again = CheckpointManager(root)
+    assert [m["step"] for m in again.list()] == [1]
+    assert again.restore("latest")["x"].tolist() == [1.0] * 4
+    good.close()
+    again.close()
