@@ -140,9 +140,12 @@ print(json.dumps({"version": metadata.version("wharf"), "python": m["Requires-Py
     # The wheel holds the package, the CLI and its own metadata, nothing else.
     tops = {f.split("/")[0] for f in got["files"]}
     assert tops <= {"wharf", f"wharf-{got['version']}.dist-info", ".."}, tops
-    installed = {pathlib.PurePosixPath(f).name for f in got["files"] if f.startswith("wharf/")
-                 and "__pycache__" not in f}
-    sources = {p.name for p in (ROOT / "python" / "wharf").glob("*.py")}
+    # Paths below wharf/ (subpackages such as wharf/torch/ included).
+    installed = {str(pathlib.PurePosixPath(f).relative_to("wharf")) for f in got["files"]
+                 if f.startswith("wharf/") and "__pycache__" not in f}
+    package = ROOT / "python" / "wharf"
+    sources = {p.relative_to(package).as_posix() for p in package.rglob("*.py")
+               if "__pycache__" not in p.parts}
     assert {n for n in installed if n.endswith(".py")} == sources
     assert any(n.startswith("_wharf.") and n.endswith(".so") for n in installed)
     assert any(f.endswith("bin/wharf") for f in got["files"])
