@@ -122,6 +122,11 @@ class CheckpointRoot {
   absl::StatusOr<Listing> List() const;
   // The manifest of `step`; NotFound when it has none (absent or incomplete).
   absl::StatusOr<Manifest> Read(int64_t step) const;
+  // The files of `step` as they are here now (path relative to the step, size, ETag),
+  // checked against its manifest: DataLoss naming the first file the manifest lists that is
+  // missing or has another size. A reader pins its reads to these ETags (the manifest's are
+  // those of the place it was committed in; a copy elsewhere has its own).
+  absl::StatusOr<std::vector<ManifestFile>> Files(const Manifest& manifest) const;
 
   struct CommitOptions {
     std::map<std::string, double> metrics;

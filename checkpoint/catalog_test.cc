@@ -130,6 +130,18 @@ TEST(CheckpointRootTest, OnlyCommittedCheckpointsExistAndDeletionStartsWithTheMa
   EXPECT_THAT(missing.status().message(), HasSubstr("__1_0.distcp is missing"));
   EXPECT_FALSE(Exists(dir.root() + "/ckpt/step-000000000002/manifest.json"));
 
+  // The files as they are now, checked against the manifest.
+  auto files = (*root)->Files(*m);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 2u);
+  EXPECT_EQ((*files)[1].path, "__0_0.distcp");
+  EXPECT_EQ((*files)[1].etag, m->files[1].etag);
+  std::filesystem::resize_file(dir.root() + "/ckpt/step-000000000001/__0_0.distcp", 10);
+  auto damaged = (*root)->Files(*m);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(damaged.status().message(), HasSubstr("__0_0.distcp has 10 bytes"));
+
   ASSERT_TRUE((*root)->Delete(1).ok());
   EXPECT_FALSE(Exists(dir.root() + "/ckpt/step-000000000001"));
   EXPECT_TRUE((*root)->Delete(1).ok());  // gone already
@@ -179,6 +191,8 @@ TEST(CheckpointRootTest, ATierRootKeepsLocalEntriesUntilExportedAndTheManifestCo
   auto entry = ReadEntryAttr(file);
   ASSERT_TRUE(entry.has_value());
   EXPECT_TRUE(entry->local);
+  EXPECT_EQ(entry->crc32c.size(), 8u);  // checkpoint files carry a CRC32C, not an MD5
+  EXPECT_TRUE(entry->md5.empty());
 
   TempStore bucket;
   auto remote = *CheckpointRoot::Open(bucket.root() + "/exported");

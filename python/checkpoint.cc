@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "checkpoint/catalog.h"
 #include "checkpoint/io.h"
 #include "python/binding.h"
@@ -85,6 +86,23 @@ class PyCheckpointRoot {
 
   py::dict Read(int64_t step) {
     return ManifestToDict(Check(WithoutGil([&] { return root_->Read(step); })));
+  }
+
+  // [{path, size, etag}] of the step as it is here (checked against its manifest).
+  py::list Files(int64_t step) {
+    auto files = Check(WithoutGil([&]() -> absl::StatusOr<std::vector<checkpoint::ManifestFile>> {
+      WHARF_ASSIGN_OR_RETURN(Manifest m, root_->Read(step));
+      return root_->Files(m);
+    }));
+    py::list out;
+    for (const auto& f : files) {
+      py::dict one;
+      one["path"] = f.path;
+      one["size"] = f.size;
+      one["etag"] = f.etag;
+      out.append(one);
+    }
+    return out;
   }
 
   py::dict Commit(int64_t step, const std::map<std::string, double>& metrics, int world_size,
@@ -228,6 +246,8 @@ void RegisterCheckpoint(py::module_& m) {
           "The directory name of a step: step-<N:012d>")
       .def("list", &PyCheckpointRoot::List,
            "{'complete': [manifest, ...] by step, 'incomplete': [step, ...]}")
+      .def("files", &PyCheckpointRoot::Files, py::arg("step"),
+           "The step's files here now (path, size, etag), checked against its manifest")
       .def("read", &PyCheckpointRoot::Read, py::arg("step"),
            "The manifest of a complete checkpoint (NotFoundError otherwise)")
       .def("commit", &PyCheckpointRoot::Commit, py::arg("step"),

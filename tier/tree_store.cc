@@ -62,9 +62,12 @@ class TierWriter : public ObjectWriter {
 };
 
 // Seals `temp` as the entry for `key`: checks the content against a source ETag that is an
-// MD5 and writes the entry attribute.
+// MD5 and writes the entry attribute. A CRC32C temporary file (TierTreeOptions::
+// written_checksum) gets an ETag of its own, recorded in the entry and in the file store's
+// ETag cache (so the file store never hashes it).
 absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
                                      const PutOptions& options) {
+  std::string own_etag;
   auto meta = temp.Seal(options.mtime, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
     if (IsMd5Hex(options.source_etag) && absl::AsciiStrToLower(options.source_etag) != m.etag) {
       return absl::DataLossError(absl::StrCat("the content's MD5 ", m.etag,
@@ -75,21 +78,37 @@ absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
     entry.source = options.source_uri;
     entry.etag = options.source_etag;
     entry.size = m.size;
-    entry.md5 = m.etag;
     entry.filled = absl::Now();
     entry.local = options.source_uri.empty();
+    if (m.etag.empty()) {  // a CRC32C file (only without provenance: see NewTemp)
+      entry.crc32c = temp.checksum();
+      own_etag = entry.etag =
+          absl::StrCat("crc32c-", entry.crc32c, "-", absl::Hex(absl::ToUnixNanos(entry.filled)));
+      struct stat st;
+      if (fstat(fd, &st) == 0) StoreLocalEtag(fd, st, own_etag);
+    } else {
+      entry.md5 = m.etag;
+    }
     return WriteEntryAttr(fd, entry);
   });
   if (!meta.ok()) return meta.status();
   meta->key = key;
   if (!options.source_uri.empty()) meta->etag = options.source_etag;
+  if (!own_etag.empty()) meta->etag = own_etag;
   return meta;
+}
+
+// The ETag the file store gives the entry's file: its MD5, or the ETag of its own that a
+// CRC32C entry's file carries in the file store's cache ("" when neither is known).
+std::string FileEtag(const TierEntry& entry, const std::string& path, const struct stat& st) {
+  if (!entry.md5.empty()) return entry.md5;
+  return CachedLocalEtag(-1, path, st).value_or("");
 }
 
 }  // namespace
 
 std::string EntryEtag(const TierEntry& entry) {
-  return entry.source.empty() ? entry.md5 : entry.etag;
+  return entry.source.empty() && !entry.md5.empty() ? entry.md5 : entry.etag;
 }
 
 absl::StatusOr<std::shared_ptr<TierTreeStore>> TierTreeStore::Open(std::shared_ptr<Tier> tier,
@@ -182,20 +201,26 @@ void TierTreeStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   // listed one: conditions given in the listed ETag are translated, and the result carries it.
   // One attribute read on the caller's thread, as a listing's Describe makes per object.
   std::optional<TierEntry> entry;
+  std::string file_etag;
   if (!(at_root_ && InMetaDir(request.key))) {
     const std::string path = absl::StrCat(dir_, "/", request.key);
     struct stat st;
     entry = ReadEntryAttr(path);
-    if (stat(path.c_str(), &st) != 0 || !IsCompleteEntry(entry, st)) entry.reset();
+    if (stat(path.c_str(), &st) != 0 || !IsCompleteEntry(entry, st)) {
+      entry.reset();
+    } else {
+      file_etag = FileEtag(*entry, path, st);
+    }
   }
   if (entry.has_value()) {
     const std::string listed = EntryEtag(*entry);
-    if (request.if_match == listed) request.if_match = entry->md5;
-    if (request.if_none_match == listed) request.if_none_match = entry->md5;
+    if (request.if_match == listed) request.if_match = file_etag;
+    if (request.if_none_match == listed) request.if_none_match = file_etag;
   }
-  local_->GetAsync(std::move(request), [entry = std::move(entry), done = std::move(done)](
+  local_->GetAsync(std::move(request), [entry = std::move(entry), file_etag = std::move(file_etag),
+                                        done = std::move(done)](
                                            absl::StatusOr<GetResult> result) mutable {
-    if (result.ok() && entry.has_value() && result->meta.etag == entry->md5) {
+    if (result.ok() && entry.has_value() && !file_etag.empty() && result->meta.etag == file_etag) {
       result->meta.etag = EntryEtag(*entry);
     }
     std::move(done)(std::move(result));
@@ -217,7 +242,9 @@ absl::StatusOr<std::unique_ptr<TempObject>> TierTreeStore::NewTemp(const std::st
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(options), op));
   auto temp_dir = tier_->TempDir();
   if (!temp_dir.ok()) return Annotate(temp_dir.status(), op);
-  auto temp = TempObject::Create(absl::StrCat(dir_, "/", key), *temp_dir);
+  // Copies of other stores' objects keep the MD5 (checked against an MD5 source ETag).
+  const Checksum kind = options.source_uri.empty() ? options_.written_checksum : Checksum::kMd5;
+  auto temp = TempObject::Create(absl::StrCat(dir_, "/", key), *temp_dir, kind);
   if (!temp.ok()) return Annotate(temp.status(), op);
   return temp;
 }

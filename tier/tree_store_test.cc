@@ -141,6 +141,44 @@ TEST_F(TierTreeStoreTest, DataWithoutASourceIsLocalAndTheRootHidesTheTiersFolder
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(TierTreeStoreTest, Crc32cEntriesListWithAnEtagOfTheirOwnThatReadsAndConditionsKeep) {
+  TierTreeOptions options;
+  options.written_checksum = Checksum::kCrc32c;
+  auto tree = TierTreeStore::Open(tier_, tier_->root() + "/ckpt", Runtime::Default(), options);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  const std::string data(300000, 'c');
+  auto meta = (*tree)->Put("a.bin", absl::Cord(data), PutOptions{});
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_THAT(meta->etag, ::testing::StartsWith("crc32c-"));
+  const std::string path = tier_->root() + "/ckpt/a.bin";
+  auto entry = ReadEntryAttr(path);
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_TRUE(entry->local);
+  EXPECT_TRUE(entry->md5.empty());
+  EXPECT_EQ(entry->crc32c.size(), 8u);
+  EXPECT_EQ(EntryEtag(*entry), meta->etag);
+  // Listed, read and conditioned with that ETag; the file store agrees (its ETag cache
+  // carries it: it never hashes the file).
+  auto page = (*tree)->List(ListOptions{});
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->objects.size(), 1u);
+  EXPECT_EQ(page->objects[0].etag, meta->etag);
+  auto local = tier_dir_.store()->Head("tier/ckpt/a.bin");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(local->etag, meta->etag);
+  GetRequest get;
+  get.key = "a.bin";
+  std::string buf(100, '\0');
+  get.buffer = absl::MakeSpan(buf);
+  get.range = ByteRange::Of(10, 100);
+  get.if_match = meta->etag;
+  auto got = (*tree)->Get(get);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->meta.etag, meta->etag);
+  get.if_match = "crc32c-00000000-1";
+  EXPECT_EQ((*tree)->Get(get).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(TierTreeStoreTest, AFileThatIsNotAnEntryListsWithoutAnEtag) {
   auto tree = Tree("d");
   std::filesystem::create_directories(tier_->root() + "/d");

@@ -476,7 +476,9 @@ class CheckpointManager:
             if self._pg is not None:
                 dist.barrier(group=self._pg)
         manifest = self.root.read(step)
-        etags = {f["path"]: f["etag"] for f in manifest["files"] if f["etag"]}
+        # Pinned to the files as they are here (checked against the manifest): a file replaced
+        # during the load fails it instead of mixing versions.
+        etags = {f["path"]: f["etag"] for f in self.root.files(step) if f["etag"]}
         reader = StorageReader(self.root.step_uri(step), etags=etags, **self._store_options)
         user = json.loads(manifest.get("user_json") or "{}")
         own_saved = bool(user.get("wharf", {}).get("manager"))
