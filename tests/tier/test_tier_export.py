@@ -168,7 +168,9 @@ def test_export_killed_leaves_no_upload_after_rerun(tmp_path, bucket, s3_env, s3
         write_local_entry(str(tier / rel), d)
     dst = f"s3://{bucket}/k/"
     killed_with_uploads = False
-    for delay in (0.2, 0.4, 0.6, 0.9, 1.2):
+    # Kills at growing delays until one lands while uploads are open (how long the export
+    # takes depends on the machine's load: short delays first, for an idle machine).
+    for delay in (0.05, 0.1, 0.2, 0.3, 0.4, 0.6, 0.9, 1.2, 0.15, 0.25, 0.5):
         proc = subprocess.Popen([wharf_bin(), "tier", "export", "-q", "--inflight", "2",
                                  str(tier), dst], env=s3_env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
