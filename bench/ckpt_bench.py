@@ -4,7 +4,7 @@ report):
     .venv/bin/python bench/run_bench.py --scenario CKPT [--quick] [--repeat N] [--delays 0,25]
                                         [--ckpt-parts store,tier,async] [--clients ...]
 
-State: a training-like state of a few hundred float32 tensors, sizes spread log-uniformly
+State: a training-like state of a few hundred (335) float32 tensors, sizes spread log-uniformly
 (1 KiB to 64 MiB) and summing to 2 GiB (--quick: 256 MiB), the same bytes for every client.
 Every measurement runs in a fresh process (python bench/ckpt_bench.py --worker ...), which
 builds the state, then times the operation alone; peak RSS is reported above the RSS the
@@ -40,6 +40,7 @@ import math
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -284,8 +285,8 @@ def _empty(s3, bucket: str, prefix: str) -> None:
 
 
 def _median(xs):
-    xs = sorted(x for x in xs if x is not None)
-    return xs[len(xs) // 2] if xs else None
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def _store_ref(rb, a, server, env, nbytes: int, delay: float) -> tuple[dict, dict]:
@@ -535,8 +536,37 @@ def _async_table(rows: dict, delays, nbytes: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def render(results: list) -> str:
+    """The report's tables again from a run's JSON results (bench-results/bench-*.json)."""
+    rs = [r for r in results if r.get("scenario") == "CKPT"]
+    store, tier, asyncs = {}, {}, {}
+    for r in rs:
+        if r.get("client") == "async":
+            asyncs.setdefault(r["delay_ms"], []).append(r)
+        elif r.get("delay_ms") is None:
+            tier.setdefault((r["client"], r["op"]), []).append(r)
+        else:
+            store.setdefault(r["delay_ms"], {}).setdefault((r["client"], r["op"]), []).append(r)
+    nbytes = max((r.get("bytes", 0) for r in rs), default=0)
+    rounds = max((r.get("round", 0) for r in rs), default=0) + 1
+    delays = sorted(store) or sorted(asyncs)
+    out = []
+    if store:
+        out.append(_store_table(store, delays, nbytes, rounds))
+    if tier:
+        out.append(_tier_table(tier, nbytes, rounds))
+    if asyncs:
+        out.append(_async_table(asyncs, sorted(asyncs), nbytes))
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         print(json.dumps(worker(json.loads(sys.argv[2]))))
         sys.exit(0)
-    sys.exit("run through bench/run_bench.py --scenario CKPT")
+    if len(sys.argv) == 3 and sys.argv[1] == "--render":
+        data = json.loads(Path(sys.argv[2]).read_text())
+        print(render(data["results"] if isinstance(data, dict) else data))
+        sys.exit(0)
+    sys.exit("run through bench/run_bench.py --scenario CKPT "
+             "(or: bench/ckpt_bench.py --render bench-results/bench-<time>.json)")
