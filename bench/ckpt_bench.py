@@ -35,8 +35,8 @@ process had once the state was built (what the operation added).
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
 import resource
 import shutil
@@ -339,10 +339,7 @@ def run(rb, a, server, proxy_bin, avail: dict, results: list) -> list[str]:
     if "store" in parts:
         rows = {}
         for delay in delays:
-            proxy_ctx = rb.Proxy(proxy_bin, server.endpoint, delay, a.proxy_arg) if delay > 0 \
-                else None
-            with (proxy_ctx or _Null()) as proxy:
-                endpoint = proxy.url if proxy_ctx else server.endpoint
+            with _endpoint(rb, a, server, proxy_bin, delay) as endpoint:
                 env = _env(rb, server, endpoint)
                 per: dict = {}
                 for rnd in range(a.repeat):
@@ -421,10 +418,7 @@ def run(rb, a, server, proxy_bin, avail: dict, results: list) -> list[str]:
     if "async" in parts:
         rows = {}
         for delay in delays:
-            proxy_ctx = rb.Proxy(proxy_bin, server.endpoint, delay, a.proxy_arg) if delay > 0 \
-                else None
-            with (proxy_ctx or _Null()) as proxy:
-                endpoint = proxy.url if proxy_ctx else server.endpoint
+            with _endpoint(rb, a, server, proxy_bin, delay) as endpoint:
                 env = _env(rb, server, endpoint)
                 rs = []
                 for rnd in range(a.repeat):
@@ -446,14 +440,14 @@ def run(rb, a, server, proxy_bin, avail: dict, results: list) -> list[str]:
     return sections
 
 
-class _Null:
-    url = ""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+@contextlib.contextmanager
+def _endpoint(rb, a, server, proxy_bin, delay: float):
+    """The S3 endpoint at `delay` ms each way: RGW itself at 0, else a latency proxy."""
+    if delay <= 0:
+        yield server.endpoint
+        return
+    with rb.Proxy(proxy_bin, server.endpoint, delay, a.proxy_arg) as proxy:
+        yield proxy.url
 
 
 def _med(rs, key):

@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "io/get_all.h"
 #include "nlohmann/json.hpp"
 #include "store/keys.h"
 #include "store/local/local_store.h"
@@ -183,7 +183,6 @@ absl::StatusOr<std::shared_ptr<CheckpointRoot>> CheckpointRoot::Open(
     absl::string_view uri_or_path, const StoreOptions& options, std::shared_ptr<Runtime> runtime) {
   WHARF_ASSIGN_OR_RETURN(ObjectUri parsed, ParseUriOrPath(uri_or_path));
   std::shared_ptr<CheckpointRoot> root(new CheckpointRoot());
-  root->runtime_ = runtime;
   if (parsed.scheme == "file" && !options.cache.has_value()) {
     std::string dir = "/" + std::string(absl::StripSuffix(parsed.key, "/"));
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -195,22 +194,21 @@ absl::StatusOr<std::shared_ptr<CheckpointRoot>> CheckpointRoot::Open(
     auto tier = Tier::Find(dir);
     if (tier.ok()) {
       root->tier_ = *tier;
+      const std::string rel = root->tier_->Relative(dir);
+      if (rel.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint root ", dir, " is a tier's root: use a directory inside it"));
+      }
       // The tree store of the whole tier (its .wharf hidden), the root as a prefix: opening
-      // a root creates nothing.
-      // Checkpoint files are written at disk speed: a CRC32C per file, not an MD5 (a fifth
-      // of the CPU of a save to the tier was the MD5); their ETags are the tier's own.
+      // a root creates nothing. Checkpoint files are written at disk speed: a CRC32C per
+      // file, not an MD5 (the MD5 was two thirds of a save's CPU); their ETags are their own.
       TierTreeOptions tree_options;
       tree_options.written_checksum = Checksum::kCrc32c;
       WHARF_ASSIGN_OR_RETURN(
           std::shared_ptr<TierTreeStore> tree,
           TierTreeStore::Open(root->tier_, root->tier_->root(), runtime, tree_options));
       root->store_ = std::move(tree);
-      const std::string rel = root->tier_->Relative(dir);
-      root->prefix_ = rel.empty() ? "" : AsPrefix(rel);
-      if (rel.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("checkpoint root ", dir, " is a tier's root: use a directory inside it"));
-      }
+      root->prefix_ = AsPrefix(rel);
     } else if (absl::IsNotFound(tier.status())) {
       // A plain directory: the file store at /, each file and directory fsynced before it is
       // published (a checkpoint must survive a crash once its manifest says it exists).
@@ -268,52 +266,36 @@ absl::StatusOr<CheckpointRoot::Listing> CheckpointRoot::List() const {
   }
   std::sort(steps.begin(), steps.end());
   // The manifests, read concurrently (one round trip each on a bucket).
-  struct Slot {
-    std::string text;
-    absl::Status status;
-  };
-  std::vector<Slot> slots(steps.size());
-  {
-    class StringSink : public ReadSink {
-     public:
-      explicit StringSink(std::string* out) : out_(out) {}
-      absl::Status Append(absl::string_view chunk) override {
-        if (out_->size() + chunk.size() > (uint64_t{64} << 20)) {
-          return absl::ResourceExhaustedError("manifest larger than 64 MiB");
-        }
-        out_->append(chunk.data(), chunk.size());
-        return absl::OkStatus();
+  class StringSink : public ReadSink {
+   public:
+    absl::Status Append(absl::string_view chunk) override {
+      if (text.size() + chunk.size() > (uint64_t{64} << 20)) {
+        return absl::ResourceExhaustedError("manifest larger than 64 MiB");
       }
-
-     private:
-      std::string* out_;
-    };
-    std::vector<std::unique_ptr<StringSink>> sinks;
-    absl::Mutex mu;
-    size_t pending = steps.size();
-    for (size_t i = 0; i < steps.size(); ++i) {
-      sinks.push_back(std::make_unique<StringSink>(&slots[i].text));
-      GetRequest get;
-      get.key = StepPrefix(steps[i]) + kManifestName;
-      get.sink = sinks.back().get();
-      store_->GetAsync(std::move(get), [&, i](absl::StatusOr<GetResult> r) {
-        absl::MutexLock lock(&mu);
-        slots[i].status = r.status();
-        --pending;
-      });
+      text.append(chunk.data(), chunk.size());
+      return absl::OkStatus();
     }
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(
-        +[](size_t* n) { return *n == 0; }, &pending));
-  }
+    std::string text;
+  };
+  std::vector<StringSink> sinks(steps.size());
+  std::vector<GetRequest> gets(steps.size());
   for (size_t i = 0; i < steps.size(); ++i) {
-    if (absl::IsNotFound(slots[i].status)) {
+    gets[i].key = StepPrefix(steps[i]) + kManifestName;
+    gets[i].sink = &sinks[i];
+  }
+  GetAllOptions get_options;
+  get_options.max_in_flight = 32;
+  get_options.stop_at_first_error = false;  // a missing manifest is an incomplete save
+  const GetAllResult got = GetAll(*store_, std::move(gets), get_options);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const absl::Status status = got.results[i].status();
+    if (absl::IsNotFound(status)) {
       out.incomplete.push_back(steps[i]);
       continue;
     }
     const std::string what = StepUri(steps[i]) + kManifestName;
-    if (!slots[i].status.ok()) return Annotate(slots[i].status, "reading " + what);
-    auto m = Manifest::FromJson(slots[i].text, what);
+    if (!status.ok()) return Annotate(status, "reading " + what);
+    auto m = Manifest::FromJson(sinks[i].text, what);
     if (!m.ok()) return m.status();
     if (m->step != steps[i]) {
       return absl::DataLossError(
@@ -443,14 +425,13 @@ absl::StatusOr<int> CheckpointRoot::RemoveAbandoned(int64_t before_step) const {
   WHARF_ASSIGN_OR_RETURN(Listing listing, List());
   std::set<int64_t> complete;
   for (const Manifest& m : listing.complete) complete.insert(m.step);
-  int removed = 0;
+  std::set<int64_t> removed;
   for (int64_t step : listing.incomplete) {
     if (step >= before_step) continue;
     WHARF_RETURN_IF_ERROR(Delete(step));
-    ++removed;
+    removed.insert(step);
   }
   // Uploads of saves killed before any of their files completed (no directory listed).
-  std::set<int64_t> swept;
   auto aborted = AbortUploads(prefix_, [&](absl::string_view key) {
     absl::string_view rel = key;
     if (!absl::ConsumePrefix(&rel, prefix_)) return false;
@@ -458,17 +439,11 @@ absl::StatusOr<int> CheckpointRoot::RemoveAbandoned(int64_t before_step) const {
     if (slash == absl::string_view::npos) return false;
     auto step = ParseStepDirName(rel.substr(0, slash));
     if (!step || *step >= before_step || complete.count(*step) > 0) return false;
-    swept.insert(*step);
+    removed.insert(*step);
     return true;
   });
   if (!aborted.ok()) return aborted.status();
-  for (int64_t step : swept) {
-    if (std::find(listing.incomplete.begin(), listing.incomplete.end(), step) ==
-        listing.incomplete.end()) {
-      ++removed;
-    }
-  }
-  return removed;
+  return static_cast<int>(removed.size());
 }
 
 absl::StatusOr<RootConfig> CheckpointRoot::ReadConfig() const {
@@ -524,23 +499,8 @@ absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const Che
   }
 
   // Every file of the manifest, whole, before the manifest that makes the copy exist.
-  ListOptions lo;
-  lo.prefix = dst_dir;
-  auto listed = to.store()->ListAll(lo);
-  if (!listed.ok()) return Annotate(listed.status(), what);
-  std::map<std::string, uint64_t> have;
-  for (const ObjectMeta& o : listed->objects) {
-    absl::string_view rel = o.key;
-    absl::ConsumePrefix(&rel, dst_dir);
-    have[std::string(rel)] = o.size;
-  }
-  for (const ManifestFile& f : manifest.files) {
-    auto it = have.find(f.path);
-    if (it == have.end() || it->second != f.size) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": ", f.path, it == have.end() ? " is missing" : " has the wrong size",
-                       " at the destination after the copy; the copy is not committed"));
-    }
+  if (absl::Status s = to.Files(manifest).status(); !s.ok()) {
+    return Annotate(s, absl::StrCat(what, " (after the copy; the copy is not committed)"));
   }
   const std::string manifest_key = from.StepPrefix(step) + kManifestName;
   if (from.tier() != nullptr) {

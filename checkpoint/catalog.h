@@ -168,7 +168,6 @@ class CheckpointRoot {
   std::string prefix_;
   std::shared_ptr<Tier> tier_;
   std::string local_dir_;
-  std::shared_ptr<Runtime> runtime_;
 };
 
 struct CopyOptions {

@@ -6,11 +6,11 @@
 #include <thread>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "io/get_all.h"
 
 namespace wharf::checkpoint {
 namespace {
@@ -79,9 +79,13 @@ absl::StatusOr<std::vector<WrittenFile>> WriteFiles(ObjectStore& store,
       if (meta.ok()) {
         out[i] = WrittenFile{files[i].key, meta->size, meta->etag};
         done[i] = true;
-      } else if (!failed.exchange(true) || absl::IsCancelled(first_error)) {
-        // The first real failure wins over the cancellations it caused.
-        if (first_error.ok() || !absl::IsCancelled(meta.status())) first_error = meta.status();
+        continue;
+      }
+      failed = true;
+      // The first real failure wins over the cancellations it caused.
+      if (first_error.ok() ||
+          (absl::IsCancelled(first_error) && !absl::IsCancelled(meta.status()))) {
+        first_error = meta.status();
       }
     }
   };
@@ -138,8 +142,6 @@ class ScatterSink : public ReadSink {
     at_ = end;
     return absl::OkStatus();
   }
-
-  uint64_t received() const { return at_ - request_.offset; }
 
  private:
   const Request& request_;
@@ -224,29 +226,11 @@ absl::StatusOr<ReadRangesStats> ReadRanges(ObjectStore& store, std::vector<Range
   const std::vector<Request> requests = PlanRequests(ranges, options.coalesce_gap, max_request);
   stats.requests = requests.size();
 
-  struct State {
-    absl::Mutex mu;
-    int max_in_flight = 1;
-    int in_flight ABSL_GUARDED_BY(mu) = 0;
-    uint64_t fetched ABSL_GUARDED_BY(mu) = 0;
-    absl::Status error ABSL_GUARDED_BY(mu);
-  };
-  // Sinks live here until every GET has ended.
-  std::vector<std::unique_ptr<ScatterSink>> sinks(requests.size());
-  State state;
-  state.max_in_flight = max_in_flight;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const Request& q = requests[i];
-    {
-      absl::MutexLock lock(&state.mu);
-      state.mu.Await(absl::Condition(
-          +[](State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-            return !s->error.ok() || s->in_flight < s->max_in_flight;
-          },
-          &state));
-      if (!state.error.ok()) break;
-      ++state.in_flight;
-    }
+  // The sinks live here until every GET has ended (GetAll waits for them).
+  std::vector<std::unique_ptr<ScatterSink>> sinks;
+  std::vector<GetRequest> gets;
+  gets.reserve(requests.size());
+  for (const Request& q : requests) {
     GetRequest get;
     get.key = q.key;
     get.range = ByteRange::Of(q.offset, q.length);
@@ -254,30 +238,16 @@ absl::StatusOr<ReadRangesStats> ReadRanges(ObjectStore& store, std::vector<Range
     if (q.direct != nullptr) {
       get.buffer = absl::MakeSpan(q.direct, q.length);
     } else {
-      sinks[i] = std::make_unique<ScatterSink>(q);
-      get.sink = sinks[i].get();
+      sinks.push_back(std::make_unique<ScatterSink>(q));
+      get.sink = sinks.back().get();
     }
-    store.GetAsync(std::move(get), [&state, &q, &store](absl::StatusOr<GetResult> result) {
-      absl::Status status = result.status();
-      if (status.ok() && result->bytes != q.length) {
-        status = absl::DataLossError(absl::StrCat("read ", store.Uri(q.key), " bytes [", q.offset,
-                                                  ", ", q.offset + q.length, "): got ",
-                                                  result->bytes, " bytes (is the file complete?)"));
-      }
-      absl::MutexLock lock(&state.mu);
-      --state.in_flight;
-      if (status.ok()) {
-        state.fetched += q.length;
-      } else if (state.error.ok()) {
-        state.error = status;
-      }
-    });
+    gets.push_back(std::move(get));
   }
-  absl::MutexLock lock(&state.mu);
-  state.mu.Await(absl::Condition(
-      +[](State* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->in_flight == 0; }, &state));
-  if (!state.error.ok()) return state.error;
-  stats.bytes_fetched = state.fetched;
+  GetAllOptions get_options;
+  get_options.max_in_flight = max_in_flight;
+  const GetAllResult got = GetAll(store, std::move(gets), get_options);
+  if (!got.error.ok()) return got.error;
+  stats.bytes_fetched = got.bytes;
   return stats;
 }
 

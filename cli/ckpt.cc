@@ -83,12 +83,7 @@ std::string Where(const Candidates& c, const Found& f) {
 
 absl::StatusOr<checkpoint::Selector> SelectorOf(const CkptArgs& args,
                                                 const checkpoint::RootConfig& config) {
-  checkpoint::Selector s;
-  const int given = (args.step >= 0) + args.latest + args.best;
-  if (given != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ckpt ", args.action, ": give one of --step N, --latest, --best"));
-  }
+  checkpoint::Selector s;  // exactly one selector was given (checked while parsing)
   if (args.step >= 0) {
     s.kind = checkpoint::Selector::Kind::kStep;
     s.step = args.step;

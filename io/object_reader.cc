@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "io/get_all.h"
 
 namespace wharf {
 
@@ -406,67 +407,28 @@ absl::Status ObjectReader::ReadDirect(absl::Span<char> dst) {
   // Nothing past pos_ is requested: the rest goes straight into dst.
   ReleaseCurrent();
   DropQueuedBefore(std::numeric_limits<uint64_t>::max());  // empty by now; never stale
-  struct Direct {
-    absl::Mutex mu;
-    int max_in_flight = 1;
-    int in_flight ABSL_GUARDED_BY(mu) = 0;
-    uint64_t bytes ABSL_GUARDED_BY(mu) = 0;
-    absl::Status error ABSL_GUARDED_BY(mu);
-  };
-  // Shared with the completions, which may be destroyed a little after they ran.
-  auto direct = std::make_shared<Direct>();
-  direct->max_in_flight = options_.read_ahead + 1;
   const uint64_t begin = pos_;
-  for (uint64_t off = 0; off < rest;) {
-    {
-      absl::MutexLock lock(&direct->mu);
-      direct->mu.Await(absl::Condition(
-          +[](Direct* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) {
-            return d->in_flight < d->max_in_flight || !d->error.ok();
-          },
-          direct.get()));
-      if (!direct->error.ok()) break;
-      ++direct->in_flight;
-    }
+  std::vector<GetRequest> requests;
+  for (uint64_t off = 0; off < rest; off += options_.chunk_size) {
     const uint64_t len = std::min(options_.chunk_size, rest - off);
     GetRequest request;
     request.key = meta_.key;
     request.range = ByteRange::Of(begin + off, len);
     request.buffer = dst.subspan(done + off, len);
     if (options_.pin_version) request.if_match = meta_.etag;
-    ++requests_;
-    store_->GetAsync(std::move(request),
-                     [direct, len, at = begin + off, uri = uri_](absl::StatusOr<GetResult> result) {
-                       absl::Status status = result.status();
-                       if (status.ok() && result->bytes != len) {
-                         status = absl::DataLossError(absl::StrCat(
-                             "get ", uri, " bytes [", at, ", ", at + len, "): short read of ",
-                             result->bytes, " bytes (object changed while reading?)"));
-                       }
-                       absl::MutexLock lock(&direct->mu);
-                       --direct->in_flight;
-                       if (status.ok()) direct->bytes += len;
-                       if (!status.ok() && direct->error.ok()) direct->error = std::move(status);
-                     });
-    off += len;
+    requests.push_back(std::move(request));
   }
-  absl::Status error;
-  uint64_t bytes;
-  {
-    absl::MutexLock lock(&direct->mu);
-    direct->mu.Await(absl::Condition(
-        +[](Direct* d) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d->mu) { return d->in_flight == 0; },
-        direct.get()));
-    error = direct->error;
-    bytes = direct->bytes;
-  }
+  GetAllOptions get_options;
+  get_options.max_in_flight = options_.read_ahead + 1;
+  const GetAllResult got = GetAll(*store_, std::move(requests), get_options);
+  requests_ += got.started;
   {
     absl::MutexLock lock(&shared_->mu);
-    shared_->bytes_fetched += bytes;
+    shared_->bytes_fetched += got.bytes;
   }
-  bytes_direct_ += bytes;
-  if (!error.ok()) {
-    status_ = error;
+  bytes_direct_ += got.bytes;
+  if (!got.error.ok()) {
+    status_ = got.error;
     return status_;
   }
   // Read-ahead starts again with the next read, not now: after a large read the next one is

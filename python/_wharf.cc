@@ -317,6 +317,8 @@ PYBIND11_MODULE(_wharf, m) {
                                py::make_tuple(error, builtins.attr("PermissionError")), attrs());
   m.attr("NotFoundError") = not_found;
   m.attr("PermissionDeniedError") = permission;
+  // The store option names (keyword arguments of wharf.Store and everything that opens a URI).
+  m.attr("store_option_names") = py::tuple(py::cast(StoreOptions::Names()));
   g_not_found = not_found.release().ptr();
   g_permission = permission.release().ptr();
 

@@ -55,6 +55,23 @@ def s3_client(s3_env):
 
 
 @pytest.fixture
+def aws(s3_env, monkeypatch):
+    """The real S3 server's endpoint, credentials and region in this process's environment,
+    for one test (code that opens s3:// URIs in-process, and processes it starts)."""
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, s3_env[k])
+    monkeypatch.setenv("AWS_REGION", s3_env.get("AWS_REGION", "us-east-1"))
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return s3_env
+
+
+def make_tier(path, env=None):
+    """`wharf tier init PATH`; returns PATH."""
+    run_wharf("tier", "init", path, "-q", env=env, check=True)
+    return path
+
+
+@pytest.fixture
 def bucket(s3_client):
     """A fresh bucket, emptied and removed afterwards."""
     name = f"wharf-py-{uuid.uuid4().hex[:16]}"

@@ -68,8 +68,7 @@ def _bases() -> tuple:
 _BASES = _bases()
 
 # The store options of wharf.Store / wharf.open (store/spec.cc, StoreOptions::Names).
-STORE_OPTIONS = ("endpoint", "region", "anonymous", "profile", "addressing_style", "api",
-                 "cache")
+STORE_OPTIONS = tuple(wharf._wharf.store_option_names)
 
 
 def _keep_storage(storage, location):

@@ -11,7 +11,7 @@ import pathlib
 import pytest
 import torch
 
-from conftest import run_wharf
+from conftest import make_tier, run_wharf
 from wharf.torch import CheckpointManager
 
 LS_KEYS = {"step", "time", "time_unix", "bytes", "files", "world_size", "metrics", "where", "uri"}
@@ -35,20 +35,6 @@ def same(a, b):
             assert torch.equal(a[k], b[k]), k
         else:
             assert a[k] == b[k], k
-
-
-@pytest.fixture
-def aws(s3_env, monkeypatch):
-    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
-        if k in s3_env:
-            monkeypatch.setenv(k, s3_env[k])
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    return s3_env
-
-
-def make_tier(path, env):
-    run_wharf("tier", "init", path, "-q", env=env, check=True)
-    return path
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import wharf
-from conftest import ROOT, wharf_bin
+from conftest import ROOT, make_tier
 from wharf.torch.checkpoint import RAW_DESCRIPTOR, StorageReader, StorageWriter
 
 import dcp_worker  # tests/checkpoint/dcp_worker.py: one rank of the two-rank tests
@@ -29,18 +29,9 @@ DATA_FILE = re.compile(r"__(\d+)_\d+\.distcp")
 
 
 @pytest.fixture
-def s3(s3_env, bucket, monkeypatch):
+def s3(aws, bucket):
     """A fresh bucket; the server's credentials in this process's environment."""
-    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(k, s3_env[k])  # for this test only
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
     return bucket
-
-
-def make_tier(path):
-    subprocess.run([wharf_bin(), "tier", "init", str(path)], check=True, capture_output=True,
-                   timeout=60)
-    return path
 
 
 class Where:

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import wharf
-from conftest import ROOT, run_wharf, wharf_bin
+from conftest import ROOT, make_tier, run_wharf, wharf_bin
 from wharf.torch import CheckpointManager
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -36,20 +36,8 @@ def step_dir(step):
 # ---- helpers ----
 
 @pytest.fixture
-def aws(s3_env, monkeypatch):
-    """The RGW's endpoint and credentials in this process's environment, for this test."""
-    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
-        if k in s3_env:
-            monkeypatch.setenv(k, s3_env[k])
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    return s3_env
-
-
-@pytest.fixture
 def tier(tmp_path, s3_env):
-    path = tmp_path / "tier"
-    run_wharf("tier", "init", path, "-q", env=s3_env, check=True)
-    return path
+    return make_tier(tmp_path / "tier", s3_env)
 
 
 @pytest.fixture

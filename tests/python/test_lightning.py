@@ -34,11 +34,8 @@ def pl(request, wl):
 
 
 @pytest.fixture
-def s3(s3_env, bucket, monkeypatch):
+def s3(aws, bucket):
     """The base URI of a fresh bucket; the server's credentials in the environment."""
-    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(k, s3_env[k])  # for this test only
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
     return f"s3://{bucket}/"
 
 

@@ -139,6 +139,13 @@ def _as_tuple(v):
     return v
 
 
+def _by_metric(manifests: list, metric: str, mode: str) -> list:
+    """The manifests that record `metric`, best first (ties: the later step first)."""
+    sign = -1 if mode == "max" else 1
+    return sorted((m for m in manifests if metric in m["metrics"]),
+                  key=lambda m: (sign * m["metrics"][metric], -m["step"]))
+
+
 class SaveHandle:
     """One save: result() waits for it (its manifest written) and returns the manifest."""
 
@@ -272,6 +279,7 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._pending: list[Future] = []
         self._to_export: set[int] = set()  # selected, export not completed: kept on the tier
+        self._queued: set[int] = set()  # exports submitted and not finished
         self._saves = 0
         self.last_restored: Optional[dict] = None  # the manifest restore() loaded
         if self.rank == 0:
@@ -369,20 +377,22 @@ class CheckpointManager:
             with self._lock:
                 self._to_export.add(step)
         self._retain(self.root, protect=self._exporting())
-        if self.export_root is not None:
-            for s in sorted(self._exporting()):
-                with self._lock:
-                    self._pending.append(self._exporter.submit(self._export, s))
+        with self._lock:
+            # Each selected step once; one whose export failed is submitted again now.
+            for s in sorted(self._to_export - self._queued):
+                self._queued.add(s)
+                self._pending.append(self._exporter.submit(self._export, s))
 
     def _exporting(self) -> set:
         with self._lock:
             return set(self._to_export)
 
     def _export(self, step: int) -> dict:
-        with self._lock:
-            if step not in self._to_export:
-                return {}
-        summary = _wharf.copy_checkpoint(self.root, self.export_root, step)
+        try:
+            summary = _wharf.copy_checkpoint(self.root, self.export_root, step)
+        finally:
+            with self._lock:
+                self._queued.discard(step)
         with self._lock:
             self._to_export.discard(step)
         self._retain(self.export_root, protect=set())
@@ -400,9 +410,7 @@ class CheckpointManager:
         else:
             keep.update(m["step"] for m in by_step)
         if self.keep_best:
-            ranked = [m for m in by_step if self.metric in m["metrics"]]
-            sign = -1 if self.mode == "max" else 1
-            ranked.sort(key=lambda m: (sign * m["metrics"][self.metric], -m["step"]))
+            ranked = _by_metric(by_step, self.metric, self.mode)
             keep.update(m["step"] for m in ranked[:self.keep_best])
         for m in by_step:
             if m["step"] not in keep:
@@ -475,7 +483,7 @@ class CheckpointManager:
                 _wharf.copy_checkpoint(self.export_root, self.root, step)
             if self._pg is not None:
                 dist.barrier(group=self._pg)
-        manifest = self.root.read(step)
+        manifest = {k: v for k, v in chosen.items() if k != "where"}
         # Pinned to the files as they are here (checked against the manifest): a file replaced
         # during the load fails it instead of mixing versions.
         etags = {f["path"]: f["etag"] for f in self.root.files(step) if f["etag"]}
@@ -543,9 +551,8 @@ class CheckpointManager:
         if which == "best":
             if not self.metric:
                 raise ValueError("restore('best') needs the manager's metric=")
-            ranked = [m for m in complete if self.metric in m["metrics"]]
+            ranked = _by_metric(complete, self.metric, self.mode)
             if not ranked:
                 raise _wharf.NotFoundError(f"no checkpoint records the metric {self.metric!r}")
-            sign = -1 if self.mode == "max" else 1
-            return min(ranked, key=lambda m: (sign * m["metrics"][self.metric], -m["step"]))
+            return ranked[0]
         raise ValueError(f"which must be 'latest', 'best', a step or a datetime, not {which!r}")

@@ -41,10 +41,9 @@ import torch
 from torch.futures import Future
 from torch.distributed.checkpoint import staging as _staging
 from torch.distributed.checkpoint.filesystem import _StorageInfo, _StorageReaderTransforms
-from torch.distributed.checkpoint.metadata import (Metadata, MetadataIndex, StorageMeta,
-                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, SavePlan,
-                                                  SavePlanner, WriteItemType)
+                                                  SavePlanner)
 from torch.distributed.checkpoint.storage import StorageReader as _StorageReader
 from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriter
 from torch.distributed.checkpoint.storage import WriteResult
@@ -100,7 +99,40 @@ def _balance(items: list, sizes: list[int], bins: int) -> list[list[int]]:
     return [sorted(b) for b in out if b]
 
 
-class StorageWriter(_StorageWriter, _staging.BlockingAsyncStager):
+class _Located:
+    """What the writer and the reader share: the checkpoint's URI (DCP's checkpoint_id),
+    the store options, and the root opened on first use (reopened after pickling)."""
+
+    def _locate(self, uri, store_options: dict) -> None:
+        self.uri = _uri_of(uri)
+        self._store_options = store_options
+        self._root = None
+
+    @property
+    def root(self):
+        if self._root is None:
+            self._root = _wharf.CheckpointRoot(self.uri, **self._store_options)
+        return self._root
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.uri
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        try:
+            _wharf.CheckpointRoot(_uri_of(checkpoint_id))
+            return True
+        except Exception:
+            return False
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_root"] = None  # reopened where it is used
+        return state
+
+
+class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
     """DCP StorageWriter on any wharf URI (the checkpoint's directory).
 
     files_per_rank: files each rank writes, written in parallel (each as parallel parts);
@@ -120,9 +152,7 @@ class StorageWriter(_StorageWriter, _staging.BlockingAsyncStager):
         self.files_per_rank = files_per_rank
         self.overwrite = overwrite
         self.max_files_in_flight = max_files_in_flight
-        self._store_options = store_options
-        self.uri = _uri_of(uri)
-        self._root = None
+        self._locate(uri, store_options)
         self.save_id = uuid.uuid4().hex
         self.rank: Optional[int] = None
         self.is_coordinator = False
@@ -133,8 +163,7 @@ class StorageWriter(_StorageWriter, _staging.BlockingAsyncStager):
     # ---- DCP's StorageWriter ----
     def reset(self, checkpoint_id=None) -> None:
         if checkpoint_id:
-            self.uri = _uri_of(checkpoint_id)
-            self._root = None
+            self._locate(checkpoint_id, self._store_options)
         self.save_id = uuid.uuid4().hex
         self.files = {}
 
@@ -204,14 +233,6 @@ class StorageWriter(_StorageWriter, _staging.BlockingAsyncStager):
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.uri, save_id=self.save_id)
 
-    @property
-    def checkpoint_id(self) -> str:
-        return self.uri
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return _valid(checkpoint_id)
-
     # ---- staging for dcp.async_save ----
     def stage(self, state_dict):
         """A CPU copy of state_dict (dcp.async_save writes it while training goes on)."""
@@ -224,30 +245,10 @@ class StorageWriter(_StorageWriter, _staging.BlockingAsyncStager):
             self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
         return _copy_state_dict(state_dict, self.state_dict_cache, type_check=False)
 
-    # ---- helpers ----
-    @property
-    def root(self):
-        if self._root is None:
-            self._root = _wharf.CheckpointRoot(self.uri, **self._store_options)
-        return self._root
-
     def _metadata_name(self) -> str:
         if not self.use_collectives and self.rank is not None:
             return f"__{self.rank}{_METADATA}"
         return _METADATA
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_root"] = None  # reopened where it is used
-        return state
-
-
-def _valid(checkpoint_id) -> bool:
-    try:
-        _wharf.CheckpointRoot(_uri_of(checkpoint_id))
-        return True
-    except Exception:
-        return False
 
 
 def _contiguous_box(offsets: Sequence[int], lengths: Sequence[int], sizes: Sequence[int]) -> bool:
@@ -273,43 +274,35 @@ def _flat(offsets: Sequence[int], sizes: Sequence[int]) -> int:
     return flat
 
 
-class StorageReader(_StorageReader):
+class StorageReader(_Located, _StorageReader):
     """DCP StorageReader on any wharf URI (the checkpoint's directory).
 
     Reads checkpoints written by wharf's StorageWriter (raw tensor bytes, straight into the
     destination tensors) and by DCP's FileSystemWriter / s3torchconnector (torch.save items).
     max_in_flight: GETs at once (0: the runtime's setting, else 64). etags: file -> ETag to pin
-    every read to (the CheckpointManager passes its manifest's), so a file overwritten during
-    a load fails instead of mixing versions. Store options as wharf.Store's.
+    every read to (the CheckpointManager passes those the step's files list with where it
+    reads them), so a file overwritten during a load fails instead of mixing versions. Store
+    options as wharf.Store's.
     """
 
     def __init__(self, uri, *, max_in_flight: int = 0, etags: Optional[dict] = None,
                  **store_options):
         super().__init__()
-        self.uri = _uri_of(uri)
+        self._locate(uri, store_options)
         self.max_in_flight = max_in_flight
         # ETags as the store reports them (unquoted); accept the quoted form S3 clients
         # (boto3, the HTTP header) show, which would otherwise never match.
         self.etags = {k: _unquote_etag(v) for k, v in (etags or {}).items()}
-        self._store_options = store_options
-        self._root = None
         self.storage_data: dict = {}
         self.metadata: Optional[Metadata] = None
         self.load_id = uuid.uuid4().hex
         self.transforms = _StorageReaderTransforms()
         self.stats: dict = {}
 
-    @property
-    def root(self):
-        if self._root is None:
-            self._root = _wharf.CheckpointRoot(self.uri, **self._store_options)
-        return self._root
-
     def reset(self, checkpoint_id=None) -> None:
         self.storage_data = {}
         if checkpoint_id:
-            self.uri = _uri_of(checkpoint_id)
-            self._root = None
+            self._locate(checkpoint_id, self._store_options)
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
@@ -385,14 +378,6 @@ class StorageReader(_StorageReader):
         except BaseException as e:
             future.set_exception(e)
         return future
-
-    @property
-    def checkpoint_id(self) -> str:
-        return self.uri
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        return _valid(checkpoint_id)
 
     # ---- helpers ----
     def _chunk(self, req):
