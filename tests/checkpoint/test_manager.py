@@ -491,6 +491,8 @@ def test_argument_errors(tmp_path):
         mgr.save(1, {"_wharf": 1})
     with pytest.raises(FileNotFoundError):
         mgr.restore("latest")  # nothing saved yet
+    with pytest.raises(ValueError):
+        mgr.restore("newest")  # a bad argument is reported as such, checkpoints or not
     mgr.save(1, {"x": torch.ones(2)}).result()
     with pytest.raises(ValueError, match="metric"):
         mgr.restore("best")  # the manager has no metric

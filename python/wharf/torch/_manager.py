@@ -528,11 +528,16 @@ class CheckpointManager:
         return chosen, chosen["step"] in in_root
 
     def _select(self, complete: list, which) -> dict:
+        if isinstance(which, bool) or not isinstance(which, (int, str, datetime.datetime)):
+            raise TypeError("which must be 'latest', 'best', a step or a datetime")
+        if isinstance(which, str) and which not in ("latest", "best"):
+            raise ValueError(f"which must be 'latest', 'best', a step or a datetime, "
+                             f"not {which!r}")
+        if which == "best" and not self.metric:
+            raise ValueError("restore('best') needs the manager's metric=")
         if not complete:
             raise _wharf.NotFoundError(f"no complete checkpoint in {self.root.uri}" + (
                 f" or {self.export_root.uri}" if self.export_root else ""))
-        if isinstance(which, bool):
-            raise TypeError("which must be 'latest', 'best', a step or a datetime")
         if isinstance(which, int):
             for m in complete:
                 if m["step"] == which:
@@ -549,10 +554,7 @@ class CheckpointManager:
         if which == "latest":
             return complete[-1]
         if which == "best":
-            if not self.metric:
-                raise ValueError("restore('best') needs the manager's metric=")
             ranked = _by_metric(complete, self.metric, self.mode)
             if not ranked:
                 raise _wharf.NotFoundError(f"no checkpoint records the metric {self.metric!r}")
             return ranked[0]
-        raise ValueError(f"which must be 'latest', 'best', a step or a datetime, not {which!r}")
