@@ -9,11 +9,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "python/binding.h"
 
@@ -59,6 +61,18 @@ void SetBudgetGauges(Runtime& rt) {
       ->Set(static_cast<int64_t>(b.peak()));
   m.GetGauge("wharf_memory_budget_pooled_bytes", "Released large blocks kept mapped for reuse")
       ->Set(static_cast<int64_t>(b.pooled()));
+}
+
+// A name the registry would abort on is a ValueError here (Python passes any string).
+void CheckMetricName(const std::string& name) {
+  bool ok = absl::StartsWith(name, "wharf_") && name.size() > 6;
+  for (char c : name) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
+  }
+  if (!ok) {
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat("metric name ", name, ": expected ^wharf_[a-z0-9_]+$")));
+  }
 }
 
 py::dict Metrics() {
@@ -146,6 +160,38 @@ void RegisterRuntime(py::module_& m) {
   m.def(
       "_reset_peak", [] { Runtime::Default()->budget().ResetPeak(); },
       "Resets the budget's peak to what is held now (tests and benchmarks measure a phase)");
+  // Metrics recorded from Python (the prediction cache, wharf.serve): a handle is looked up
+  // once and kept, so recording is one atomic add (base/metrics.h). The metric lives as
+  // long as the process's runtime, which outlives every Python object.
+  py::class_<Counter>(m, "_Counter")
+      .def("add", [](Counter& c, uint64_t n) { c.Add(n); }, py::arg("n") = 1)
+      .def_property_readonly("value", &Counter::value);
+  py::class_<Histogram>(m, "_Histogram")
+      .def("observe", &Histogram::Observe, py::arg("value"))
+      .def_property_readonly("count", &Histogram::count);
+  m.def(
+      "_counter",
+      [](const std::string& name, const std::string& help, const MetricLabels& labels) {
+        CheckMetricName(name);
+        return Runtime::Default()->metrics().GetCounter(name, help, labels);
+      },
+      py::arg("name"), py::arg("help"), py::arg("labels") = MetricLabels{},
+      py::return_value_policy::reference,
+      "The runtime's counter `name` with `labels` (a list of (key, value) pairs), created on "
+      "first use; name: ^wharf_[a-z0-9_]+_total$");
+  m.def(
+      "_histogram",
+      [](const std::string& name, const std::string& help, std::vector<double> bounds,
+         const MetricLabels& labels) {
+        CheckMetricName(name);
+        if (bounds.empty() || !std::is_sorted(bounds.begin(), bounds.end())) {
+          Raise(absl::InvalidArgumentError("histogram bounds: expected a sorted, non-empty list"));
+        }
+        return Runtime::Default()->metrics().GetHistogram(name, help, std::move(bounds), labels);
+      },
+      py::arg("name"), py::arg("help"), py::arg("bounds"), py::arg("labels") = MetricLabels{},
+      py::return_value_policy::reference,
+      "The runtime's histogram `name` with upper `bounds` and `labels`, created on first use");
   m.def("metrics", &Metrics,
         "The runtime's metrics: {'counters': {...}, 'gauges': {...}, 'histograms': {...}}, "
         "each keyed by series: 'name' or 'name{label=\"value\",...}' (docs/design/metrics.md). "
