@@ -12,11 +12,8 @@
 // contract); when any file fails, the others are aborted and the files of this call that had
 // completed are deleted, so a failed call leaves nothing it wrote.
 //
-// Reads: ranges sorted by object and offset; neighbours closer than `coalesce_gap` share one
-// ranged GET whose bytes are scattered into their destinations (the gap is discarded), and
-// a range longer than `max_request_bytes` is split into parallel GETs into consecutive parts
-// of its destination. Every GET may carry If-Match (the ETag the caller's manifest recorded),
-// so a file overwritten under a load fails instead of mixing versions.
+// Reads: io/read_ranges.h ReadRanges (sorted, coalesced, split ranged GETs straight into the
+// destinations, pinned with If-Match), shared with model loading (serve/).
 //
 // Memory: neither direction allocates buffers for the bytes it moves; the caller's memory is
 // the buffer. What wharf holds is the requests' bookkeeping and the transport's own socket
@@ -37,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "base/runtime.h"
+#include "io/read_ranges.h"
 #include "store/object_store.h"
 
 namespace wharf::checkpoint {
@@ -67,37 +65,5 @@ struct WrittenFile {
 absl::StatusOr<std::vector<WrittenFile>> WriteFiles(ObjectStore& store,
                                                     std::vector<FileToWrite> files,
                                                     const WriteFilesOptions& options = {});
-
-// One byte range of an object, delivered into dst[0, length).
-struct RangeToRead {
-  std::string key;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  char* dst = nullptr;  // REQUIRES: valid for `length` bytes until ReadRanges returns
-  std::string etag;     // If-Match when non-empty
-};
-
-struct ReadRangesOptions {
-  // Ranges of one object whose gap is at most this many bytes share one GET.
-  uint64_t coalesce_gap = uint64_t{256} << 10;
-  // Longest GET; a longer range is split into parallel GETs. 0: the store's link estimate
-  // (LinkEstimator::PartSize(), 8 MiB before any measurement).
-  uint64_t max_request_bytes = 0;
-  // GETs in flight at once. 0: the runtime's inflight setting if set, else 64.
-  int max_in_flight = 0;
-  std::shared_ptr<Runtime> runtime;  // null: Runtime::Default()
-};
-
-struct ReadRangesStats {
-  uint64_t ranges = 0;
-  uint64_t requests = 0;       // GETs issued
-  uint64_t bytes = 0;          // bytes delivered into the destinations
-  uint64_t bytes_fetched = 0;  // bytes the GETs carried (gaps included)
-};
-
-// Reads every range. On failure: the first error, after every GET has ended (the
-// destinations then hold partial data).
-absl::StatusOr<ReadRangesStats> ReadRanges(ObjectStore& store, std::vector<RangeToRead> ranges,
-                                           const ReadRangesOptions& options = {});
 
 }  // namespace wharf::checkpoint

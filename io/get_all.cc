@@ -39,10 +39,14 @@ GetAllResult GetAll(ObjectStore& store, std::vector<GetRequest> requests,
     }
     GetRequest& request = requests[i];
     std::optional<uint64_t> expected;
-    if (!request.range.suffix && request.range.length.has_value()) expected = request.range.length;
+    if (!request.range.suffix && request.range.length.has_value() && !options.allow_short_reads) {
+      expected = request.range.length;
+    }
     const uint64_t offset = request.range.offset;
     std::string uri = store.Uri(request.key);  // before the request is moved
-    store.GetAsync(std::move(request), [shared, i, expected, offset,
+    // `on_done` is the caller's, who waits below for this completion before returning.
+    const auto* on_done = options.on_done ? &options.on_done : nullptr;
+    store.GetAsync(std::move(request), [shared, i, expected, offset, on_done,
                                         uri = std::move(uri)](absl::StatusOr<GetResult> result) {
       if (result.ok() && !result->not_modified && expected.has_value() &&
           result->bytes != *expected) {
@@ -50,6 +54,7 @@ GetAllResult GetAll(ObjectStore& store, std::vector<GetRequest> requests,
             "get ", uri, " bytes [", offset, ", ", offset + *expected, "): short read of ",
             result->bytes, " bytes (object changed while reading?)"));
       }
+      if (on_done != nullptr) (*on_done)(i, result);
       absl::MutexLock lock(&shared->mu);
       if (!result.ok()) shared->failed = true;
       shared->results[i] = std::move(result);

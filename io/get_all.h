@@ -13,6 +13,7 @@
 // caller returns touches nothing the caller owned.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,6 +26,12 @@ struct GetAllOptions {
   // After the first failure no further request starts (those get CancelledError); false:
   // every request runs and each result says how it went.
   bool stop_at_first_error = true;
+  // A range that the object's end cuts short is not an error (probing a prefix of an object
+  // of unknown size: GetResult::bytes says how many bytes came).
+  bool allow_short_reads = false;
+  // Called once per started request (its index) as it ends, on the completing thread, before
+  // GetAll can return: it must be short and must not block.
+  std::function<void(size_t, const absl::StatusOr<GetResult>&)> on_done;
 };
 
 struct GetAllResult {

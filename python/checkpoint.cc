@@ -168,10 +168,10 @@ class PyCheckpointRoot {
   py::dict ReadRanges(const py::list& ranges, int max_in_flight, uint64_t max_request_bytes,
                       uint64_t coalesce_gap) {
     std::vector<std::unique_ptr<BufferView>> views;
-    std::vector<checkpoint::RangeToRead> todo;
+    std::vector<RangeToRead> todo;
     for (const py::handle& r : ranges) {
       auto t = r.cast<py::tuple>();
-      checkpoint::RangeToRead range;
+      RangeToRead range;
       range.key = root_->prefix() + t[0].cast<std::string>();
       range.offset = t[1].cast<uint64_t>();
       range.length = t[2].cast<uint64_t>();
@@ -185,12 +185,12 @@ class PyCheckpointRoot {
       if (t.size() > 4 && !t[4].is_none()) range.etag = t[4].cast<std::string>();
       todo.push_back(std::move(range));
     }
-    checkpoint::ReadRangesOptions options;
+    ReadRangesOptions options;
     options.max_in_flight = max_in_flight;
     options.max_request_bytes = max_request_bytes;
     options.coalesce_gap = coalesce_gap;
-    auto stats = Check(WithoutGil(
-        [&] { return checkpoint::ReadRanges(*root_->store(), std::move(todo), options); }));
+    auto stats = Check(
+        WithoutGil([&] { return wharf::ReadRanges(*root_->store(), std::move(todo), options); }));
     py::dict d;
     d["ranges"] = stats.ranges;
     d["requests"] = stats.requests;

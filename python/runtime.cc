@@ -164,7 +164,8 @@ void RegisterRuntime(py::module_& m) {
   // once and kept, so recording is one atomic add (base/metrics.h). The metric lives as
   // long as the process's runtime, which outlives every Python object.
   py::class_<Counter>(m, "_Counter")
-      .def("add", [](Counter& c, uint64_t n) { c.Add(n); }, py::arg("n") = 1)
+      .def(
+          "add", [](Counter& c, uint64_t n) { c.Add(n); }, py::arg("n") = 1)
       .def_property_readonly("value", &Counter::value);
   py::class_<Histogram>(m, "_Histogram")
       .def("observe", &Histogram::Observe, py::arg("value"))
