@@ -381,6 +381,7 @@ PYBIND11_MODULE(_wharf, m) {
   RegisterRuntime(m);
   RegisterFiles(m);
   RegisterCheckpoint(m);
+  RegisterServe(m);
 }
 
 }  // namespace wharf::python

@@ -277,5 +277,6 @@ void RegisterRecords(py::module_& m);
 void RegisterRuntime(py::module_& m);     // runtime.cc: configure, metrics, parse_size
 void RegisterFiles(py::module_& m);       // file.cc: the raw files under wharf.open
 void RegisterCheckpoint(py::module_& m);  // checkpoint.cc: CheckpointRoot, copy_checkpoint
+void RegisterServe(py::module_& m);       // serve.cc: _SafetensorsLoad (wharf.serve)
 
 }  // namespace wharf::python

@@ -1,0 +1,182 @@
+#include "serve/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace wharf::serve {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Malformed(absl::string_view uri, absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(uri, ": not a valid safetensors file: ", what));
+}
+
+absl::Status BadTensor(absl::string_view uri, absl::string_view name, absl::string_view what) {
+  return absl::DataLossError(
+      absl::StrCat(uri, ": not a valid safetensors file: tensor '", name, "': ", what));
+}
+
+bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+}  // namespace
+
+int SafetensorsDtypeBits(absl::string_view dtype) {
+  // The dtypes of the format (safetensors' Dtype enum).
+  static constexpr std::pair<const char*, int> kDtypes[] = {
+      {"BOOL", 8},        {"U8", 8},          {"I8", 8},      {"F8_E5M2", 8}, {"F8_E4M3", 8},
+      {"F8_E4M3FNUZ", 8}, {"F8_E5M2FNUZ", 8}, {"F8_E8M0", 8}, {"I16", 16},    {"U16", 16},
+      {"F16", 16},        {"BF16", 16},       {"I32", 32},    {"U32", 32},    {"F32", 32},
+      {"C64", 64},        {"F64", 64},        {"I64", 64},    {"U64", 64},    {"F4", 4},
+      {"F6_E2M3", 6},     {"F6_E3M2", 6},
+  };
+  for (const auto& [name, bits] : kDtypes) {
+    if (dtype == name) return bits;
+  }
+  return 0;
+}
+
+absl::StatusOr<uint64_t> ParseSafetensorsHeaderLength(absl::string_view first8, uint64_t file_size,
+                                                      absl::string_view uri) {
+  if (first8.size() < 8 || file_size < 8) {
+    return Malformed(uri, absl::StrCat("the file is ", file_size,
+                                       " bytes, shorter than the 8-byte header length"));
+  }
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(first8[i]);
+  if (n > file_size - 8) {
+    return Malformed(uri, absl::StrCat("header length ", n, " is beyond the end of the file (",
+                                       file_size, " bytes)"));
+  }
+  if (n > kMaxSafetensorsHeaderBytes) {
+    return Malformed(uri, absl::StrCat("header length ", n, " is above the format's limit of ",
+                                       kMaxSafetensorsHeaderBytes, " bytes"));
+  }
+  if (n < 2) return Malformed(uri, absl::StrCat("header length ", n, " is too short for JSON"));
+  return n;
+}
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view text, uint64_t file_size,
+                                                         absl::string_view uri) {
+  if (8 + text.size() > file_size) {
+    return Malformed(uri, absl::StrCat("header length ", text.size(),
+                                       " is beyond the end of the file (", file_size, " bytes)"));
+  }
+  if (text.empty() || text.front() != '{') {
+    return Malformed(uri, "the header is not a JSON object");
+  }
+  const json header = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) {
+    return Malformed(uri, "the header is not valid JSON");
+  }
+  SafetensorsHeader out;
+  out.data_start = 8 + text.size();
+  const uint64_t data_size = file_size - out.data_start;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) return Malformed(uri, "__metadata__ is not an object");
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) {
+          return Malformed(uri, absl::StrCat("__metadata__ '", k, "' is not a string"));
+        }
+        out.metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    if (!entry.is_object()) return BadTensor(uri, name, "its entry is not an object");
+    const auto dtype = entry.find("dtype");
+    const auto shape = entry.find("shape");
+    const auto offsets = entry.find("data_offsets");
+    if (dtype == entry.end() || !dtype->is_string()) {
+      return BadTensor(uri, name, "no \"dtype\" string");
+    }
+    if (shape == entry.end() || !shape->is_array()) {
+      return BadTensor(uri, name, "no \"shape\" array");
+    }
+    if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 ||
+        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
+      return BadTensor(uri, name, "\"data_offsets\" is not [begin, end] of two unsigned integers");
+    }
+    SafetensorsTensor t;
+    t.name = name;
+    t.dtype = dtype->get<std::string>();
+    const int bits = SafetensorsDtypeBits(t.dtype);
+    if (bits == 0) return BadTensor(uri, name, absl::StrCat("unknown dtype '", t.dtype, "'"));
+    uint64_t elements = 1;
+    bool overflow = false;
+    for (const json& d : *shape) {
+      if (!d.is_number_unsigned()) {
+        return BadTensor(uri, name, "\"shape\" holds something other than unsigned integers");
+      }
+      t.shape.push_back(d.get<uint64_t>());
+      overflow = overflow || MulOverflows(elements, t.shape.back(), &elements);
+    }
+    uint64_t bits_total = 0;
+    overflow = overflow || MulOverflows(elements, static_cast<uint64_t>(bits), &bits_total);
+    if (overflow) return BadTensor(uri, name, "its shape overflows 64 bits");
+    if (bits_total % 8 != 0) {
+      return BadTensor(uri, name,
+                       absl::StrCat(elements, " elements of ", t.dtype, " are not whole bytes"));
+    }
+    const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();
+    if (begin > end) {
+      return BadTensor(uri, name,
+                       absl::StrCat("data_offsets [", begin, ", ", end, ") run backwards"));
+    }
+    if (end > data_size) {
+      return BadTensor(uri, name,
+                       absl::StrCat("data_offsets [", begin, ", ", end,
+                                    ") go past the data's end (", data_size, " bytes)"));
+    }
+    if (end - begin != bits_total / 8) {
+      return BadTensor(
+          uri, name,
+          absl::StrCat("shape and dtype give ", bits_total / 8, " bytes, data_offsets [", begin,
+                       ", ", end, ") hold ", end - begin));
+    }
+    t.offset = out.data_start + begin;
+    t.size = end - begin;
+    out.tensors.push_back(std::move(t));
+  }
+  // No two non-empty tensors share a byte: sorted by offset, each starts at or after the
+  // furthest end so far.
+  std::vector<const SafetensorsTensor*> by_offset;
+  for (const SafetensorsTensor& t : out.tensors) {
+    if (t.size > 0) by_offset.push_back(&t);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const SafetensorsTensor* a, const SafetensorsTensor* b) {
+              return a->offset != b->offset ? a->offset < b->offset : a->name < b->name;
+            });
+  const SafetensorsTensor* furthest = nullptr;
+  for (const SafetensorsTensor* t : by_offset) {
+    if (furthest != nullptr && t->offset < furthest->offset + furthest->size) {
+      return BadTensor(uri, t->name,
+                       absl::StrCat("its bytes overlap tensor '", furthest->name, "'"));
+    }
+    if (furthest == nullptr || t->offset + t->size > furthest->offset + furthest->size) {
+      furthest = t;
+    }
+  }
+  // nlohmann's object is a std::map: items() came sorted by name already.
+  return out;
+}
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view head, uint64_t file_size,
+                                                   absl::string_view uri) {
+  absl::StatusOr<uint64_t> n = ParseSafetensorsHeaderLength(head.substr(0, 8), file_size, uri);
+  if (!n.ok()) return n.status();
+  if (head.size() < 8 + *n) {
+    return Malformed(
+        uri, absl::StrCat("the header is ", *n, " bytes, only ", head.size() - 8, " were given"));
+  }
+  return ParseSafetensorsHeader(head.substr(8, *n), file_size, uri);
+}
+
+}  // namespace wharf::serve

@@ -1,0 +1,108 @@
+// The safetensors header parser: well-formed headers give every tensor's place; each kind of
+// malformed header is refused with an error naming the file and, where there is one, the
+// tensor.
+#include "serve/safetensors.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace wharf::serve {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A file: the length prefix, `json`, then `data_bytes` bytes of data.
+std::string File(const std::string& json, size_t data_bytes) {
+  std::string out(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + json + std::string(data_bytes, 'x');
+}
+
+absl::StatusOr<SafetensorsHeader> Parse(const std::string& file) {
+  return ParseSafetensors(file, file.size(), "s3://b/m.safetensors");
+}
+
+TEST(Safetensors, ParsesTensorsSortedByNameWithAbsoluteOffsets) {
+  const std::string json = R"({"b":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+                           R"("a":{"dtype":"BF16","shape":[4],"data_offsets":[24,32]},)"
+                           R"("e":{"dtype":"I64","shape":[0,5],"data_offsets":[32,32]},)"
+                           R"("s":{"dtype":"U8","shape":[],"data_offsets":[32,33]},)"
+                           R"("__metadata__":{"format":"pt"}}  )";
+  auto h = Parse(File(json, 33));
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->tensors.size(), 4u);
+  EXPECT_EQ(h->data_start, 8 + json.size());
+  EXPECT_EQ(h->tensors[0].name, "a");
+  EXPECT_EQ(h->tensors[0].offset, h->data_start + 24);
+  EXPECT_EQ(h->tensors[0].size, 8u);
+  EXPECT_EQ(h->tensors[1].name, "b");
+  EXPECT_EQ(h->tensors[1].shape, (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(h->tensors[2].size, 0u);
+  EXPECT_EQ(h->tensors[3].size, 1u);  // a scalar
+  EXPECT_EQ(h->metadata.at("format"), "pt");
+}
+
+TEST(Safetensors, KnowsEveryDtypeOfTheFormat) {
+  EXPECT_EQ(SafetensorsDtypeBits("F32"), 32);
+  EXPECT_EQ(SafetensorsDtypeBits("BF16"), 16);
+  EXPECT_EQ(SafetensorsDtypeBits("F8_E4M3"), 8);
+  EXPECT_EQ(SafetensorsDtypeBits("F4"), 4);
+  EXPECT_EQ(SafetensorsDtypeBits("C64"), 64);
+  EXPECT_EQ(SafetensorsDtypeBits("f32"), 0);
+  EXPECT_EQ(SafetensorsDtypeBits("Q4_K"), 0);
+}
+
+struct Bad {
+  std::string name;
+  std::string file;
+  std::string says;
+};
+
+TEST(Safetensors, RefusesMalformedHeadersNamingFileAndTensor) {
+  const std::string t = R"("w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  std::string huge_len(8, '\xff');
+  std::vector<Bad> cases = {
+      {"too short", "abc", "shorter than the 8-byte header length"},
+      {"length past the end", huge_len + "{}", "beyond the end of the file"},
+      {"not json", File("{nope", 0), "not valid JSON"},
+      {"not an object", File("[1,2]", 0), "not a JSON object"},
+      {"unknown dtype", File(R"({"w":{"dtype":"Q4","shape":[2],"data_offsets":[0,2]}})", 2),
+       "tensor 'w': unknown dtype 'Q4'"},
+      {"size mismatch", File(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+       "tensor 'w': shape and dtype give 12 bytes"},
+      {"out of range", File("{" + t + "}", 4), "tensor 'w': data_offsets [0, 8) go past"},
+      {"backwards", File(R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[5,0]}})", 8),
+       "run backwards"},
+      {"overlap", File("{" + t + R"(,"v":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+       "overlap tensor"},
+      {"negative shape", File(R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0),
+       "tensor 'w': \"shape\""},
+      {"shape overflow",
+       File(R"({"w":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+       "overflows"},
+      {"no offsets", File(R"({"w":{"dtype":"U8","shape":[1]}})", 1), "data_offsets"},
+      {"metadata not strings", File(R"({"__metadata__":{"a":1}})", 0), "__metadata__ 'a'"},
+      {"sub-byte remainder", File(R"({"w":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}})", 1),
+       "not whole bytes"},
+  };
+  for (const Bad& c : cases) {
+    auto h = Parse(c.file);
+    ASSERT_FALSE(h.ok()) << c.name;
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kDataLoss) << c.name;
+    EXPECT_THAT(h.status().message(), HasSubstr("s3://b/m.safetensors")) << c.name;
+    EXPECT_THAT(h.status().message(), HasSubstr(c.says)) << c.name << ": " << h.status();
+  }
+}
+
+TEST(Safetensors, AcceptsHolesBetweenTensors) {
+  auto h = Parse(File(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})", 10));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->tensors[0].size, 2u);
+}
+
+}  // namespace
+}  // namespace wharf::serve

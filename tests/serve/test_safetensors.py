@@ -1,0 +1,209 @@
+"""wharf.serve.load_safetensors / iter_safetensors against the safetensors library's own
+loader, on files the library wrote: every dtype it writes, empty tensors and scalars, one
+file, lists, a sharded index; on the real S3 server, local files, through a tier; malformed
+files refused naming the file and the tensor."""
+import json
+import os
+import struct
+
+import pytest
+import torch
+from safetensors.torch import load_file, save, save_file
+
+import wharf
+from wharf.serve import iter_safetensors, load_safetensors
+from conftest import make_tier, run_wharf
+
+
+def all_dtypes_state():
+    """A tensor of every dtype safetensors writes from torch, plus empty ones and a scalar."""
+    g = torch.Generator().manual_seed(0)
+    state = {
+        "f64": torch.randn(33, generator=g, dtype=torch.float64),
+        "f32": torch.randn(300, 500, generator=g),
+        "f16": torch.randn(7, 9, generator=g).half(),
+        "bf16": torch.randn(1000, generator=g).bfloat16(),
+        "i64": torch.randint(-2**40, 2**40, (17,), generator=g),
+        "i32": torch.randint(-2**30, 2**30, (5, 5), generator=g, dtype=torch.int32),
+        "i16": torch.randint(-2**14, 2**14, (11,), generator=g, dtype=torch.int16),
+        "i8": torch.randint(-128, 127, (13,), generator=g, dtype=torch.int8),
+        "u8": torch.randint(0, 255, (2, 3, 4), generator=g, dtype=torch.uint8),
+        "bool": torch.rand(10, generator=g) > 0.5,
+        "c64": torch.randn(6, generator=g, dtype=torch.complex64),
+        "f8_e4m3": torch.randn(19, generator=g).to(torch.float8_e4m3fn),
+        "f8_e5m2": torch.randn(19, generator=g).to(torch.float8_e5m2),
+        "u16": torch.randint(0, 2**15, (4,), generator=g, dtype=torch.int32).to(torch.uint16),
+        "u32": torch.randint(0, 2**30, (4,), generator=g, dtype=torch.int64).to(torch.uint32),
+        "u64": torch.randint(0, 2**62, (4,), generator=g, dtype=torch.int64).to(torch.uint64),
+        "empty": torch.empty(0, 4),
+        "empty_bf16": torch.empty(3, 0, dtype=torch.bfloat16),
+        "scalar": torch.tensor(2.5),
+    }
+    return state
+
+
+def assert_same(got, want):
+    assert list(got) == list(want)  # names, in load_file's order
+    for name, w in want.items():
+        t = got[name]
+        assert t.dtype == w.dtype and t.shape == w.shape, name
+        assert t.device.type == "cpu"
+        # Bytes, not values: float8 has no equality and NaN != NaN.
+        assert torch.equal(t.contiguous().view(-1).view(torch.uint8) if t.numel() else t,
+                           w.contiguous().view(-1).view(torch.uint8) if w.numel() else w), name
+    # Each tensor owns its storage, as load_file's do (safe to save back with safetensors).
+    ptrs = [t.untyped_storage().data_ptr() for t in got.values() if t.numel()]
+    assert len(set(ptrs)) == len(ptrs)
+
+
+def put(s3_client, bucket, key, data: bytes):
+    s3_client.put_object(Bucket=bucket, Key=key, Body=data)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file(all_dtypes_state(), str(path), metadata={"format": "pt"})
+    return path
+
+
+def test_every_dtype_matches_load_file_on_a_local_file(model_file):
+    want = load_file(str(model_file))
+    assert_same(load_safetensors(str(model_file)), want)
+    assert_same(load_safetensors(model_file), want)  # a PathLike
+    assert_same(load_safetensors(f"file://{model_file}"), want)
+
+
+def test_every_dtype_matches_load_file_from_s3(aws, bucket, s3_client, model_file):
+    put(s3_client, bucket, "m/model.safetensors", model_file.read_bytes())
+    want = load_file(str(model_file))
+    assert_same(load_safetensors(f"s3://{bucket}/m/model.safetensors"), want)
+    # Small GETs: every large tensor split, small ones coalesced, the same bytes.
+    assert_same(load_safetensors(f"s3://{bucket}/m/model.safetensors", max_in_flight=3), want)
+
+
+def sharded(tmp_path, shards=4, tensors=40):
+    """A Hugging Face sharded checkpoint: shard files and model.safetensors.index.json."""
+    g = torch.Generator().manual_seed(1)
+    state = {f"layers.{i}.weight": torch.randn(64 + i, 32, generator=g).bfloat16()
+             for i in range(tensors)}
+    state.update({f"layers.{i}.bias": torch.randn(32, generator=g) for i in range(tensors)})
+    names = sorted(state)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: state[n] for n in names[s::shards]}
+        save_file(part, str(tmp_path / fname))
+        weight_map.update({n: fname for n in part})
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return state, [f"model-{s + 1:05d}-of-{shards:05d}.safetensors" for s in range(shards)]
+
+
+def test_a_sharded_index_a_list_and_the_iterator(aws, bucket, s3_client, tmp_path):
+    state, files = sharded(tmp_path)
+    for name in files + ["model.safetensors.index.json"]:
+        put(s3_client, bucket, f"llm/{name}", (tmp_path / name).read_bytes())
+    want = {}
+    for name in files:
+        want.update(load_file(str(tmp_path / name)))
+    got = load_safetensors(f"s3://{bucket}/llm/model.safetensors.index.json")
+    assert_same(got, want)
+    assert_same(load_safetensors([f"s3://{bucket}/llm/{f}" for f in files]), want)
+    assert_same(load_safetensors(str(tmp_path / "model.safetensors.index.json")), want)
+    # The iterator: every tensor once, each complete when handed over.
+    seen = {}
+    for name, t in iter_safetensors(f"s3://{bucket}/llm/model.safetensors.index.json"):
+        assert name not in seen
+        assert torch.equal(t, want[name]), name
+        seen[name] = t
+    assert set(seen) == set(want)
+
+
+def test_leaving_the_iterator_early_stops_the_reads(aws, bucket, s3_client, model_file):
+    put(s3_client, bucket, "m/model.safetensors", model_file.read_bytes())
+    it = iter_safetensors(f"s3://{bucket}/m/model.safetensors")
+    name, t = next(it)
+    assert t.numel() >= 0
+    it.close()  # cancels and waits; nothing touches the tensors afterwards
+    assert_same(load_safetensors(f"s3://{bucket}/m/model.safetensors"),
+                load_file(str(model_file)))
+
+
+def test_through_a_tier_and_from_a_tier_path(aws, bucket, s3_client, tmp_path):
+    (tmp_path / "src").mkdir()
+    _, files = sharded(tmp_path / "src", shards=2)
+    for name in files + ["model.safetensors.index.json"]:
+        put(s3_client, bucket, f"llm/{name}", (tmp_path / "src" / name).read_bytes())
+    want = {}
+    for name in files:
+        want.update(load_file(str(tmp_path / "src" / name)))
+    tier = make_tier(tmp_path / "tier")
+    index = f"s3://{bucket}/llm/model.safetensors.index.json"
+    assert_same(load_safetensors(index, cache=str(tier)), want)  # read-through: fills
+    s3_client.delete_object(Bucket=bucket, Key=f"llm/{files[0]}")
+    # The tier answers what the bucket no longer has (immutable mode).
+    assert_same(load_safetensors(index, cache=str(tier)), want)
+    # A model imported into a tier is read as plain files inside it.
+    put(s3_client, bucket, f"llm/{files[0]}", (tmp_path / "src" / files[0]).read_bytes())
+    run_wharf("tier", "import", f"s3://{bucket}/llm/", tier / "models" / "llm", check=True,
+              env=dict(os.environ))
+    assert_same(load_safetensors(str(tier / "models" / "llm" / "model.safetensors.index.json")),
+                want)
+
+
+def header_file(header: dict, data: bytes) -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+@pytest.mark.parametrize("case,raw,says", [
+    ("length beyond the file", struct.pack("<Q", 10**6) + b"{}", "beyond the end of the file"),
+    ("overlap", header_file({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                             "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}},
+                            bytes(12)), "tensor 'b': its bytes overlap tensor 'a'"),
+    ("out of range", header_file({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+                                 bytes(8)), "tensor 'w': data_offsets [0, 16) go past"),
+    ("unknown dtype", header_file({"w": {"dtype": "Q4_K", "shape": [4],
+                                         "data_offsets": [0, 4]}}, bytes(4)),
+     "tensor 'w': unknown dtype 'Q4_K'"),
+    ("shape and size disagree", header_file({"w": {"dtype": "F16", "shape": [3, 3],
+                                                   "data_offsets": [0, 16]}}, bytes(16)),
+     "tensor 'w': shape and dtype give 18 bytes"),
+    ("not json", struct.pack("<Q", 5) + b"{abc}", "not valid JSON"),
+    ("empty", b"", "empty"),
+])
+def test_malformed_files_are_refused_naming_file_and_tensor(aws, bucket, s3_client, case, raw,
+                                                            says):
+    put(s3_client, bucket, "bad/model.safetensors", raw)
+    uri = f"s3://{bucket}/bad/model.safetensors"
+    with pytest.raises(wharf.WharfError) as e:
+        load_safetensors(uri)
+    assert uri in str(e.value) and says in str(e.value), str(e.value)
+    with pytest.raises(wharf.WharfError):
+        iter_safetensors(uri)  # refused at the call, before any tensor data is read
+
+
+def test_missing_files_and_bad_indexes(aws, bucket, s3_client):
+    with pytest.raises(wharf.NotFoundError) as e:
+        load_safetensors(f"s3://{bucket}/nope.safetensors")
+    assert "nope.safetensors" in str(e.value)
+    put(s3_client, bucket, "m/model.safetensors.index.json",
+        json.dumps({"weight_map": {"w": "../../etc/passwd"}}).encode())
+    with pytest.raises(wharf.WharfError, match="not a relative path inside"):
+        load_safetensors(f"s3://{bucket}/m/model.safetensors.index.json")
+    put(s3_client, bucket, "m/model.safetensors.index.json",
+        json.dumps({"weight_map": {"w": "model-1.safetensors"}}).encode())
+    with pytest.raises(wharf.NotFoundError, match="model-1.safetensors"):
+        load_safetensors(f"s3://{bucket}/m/model.safetensors.index.json")
+    with pytest.raises(ValueError):
+        load_safetensors([])
+
+
+def test_a_file_replaced_during_a_load_fails_instead_of_mixing_versions(aws, bucket, s3_client):
+    big = {"w": torch.randn(1 << 20)}
+    put(s3_client, bucket, "m/model.safetensors", save(big))
+    it = iter_safetensors(f"s3://{bucket}/m/model.safetensors")  # header read, ETag kept
+    put(s3_client, bucket, "m/model.safetensors", save({"w": torch.randn(1 << 20)}))
+    with pytest.raises(wharf.WharfError, match="model.safetensors"):
+        list(it)
