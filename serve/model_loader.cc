@@ -56,38 +56,6 @@ class Stores {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ParseSafetensorsIndex(absl::string_view text,
-                                                               absl::string_view uri) {
-  const json index = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object()) {
-    return absl::DataLossError(absl::StrCat(uri, ": not a safetensors index: not a JSON object"));
-  }
-  const auto map = index.find("weight_map");
-  if (map == index.end() || !map->is_object()) {
-    return absl::DataLossError(
-        absl::StrCat(uri, ": not a safetensors index: no \"weight_map\" object"));
-  }
-  std::set<std::string> files;
-  for (const auto& [tensor, file] : map->items()) {
-    if (!file.is_string()) {
-      return absl::DataLossError(absl::StrCat(uri, ": weight_map: tensor '", tensor,
-                                              "' maps to something other than a file name"));
-    }
-    const std::string name = file.get<std::string>();
-    bool plain = !name.empty() && name.front() != '/' && name.find('\\') == std::string::npos;
-    for (absl::string_view segment : absl::StrSplit(name, '/')) {
-      plain = plain && !segment.empty() && segment != "." && segment != "..";
-    }
-    if (!plain) {
-      return absl::DataLossError(
-          absl::StrCat(uri, ": weight_map: tensor '", tensor, "' names file '", name,
-                       "', which is not a relative path inside the index's folder"));
-    }
-    files.insert(name);
-  }
-  return std::vector<std::string>(files.begin(), files.end());
-}
-
 absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
     const std::vector<std::string>& uris, const ModelLoadOptions& options) {
   std::unique_ptr<SafetensorsModel> model(new SafetensorsModel(options));

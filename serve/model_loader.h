@@ -98,10 +98,4 @@ class SafetensorsModel {
   uint64_t total_bytes_ = 0;
 };
 
-// The shard file names an index's "weight_map" names, sorted and without duplicates.
-// Errors name `uri`: not JSON, no weight_map object, a name that is not a plain relative
-// path (absolute, "..", empty segments).
-absl::StatusOr<std::vector<std::string>> ParseSafetensorsIndex(absl::string_view json,
-                                                               absl::string_view uri);
-
 }  // namespace wharf::serve

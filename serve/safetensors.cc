@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
 namespace wharf::serve {
@@ -177,6 +179,38 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view head, uint6
         uri, absl::StrCat("the header is ", *n, " bytes, only ", head.size() - 8, " were given"));
   }
   return ParseSafetensorsHeader(head.substr(8, *n), file_size, uri);
+}
+
+absl::StatusOr<std::vector<std::string>> ParseSafetensorsIndex(absl::string_view text,
+                                                               absl::string_view uri) {
+  const json index = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object()) {
+    return absl::DataLossError(absl::StrCat(uri, ": not a safetensors index: not a JSON object"));
+  }
+  const auto map = index.find("weight_map");
+  if (map == index.end() || !map->is_object()) {
+    return absl::DataLossError(
+        absl::StrCat(uri, ": not a safetensors index: no \"weight_map\" object"));
+  }
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : map->items()) {
+    if (!file.is_string()) {
+      return absl::DataLossError(absl::StrCat(uri, ": weight_map: tensor '", tensor,
+                                              "' maps to something other than a file name"));
+    }
+    const std::string name = file.get<std::string>();
+    bool plain = !name.empty() && name.front() != '/' && name.find('\\') == std::string::npos;
+    for (absl::string_view segment : absl::StrSplit(name, '/')) {
+      plain = plain && !segment.empty() && segment != "." && segment != "..";
+    }
+    if (!plain) {
+      return absl::DataLossError(
+          absl::StrCat(uri, ": weight_map: tensor '", tensor, "' names file '", name,
+                       "', which is not a relative path inside the index's folder"));
+    }
+    files.insert(name);
+  }
+  return std::vector<std::string>(files.begin(), files.end());
 }
 
 }  // namespace wharf::serve

@@ -12,6 +12,9 @@
 // between tensors (bytes no tensor names) are accepted: they are harmless to a reader that
 // only reads the named ranges.
 //
+// Also the Hugging Face sharded layout's index (model.safetensors.index.json): its
+// "weight_map" names the shard files, relative to the index's folder.
+//
 // Thread-safety: pure functions.
 #pragma once
 
@@ -59,5 +62,11 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
 // Both, from the first bytes of a file (at least 8 + N of them) of `file_size` bytes.
 absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view head, uint64_t file_size,
                                                    absl::string_view uri);
+
+// The shard file names an index's "weight_map" names, sorted and without duplicates.
+// Errors name `uri`: not JSON, no weight_map object, a name that is not a plain relative
+// path (absolute, "..", empty segments).
+absl::StatusOr<std::vector<std::string>> ParseSafetensorsIndex(absl::string_view json,
+                                                               absl::string_view uri);
 
 }  // namespace wharf::serve

@@ -118,3 +118,29 @@ s3("copy-error-in-200", 0x10, COPY_FAILED)
 s3("list-buckets", 0x20, BUCKETS)
 s3("multipart", 0x40, MULTIPART)
 s3("all", 0x3F, LIST, LIST, LAST, ERROR, DELETED, COPIED, BUCKETS)
+
+
+def safetensors(tensors, metadata=None):
+    """A safetensors file of (name, dtype, shape, element bytes) laid out back to back."""
+    import json
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, width in tensors:
+        n = 1
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + n * width]}
+        data += bytes(range(256)) * (n * width // 256) + bytes(n * width % 256)
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+write("fuzz_safetensors", "mixed.safetensors",
+      safetensors([("w", "F32", [4, 3], 4), ("b", "BF16", [3], 2), ("e", "I64", [0], 8),
+                   ("s", "U8", [], 1)], {"format": "pt"}))
+write("fuzz_safetensors", "empty-header.safetensors", safetensors([]))
+write("fuzz_safetensors", "index.json",
+      b'{"metadata":{"total_size":24},"weight_map":{"a":"model-00001-of-00002.safetensors",'
+      b'"b":"sub/model-00002-of-00002.safetensors"}}')
