@@ -9,6 +9,7 @@ to the store, the tier's copy deleted, and the checkpoint restored from the stor
 `./run demo` runs it after `wharf demo` has generated the data set.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -32,6 +33,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--no-checkpoint", action="store_true",
                         help="skip the checkpoint save / export / restore")
+    parser.add_argument("--no-serve", action="store_true",
+                        help="skip serving the model (safetensors in the tier, prediction cache)")
     args = parser.parse_args(argv)
 
     import torch
@@ -80,12 +83,25 @@ def main(argv=None) -> int:
     if samples != len(dataset):
         print(f"wharf.demo: read {samples} samples, expected {len(dataset)}", file=sys.stderr)
         return 1
-    if args.no_checkpoint or not args.cache:
+    if not args.cache:
         return 0
-    return checkpoint(args, uri, dataset, batches)
+    torch.manual_seed(0)
+    # A stand-in model and optimizer (~50 MB of state with Adam's moments), one step trained.
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 2048))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 1024)).square().mean().backward()
+    opt.step()
+    if not args.no_checkpoint:
+        rc = checkpoint(args, uri, dataset, batches, model, opt)
+        if rc != 0:
+            return rc
+    if args.no_serve:
+        return 0
+    return serve(args, model)
 
 
-def checkpoint(args, data_uri, dataset, steps) -> int:
+def checkpoint(args, data_uri, dataset, steps, model, opt) -> int:
     """Saves the run's state to the tier, exports it to the store, loses the tier's copy and
     restores it from the store; prints what each took."""
     import shutil
@@ -94,13 +110,6 @@ def checkpoint(args, data_uri, dataset, steps) -> int:
     from wharf.torch import CheckpointManager
 
     import wharf
-    torch.manual_seed(0)
-    # A stand-in model and optimizer (~50 MB of state with Adam's moments).
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
-                                torch.nn.Linear(2048, 2048))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    model(torch.randn(8, 1024)).square().mean().backward()
-    opt.step()
     root = os.path.join(os.path.abspath(args.cache), "ckpt")
     store = data_uri[:-len("train/")] + "ckpt/"
     state = {"model": model, "optim": opt,
@@ -136,6 +145,87 @@ def checkpoint(args, data_uri, dataset, steps) -> int:
     print(f"| restored state equals the saved one | {'yes' if same else 'NO'} |")
     if not same or restored["data"] != state["data"]:
         print("wharf.demo: the restored checkpoint differs from the saved one", file=sys.stderr)
+        return 1
+    return 0
+
+
+def serve(args, model) -> int:
+    """Saves the model as safetensors in the tier, loads it back with wharf.serve, and answers
+    requests (a skewed mix, as real traffic is) through a PredictionCache in the tier; prints
+    the load time, hit rate and latencies."""
+    import random
+
+    import torch
+    from safetensors.torch import save_file
+
+    import wharf
+    from wharf.serve import PredictionCache, load_safetensors
+    model_dir = os.path.join(os.path.abspath(args.cache), "models", "demo")
+    os.makedirs(model_dir, exist_ok=True)
+    path = os.path.join(model_dir, "model.safetensors")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    try:
+        t0 = time.perf_counter()
+        state = load_safetensors(path)
+        load_s = time.perf_counter() - t0
+        served = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
+                                     torch.nn.Linear(2048, 2048))
+        served.load_state_dict(state)
+        served.eval()
+        # The model's version: its file's size and mtime, so a new model never serves an old
+        # prediction.
+        st = os.stat(path)
+        version = f"demo-{st.st_size}-{st.st_mtime_ns}"
+        cache_dir = os.path.join(os.path.abspath(args.cache), "predictions")
+
+        def compute(request):
+            x = torch.tensor(request["inputs"], dtype=torch.float32).unsqueeze(0)
+            with torch.no_grad():
+                y = served(x)[0, :4]
+            return json.dumps([round(v, 6) for v in y.tolist()]).encode()
+
+        rng = random.Random(0)
+        requests = 200
+        hit_s, miss_s = [], []
+        with PredictionCache(cache_dir, ttl=3600, max_bytes="64M") as cache:
+            before = cache.stats()
+            for _ in range(requests):
+                # Zipf-like: a few inputs are asked often, most rarely.
+                which = min(int(rng.paretovariate(1.2)), 50)
+                request = {"inputs": [float((which * 7 + i) % 13) / 13 for i in range(1024)]}
+                hits = cache.stats()["hits"]
+                t = time.perf_counter()
+                out = cache.get_or_compute(version, request, compute)
+                dt = time.perf_counter() - t
+                (hit_s if cache.stats()["hits"] > hits else miss_s).append(dt)
+                if out != compute(request):
+                    print("wharf.demo: the cache answered a different prediction",
+                          file=sys.stderr)
+                    return 1
+            after = cache.stats()
+    except wharf.WharfError as e:
+        print(f"wharf.demo: serve: {e}", file=sys.stderr)
+        return 1
+    same = all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+    def pct(xs, q):
+        return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3 if xs else float("nan")
+
+    hits = after["hits"] - before["hits"]
+    print()
+    print("| serving (wharf.serve: safetensors from the tier, PredictionCache) | value |")
+    print("|---|---|")
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    print(f"| model {path} | {nbytes / 1e6:.0f} MB, {len(state)} tensors |")
+    print(f"| load_safetensors | {load_s:.2f} s |")
+    print(f"| loaded tensors equal the trained ones | {'yes' if same else 'NO'} |")
+    print(f"| requests (skewed mix of 51 inputs) | {requests} |")
+    print(f"| cache hit rate ({cache_dir}) | {100 * hits / requests:.0f}% |")
+    print(f"| hit latency p50 / p99 | {pct(hit_s, 0.5):.2f} / {pct(hit_s, 0.99):.2f} ms |")
+    print(f"| miss latency p50 / p99 (the model runs) | {pct(miss_s, 0.5):.2f} / "
+          f"{pct(miss_s, 0.99):.2f} ms |")
+    if not same:
+        print("wharf.demo: the loaded model differs from the saved one", file=sys.stderr)
         return 1
     return 0
 
