@@ -1,4 +1,5 @@
-"""Shared fixtures: the wharf binary, and the real S3 server that ./run test starts."""
+"""Shared fixtures: the wharf binary, and the real servers that ./run test starts (S3, the
+shared file system, Redis)."""
 import os
 import pathlib
 import shutil
@@ -41,6 +42,24 @@ def s3_env():
     env["AWS_ENDPOINT_URL"] = endpoint
     env.pop("AWS_PROFILE", None)
     return env
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """The local Redis that ./run test starts (scripts/redis-server), as redis://HOST:PORT/DB.
+    Fails (never skips) when it is not set or does not answer."""
+    url = os.environ.get("WHARF_REDIS_URL")
+    if not url:
+        pytest.fail("WHARF_REDIS_URL is not set: run `./run test`, or "
+                    "`scripts/redis-server start && eval \"$(scripts/redis-server env)\"`")
+    import redis
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        client.ping()
+        client.close()
+    except redis.RedisError as e:
+        pytest.fail(f"Redis at {url} does not answer ({e}): scripts/redis-server status")
+    return url
 
 
 @pytest.fixture(scope="session")

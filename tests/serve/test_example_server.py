@@ -1,0 +1,219 @@
+"""examples/serving/server.py as a process: a model saved with safetensors, loaded with wharf,
+requests answered through the prediction cache (a repeat is a hit, X-Wharf-Cache), two server
+processes sharing the Redis cache, the model's outputs, bad requests, /healthz and /metrics."""
+import http.client
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SERVER = ROOT / "examples" / "serving" / "server.py"
+_spec = importlib.util.spec_from_file_location("wharf_serving_example", SERVER)
+example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example)
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8),
+                               torch.nn.ReLU(), torch.nn.Linear(8, 3)).eval()
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    model = make_model()
+    path = tmp_path / "model.safetensors"
+    save_file(model.state_dict(), str(path))
+    return model, path
+
+
+class ServerProcess:
+    def __init__(self, *args):
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+        self.proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", *map(str, args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=env)
+        line = self.proc.stdout.readline()
+        if " on http://" not in line:
+            self.proc.kill()
+            raise AssertionError(f"the server did not start: {line}{self.proc.stderr.read()}")
+        self.host, _, port = line.rsplit("http://", 1)[1].strip().rpartition(":")
+        self.port = int(port)
+        self.banner = line
+
+    def request(self, method, path, body=None):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        try:
+            data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+            conn.request(method, path, body=data)
+            r = conn.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            conn.close()
+
+    def predict(self, body):
+        status, headers, data = self.request("POST", "/predict", body)
+        assert status == 200, data
+        return headers["X-Wharf-Cache"], json.loads(data)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def servers():
+    started = []
+
+    def start(*args):
+        s = ServerProcess(*args)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def test_predictions_through_the_cache(model_file, servers):
+    model, path = model_file
+    srv = servers("--model", path, "--cache", "memory")
+    x = [0.5, -1.0, 2.0, 0.25]
+    assert srv.predict({"inputs": x})[0] == "miss"
+    outcome, body = srv.predict({"inputs": x})
+    assert outcome == "hit"
+    with torch.no_grad():
+        expected = model(torch.tensor([x])).tolist()[0]
+    assert body["outputs"] == pytest.approx(expected, rel=1e-6, abs=1e-6)
+    # the key is the numbers: spacing and 2 vs 2.0 do not matter
+    assert srv.predict(b'{ "inputs" : [0.5, -1.0, 2, 0.25] }')[0] == "hit"
+    assert srv.predict({"inputs": [0.5, -1.0, 2.0, 0.5]})[0] == "miss"
+    # a batch
+    outcome, body = srv.predict({"inputs": [x, [0, 0, 0, 0]]})
+    assert outcome == "miss" and len(body["outputs"]) == 2 and len(body["outputs"][0]) == 3
+    assert body["outputs"][0] == pytest.approx(expected, rel=1e-6, abs=1e-6)
+    # the version is derived from the file: the same in the header, /healthz and the body
+    status, headers, data = srv.request("GET", "/healthz")
+    health = json.loads(data)
+    assert status == 200 and health["status"] == "ok" and health["cache"] == "memory"
+    assert health["model_version"].startswith("model.safetensors@")
+    assert headers["Content-Type"] == "application/json"
+    assert body["model_version"] == health["model_version"]
+
+
+def test_bad_requests_are_400_and_not_cached(model_file, servers):
+    _, path = model_file
+    srv = servers("--model", path)
+    for body in (b"not json", {"inputs": [1, 2]}, {"inputs": "abcd"}, {"x": [1, 2, 3, 4]},
+                 {"inputs": [1, 2, 3, True]}, [1, 2, 3, 4]):
+        status, _, data = srv.request("POST", "/predict", body)
+        assert status == 400, (body, data)
+        assert "error" in json.loads(data)
+    assert srv.request("GET", "/nope")[0] == 404
+    assert srv.request("POST", "/nope", b"{}")[0] == 404
+    status, headers, data = srv.request("GET", "/metrics")
+    text = data.decode()
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    assert 'wharf_serve_cache_misses_total{backend="memory"} 0' in text
+    srv.predict({"inputs": [1, 2, 3, 4]})
+    srv.predict({"inputs": [1, 2, 3, 4]})
+    text = srv.request("GET", "/metrics")[2].decode()
+    assert 'wharf_serve_cache_hits_total{backend="memory"} 1' in text
+    assert 'wharf_serve_cache_misses_total{backend="memory"} 1' in text
+    assert "# TYPE wharf_serve_cache_get_seconds histogram" in text
+    assert 'wharf_serve_cache_get_seconds_bucket{backend="memory",le="+Inf"} 2' in text
+
+
+def test_two_server_processes_share_the_redis_cache(model_file, servers, redis_url):
+    _, path = model_file
+    version = f"test-{uuid.uuid4().hex}"  # Redis outlives the test: a version of its own
+    a = servers("--model", path, "--cache", redis_url, "--ttl", 60, "--model-version", version)
+    b = servers("--model", path, "--cache", redis_url, "--ttl", 60, "--model-version", version)
+    requests = [{"inputs": [i, i / 2, -i, 1.0]} for i in range(5)]
+    first = [a.predict(r) for r in requests]
+    assert [o for o, _ in first] == ["miss"] * 5
+    second = [b.predict(r) for r in requests]
+    assert [o for o, _ in second] == ["hit"] * 5
+    assert [body for _, body in second] == [body for _, body in first]
+    assert all(body["model_version"] == version for _, body in second)
+    # another version of the model never gets these predictions
+    c = servers("--model", path, "--cache", redis_url, "--model-version", version + "-next")
+    assert c.predict(requests[0])[0] == "miss"
+
+
+def test_tier_dir_cache_shared_by_two_servers(model_file, servers, tmp_path):
+    _, path = model_file
+    cache = tmp_path / "predictions"
+    a = servers("--model", path, "--cache", cache)
+    b = servers("--model", path, "--cache", cache)
+    assert a.predict({"inputs": [1, 1, 1, 1]})[0] == "miss"
+    assert b.predict({"inputs": [1, 1, 1, 1]})[0] == "hit"
+
+
+def test_missing_model_fails_with_one_line(tmp_path):
+    out = subprocess.run([sys.executable, str(SERVER), "--model", tmp_path / "none.safetensors",
+                          "--port", "0"], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
+    assert out.returncode == 1
+    assert out.stderr.startswith("server: ") and "none.safetensors" in out.stderr
+
+
+# ------------------------------------------------------------------------- the library part
+def test_build_model_from_state_dicts():
+    model = make_model(1)
+    built = example.build_model(model.state_dict())
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(built(x), model(x))
+    # consecutive Linear layers (no activation between), no bias
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 3, bias=False), torch.nn.Linear(3, 1))
+    assert torch.equal(example.build_model(plain.state_dict())(torch.ones(1, 2)),
+                       plain(torch.ones(1, 2)))
+    with pytest.raises(ValueError, match="expected names '<index>.weight'"):
+        example.build_model({"encoder.weight": torch.ones(2, 2)})
+    with pytest.raises(ValueError, match="takes 5 inputs"):
+        example.build_model({"0.weight": torch.ones(3, 2), "2.weight": torch.ones(1, 5)})
+    with pytest.raises(ValueError, match="bias shape"):
+        example.build_model({"0.weight": torch.ones(3, 2), "0.bias": torch.ones(2)})
+
+
+def test_serve_in_thread(model_file):
+    model, path = model_file
+    with example.serve_in_thread(path, cache="memory", ttl=60) as service:
+        host, port = service.url.split("://")[1].split(":")
+        for expected in ("miss", "hit"):
+            conn = http.client.HTTPConnection(host, int(port), timeout=10)
+            conn.request("POST", "/predict", body=b'{"inputs": [1, 2, 3, 4]}')
+            r = conn.getresponse()
+            assert r.status == 200 and r.getheader("X-Wharf-Cache") == expected
+            r.read()
+            conn.close()
+        assert service.predictor.cache.stats()["hits"] == 1
+
+
+def test_prometheus_text_format():
+    text = example.prometheus_text({
+        "counters": {'wharf_a_total{backend="x"}': 3, "wharf_b_total": 1},
+        "gauges": {"wharf_g_bytes": 7},
+        "histograms": {'wharf_h_seconds{backend="x"}': {"buckets": [(0.001, 1), (0.01, 2)],
+                                                         "count": 3, "sum": 0.5}}})
+    assert text.splitlines() == [
+        "# TYPE wharf_a_total counter", 'wharf_a_total{backend="x"} 3',
+        "# TYPE wharf_b_total counter", "wharf_b_total 1",
+        "# TYPE wharf_g_bytes gauge", "wharf_g_bytes 7",
+        "# TYPE wharf_h_seconds histogram",
+        'wharf_h_seconds_bucket{backend="x",le="0.001"} 1',
+        'wharf_h_seconds_bucket{backend="x",le="0.01"} 2',
+        'wharf_h_seconds_bucket{backend="x",le="+Inf"} 3',
+        'wharf_h_seconds_sum{backend="x"} 0.5', 'wharf_h_seconds_count{backend="x"} 3']
