@@ -11,6 +11,9 @@ Usage (from the repository root, after ./run setup and ./run build):
                                         (the tier benchmarks of issue 12: bench/tier_bench.py)
     .venv/bin/python bench/run_bench.py --scenario CKPT [--quick] [--delays 0,25]
                                         (the checkpoint benchmarks of issue 13: bench/ckpt_bench.py)
+    .venv/bin/python bench/run_bench.py --scenario SERVE [--quick] [--repeat 3] [--delays 0,25]
+                                        (model loading and the prediction cache of issue 14:
+                                        bench/serve_bench.py)
 
 What it does
 ------------
@@ -1196,15 +1199,18 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (bench/run_bench.py) for details.")
     ap.add_argument("--scenario", default="all",
-                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT"],
+                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT", "SERVE"],
                     help="TRAIN: the training-loop benchmark, bench/train_bench.py (passes "
                     "--quick, --out, --wharf, --proxy-bin, --timeout, --keep-server and the "
                     "first of --delays as --delay-ms). TIER: the tier benchmarks of "
                     "bench/tier_bench.py (import into a directory, one epoch three ways, 4 "
-                    "cold readers on one tier), 3 rounds unless --repeat says otherwise")
+                    "cold readers on one tier), 3 rounds unless --repeat says otherwise. "
+                    "CKPT: bench/ckpt_bench.py. SERVE: bench/serve_bench.py (model loading from "
+                    "the bucket and a tier, the prediction cache), 3 rounds unless --repeat "
+                    "says otherwise")
     ap.add_argument("--quick", action="store_true",
                     help="smoke sizes: S1 1,000 objects, S2 1 x 256 MiB, S3 10,000 keys, "
-                    "TIER 2,000 x 100 KiB")
+                    "TIER 2,000 x 100 KiB, CKPT 256 MiB, SERVE a 0.24 GiB model")
     ap.add_argument("--out", default=str(REPO / "bench-results"))
     ap.add_argument("--repeat", type=int, default=None,
                     help="rounds per delay; medians reported (default 1; TIER: 3)")
@@ -1239,12 +1245,23 @@ def main() -> int:
     ap.add_argument("--ckpt-parts", default="store,tier,async",
                     help="CKPT: which parts to run (store: save/load through RGW at each delay; "
                     "tier: to a local disk vs FileSystemWriter; async: the loop's stall)")
+    ap.add_argument("--serve-parts", default="load,tier,cache",
+                    help="SERVE: which parts to run (load: the model from RGW at each delay; "
+                    "tier: from a tier's files, page cache warm and cold; cache: the "
+                    "prediction cache under load)")
+    ap.add_argument("--serve-cache-backends", default="memory,dir,redis",
+                    help="SERVE: prediction cache backends (memory, dir: a directory in a tier, "
+                    "redis: scripts/redis-server)")
+    ap.add_argument("--serve-threads", type=int, default=8,
+                    help="SERVE: client threads of the cache's closed-loop load")
+    ap.add_argument("--serve-seconds", type=float, default=0,
+                    help="SERVE: seconds of the cache's closed-loop load (0: 10, quick 3)")
     ap.add_argument("--keep-server", action="store_true",
                     help="leave a server this run started running (its data stays)")
     a = ap.parse_args()
     a.wharf = str(Path(a.wharf).resolve()) if Path(a.wharf).exists() else a.wharf
     if a.repeat is None:
-        a.repeat = 3 if a.scenario == "TIER" else 1
+        a.repeat = 3 if a.scenario in ("TIER", "SERVE") else 1
     if a.scenario == "TRAIN":
         import train_bench
 
@@ -1263,10 +1280,10 @@ def main() -> int:
         return 2
     scenarios = make_scenarios(a.quick)
     names = ["S1", "S2", "S3"] if a.scenario == "all" else [a.scenario]
-    names = [] if a.scenario in ("TIER", "CKPT") else names  # tier_bench / ckpt_bench run them
+    names = [] if a.scenario in ("TIER", "CKPT", "SERVE") else names  # their modules run them
     wanted = set(a.clients.split(",")) if a.clients else {c.name for c in CLIENTS}
     unknown = wanted - {c.name for c in CLIENTS}
-    if unknown and a.scenario != "CKPT":  # CKPT's clients are ckpt_bench's
+    if unknown and a.scenario not in ("CKPT", "SERVE"):  # their clients are their modules'
         print(f"error: unknown clients {sorted(unknown)}", file=sys.stderr)
         return 2
     wanted -= set(filter(None, a.skip_clients.split(",")))
@@ -1282,7 +1299,7 @@ def main() -> int:
     try:
         a._scratch = scratch_root(a.scratch)
         proxy_bin = find_proxy(a.proxy_bin)
-        big = ("S2" in names or a.scenario == "CKPT") and not a.quick
+        big = ("S2" in names or a.scenario in ("CKPT", "SERVE")) and not a.quick
         server.start(big)
         versions = tool_versions(a)
         avail = {c.name: c.available(a) for c in CLIENTS if c.name in wanted}
@@ -1299,6 +1316,11 @@ def main() -> int:
 
             sections += ckpt_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
                                        results)
+        if a.scenario == "SERVE":
+            import serve_bench
+
+            sections += serve_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
+                                        results)
         for name in names:
             sc = scenarios[name]
             try:
