@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "base/metrics_export.h"
 
 namespace wharf {
 
@@ -59,44 +59,6 @@ bool ValidName(const std::string& name) {
   });
 }
 
-const char* KindName(MetricsRegistry::Kind kind) {
-  switch (kind) {
-    case MetricsRegistry::Kind::kCounter:
-      return "counter";
-    case MetricsRegistry::Kind::kGauge:
-      return "gauge";
-    case MetricsRegistry::Kind::kHistogram:
-      return "histogram";
-  }
-  return "untyped";
-}
-
-std::string EscapeLabel(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') out.push_back('\\');
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out.push_back(c);
-  }
-  return out;
-}
-
-std::string LabelText(const MetricLabels& labels, const std::string& extra = "") {
-  std::vector<std::string> parts;
-  for (const auto& [k, v] : labels) parts.push_back(absl::StrCat(k, "=\"", EscapeLabel(v), "\""));
-  if (!extra.empty()) parts.push_back(extra);
-  if (parts.empty()) return "";
-  return absl::StrCat("{", absl::StrJoin(parts, ","), "}");
-}
-
-std::string Number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  return buf;
-}
 }  // namespace
 
 MetricsRegistry::Family& MetricsRegistry::FamilyLocked(const std::string& name,
@@ -158,29 +120,7 @@ std::vector<MetricsRegistry::Sample> MetricsRegistry::Snapshot() const {
 }
 
 std::string MetricsRegistry::PrometheusText() const {
-  std::string out;
-  std::string last;
-  for (const Sample& s : Snapshot()) {
-    if (s.name != last) {
-      absl::StrAppend(&out, "# HELP ", s.name, " ", s.help, "\n# TYPE ", s.name, " ",
-                      KindName(s.kind), "\n");
-      last = s.name;
-    }
-    if (s.histogram == nullptr) {
-      absl::StrAppend(&out, s.name, LabelText(s.labels), " ", Number(s.value), "\n");
-      continue;
-    }
-    const auto counts = s.histogram->CumulativeCounts();
-    const auto& bounds = s.histogram->bounds();
-    for (size_t i = 0; i < counts.size(); ++i) {
-      const std::string le = i < bounds.size() ? Number(bounds[i]) : "+Inf";
-      absl::StrAppend(&out, s.name, "_bucket", LabelText(s.labels, absl::StrCat("le=\"", le, "\"")),
-                      " ", counts[i], "\n");
-    }
-    absl::StrAppend(&out, s.name, "_sum", LabelText(s.labels), " ", Number(s.histogram->sum()),
-                    "\n", s.name, "_count", LabelText(s.labels), " ", counts.back(), "\n");
-  }
-  return out;
+  return MetricPointsToPrometheusText(MetricPoints(*this));
 }
 
 }  // namespace wharf

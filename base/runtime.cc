@@ -114,8 +114,52 @@ std::shared_ptr<Runtime> Runtime::Default() {
       (*runtime)->SetOptions(configured_budget ? *configured_budget : std::nullopt,
                              configured_inflight ? *configured_inflight : std::nullopt);
     }
+    // The opt-in metrics endpoint; a failure is reported, never fatal (metrics are not worth
+    // failing a training job for).
+    if (const char* addr = std::getenv("WHARF_METRICS_ADDR"); addr != nullptr && *addr != '\0') {
+      MetricsExportOptions export_options;
+      export_options.address = addr;
+      if (absl::Status s = (*runtime)->StartMetricsExport(export_options); !s.ok()) {
+        std::fprintf(stderr, "wharf: WHARF_METRICS_ADDR: %s\n", std::string(s.message()).c_str());
+      }
+    }
   }
   return *runtime;
+}
+
+std::vector<MetricPoint> Runtime::MetricPoints() {
+  MemoryBudget& b = budget();
+  metrics_.GetGauge("wharf_memory_budget_limit_bytes", "The process's memory budget")
+      ->Set(static_cast<int64_t>(b.limit()));
+  metrics_.GetGauge("wharf_memory_budget_held_bytes", "Bytes of data held now (all consumers)")
+      ->Set(static_cast<int64_t>(b.held()));
+  metrics_.GetGauge("wharf_memory_budget_peak_bytes", "Most bytes of data held at once")
+      ->Set(static_cast<int64_t>(b.peak()));
+  metrics_
+      .GetGauge("wharf_memory_budget_pooled_bytes", "Released large blocks kept mapped for reuse")
+      ->Set(static_cast<int64_t>(b.pooled()));
+  return wharf::MetricPoints(metrics_);
+}
+
+absl::Status Runtime::StartMetricsExport(const MetricsExportOptions& options) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (exporter_ != nullptr) {
+      return absl::FailedPreconditionError("metrics export: already started in this process");
+    }
+  }
+  // Started outside the lock: a reporter's first write reads the runtime.
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> exporter =
+      MetricsExporter::Start(*this, options);
+  if (!exporter.ok()) return exporter.status();
+  absl::MutexLock lock(&mu_);
+  exporter_ = *std::move(exporter);
+  return absl::OkStatus();
+}
+
+MetricsExporter* Runtime::metrics_exporter() {
+  absl::MutexLock lock(&mu_);
+  return exporter_.get();
 }
 
 void Runtime::Configure(std::optional<uint64_t> memory_budget, std::optional<int> inflight) {

@@ -25,6 +25,7 @@
 #include "base/link_estimate.h"
 #include "base/memory_budget.h"
 #include "base/metrics.h"
+#include "base/metrics_export.h"
 #include "base/thread_pool.h"
 #include "base/timer.h"
 
@@ -75,6 +76,14 @@ class Runtime {
   ThreadPool& blocking_pool();
   Timer& timer();
   MetricsRegistry& metrics() { return metrics_; }
+  // Every metric now, the memory budget's gauges refreshed first (they are copied from the
+  // budget's own counters at each snapshot, not on every allocation).
+  std::vector<MetricPoint> MetricPoints();
+  // Serves (or reports) this runtime's metrics at `address` (base/metrics_export.h).
+  // Runtime::Default() calls it when WHARF_METRICS_ADDR is set. Once per runtime.
+  absl::Status StartMetricsExport(const MetricsExportOptions& options);
+  // The exporter started above; null when none.
+  MetricsExporter* metrics_exporter();
   // The link estimate of the store named `store` (its root URI, e.g. "s3://bucket").
   LinkEstimator& link(const std::string& store);
 
@@ -101,6 +110,8 @@ class Runtime {
   std::map<std::string, std::unique_ptr<LinkEstimator>> links_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::type_index, std::string>, std::shared_ptr<void>> shared_
       ABSL_GUARDED_BY(mu_);
+  // Last: destroyed first, while what it reads is still here.
+  std::unique_ptr<MetricsExporter> exporter_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace wharf

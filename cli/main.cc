@@ -4,9 +4,12 @@
 //   1  an operation failed: one line "wharf: <message>" on stderr;
 //   2  a usage error: the parser's message and a pointer to --help on stderr.
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -15,6 +18,8 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/metrics_export.h"
+#include "base/runtime.h"
 #include "cli/common.h"
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
@@ -44,6 +49,21 @@ std::string VerbOf(const CLI::App& app) {
   return "";
 }
 
+// --metrics FILE: the runtime's metrics as JSON (base/metrics_export.h), written whole or
+// not at all (a temp file beside it, renamed).
+absl::Status WriteMetricsFile(const std::string& path) {
+  const std::string json =
+      MetricPointsToJson(Runtime::Default()->MetricPoints(), static_cast<int64_t>(getpid()));
+  const std::string tmp = absl::StrCat(path, ".wharf-tmp-", getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr && std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  if (f != nullptr) ok = (std::fclose(f) == 0) && ok;
+  if (ok && std::rename(tmp.c_str(), path.c_str()) == 0) return absl::OkStatus();
+  const int err = errno;
+  std::remove(tmp.c_str());
+  return absl::UnavailableError(absl::StrCat("--metrics ", path, ": ", std::strerror(err)));
+}
+
 int Main(int argc, char** argv) {
   RegisterTierCache(StoreRegistry::Global());  // --cache and WHARF_CACHE
   // A closed stdout then fails writes with EPIPE, which the verbs take as "stop quietly",
@@ -59,6 +79,11 @@ int Main(int argc, char** argv) {
   // Global flags, accepted before or after the verb; they set what the stores read.
   StoreFlags store_flags;
   AddStoreFlags(app, store_flags);
+  std::string metrics_file;
+  app.add_option("--metrics", metrics_file,
+                 "At the end of the run (success or failure) write the run's metrics as JSON "
+                 "to FILE (docs/design/metrics.md); stdout stays the verb's")
+      ->type_name("FILE");
   app.fallthrough();
 
   LsArgs ls;
@@ -139,6 +164,10 @@ int Main(int argc, char** argv) {
     status = absl::InternalError(absl::StrCat(verb, ": ", e.what()));
   }
   if (status.ok()) status = FlushStdout();
+  if (!metrics_file.empty()) {
+    absl::Status written = WriteMetricsFile(metrics_file);
+    if (status.ok()) status = written;
+  }
   if (StdoutBroken()) return 0;
   if (!status.ok()) {
     PrintError(status.message());

@@ -48,21 +48,6 @@ uint64_t SizeArg(const py::handle& value, const char* name) {
 
 namespace {
 
-// The budget's state as gauges, set at each snapshot (the budget keeps its own counters; the
-// registry only exports them).
-void SetBudgetGauges(Runtime& rt) {
-  MemoryBudget& b = rt.budget();
-  MetricsRegistry& m = rt.metrics();
-  m.GetGauge("wharf_memory_budget_limit_bytes", "The process's memory budget")
-      ->Set(static_cast<int64_t>(b.limit()));
-  m.GetGauge("wharf_memory_budget_held_bytes", "Bytes of data held now (all consumers)")
-      ->Set(static_cast<int64_t>(b.held()));
-  m.GetGauge("wharf_memory_budget_peak_bytes", "Most bytes of data held at once")
-      ->Set(static_cast<int64_t>(b.peak()));
-  m.GetGauge("wharf_memory_budget_pooled_bytes", "Released large blocks kept mapped for reuse")
-      ->Set(static_cast<int64_t>(b.pooled()));
-}
-
 // A name the registry would abort on is a ValueError here (Python passes any string).
 void CheckMetricName(const std::string& name) {
   bool ok = absl::StartsWith(name, "wharf_") && name.size() > 6;
@@ -77,9 +62,8 @@ void CheckMetricName(const std::string& name) {
 
 py::dict Metrics() {
   std::shared_ptr<Runtime> rt = Runtime::Default();
-  SetBudgetGauges(*rt);
   py::dict counters, gauges, histograms;
-  for (const MetricsRegistry::Sample& s : rt->metrics().Snapshot()) {
+  for (const MetricPoint& s : rt->MetricPoints()) {
     // Keyed as Prometheus writes a series: name{label="value",...} (the bare name when it
     // has no labels), so the dict prints and serializes as it reads.
     std::string key = s.name;
@@ -104,13 +88,12 @@ py::dict Metrics() {
       case MetricsRegistry::Kind::kHistogram: {
         py::dict h;
         py::list buckets;
-        const std::vector<uint64_t> cumulative = s.histogram->CumulativeCounts();
-        for (size_t i = 0; i < s.histogram->bounds().size(); ++i) {
-          buckets.append(py::make_tuple(s.histogram->bounds()[i], cumulative[i]));
+        for (size_t i = 0; i < s.bounds.size(); ++i) {
+          buckets.append(py::make_tuple(s.bounds[i], s.counts[i]));
         }
         h["buckets"] = buckets;  // (upper bound, cumulative count)
-        h["count"] = s.histogram->count();
-        h["sum"] = s.histogram->sum();
+        h["count"] = s.counts.empty() ? 0 : s.counts.back();
+        h["sum"] = s.sum;
         value = h;
         into = &histograms;
         break;
@@ -193,6 +176,42 @@ void RegisterRuntime(py::module_& m) {
       py::arg("name"), py::arg("help"), py::arg("bounds"), py::arg("labels") = MetricLabels{},
       py::return_value_policy::reference,
       "The runtime's histogram `name` with upper `bounds` and `labels`, created on first use");
+  m.def(
+      "_metrics_export",
+      [](const std::string& address) {
+        Check(Runtime::Default()->StartMetricsExport(MetricsExportOptions{address}));
+      },
+      py::arg("address"), "Serves (or reports) the metrics at HOST:PORT (WHARF_METRICS_ADDR)");
+  m.def(
+      "_metrics_exporter",
+      []() -> py::object {
+        MetricsExporter* e = Runtime::Default()->metrics_exporter();
+        if (e == nullptr) return py::none();
+        py::dict d;
+        d["serving"] = e->serving();
+        d["port"] = e->port();
+        return d;
+      },
+      "None, or {'serving': this process serves /metrics, 'port': its port}");
+  m.def(
+      "_metrics_flush",
+      [] {
+        // Only an exporter that already exists: a process that never used wharf has nothing
+        // to report, and must not create a runtime at exit.
+        WithoutGil([] {
+          if (MetricsExporter* e = Runtime::Default()->metrics_exporter()) e->Flush();
+          return 0;
+        });
+      },
+      "A reporting process writes its metrics for the serving one now (at exit)");
+  m.def(
+      "_metrics_prometheus_text",
+      [] {
+        MetricsExporter* e = Runtime::Default()->metrics_exporter();
+        return MetricPointsToPrometheusText(e != nullptr ? e->Collect()
+                                                         : Runtime::Default()->MetricPoints());
+      },
+      "What /metrics answers now (this process's metrics, and its reporters' when serving)");
   m.def("metrics", &Metrics,
         "The runtime's metrics: {'counters': {...}, 'gauges': {...}, 'histograms': {...}}, "
         "each keyed by series: 'name' or 'name{label=\"value\",...}' (docs/design/metrics.md). "

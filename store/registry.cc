@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "base/status.h"
+#include "store/metered_store.h"
 
 namespace wharf {
 
@@ -72,7 +73,11 @@ absl::StatusOr<std::shared_ptr<ObjectStore>> StoreRegistry::OpenBackend(
     return absl::InvalidArgumentError(absl::StrCat(
         "unsupported URI scheme '", spec.scheme, "://' (known: ", absl::StrJoin(known, ", "), ")"));
   }
-  return factory(spec, std::move(runtime));
+  // Every backend is metered (store/metered_store.h); decorators such as the tier sit above.
+  absl::StatusOr<std::shared_ptr<ObjectStore>> store = factory(spec, runtime);
+  if (!store.ok()) return store;
+  return std::shared_ptr<ObjectStore>(
+      std::make_shared<MeteredStore>(*std::move(store), spec.scheme, std::move(runtime)));
 }
 
 void StoreRegistry::RegisterBucketLister(std::string scheme, BucketLister lister) {

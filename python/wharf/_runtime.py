@@ -57,3 +57,26 @@ def split_budget_for_worker(num_workers: int) -> bool:
     _wharf._configure(max(node // num_workers, 1), None)
     _split_in = pid
     return True
+
+
+# ---- The metrics endpoint (WHARF_METRICS_ADDR, docs/design/metrics.md) ----
+# A process that reports to the one serving /metrics (a DataLoader worker) writes its final
+# metrics when it ends. multiprocessing children end with os._exit(), which skips atexit; they
+# run multiprocessing's finalizers first, but clear the parent's at start, so the finalizer is
+# registered again in each child through an after-fork hook (run in forked and spawned
+# children alike).
+class _MetricsExitHook:
+    pass
+
+
+_metrics_hook = _MetricsExitHook()
+
+
+def _flush_metrics_at_exit(_hook=None) -> None:
+    import multiprocessing.util
+    multiprocessing.util.Finalize(None, _wharf._metrics_flush, exitpriority=0)
+
+
+if os.environ.get("WHARF_METRICS_ADDR"):
+    import multiprocessing.util
+    multiprocessing.util.register_after_fork(_metrics_hook, _flush_metrics_at_exit)

@@ -1,0 +1,166 @@
+"""The metrics endpoint (WHARF_METRICS_ADDR): one process serves /metrics with its DataLoader
+workers' metrics added in; the text passes `promtool check metrics`; a real Prometheus server
+scrapes it and answers a query through its HTTP API; the CLI's --metrics FILE."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, run_wharf
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse(text):
+    """{series: value} of Prometheus text (histogram series included)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            out[series] = float(value)
+    return out
+
+
+def total(samples, name, **labels):
+    """Sum over the series of `name` whose labels include `labels`."""
+    s = 0.0
+    for series, v in samples.items():
+        base = series.split("{", 1)[0]
+        if base != name:
+            continue
+        if all(f'{k}="{val}"' in series for k, val in labels.items()):
+            s += v
+    return s
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    for i in range(40):
+        (d / f"{i:03d}.bin").write_bytes(bytes([i]) * (1000 + i))
+    return d
+
+
+@pytest.fixture
+def trainer(dataset, tmp_path):
+    """The worker process with 2 DataLoader workers, serving metrics on a free port."""
+    port = free_port()
+    env = dict(os.environ, WHARF_METRICS_ADDR=f"127.0.0.1:{port}", TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests/python/metrics_worker.py"),
+                             f"file://{dataset}/", "2"], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        pytest.fail(f"the training process ended: {proc.stderr.read()}")
+    info = json.loads(line)
+    yield port, info, proc
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+def scrape(port):
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+def test_one_process_serves_its_dataloader_workers_metrics(trainer):
+    port, info, _ = trainer
+    assert info["samples"] == 40
+    assert info["exporter"] == {"serving": True, "port": port}
+    samples = parse(scrape(port))
+    # The 40 objects were read in the 2 workers; their requests reach the parent's endpoint.
+    gets = total(samples, "wharf_store_requests_total", op="get", status="ok")
+    assert gets >= 40, samples
+    assert total(samples, "wharf_store_read_bytes_total") >= sum(1000 + i for i in range(40))
+    assert total(samples, "wharf_store_requests_total", op="list", status="ok") >= 1
+    # No object key or path is ever a label.
+    assert "000.bin" not in scrape(port)
+
+
+def test_promtool_accepts_the_exposition(trainer):
+    port, _, _ = trainer
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing (Debian prometheus; ./run setup installs it)"
+    proc = subprocess.run([promtool, "check", "metrics"], input=scrape(port), text=True,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_real_prometheus_scrapes_and_answers_a_query(trainer, tmp_path):
+    port, _, _ = trainer
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is missing (Debian prometheus; ./run setup installs it)"
+    web = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        "scrape_configs:\n  - job_name: wharf\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{port}']\n")
+    prom = subprocess.Popen([binary, f"--config.file={config}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{web}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        query = urllib.parse.quote('sum(wharf_store_requests_total{op="get",status="ok"})')
+        deadline = time.time() + 60
+        got = None
+        while time.time() < deadline:
+            try:
+                reply = json.loads(urllib.request.urlopen(
+                    f"http://127.0.0.1:{web}/api/v1/query?query={query}", timeout=5).read())
+                result = reply["data"]["result"]
+                if result:
+                    got = float(result[0]["value"][1])
+                    if got >= 40:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert got is not None and got >= 40, f"Prometheus answered {got}"
+    finally:
+        prom.terminate()
+        try:
+            prom.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+
+
+def test_the_cli_writes_its_metrics_to_a_file(dataset, tmp_path):
+    out = tmp_path / "m.json"
+    proc = run_wharf("--metrics", out, "fetch", "-r", f"file://{dataset}/", check=True)
+    assert proc.stdout  # stdout stays the verb's
+    doc = json.loads(out.read_text())
+    by = {}
+    for m in doc["metrics"]:
+        key = (m["name"], tuple(sorted(m["labels"].items())))
+        by[key] = m
+    gets = by[("wharf_store_requests_total",
+               (("op", "get"), ("scheme", "file"), ("status", "ok")))]["value"]
+    assert gets >= 40
+    assert doc["pid"] > 0
+    # A failed run writes its metrics too, and still fails.
+    proc = run_wharf("--metrics", out, "fetch", f"file://{tmp_path}/missing.bin")
+    assert proc.returncode == 1
+    assert json.loads(out.read_text())["metrics"]
+
+
+def test_a_malformed_address_is_reported_not_fatal(dataset):
+    env = dict(os.environ, WHARF_METRICS_ADDR="nonsense:port")
+    proc = subprocess.run([sys.executable, "-c",
+                           f"import wharf; print(len(wharf.Store('file://{dataset}/').get('000.bin')))"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1000"
+    assert "WHARF_METRICS_ADDR" in proc.stderr
