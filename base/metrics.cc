@@ -102,7 +102,23 @@ Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::str
   return slot.get();
 }
 
+uint64_t MetricsRegistry::AddCollector(std::function<void()> collect) {
+  absl::MutexLock lock(&collectors_mu_);
+  const uint64_t id = next_collector_++;
+  collectors_[id] = std::move(collect);
+  return id;
+}
+
+void MetricsRegistry::RemoveCollector(uint64_t id) {
+  absl::MutexLock lock(&collectors_mu_);
+  collectors_.erase(id);
+}
+
 std::vector<MetricsRegistry::Sample> MetricsRegistry::Snapshot() const {
+  {
+    absl::MutexLock lock(&collectors_mu_);
+    for (const auto& [id, collect] : collectors_) collect();
+  }
   absl::MutexLock lock(&mu_);
   std::vector<Sample> out;
   for (const auto& [name, f] : families_) {

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -87,7 +88,15 @@ class MetricsRegistry {
     double value = 0;                      // counters and gauges
     const Histogram* histogram = nullptr;  // histograms (alive as long as the registry)
   };
-  // Every metric, sorted by name then labels.
+  // A function Snapshot() runs first, to publish counts an object keeps itself (the tier's
+  // per-store counters: adding to the registry on its hot paths would buy nothing). It may
+  // call the Get* methods above; it must be quick and must not call Snapshot(). Returns an
+  // id for RemoveCollector.
+  uint64_t AddCollector(std::function<void()> collect);
+  // After it returns the collector is not running and never runs again.
+  void RemoveCollector(uint64_t id);
+
+  // Every metric, sorted by name then labels (the collectors run first).
   std::vector<Sample> Snapshot() const;
   // Prometheus text exposition format (version 0.0.4).
   std::string PrometheusText() const;
@@ -105,6 +114,10 @@ class MetricsRegistry {
 
   mutable absl::Mutex mu_;
   std::map<std::string, Family> families_ ABSL_GUARDED_BY(mu_);
+  // Held while collectors run (never together with mu_ by this class: they take mu_).
+  mutable absl::Mutex collectors_mu_;
+  std::map<uint64_t, std::function<void()>> collectors_ ABSL_GUARDED_BY(collectors_mu_);
+  uint64_t next_collector_ ABSL_GUARDED_BY(collectors_mu_) = 1;
 };
 
 }  // namespace wharf

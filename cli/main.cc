@@ -18,6 +18,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
 #include "base/metrics_export.h"
 #include "base/runtime.h"
 #include "cli/common.h"
@@ -84,6 +85,10 @@ int Main(int argc, char** argv) {
                  "At the end of the run (success or failure) write the run's metrics as JSON "
                  "to FILE (docs/design/metrics.md); stdout stays the verb's")
       ->type_name("FILE");
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose,
+               "Log one line per store request to stderr (operation, URI, status, bytes, "
+               "attempts, request id, time); same as WHARF_LOG=debug");
   app.fallthrough();
 
   LsArgs ls;
@@ -126,6 +131,7 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   const std::string verb = app.get_subcommands().front()->get_name();
+  if (verbose) SetLogLevel(LogLevel::kDebug);
   if (absl::Status s = SetStoreFlags(store_flags); !s.ok()) {
     PrintError(s.message());
     return kExitUsage;

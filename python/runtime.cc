@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/log.h"
 #include "python/binding.h"
 
 namespace wharf::python {
@@ -132,6 +133,10 @@ void RegisterRuntime(py::module_& m) {
         });
       },
       py::arg("memory_budget") = py::none(), py::arg("inflight") = py::none());
+  m.def(
+      "_set_log_level", [](const std::string& level) { SetLogLevel(Check(ParseLogLevel(level))); },
+      py::arg("level"), "Sets the log level: debug, info, warning, error or off (WHARF_LOG)");
+  m.def("_log_level", [] { return std::string(LogLevelName(GetLogLevel())); });
   m.def("_runtime_options", [] {
     std::shared_ptr<Runtime> rt = Runtime::Default();
     const RuntimeOptions o = rt->options();

@@ -3,7 +3,10 @@
 #include <array>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "base/log.h"
 
 namespace wharf {
 namespace internal {
@@ -74,24 +77,48 @@ struct StoreMeters {
                                  {{"scheme", scheme}});
   }
 
-  // One request from Begin to End.
-  absl::Time Begin(Op op) {
+  // One request from Begin to End. `uri` is kept only when debug logging is on.
+  struct Call {
+    Op op;
+    absl::Time start;
+    std::string uri;
+  };
+  Call Begin(Op op, const ObjectStore& store, absl::string_view key) {
     in_flight[op]->Add(1);
-    return absl::Now();
+    Call c{op, absl::Now(), ""};
+    if (LogEnabled(LogLevel::kDebug)) c.uri = store.Uri(key);
+    return c;
   }
-  void End(Op op, absl::Time start, const absl::Status& status) {
-    in_flight[op]->Add(-1);
-    requests[op][ClassOf(status)]->Add();
-    seconds[op]->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  void End(const Call& c, const absl::Status& status, absl::string_view detail = "") {
+    const absl::Duration took = absl::Now() - c.start;
+    in_flight[c.op]->Add(-1);
+    requests[c.op][ClassOf(status)]->Add();
+    seconds[c.op]->Observe(absl::ToDoubleSeconds(took));
+    if (c.uri.empty()) return;
+    // One line per request; the status message already names the object and the cause
+    // (and an S3 request id), never a secret.
+    LogLine(LogLevel::kDebug,
+            absl::StrCat(kOpNames[c.op], " ", c.uri, ": ",
+                         status.ok() ? "ok"
+                                     : absl::StrCat(kClassNames[ClassOf(status)], " (",
+                                                    status.message(), ")"),
+                         detail.empty() ? "" : ", ", detail, ", ",
+                         absl::StrFormat("%.1f ms", absl::ToDoubleMilliseconds(took))));
   }
-  void EndGet(absl::Time start, const absl::StatusOr<GetResult>& r) {
-    End(kGet, start, r.status());
-    if (!r.ok()) return;
+  void EndGet(const Call& c, const absl::StatusOr<GetResult>& r) {
+    if (!r.ok()) return End(c, r.status());
     bytes_read->Add(r->bytes);
     if (r->attempts > 1) retries->Add(static_cast<uint64_t>(r->attempts - 1));
     if (r->time_to_first_byte > absl::ZeroDuration()) {
       ttfb->Observe(absl::ToDoubleSeconds(r->time_to_first_byte));
     }
+    if (c.uri.empty()) return End(c, r.status());
+    End(c, r.status(),
+        absl::StrCat(
+            r->not_modified ? "not modified" : absl::StrCat(r->bytes, " bytes"), ", attempts ",
+            r->attempts, r->request_id.empty() ? "" : absl::StrCat(", request id ", r->request_id),
+            ", first byte ",
+            absl::StrFormat("%.1f ms", absl::ToDoubleMilliseconds(r->time_to_first_byte))));
   }
 };
 
@@ -101,30 +128,32 @@ using internal::StoreMeters;
 
 namespace {
 
+using Call = StoreMeters::Call;
+
 template <typename T>
-Callback<T> Metered(std::shared_ptr<StoreMeters> m, internal::Op op, Callback<T> done) {
-  const absl::Time start = m->Begin(op);
-  return [m = std::move(m), op, start, done = std::move(done)](absl::StatusOr<T> r) mutable {
-    m->End(op, start, r.status());
+Callback<T> Metered(std::shared_ptr<StoreMeters> m, Call call, Callback<T> done) {
+  return [m = std::move(m), call = std::move(call),
+          done = std::move(done)](absl::StatusOr<T> r) mutable {
+    m->End(call, r.status());
     std::move(done)(std::move(r));
   };
 }
 
-StatusCallback MeteredStatus(std::shared_ptr<StoreMeters> m, internal::Op op, StatusCallback done) {
-  const absl::Time start = m->Begin(op);
-  return [m = std::move(m), op, start, done = std::move(done)](absl::Status s) mutable {
-    m->End(op, start, s);
-    std::move(done)(std::move(s));
-  };
+StatusCallback MeteredStatus(std::shared_ptr<StoreMeters> m, Call call, StatusCallback done) {
+  return
+      [m = std::move(m), call = std::move(call), done = std::move(done)](absl::Status s) mutable {
+        m->End(call, s);
+        std::move(done)(std::move(s));
+      };
 }
 
 // A writer's bytes count once it commits; its Close is one "write" request.
 class MeteredWriter : public ObjectWriter {
  public:
-  MeteredWriter(std::unique_ptr<ObjectWriter> inner, std::shared_ptr<StoreMeters> m)
-      : inner_(std::move(inner)), m_(std::move(m)), start_(m_->Begin(internal::kWrite)) {}
+  MeteredWriter(std::unique_ptr<ObjectWriter> inner, std::shared_ptr<StoreMeters> m, Call call)
+      : inner_(std::move(inner)), m_(std::move(m)), call_(std::move(call)) {}
   ~MeteredWriter() override {
-    if (!ended_) m_->End(internal::kWrite, start_, absl::CancelledError("writer dropped"));
+    if (!ended_) m_->End(call_, absl::CancelledError("writer dropped"));
   }
   absl::Status Write(absl::Cord data) override {
     const size_t n = data.size();
@@ -136,8 +165,8 @@ class MeteredWriter : public ObjectWriter {
     absl::StatusOr<ObjectMeta> meta = inner_->Close();
     if (!ended_) {
       ended_ = true;
-      m_->End(internal::kWrite, start_, meta.status());
       if (meta.ok()) m_->bytes_written->Add(bytes_);
+      m_->End(call_, meta.status(), absl::StrCat(bytes_, " bytes"));
     }
     return meta;
   }
@@ -145,14 +174,14 @@ class MeteredWriter : public ObjectWriter {
     inner_->Abort();
     if (!ended_) {
       ended_ = true;
-      m_->End(internal::kWrite, start_, absl::CancelledError("aborted"));
+      m_->End(call_, absl::CancelledError("aborted"));
     }
   }
 
  private:
   std::unique_ptr<ObjectWriter> inner_;
   std::shared_ptr<StoreMeters> m_;
-  const absl::Time start_;
+  const Call call_;
   uint64_t bytes_ = 0;
   bool ended_ = false;
 };
@@ -168,76 +197,84 @@ MeteredStore::~MeteredStore() = default;
 
 void MeteredStore::ListAsync(ListOptions options, std::string continuation,
                              Callback<ListPage> done) {
+  Call call = meters_->Begin(internal::kList, *this, options.prefix);
   inner().ListAsync(std::move(options), std::move(continuation),
-                    Metered(meters_, internal::kList, std::move(done)));
+                    Metered(meters_, std::move(call), std::move(done)));
 }
 
 void MeteredStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
-  inner().HeadAsync(std::move(key), Metered(meters_, internal::kHead, std::move(done)));
+  Call call = meters_->Begin(internal::kHead, *this, key);
+  inner().HeadAsync(std::move(key), Metered(meters_, std::move(call), std::move(done)));
 }
 
 void MeteredStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   std::shared_ptr<StoreMeters> m = meters_;
-  const absl::Time start = m->Begin(internal::kGet);
-  inner().GetAsync(std::move(request), [m = std::move(m), start, done = std::move(done)](
-                                           absl::StatusOr<GetResult> r) mutable {
-    m->EndGet(start, r);
-    std::move(done)(std::move(r));
-  });
+  Call call = m->Begin(internal::kGet, *this, request.key);
+  inner().GetAsync(std::move(request),
+                   [m = std::move(m), call = std::move(call),
+                    done = std::move(done)](absl::StatusOr<GetResult> r) mutable {
+                     m->EndGet(call, r);
+                     std::move(done)(std::move(r));
+                   });
 }
 
 void MeteredStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                             Callback<ObjectMeta> done) {
   const uint64_t n = data.size();
   std::shared_ptr<StoreMeters> m = meters_;
-  inner().PutAsync(
-      std::move(key), std::move(data), options,
-      Metered<ObjectMeta>(m, internal::kPut,
-                          [m, n, done = std::move(done)](absl::StatusOr<ObjectMeta> r) mutable {
-                            if (r.ok()) m->bytes_written->Add(n);
-                            std::move(done)(std::move(r));
-                          }));
+  Call call = m->Begin(internal::kPut, *this, key);
+  inner().PutAsync(std::move(key), std::move(data), options,
+                   [m = std::move(m), call = std::move(call), n,
+                    done = std::move(done)](absl::StatusOr<ObjectMeta> r) mutable {
+                     if (r.ok()) m->bytes_written->Add(n);
+                     m->End(call, r.status(), absl::StrCat(n, " bytes"));
+                     std::move(done)(std::move(r));
+                   });
 }
 
 void MeteredStore::DeleteAsync(std::string key, StatusCallback done) {
-  inner().DeleteAsync(std::move(key), MeteredStatus(meters_, internal::kDelete, std::move(done)));
+  Call call = meters_->Begin(internal::kDelete, *this, key);
+  inner().DeleteAsync(std::move(key), MeteredStatus(meters_, std::move(call), std::move(done)));
 }
 
 void MeteredStore::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) {
+  Call call = meters_->Begin(internal::kDeleteMany, *this, keys.empty() ? "" : keys.front());
   inner().DeleteManyAsync(std::move(keys),
-                          MeteredStatus(meters_, internal::kDeleteMany, std::move(done)));
+                          MeteredStatus(meters_, std::move(call), std::move(done)));
 }
 
 void MeteredStore::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
+  Call call = meters_->Begin(internal::kCopy, *this, dst_key);
   inner().CopyAsync(std::move(src_key), std::move(dst_key),
-                    Metered(meters_, internal::kCopy, std::move(done)));
+                    Metered(meters_, std::move(call), std::move(done)));
 }
 
 void MeteredStore::ComposeAsync(std::vector<std::string> sources, std::string dst_key,
                                 Callback<ObjectMeta> done) {
+  Call call = meters_->Begin(internal::kCompose, *this, dst_key);
   inner().ComposeAsync(std::move(sources), std::move(dst_key),
-                       Metered(meters_, internal::kCompose, std::move(done)));
+                       Metered(meters_, std::move(call), std::move(done)));
 }
 
 absl::StatusOr<ListPage> MeteredStore::List(const ListOptions& options,
                                             const std::string& continuation) {
-  const absl::Time start = meters_->Begin(internal::kList);
+  const Call call = meters_->Begin(internal::kList, *this, options.prefix);
   absl::StatusOr<ListPage> r = inner().List(options, continuation);
-  meters_->End(internal::kList, start, r.status());
+  meters_->End(call, r.status());
   return r;
 }
 
 absl::StatusOr<ObjectMeta> MeteredStore::Head(const std::string& key) {
-  const absl::Time start = meters_->Begin(internal::kHead);
+  const Call call = meters_->Begin(internal::kHead, *this, key);
   absl::StatusOr<ObjectMeta> r = inner().Head(key);
-  meters_->End(internal::kHead, start, r.status());
+  meters_->End(call, r.status());
   return r;
 }
 
 absl::StatusOr<GetResult> MeteredStore::Get(const GetRequest& request) {
-  const absl::Time start = meters_->Begin(internal::kGet);
+  const Call call = meters_->Begin(internal::kGet, *this, request.key);
   absl::StatusOr<GetResult> r = inner().Get(request);
-  meters_->EndGet(start, r);
+  meters_->EndGet(call, r);
   return r;
 }
 
@@ -248,40 +285,45 @@ absl::StatusOr<ObjectMeta> MeteredStore::Put(const std::string& key, absl::Cord 
 absl::StatusOr<ObjectMeta> MeteredStore::Put(const std::string& key, absl::Cord data,
                                              const PutOptions& options) {
   const uint64_t n = data.size();
-  const absl::Time start = meters_->Begin(internal::kPut);
+  const Call call = meters_->Begin(internal::kPut, *this, key);
   absl::StatusOr<ObjectMeta> r = inner().Put(key, std::move(data), options);
-  meters_->End(internal::kPut, start, r.status());
   if (r.ok()) meters_->bytes_written->Add(n);
+  meters_->End(call, r.status(), absl::StrCat(n, " bytes"));
   return r;
 }
 
 absl::Status MeteredStore::Delete(const std::string& key) {
-  const absl::Time start = meters_->Begin(internal::kDelete);
+  const Call call = meters_->Begin(internal::kDelete, *this, key);
   absl::Status s = inner().Delete(key);
-  meters_->End(internal::kDelete, start, s);
+  meters_->End(call, s);
   return s;
 }
 
 absl::Status MeteredStore::DeleteMany(std::vector<std::string> keys) {
-  const absl::Time start = meters_->Begin(internal::kDeleteMany);
+  const Call call = meters_->Begin(internal::kDeleteMany, *this, keys.empty() ? "" : keys.front());
+  const size_t n = keys.size();
   absl::Status s = inner().DeleteMany(std::move(keys));
-  meters_->End(internal::kDeleteMany, start, s);
+  meters_->End(call, s, absl::StrCat(n, " keys"));
   return s;
 }
 
 absl::StatusOr<ObjectMeta> MeteredStore::Copy(const std::string& src_key,
                                               const std::string& dst_key) {
-  const absl::Time start = meters_->Begin(internal::kCopy);
+  const Call call = meters_->Begin(internal::kCopy, *this, dst_key);
   absl::StatusOr<ObjectMeta> r = inner().Copy(src_key, dst_key);
-  meters_->End(internal::kCopy, start, r.status());
+  meters_->End(call, r.status());
   return r;
 }
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> MeteredStore::NewWriter(std::string key,
                                                                       const PutOptions& options) {
+  Call call = meters_->Begin(internal::kWrite, *this, key);
   absl::StatusOr<std::unique_ptr<ObjectWriter>> w = inner().NewWriter(std::move(key), options);
-  if (!w.ok()) return w;
-  return std::unique_ptr<ObjectWriter>(new MeteredWriter(*std::move(w), meters_));
+  if (!w.ok()) {
+    meters_->End(call, w.status());
+    return w;
+  }
+  return std::unique_ptr<ObjectWriter>(new MeteredWriter(*std::move(w), meters_, std::move(call)));
 }
 
 }  // namespace wharf

@@ -203,6 +203,9 @@ struct GetResult {
   // stores without a network hop.
   absl::Duration time_to_first_byte = absl::ZeroDuration();
   int attempts = 1;  // 1 + retries
+  // The server's id of the (last) request, where it sends one (S3's x-amz-request-id): for
+  // debug logs and support tickets.
+  std::string request_id;
 };
 
 // Writes one large object. Bytes become visible only at Close(), atomically; a writer that

@@ -260,6 +260,23 @@ absl::StatusOr<std::shared_ptr<TierStore>> TierStore::Open(std::shared_ptr<Objec
       new TierStore(std::move(inner), std::move(tier), std::move(runtime), std::move(imports)));
 }
 
+struct TierStore::Meters {
+  explicit Meters(MetricsRegistry& m)
+      : hits(m.GetCounter("wharf_tier_hits_total", "Reads the tier served from its copy")),
+        misses(m.GetCounter("wharf_tier_misses_total", "Reads that found no fresh copy")),
+        fills(m.GetCounter("wharf_tier_fills_total", "Objects and blocks fetched into the tier")),
+        fill_bytes(m.GetCounter("wharf_tier_fill_bytes_total", "Bytes fetched into the tier")),
+        evictions(m.GetCounter("wharf_tier_evictions_total",
+                               "Entries this process's eviction passes removed")),
+        revalidated(m.GetCounter("wharf_tier_revalidated_total",
+                                 "Stale copies the source confirmed unchanged (304)")),
+        bypassed(m.GetCounter("wharf_tier_bypassed_total",
+                              "Reads of keys that cannot be paths (not cached)")) {}
+  absl::Mutex mu;
+  Stats published ABSL_GUARDED_BY(mu);
+  Counter *hits, *misses, *fills, *fill_bytes, *evictions, *revalidated, *bypassed;
+};
+
 TierStore::TierStore(std::shared_ptr<ObjectStore> inner, std::shared_ptr<Tier> tier,
                      std::shared_ptr<Runtime> runtime, std::vector<TierImport> imports)
     : ForwardingStore(inner),
@@ -268,6 +285,22 @@ TierStore::TierStore(std::shared_ptr<ObjectStore> inner, std::shared_ptr<Tier> t
       runtime_(std::move(runtime)),
       imports_(std::move(imports)) {
   Register();
+  meters_ = std::make_unique<Meters>(runtime_->metrics());
+  collector_ = runtime_->metrics().AddCollector([this] { PublishMetrics(); });
+}
+
+void TierStore::PublishMetrics() {
+  const Stats now = stats();
+  absl::MutexLock lock(&meters_->mu);
+  Stats& was = meters_->published;
+  meters_->hits->Add(now.hits - was.hits);
+  meters_->misses->Add(now.misses - was.misses);
+  meters_->fills->Add(now.fills - was.fills);
+  meters_->fill_bytes->Add(now.fill_bytes - was.fill_bytes);
+  meters_->evictions->Add(now.evicted - was.evicted);
+  meters_->revalidated->Add(now.revalidated - was.revalidated);
+  meters_->bypassed->Add(now.bypassed - was.bypassed);
+  was = now;
 }
 
 // The live stores of the process, so their counters reach the tier at exit: a store's last
@@ -305,6 +338,8 @@ void TierStore::Register() {
 }
 
 TierStore::~TierStore() {
+  runtime_->metrics().RemoveCollector(collector_);
+  PublishMetrics();  // what happened since the last snapshot still counts
   absl::MutexLock lock(&live_mu);
   if (live != nullptr) std::erase(*live, this);
   if (!exiting) FlushStatsLocked();

@@ -225,6 +225,11 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // By import source; null once a tree was found not to serve.
   std::map<std::string, std::shared_ptr<const TreeListing>> listings_ ABSL_GUARDED_BY(listings_mu_);
   Stats flushed_;  // what FlushStatsLocked already wrote (guarded by the live-store lock)
+  // The runtime's metrics (wharf_tier_*): stats() published as counters at each snapshot.
+  void PublishMetrics();
+  struct Meters;
+  std::unique_ptr<Meters> meters_;
+  uint64_t collector_ = 0;
 };
 
 // Makes `registry` open the `cache` store option (and WHARF_CACHE) as a TierStore over the

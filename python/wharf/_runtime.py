@@ -19,12 +19,14 @@ _configured_in: Optional[int] = None
 _split_in: Optional[int] = None
 
 
-def configure(memory_budget: Union[None, int, str] = None, inflight: Optional[int] = None) -> None:
+def configure(memory_budget: Union[None, int, str] = None, inflight: Optional[int] = None,
+              log_level: Optional[str] = None) -> None:
     """Sets the process's runtime: `memory_budget`, the most bytes of data wharf holds at once
     in this process (an int, or a SIZE str with an optional K/M/G/T suffix in powers of 1024:
     "256M"); `inflight`, requests in flight per engine (unset: derived from the store's
     measured latency). Applies to new reservations; bytes already held stay held until
-    released. Unset arguments keep their value.
+    released. `log_level`: "debug" (one stderr line per store request), "info", "warning"
+    (the default), "error" or "off"; also WHARF_LOG. Unset arguments keep their value.
 
     DataLoader workers inherit the settings; unless a worker calls configure() itself (e.g.
     in worker_init_fn), wharf.torch datasets give each worker budget / num_workers."""
@@ -34,6 +36,9 @@ def configure(memory_budget: Union[None, int, str] = None, inflight: Optional[in
         budget = _wharf.parse_size(memory_budget)
         if budget <= 0:
             raise ValueError("memory_budget: must be positive")
+    if log_level is not None:
+        _wharf._set_log_level(log_level)
+        os.environ["WHARF_LOG"] = log_level
     _wharf._configure(budget, inflight)
     if budget is not None:
         os.environ["WHARF_MEMORY_BUDGET"] = str(budget)

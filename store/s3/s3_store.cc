@@ -659,6 +659,7 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     result.meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
     result.time_to_first_byte = r->time_to_first_byte;
     result.attempts = attempts;
+    result.request_id = Header(*r, "x-amz-request-id");
     if (r->status == 304) {  // If-None-Match matched: nothing delivered
       result.not_modified = true;
       if (result.meta.etag.empty()) result.meta.etag = state->request.if_none_match;

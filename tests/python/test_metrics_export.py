@@ -164,3 +164,26 @@ def test_a_malformed_address_is_reported_not_fatal(dataset):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "1000"
     assert "WHARF_METRICS_ADDR" in proc.stderr
+
+
+def test_tier_reads_are_counted_in_the_runtime_metrics(aws, bucket, s3_client, tmp_path):
+    import wharf
+    from conftest import make_tier
+    for i in range(5):
+        s3_client.put_object(Bucket=bucket, Key=f"t/{i}", Body=bytes([i]) * 2000)
+    tier = make_tier(tmp_path / "tier")
+
+    def counter(name):
+        return sum(v for k, v in wharf.metrics()["counters"].items()
+                   if k.split("{", 1)[0] == name)
+
+    before = {n: counter(n) for n in ("wharf_tier_hits_total", "wharf_tier_misses_total",
+                                      "wharf_tier_fills_total", "wharf_tier_fill_bytes_total")}
+    store = wharf.Store(f"s3://{bucket}/t/", cache=str(tier))
+    for _ in range(2):
+        for i in range(5):
+            assert bytes(store.get(str(i))) == bytes([i]) * 2000
+    got = {n: counter(n) - before[n] for n in before}
+    assert got["wharf_tier_misses_total"] == 5 and got["wharf_tier_fills_total"] == 5, got
+    assert got["wharf_tier_hits_total"] == 5, got
+    assert got["wharf_tier_fill_bytes_total"] == 10000, got
