@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/time/clock.h"
+#include "base/metrics.h"
+
 namespace wharf {
 
 MemoryBudget::MemoryBudget(uint64_t limit) : limit_(limit) {}
@@ -161,6 +164,7 @@ void MemoryBudget::ReleaseLarge(Account* account, char* p, uint64_t size) {
 
 void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
   if (attempt()) return;
+  const absl::Time start = absl::Now();
   struct Wake {
     absl::Mutex mu;
     bool released ABSL_GUARDED_BY(mu) = false;
@@ -181,6 +185,9 @@ void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
     wake->mu.AwaitWithTimeout(absl::Condition(&wake->released), absl::Seconds(1));
   }
   RemoveListener(id);
+  if (Histogram* h = wait_histogram_.load(std::memory_order_relaxed)) {
+    h->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
 }
 
 uint64_t MemoryBudget::AddListener(std::function<void()> fn) {

@@ -38,6 +38,7 @@
 
 namespace wharf {
 
+class Histogram;
 class MemoryBudget;
 
 // A charged, writable byte block. Shares ownership like a shared_ptr; the charge is returned
@@ -111,6 +112,9 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
   // thread with no budget lock held; it typically calls TryAllocate, and may also decide to
   // give up (returning true after noting why). The one way consumers wait for room.
   void WaitUntil(absl::FunctionRef<bool()> attempt);
+  // Where WaitUntil records how long it waited (when it had to): the runtime's
+  // wharf_memory_budget_wait_seconds. Null: not recorded.
+  void SetWaitHistogram(Histogram* h) { wait_histogram_.store(h, std::memory_order_relaxed); }
 
   // Listeners run after every release (see above). Returns an id for RemoveListener.
   uint64_t AddListener(std::function<void()> fn);
@@ -138,5 +142,6 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
   std::map<uint64_t, std::function<void()>> listeners_ ABSL_GUARDED_BY(listeners_mu_);
   uint64_t next_listener_ ABSL_GUARDED_BY(listeners_mu_) = 1;
   std::atomic<int> listener_count_{0};
+  std::atomic<Histogram*> wait_histogram_{nullptr};
 };
 }  // namespace wharf

@@ -84,7 +84,11 @@ absl::StatusOr<RuntimeOptions> RuntimeOptions::FromEnvironment() {
 }
 
 Runtime::Runtime(RuntimeOptions options)
-    : options_(options), budget_(std::make_shared<MemoryBudget>(options.memory_budget)) {}
+    : options_(options), budget_(std::make_shared<MemoryBudget>(options.memory_budget)) {
+  budget_->SetWaitHistogram(metrics_.GetHistogram(
+      "wharf_memory_budget_wait_seconds",
+      "Waits of readers and transfers for room in the memory budget", Histogram::LatencyBounds()));
+}
 
 Runtime::~Runtime() = default;
 

@@ -35,6 +35,9 @@ struct FetchScheduler::Common {
   Counter* errors = nullptr;
   Histogram* ttfb = nullptr;
   Gauge* in_flight = nullptr;
+  // From the first request the budget refused until one fits again: how long the engine
+  // stalled on memory (a sign the budget, not the store, bounds throughput).
+  Histogram* budget_wait = nullptr;
 };
 
 namespace {
@@ -382,7 +385,14 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       const uint64_t bytes = front.end - front.begin;
       // The ticket: the request's buffer, reserved before the request is scheduled.
       Block block = common_->budget->TryAllocate(common_->account, bytes);
-      if (!block) break;
+      if (!block) {
+        if (budget_stalled_since_ == absl::InfiniteFuture()) budget_stalled_since_ = absl::Now();
+        break;
+      }
+      if (budget_stalled_since_ != absl::InfiniteFuture()) {
+        common_->budget_wait->Observe(absl::ToDoubleSeconds(absl::Now() - budget_stalled_since_));
+        budget_stalled_since_ = absl::InfiniteFuture();
+      }
       front.block = std::move(block);
       peak_held_ = std::max(peak_held_, common_->account->held());
       const uint64_t part = bytes > options_.split_threshold ? options_.part_size : bytes;
@@ -608,6 +618,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
   // Carried by every GET of the batch: Cancel() fires it, so they stop on the wire.
   const CancelToken cancel_ = NewCancelToken();
   uint64_t peak_held_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time budget_stalled_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   FetchStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -638,6 +649,10 @@ FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions 
                                  Histogram::LatencyBounds(), labels);
   common_->in_flight =
       m.GetGauge("wharf_fetch_requests_in_flight", "GET requests outstanding", labels);
+  common_->budget_wait =
+      m.GetHistogram("wharf_fetch_budget_wait_seconds",
+                     "Stalls of a fetch engine on the memory budget (queued work, no room)",
+                     Histogram::LatencyBounds(), labels);
   if (options_.max_in_flight > 0) {
     max_in_flight_ = options_.max_in_flight;
   } else if (rt.inflight() > 0) {

@@ -15,11 +15,14 @@ latest / step / best / time (docs/design/checkpoint.md).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import os
 import random
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,6 +40,29 @@ from wharf.torch.checkpoint import StorageReader, StorageWriter
 __all__ = ["CheckpointManager", "SaveHandle"]
 
 _OWN = "_wharf"  # the manager's entry in a saved state: step and RNG states
+
+
+# The phases of saves, exports and restores in the runtime's metrics
+# (wharf_checkpoint_phase_seconds{phase=...}, docs/design/metrics.md). Handles are looked up
+# once per process (a forked child has a runtime of its own).
+_PHASE_BOUNDS = [0.001 * 2 ** i for i in range(21)]  # 1 ms .. ~17 min
+_phase_handles: dict = {}
+
+
+@contextlib.contextmanager
+def _phase(name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        key = (os.getpid(), name)
+        h = _phase_handles.get(key)
+        if h is None:
+            h = _phase_handles[key] = _wharf._histogram(
+                "wharf_checkpoint_phase_seconds",
+                "Time of each phase of checkpoint saves, exports and restores",
+                _PHASE_BOUNDS, [("phase", name)])
+        h.observe(time.perf_counter() - start)
 
 
 def _rng_state() -> dict:
@@ -315,7 +341,8 @@ class CheckpointManager:
             own["rng"] = {f"rank{self.rank}": _rng_state()}
         to_save[_OWN] = own
         if self.async_save:
-            staged = self._stager.stage(to_save)  # the only part the loop waits for
+            with _phase("stage"):
+                staged = self._stager.stage(to_save)  # the only part the loop waits for
             try:
                 future = self._saver.submit(self._save_now, step, staged, metrics,
                                             self._stager.release)
@@ -342,7 +369,8 @@ class CheckpointManager:
         try:
             writer = _Writer(uri, clear, files_per_rank=self.files_per_rank,
                              **self._store_options)
-            _dcp(dcp.save, state, storage_writer=writer, process_group=self._pg)
+            with _phase("write"):
+                _dcp(dcp.save, state, storage_writer=writer, process_group=self._pg)
         finally:
             if written is not None:
                 written()  # the staged copy is free for the next save
@@ -350,8 +378,9 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 user = {"wharf": {"manager": 1, "rng": self.record_rng}}
-                manifest = self.root.commit(step, metrics, self.world_size, "dcp",
-                                            json.dumps(user), writer.files)
+                with _phase("commit"):
+                    manifest = self.root.commit(step, metrics, self.world_size, "dcp",
+                                                json.dumps(user), writer.files)
             except BaseException as e:  # every rank learns that the commit failed
                 error, failure = f"{type(e).__name__}: {e}", e
         if self.distributed and self.world_size > 1:
@@ -389,7 +418,8 @@ class CheckpointManager:
 
     def _export(self, step: int) -> dict:
         try:
-            summary = _wharf.copy_checkpoint(self.root, self.export_root, step)
+            with _phase("export"):
+                summary = _wharf.copy_checkpoint(self.root, self.export_root, step)
         finally:
             with self._lock:
                 self._queued.discard(step)
@@ -480,7 +510,8 @@ class CheckpointManager:
         step = chosen["step"]
         if not in_root and self.export_root is not None:
             if self.rank == 0:
-                _wharf.copy_checkpoint(self.export_root, self.root, step)
+                with _phase("restore_copy"):
+                    _wharf.copy_checkpoint(self.export_root, self.root, step)
             if self._pg is not None:
                 dist.barrier(group=self._pg)
         manifest = {k: v for k, v in chosen.items() if k != "where"}
@@ -492,8 +523,9 @@ class CheckpointManager:
         own_saved = bool(user.get("wharf", {}).get("manager"))
         if state is None:
             from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-            loaded = _dcp(_load_state_dict_from_keys, storage_reader=reader,
-                          process_group=self._pg)
+            with _phase("load"):
+                loaded = _dcp(_load_state_dict_from_keys, storage_reader=reader,
+                              process_group=self._pg)
             own = loaded.pop(_OWN, {}) if own_saved else {}
             _restore_int_keys(loaded, (own or {}).get("int_keys") or [])
             self._restore_rng(own, restore_rng)
@@ -504,8 +536,9 @@ class CheckpointManager:
         to_load = dict(state)
         if own_saved and restore_rng and self.record_rng:
             to_load[_OWN] = {"step": 0, "rng": {f"rank{self.rank}": _rng_state()}}
-        _dcp(dcp.load, to_load, storage_reader=reader, planner=_LoadPlanner(),
-             process_group=self._pg)
+        with _phase("load"):
+            _dcp(dcp.load, to_load, storage_reader=reader, planner=_LoadPlanner(),
+                 process_group=self._pg)
         from torch.distributed.checkpoint.stateful import Stateful
         for k in state:
             if not isinstance(state[k], Stateful):
