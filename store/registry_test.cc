@@ -51,5 +51,15 @@ TEST(RegistryTest, BucketListersByScheme) {
   EXPECT_THAT(std::string(unknown.status().message()), testing::HasSubstr("s3://"));
 }
 
+TEST(StoreRegistry, AMisspeltSchemeIsNamedNotTakenForABadBucket) {
+  // "x" is no valid S3 bucket name, but the scheme is what is wrong.
+  auto opened = OpenUri("notascheme://x");
+  ASSERT_FALSE(opened.ok());
+  EXPECT_THAT(std::string(opened.status().message()),
+              testing::HasSubstr("unsupported URI scheme 'notascheme://'"));
+  EXPECT_THAT(std::string(OpenUri("s3://X").status().message()),
+              testing::HasSubstr("not a valid bucket name"));
+}
+
 }  // namespace
 }  // namespace wharf

@@ -20,7 +20,10 @@ absl::Status ValidateBucket(absl::string_view scheme, absl::string_view bucket,
     return absl::InvalidArgumentError(absl::StrCat("invalid URI '", uri, "': missing bucket name"));
   }
   // S3 and GCS share the core rules: 3-63 characters of lowercase letters, digits, '.', '-',
-  // beginning and ending with a letter or digit. GCS also allows '_'.
+  // beginning and ending with a letter or digit. GCS also allows '_'. Other schemes are not
+  // ours to judge here: the registry refuses an unknown one by name (a misspelt scheme must
+  // not read as a bad bucket), and a registered backend checks its own names.
+  if (scheme != "s3" && scheme != "gs") return absl::OkStatus();
   const bool allow_underscore = scheme == "gs";
   bool ok = bucket.size() >= 3 && bucket.size() <= 63 && absl::ascii_isalnum(bucket.front()) &&
             absl::ascii_isalnum(bucket.back());
