@@ -430,6 +430,7 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
   credentials_options.env = env;
   credentials_options.region = config.region;
   credentials_options.ca_bundle = config.ca_bundle;
+  credentials_options.explicit_profile = NonEmpty(overrides.profile).has_value();
   WHARF_ASSIGN_OR_RETURN(config.credentials_provider,
                          ResolveAwsCredentialsChain(config.profile, credentials_file, config_file,
                                                     credentials_options));

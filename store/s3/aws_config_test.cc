@@ -300,6 +300,25 @@ TEST_F(AwsConfigTest, ProfileSelectionAndFileSectionNames) {
   }
 }
 
+TEST_F(AwsConfigTest, AnExplicitProfileBeatsTheEnvironmentsKeysButAwsProfileDoesNot) {
+  SetEnvCredentials();
+  WriteCredentials(absl::StrCat("[dev]\naws_access_key_id = AKIADEV\n",
+                                "aws_secret_access_key = ", kFileSecret, "\n"));
+  env_["AWS_PROFILE"] = "dev";
+  {
+    // As boto3: AWS_PROFILE picks settings, the environment's keys still win.
+    absl::StatusOr<S3ClientConfig> config = Resolve();
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_NE(config->credentials.access_key_id, "AKIADEV");
+  }
+  S3ClientOverrides overrides;
+  overrides.profile = "dev";  // Session(profile_name="dev"): the profile's keys
+  absl::StatusOr<S3ClientConfig> config = Resolve(overrides);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->credentials.access_key_id, "AKIADEV");
+  EXPECT_EQ(config->credentials_source, absl::StrCat("profile 'dev' in ", credentials_path()));
+}
+
 TEST_F(AwsConfigTest, ProfileDefaultSectionWinsOverDefault) {
   SetEnvCredentials();
   WriteConfig("[default]\nregion = us-west-1\n[profile default]\nregion = us-west-2\n");

@@ -467,8 +467,8 @@ class ChainResolver {
         options_(std::move(options)) {}
 
   absl::StatusOr<std::shared_ptr<CredentialsProvider>> Resolve(absl::string_view profile) {
-    // 1. Environment.
-    {
+    // 1. Environment (unless a profile was named explicitly).
+    if (!options_.explicit_profile) {
       CredentialCandidate c;
       c.id = Env("AWS_ACCESS_KEY_ID");
       c.secret = Env("AWS_SECRET_ACCESS_KEY");

@@ -51,6 +51,10 @@ struct AwsCredentialsOptions {
   std::shared_ptr<HttpTransport> transport;
   // PEM bundle for STS over https; empty for the system default.
   std::string ca_bundle;
+  // The profile was named explicitly (the `profile=` option, not AWS_PROFILE): the
+  // environment's AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are skipped, as boto3 does for
+  // Session(profile_name=...), so naming a profile selects its credentials.
+  bool explicit_profile = false;
   // The STS region: its regional endpoint and the SigV4 scope of AssumeRole.
   std::string region = "us-east-1";
   // Instance metadata: limit per request and attempts per request (AWS_METADATA_SERVICE_TIMEOUT
