@@ -207,3 +207,14 @@ def test_a_file_replaced_during_a_load_fails_instead_of_mixing_versions(aws, buc
     put(s3_client, bucket, "m/model.safetensors", save({"w": torch.randn(1 << 20)}))
     with pytest.raises(wharf.WharfError, match="model.safetensors"):
         list(it)
+
+
+def test_gs_uris_load_through_the_xml_api(s3_env, bucket, s3_client, model_file, monkeypatch):
+    """gs:// (GCS's XML API settings on the same client) pointed at the real S3 server, as
+    tests/s3/test_s3_cli.py does; the GCS JSON API and its emulator are issue 16's."""
+    put(s3_client, bucket, "m/model.safetensors", model_file.read_bytes())
+    monkeypatch.setenv("WHARF_GS_ENDPOINT", s3_env["WHARF_S3_ENDPOINT"])
+    monkeypatch.setenv("WHARF_GS_ACCESS_KEY_ID", s3_env["AWS_ACCESS_KEY_ID"])
+    monkeypatch.setenv("WHARF_GS_SECRET_ACCESS_KEY", s3_env["AWS_SECRET_ACCESS_KEY"])
+    assert_same(load_safetensors(f"gs://{bucket}/m/model.safetensors"),
+                load_file(str(model_file)))
