@@ -36,18 +36,18 @@ process had once the state was built (what the operation added).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+import scenario  # noqa: E402  (bench/, beside this file)
+from scenario import median_ok as _med, rss_bytes  # noqa: E402,F401
 STORE_ORDER = ["store-put", "wharf-dcp", "wharf-torch-save", "torch-boto3", "s3torch-dcp",
                "s3torch-ckpt"]
 LABEL = {
@@ -64,11 +64,6 @@ LABEL = {
 
 
 # ----------------------------------------------------------------------------- the worker
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def make_state(total: int, seed: int = 0):
     """Deterministic float32 tensors summing to ~total bytes, nested like a training state."""
     import torch
@@ -247,13 +242,9 @@ def worker(spec: dict) -> dict:
 
 # ----------------------------------------------------------------------------- the driver
 def _run_worker(rb, spec: dict, env: dict, timeout: float) -> dict:
-    cmd = [str(rb.VENV_PY), str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        return {"client": spec["client"], "op": spec["op"], "status": "failed",
-                "error": (p.stderr or p.stdout).strip().splitlines()[-1:] or ["?"]}
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    r["status"] = "ok"
+    r = scenario.run_worker(rb.VENV_PY, Path(__file__).resolve(), spec, env, timeout, cwd=REPO)
+    if r["status"] == "failed":
+        r.update(client=spec.get("client"), op=spec.get("op"))
     return r
 
 
@@ -282,11 +273,6 @@ def _empty(s3, bucket: str, prefix: str) -> None:
             s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
     for u in s3.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", []):
         s3.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
-
-
-def _median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def _store_ref(rb, a, server, env, nbytes: int, delay: float) -> tuple[dict, dict]:
@@ -450,10 +436,6 @@ def _endpoint(rb, a, server, proxy_bin, delay: float):
         yield proxy.url
 
 
-def _med(rs, key):
-    return _median([r.get(key) for r in rs if r.get("status") == "ok"])
-
-
 def _store_table(rows: dict, delays, nbytes: int, repeat: int) -> str:
     out = [f"### CKPT (store): save and load of a {nbytes / 2**30:.2f} GiB state "
            f"(median of {repeat})", ""]
@@ -555,12 +537,4 @@ def render(results: list) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        print(json.dumps(worker(json.loads(sys.argv[2]))))
-        sys.exit(0)
-    if len(sys.argv) == 3 and sys.argv[1] == "--render":
-        data = json.loads(Path(sys.argv[2]).read_text())
-        print(render(data["results"] if isinstance(data, dict) else data))
-        sys.exit(0)
-    sys.exit("run through bench/run_bench.py --scenario CKPT "
-             "(or: bench/ckpt_bench.py --render bench-results/bench-<time>.json)")
+    scenario.main(worker, render, "CKPT", "ckpt_bench.py")

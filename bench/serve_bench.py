@@ -70,12 +70,14 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+import scenario  # noqa: E402  (bench/, beside this file)
+from scenario import median_ok as _med, rss_bytes  # noqa: E402,F401
 N_SHARDS = 4
 SPEC_VERSION = 1
 INDEX = "model.safetensors.index.json"
@@ -230,11 +232,6 @@ def generate(out_dir: Path, total: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- the workers
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _split(uri: str) -> tuple[str, str]:
     bucket, key = uri[len("s3://"):].split("/", 1)
     return bucket, key
@@ -506,17 +503,9 @@ def worker(spec: dict) -> dict:
 
 # ----------------------------------------------------------------------------- the driver
 def _run_worker(rb, spec: dict, env: dict, timeout: float) -> dict:
-    cmd = [str(rb.VENV_PY), str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                           cwd=REPO)
-    except subprocess.TimeoutExpired:
-        return {"status": "failed", "error": [f"timed out after {timeout:.0f} s"]}
-    if p.returncode != 0:
-        return {"status": "failed", "error": (p.stderr or p.stdout).strip().splitlines()[-1:]
-                or [f"exit {p.returncode}"]}
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    r["status"] = "ok"
+    r = scenario.run_worker(rb.VENV_PY, Path(__file__).resolve(), spec, env, timeout, cwd=REPO)
+    if r["status"] == "failed":
+        r.update(client=spec.get("client"), op=spec.get("op"))
     return r
 
 
@@ -881,11 +870,6 @@ def run_cache(rb, a, server, results: list, want) -> str:
 
 
 # ----------------------------------------------------------------------------- tables
-def _med(rs, key):
-    xs = [r.get(key) for r in rs if r.get("status") == "ok" and r.get(key) is not None]
-    return statistics.median(xs) if xs else None
-
-
 def _f(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
@@ -1131,12 +1115,4 @@ def render(results: list) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        print(json.dumps(worker(json.loads(sys.argv[2]))))
-        sys.exit(0)
-    if len(sys.argv) == 3 and sys.argv[1] == "--render":
-        data = json.loads(Path(sys.argv[2]).read_text())
-        print(render(data["results"] if isinstance(data, dict) else data))
-        sys.exit(0)
-    sys.exit("run through bench/run_bench.py --scenario SERVE "
-             "(or: bench/serve_bench.py --render bench-results/bench-<time>.json)")
+    scenario.main(worker, render, "SERVE", "serve_bench.py")
