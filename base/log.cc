@@ -3,13 +3,13 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_io.h"
 
 namespace wharf {
 namespace {
@@ -73,13 +73,7 @@ void SetLogLevel(LogLevel l) { level.store(static_cast<int>(l), std::memory_orde
 void LogLine(LogLevel l, absl::string_view message) {
   if (!LogEnabled(l)) return;
   const std::string line = absl::StrCat("wharf: ", LogLevelName(l), ": ", message, "\n");
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = write(STDERR_FILENO, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
+  (void)WriteAll(STDERR_FILENO, line);  // nowhere to report a failure to write to stderr
 }
 
 }  // namespace wharf

@@ -51,15 +51,12 @@ std::vector<double> Histogram::SizeBounds() {
   return b;
 }
 
-namespace {
-bool ValidName(const std::string& name) {
+bool MetricsRegistry::ValidName(const std::string& name) {
   if (name.rfind("wharf_", 0) != 0 || name.size() <= 6) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
   });
 }
-
-}  // namespace
 
 MetricsRegistry::Family& MetricsRegistry::FamilyLocked(const std::string& name,
                                                        const std::string& help, Kind kind) {

@@ -70,6 +70,9 @@ class MetricsRegistry {
  public:
   enum class Kind { kCounter, kGauge, kHistogram };
 
+  // Whether `name` follows the naming rule (^wharf_[a-z0-9_]+$) the Get* methods require.
+  static bool ValidName(const std::string& name);
+
   // The metric named `name` with `labels`, created on first use. `help` is kept from the
   // first call. REQUIRES: one name always has the same kind (checked: a mismatch aborts,
   // it is a programming error) and matches ^wharf_[a-z0-9_]+$.

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/file_io.h"
 #include "base/runtime.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/collectable.h"
@@ -88,14 +89,8 @@ bool WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = absl::StrCat(path, ".tmp");
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return false;
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  const bool ok = close(fd) == 0 && done == bytes.size();
+  const bool written = WriteAll(fd, bytes).ok();
+  const bool ok = close(fd) == 0 && written;
   if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
     unlink(tmp.c_str());
     return false;
@@ -457,10 +452,13 @@ void MergeMetricPoints(std::vector<MetricPoint>& into, const std::vector<MetricP
     if (p.kind == Kind::kGauge && !gauges) continue;
     auto it = std::lower_bound(into.begin(), into.end(), p, SeriesLess);
     if (it == into.end() || !SameSeries(*it, p)) {
-      // A name known with another kind is skipped (one name, one kind).
-      const bool clash = std::any_of(into.begin(), into.end(), [&](const MetricPoint& q) {
+      // A name known with another kind is skipped (one name, one kind). Sorted by name, so
+      // the series of p's name, if any, are next to where it would go.
+      const auto clashes = [&](const MetricPoint& q) {
         return q.name == p.name && q.kind != p.kind;
-      });
+      };
+      const bool clash =
+          (it != into.end() && clashes(*it)) || (it != into.begin() && clashes(*std::prev(it)));
       if (!clash) into.insert(it, p);
       continue;
     }

@@ -88,6 +88,22 @@ Runtime::Runtime(RuntimeOptions options)
   budget_->SetWaitHistogram(metrics_.GetHistogram(
       "wharf_memory_budget_wait_seconds",
       "Waits of readers and transfers for room in the memory budget", Histogram::LatencyBounds()));
+  // The budget keeps its own counts under its lock; they are copied into gauges at each
+  // snapshot rather than on every allocation.
+  Gauge* limit =
+      metrics_.GetGauge("wharf_memory_budget_limit_bytes", "The process's memory budget");
+  Gauge* held =
+      metrics_.GetGauge("wharf_memory_budget_held_bytes", "Bytes of data held now (all consumers)");
+  Gauge* peak =
+      metrics_.GetGauge("wharf_memory_budget_peak_bytes", "Most bytes of data held at once");
+  Gauge* pooled = metrics_.GetGauge("wharf_memory_budget_pooled_bytes",
+                                    "Released large blocks kept mapped for reuse");
+  metrics_.AddCollector([b = budget_.get(), limit, held, peak, pooled] {
+    limit->Set(static_cast<int64_t>(b->limit()));
+    held->Set(static_cast<int64_t>(b->held()));
+    peak->Set(static_cast<int64_t>(b->peak()));
+    pooled->Set(static_cast<int64_t>(b->pooled()));
+  });
 }
 
 Runtime::~Runtime() = default;
@@ -131,19 +147,7 @@ std::shared_ptr<Runtime> Runtime::Default() {
   return *runtime;
 }
 
-std::vector<MetricPoint> Runtime::MetricPoints() {
-  MemoryBudget& b = budget();
-  metrics_.GetGauge("wharf_memory_budget_limit_bytes", "The process's memory budget")
-      ->Set(static_cast<int64_t>(b.limit()));
-  metrics_.GetGauge("wharf_memory_budget_held_bytes", "Bytes of data held now (all consumers)")
-      ->Set(static_cast<int64_t>(b.held()));
-  metrics_.GetGauge("wharf_memory_budget_peak_bytes", "Most bytes of data held at once")
-      ->Set(static_cast<int64_t>(b.peak()));
-  metrics_
-      .GetGauge("wharf_memory_budget_pooled_bytes", "Released large blocks kept mapped for reuse")
-      ->Set(static_cast<int64_t>(b.pooled()));
-  return wharf::MetricPoints(metrics_);
-}
+std::vector<MetricPoint> Runtime::MetricPoints() { return wharf::MetricPoints(metrics_); }
 
 absl::Status Runtime::StartMetricsExport(const MetricsExportOptions& options) {
   {

@@ -76,8 +76,7 @@ class Runtime {
   ThreadPool& blocking_pool();
   Timer& timer();
   MetricsRegistry& metrics() { return metrics_; }
-  // Every metric now, the memory budget's gauges refreshed first (they are copied from the
-  // budget's own counters at each snapshot, not on every allocation).
+  // Every metric now (the memory budget's gauges are refreshed by a collector at each snapshot).
   std::vector<MetricPoint> MetricPoints();
   // Serves (or reports) this runtime's metrics at `address` (base/metrics_export.h).
   // Runtime::Default() calls it when WHARF_METRICS_ADDR is set. Once per runtime.

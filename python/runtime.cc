@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "python/binding.h"
@@ -51,11 +50,7 @@ namespace {
 
 // A name the registry would abort on is a ValueError here (Python passes any string).
 void CheckMetricName(const std::string& name) {
-  bool ok = absl::StartsWith(name, "wharf_") && name.size() > 6;
-  for (char c : name) {
-    ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
-  }
-  if (!ok) {
+  if (!MetricsRegistry::ValidName(name)) {
     Raise(absl::InvalidArgumentError(
         absl::StrCat("metric name ", name, ": expected ^wharf_[a-z0-9_]+$")));
   }
@@ -136,7 +131,6 @@ void RegisterRuntime(py::module_& m) {
   m.def(
       "_set_log_level", [](const std::string& level) { SetLogLevel(Check(ParseLogLevel(level))); },
       py::arg("level"), "Sets the log level: debug, info, warning, error or off (WHARF_LOG)");
-  m.def("_log_level", [] { return std::string(LogLevelName(GetLogLevel())); });
   m.def("_runtime_options", [] {
     std::shared_ptr<Runtime> rt = Runtime::Default();
     const RuntimeOptions o = rt->options();
@@ -210,13 +204,14 @@ void RegisterRuntime(py::module_& m) {
       },
       "A reporting process writes its metrics for the serving one now (at exit)");
   m.def(
-      "_metrics_prometheus_text",
+      "metrics_text",
       [] {
         MetricsExporter* e = Runtime::Default()->metrics_exporter();
         return MetricPointsToPrometheusText(e != nullptr ? e->Collect()
                                                          : Runtime::Default()->MetricPoints());
       },
-      "What /metrics answers now (this process's metrics, and its reporters' when serving)");
+      "The runtime's metrics in the Prometheus text format: what /metrics answers now "
+      "(WHARF_METRICS_ADDR; with its reporters' added in when this process serves them)");
   m.def("metrics", &Metrics,
         "The runtime's metrics: {'counters': {...}, 'gauges': {...}, 'histograms': {...}}, "
         "each keyed by series: 'name' or 'name{label=\"value\",...}' (docs/design/metrics.md). "

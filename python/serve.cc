@@ -85,7 +85,7 @@ class PySafetensorsLoad {
     for (uintptr_t a : addresses) dsts_.push_back(reinterpret_cast<char*>(a));
     cancel_ = NewCancelToken();
     thread_ = std::make_unique<std::thread>([this] {
-      absl::StatusOr<ReadRangesStats> stats = model_->Read(
+      absl::StatusOr<ReadRangesStats> read = model_->Read(
           dsts_,
           [this](size_t i) {
             absl::MutexLock lock(&mu_);
@@ -93,11 +93,7 @@ class PySafetensorsLoad {
           },
           cancel_);
       absl::MutexLock lock(&mu_);
-      if (stats.ok()) {
-        stats_ = *stats;
-      } else {
-        status_ = stats.status();
-      }
+      status_ = read.status();
       finished_ = true;
     });
   }
@@ -132,20 +128,6 @@ class PySafetensorsLoad {
     Stop();
   }
 
-  py::dict Stats() const {
-    absl::MutexLock lock(&mu_);
-    py::dict d;
-    d["tensors"] = model_->tensors().size();
-    d["files"] = model_->files().size();
-    d["bytes"] = model_->total_bytes();
-    d["requests"] = stats_.requests;
-    d["bytes_fetched"] = stats_.bytes_fetched;
-    d["finished"] = finished_;
-    return d;
-  }
-
-  uint64_t TotalBytes() const { return model_->total_bytes(); }
-
  private:
   // Cancels what is in flight (nothing when finished) and waits for the thread.
   void Stop() {
@@ -159,11 +141,10 @@ class PySafetensorsLoad {
   std::vector<char*> dsts_;
   CancelToken cancel_;
   std::unique_ptr<std::thread> thread_;
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   std::deque<size_t> ready_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  ReadRangesStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -174,11 +155,9 @@ void RegisterServe(py::module_& m) {
            py::arg("uris"), py::arg("max_in_flight") = 0, py::arg("max_request_bytes") = 0)
       .def_property_readonly("tensors", &PySafetensorsLoad::Tensors)
       .def_property_readonly("files", &PySafetensorsLoad::Files)
-      .def_property_readonly("total_bytes", &PySafetensorsLoad::TotalBytes)
       .def("start", &PySafetensorsLoad::Start, py::arg("addresses"))
       .def("next", &PySafetensorsLoad::Next)
-      .def("close", &PySafetensorsLoad::Close)
-      .def("stats", &PySafetensorsLoad::Stats);
+      .def("close", &PySafetensorsLoad::Close);
 }
 
 }  // namespace wharf::python

@@ -167,36 +167,6 @@ def load_predictor(model_uri, cache="memory", *, ttl=None, max_bytes=None, model
 
 
 # ------------------------------------------------------------------------------------- HTTP
-def prometheus_text(metrics=None):
-    """wharf.metrics() in the Prometheus text exposition format (0.0.4)."""
-    metrics = wharf.metrics() if metrics is None else metrics
-    lines, typed = [], set()
-
-    def split(series):
-        name, _, labels = series.partition("{")
-        return name, labels[:-1] if labels else ""
-
-    def typeline(name, kind):
-        if name not in typed:
-            typed.add(name)
-            lines.append(f"# TYPE {name} {kind}")
-
-    for kind, key in (("counter", "counters"), ("gauge", "gauges")):
-        for series, value in sorted(metrics.get(key, {}).items()):
-            name, labels = split(series)
-            typeline(name, kind)
-            lines.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
-    for series, h in sorted(metrics.get("histograms", {}).items()):
-        name, labels = split(series)
-        typeline(name, "histogram")
-        sep = "," if labels else ""
-        for bound, count in h["buckets"]:
-            lines.append(f'{name}_bucket{{{labels}{sep}le="{bound:g}"}} {count}')
-        lines.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {h["count"]}')
-        suffix = f"{{{labels}}}" if labels else ""
-        lines.append(f"{name}_sum{suffix} {h['sum']}")
-        lines.append(f"{name}_count{suffix} {h['count']}")
-    return "\n".join(lines) + "\n"
 
 
 def make_handler(predictor, verbose=False):
@@ -222,7 +192,7 @@ def make_handler(predictor, verbose=False):
                                             "model_version": predictor.model_version,
                                             "cache": predictor.cache.backend}).encode())
             elif self.path == "/metrics":
-                self._send(200, prometheus_text().encode(), "text/plain; version=0.0.4")
+                self._send(200, wharf.metrics_text().encode(), "text/plain; version=0.0.4")
             else:
                 self._error(404, f"no such path {self.path}")
 

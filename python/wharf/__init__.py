@@ -20,6 +20,7 @@ One runtime per process holds the memory budget every call above takes its buffe
 
     wharf.configure(memory_budget="256M", inflight=128)   # or WHARF_MEMORY_BUDGET / _INFLIGHT
     wharf.metrics()["gauges"]["wharf_memory_budget_peak_bytes"]
+    wharf.metrics_text()          # the same in Prometheus's text format (as /metrics serves it)
 
 PyTorch datasets live in wharf.torch (`import wharf` does not import torch). Errors raise
 wharf.WharfError (an OSError); NotFoundError is also a FileNotFoundError and
@@ -27,11 +28,12 @@ PermissionDeniedError a PermissionError; invalid arguments raise ValueError.
 """
 from wharf._wharf import (Buffer, NotFoundError, PermissionDeniedError, RecordStream,
                           SampleIndex, SampleReader, Sampler, SampleStream, Store, WharfError,
-                          consumed_after, metrics, parse_sampler_state, parse_size, split_csv)
+                          consumed_after, metrics, metrics_text, parse_sampler_state,
+                          parse_size, split_csv)
 from wharf._runtime import configure, split_budget_for_worker
 from wharf._file import ObjectFile, open
 
 __all__ = ["Buffer", "NotFoundError", "PermissionDeniedError", "RecordStream", "SampleIndex",
            "SampleReader", "Sampler", "SampleStream", "Store", "WharfError", "consumed_after",
-           "parse_sampler_state", "split_csv", "configure", "metrics", "parse_size",
+           "parse_sampler_state", "split_csv", "configure", "metrics", "metrics_text", "parse_size",
            "split_budget_for_worker", "open", "ObjectFile"]

@@ -86,16 +86,6 @@ absl::StatusOr<std::string> ChecksumOfFile(int fd, uint64_t size_hint, Checksum 
   return kind == Checksum::kMd5 ? HexLower(md5.Finish()) : Crc32cHex(crc);
 }
 
-absl::Status WriteAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, "write");
-    data.remove_prefix(n);
-  }
-  return absl::OkStatus();
-}
-
 // Creates every missing directory of `dir` (absolute). A path component that is a file means
 // an object already holds a prefix of the key: FailedPrecondition.
 absl::Status MakeDirs(const std::string& dir) {

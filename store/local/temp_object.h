@@ -30,6 +30,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/file_io.h"
 #include "base/hash.h"
 #include "store/object_store.h"
 
@@ -93,8 +94,6 @@ class TempObject {
 // Creates every missing directory of `dir` (absolute). A path component that is a file means
 // an object already holds a prefix of the key: FailedPrecondition.
 absl::Status MakeDirs(const std::string& dir);
-// write(2) until all of `data` is written (EINTR retried).
-absl::Status WriteAll(int fd, absl::string_view data);
 // The process umask, read once without changing it.
 mode_t ProcessUmask();
 // 16 random hex digits (per-thread generator seeded from the OS).

@@ -98,6 +98,20 @@ def test_promtool_accepts_the_exposition(trainer):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_metrics_text_is_what_promtool_accepts(dataset):
+    import wharf
+    store = wharf.Store(f"file://{dataset}/")
+    assert bytes(store.get("001.bin")) == bytes([1]) * 1001
+    text = wharf.metrics_text()
+    samples = parse(text)
+    assert total(samples, "wharf_store_requests_total", op="get", status="ok") >= 1
+    assert "# TYPE wharf_store_request_seconds histogram" in text
+    assert 'le="+Inf"' in text
+    proc = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"],
+                          input=text, text=True, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_a_real_prometheus_scrapes_and_answers_a_query(trainer, tmp_path):
     port, _, _ = trainer
     binary = shutil.which("prometheus")

@@ -200,20 +200,3 @@ def test_serve_in_thread(model_file):
             r.read()
             conn.close()
         assert service.predictor.cache.stats()["hits"] == 1
-
-
-def test_prometheus_text_format():
-    text = example.prometheus_text({
-        "counters": {'wharf_a_total{backend="x"}': 3, "wharf_b_total": 1},
-        "gauges": {"wharf_g_bytes": 7},
-        "histograms": {'wharf_h_seconds{backend="x"}': {"buckets": [(0.001, 1), (0.01, 2)],
-                                                         "count": 3, "sum": 0.5}}})
-    assert text.splitlines() == [
-        "# TYPE wharf_a_total counter", 'wharf_a_total{backend="x"} 3',
-        "# TYPE wharf_b_total counter", "wharf_b_total 1",
-        "# TYPE wharf_g_bytes gauge", "wharf_g_bytes 7",
-        "# TYPE wharf_h_seconds histogram",
-        'wharf_h_seconds_bucket{backend="x",le="0.001"} 1',
-        'wharf_h_seconds_bucket{backend="x",le="0.01"} 2',
-        'wharf_h_seconds_bucket{backend="x",le="+Inf"} 3',
-        'wharf_h_seconds_sum{backend="x"} 0.5', 'wharf_h_seconds_count{backend="x"} 3']
