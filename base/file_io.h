@@ -3,6 +3,8 @@
 // Thread-safety: functions of their arguments only.
 #pragma once
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -10,5 +12,9 @@ namespace wharf {
 
 // Writes all of `data` to `fd`, retrying short writes and EINTR. Errors name the errno.
 absl::Status WriteAll(int fd, absl::string_view data);
+
+// Writes `data` to `path` whole or not at all: a temp file beside it (mode 0600, named with
+// the pid), renamed over `path`. Errors name the path and the errno.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view data);
 
 }  // namespace wharf

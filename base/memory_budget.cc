@@ -7,6 +7,7 @@
 
 #include "absl/time/clock.h"
 #include "base/metrics.h"
+#include "base/profiler.h"
 
 namespace wharf {
 
@@ -165,6 +166,7 @@ void MemoryBudget::ReleaseLarge(Account* account, char* p, uint64_t size) {
 void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
   if (attempt()) return;
   const absl::Time start = absl::Now();
+  const int64_t start_ns = Profiler::Active() ? MonotonicNanos() : 0;
   struct Wake {
     absl::Mutex mu;
     bool released ABSL_GUARDED_BY(mu) = false;
@@ -185,6 +187,7 @@ void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
     wake->mu.AwaitWithTimeout(absl::Condition(&wake->released), absl::Seconds(1));
   }
   RemoveListener(id);
+  if (start_ns != 0) Profiler::Get().Record(ProfileStage::kBudget, start_ns, MonotonicNanos());
   if (Histogram* h = wait_histogram_.load(std::memory_order_relaxed)) {
     h->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   }

@@ -85,19 +85,6 @@ bool SeriesLess(const MetricPoint& a, const MetricPoint& b) {
   return std::tie(a.name, a.labels) < std::tie(b.name, b.labels);
 }
 
-bool WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  const bool written = WriteAll(fd, bytes).ok();
-  const bool ok = close(fd) == 0 && written;
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return false;
-  }
-  return true;
-}
-
 bool ReadFile(const std::string& path, std::string* out) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;

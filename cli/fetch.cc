@@ -36,6 +36,11 @@ void AddFetch(CLI::App& app, FetchArgs& args) {
   cmd->add_option("--list-workers", args.list_workers, "Parallel listing workers")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  cmd->add_flag("--profile", args.profile,
+                "Print where the time went to stderr (a table of stages and a verdict of "
+                "what bounds throughput) and write a Chrome/Perfetto trace to "
+                "WHARF_PROFILE_TRACE (default wharf-trace-<pid>.json); for every verb: "
+                "WHARF_PROFILE=1");
   cmd->add_option("URI", args.uri, "Object, or prefix with -r")->required();
 }
 

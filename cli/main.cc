@@ -18,9 +18,12 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/file_io.h"
 #include "base/log.h"
 #include "base/metrics_export.h"
+#include "base/profiler.h"
 #include "base/runtime.h"
+#include "base/status.h"
 #include "cli/common.h"
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
@@ -53,16 +56,9 @@ std::string VerbOf(const CLI::App& app) {
 // --metrics FILE: the runtime's metrics as JSON (base/metrics_export.h), written whole or
 // not at all (a temp file beside it, renamed).
 absl::Status WriteMetricsFile(const std::string& path) {
-  const std::string json =
-      MetricPointsToJson(Runtime::Default()->MetricPoints(), static_cast<int64_t>(getpid()));
-  const std::string tmp = absl::StrCat(path, ".wharf-tmp-", getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  bool ok = f != nullptr && std::fwrite(json.data(), 1, json.size(), f) == json.size();
-  if (f != nullptr) ok = (std::fclose(f) == 0) && ok;
-  if (ok && std::rename(tmp.c_str(), path.c_str()) == 0) return absl::OkStatus();
-  const int err = errno;
-  std::remove(tmp.c_str());
-  return absl::UnavailableError(absl::StrCat("--metrics ", path, ": ", std::strerror(err)));
+  return Annotate(WriteFileAtomically(path, MetricPointsToJson(Runtime::Default()->MetricPoints(),
+                                                               static_cast<int64_t>(getpid()))),
+                  "--metrics");
 }
 
 int Main(int argc, char** argv) {
@@ -139,6 +135,9 @@ int Main(int argc, char** argv) {
   const std::vector<TransferFilter> filters = FiltersInOrder(argc, argv);
   cp.filters = sync.filters = rm.filters = tier.filters = filters;
 
+  const bool profile = (verb == "fetch" && fetch.profile) || ProfileRequestedByEnvironment();
+  if (profile) (void)Profiler::Get().Start();
+
   absl::Status status;
   try {
     if (verb == "ls") {
@@ -173,6 +172,16 @@ int Main(int argc, char** argv) {
   if (!metrics_file.empty()) {
     absl::Status written = WriteMetricsFile(metrics_file);
     if (status.ok()) status = written;
+  }
+  if (profile) {
+    // On stderr, like the logs: stdout stays the verb's.
+    const ProfileReport report = Profiler::Get().Stop();
+    const std::string trace = DefaultProfileTracePath();
+    const absl::Status written = Profiler::Get().WriteTrace(trace);
+    const std::string text = absl::StrCat(
+        report.Table(), written.ok() ? absl::StrCat("trace: ", trace, "\n")
+                                     : absl::StrCat("wharf: ", written.message(), "\n"));
+    std::fwrite(text.data(), 1, text.size(), stderr);
   }
   if (StdoutBroken()) return 0;
   if (!status.ok()) {

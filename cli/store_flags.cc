@@ -21,7 +21,9 @@ void AddStoreFlags(CLI::App& app, StoreFlags& flags) {
                  "S3 (or gs://) endpoint http(s)://host[:port] (default: AWS_ENDPOINT_URL, the "
                  "profile's; WHARF_GS_ENDPOINT for gs://)");
   app.add_option("--region", flags.region, "S3 region (default: AWS_REGION, the profile's)");
-  app.add_option("--profile", flags.profile, "AWS profile (default: AWS_PROFILE)");
+  app.add_option("--aws-profile,--profile", flags.profile,
+                 "AWS profile (default: AWS_PROFILE). After `fetch`, --profile is the "
+                 "profiler's flag: name the AWS profile with --aws-profile or before the verb");
   app.add_option("--cache", flags.cache,
                  "Read s3:// and gs:// objects through the tier at TIER_DIR (filled on a miss, "
                  "served from it after; default: WHARF_CACHE)");

@@ -125,6 +125,7 @@ struct FetchArgs {
   EngineArgs engine;  // --memory-budget, --budget-mb
   int part_size_mb = 8;
   int list_workers = 16;
+  bool profile = false;  // --profile: the profiler around the fetch (cli/main.cc runs it)
 };
 void AddFetch(CLI::App& app, FetchArgs& args);
 absl::Status RunFetch(const FetchArgs& args);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/profiler.h"
 #include "base/runtime.h"
 #include "base/status.h"
 #include "formats/registry.h"
@@ -411,8 +412,32 @@ absl::StatusOr<std::optional<Record>> RecordStream::NextInOrder() {
   }
 }
 
+namespace {
+
+// Profiles one call that parses records: its time, less the time its thread spent blocked on
+// bytes (recorded by the reader as I/O wait), is parse time.
+class ParseSpan {
+ public:
+  ParseSpan()
+      : start_ns_(Profiler::Active() ? MonotonicNanos() : 0),
+        waited_ns_(start_ns_ != 0 ? Profiler::ThreadIoWaitNanos() : 0) {}
+  ~ParseSpan() {
+    if (start_ns_ == 0) return;
+    const int64_t end = MonotonicNanos();
+    const int64_t parse = (end - start_ns_) - (Profiler::ThreadIoWaitNanos() - waited_ns_);
+    Profiler::Get().Record(ProfileStage::kParse, end - std::max<int64_t>(0, parse), end);
+  }
+
+ private:
+  const int64_t start_ns_;
+  const int64_t waited_ns_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::optional<Record>> RecordStream::Next() {
   if (!pending_.ok()) return std::exchange(pending_, absl::OkStatus());
+  ParseSpan span;
   std::optional<Record> out;
   if (options_.shuffle_buffer == 0) {
     WHARF_ASSIGN_OR_RETURN(out, NextInOrder());
@@ -432,6 +457,7 @@ absl::StatusOr<std::optional<Record>> RecordStream::Next() {
 
 absl::StatusOr<std::vector<Record>> RecordStream::NextBatch(size_t n) {
   if (!pending_.ok()) return std::exchange(pending_, absl::OkStatus());
+  ParseSpan span;
   std::vector<Record> out;
   absl::Status status = FillBatch(n, &out);
   if (status.ok()) return out;

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/profiler.h"
 #include "base/status.h"
 
 namespace wharf {
@@ -245,6 +246,15 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
   }
 
   std::optional<FetchResult> Next() {
+    // The caller blocked on bytes not yet fetched: one profiler span from its first wait to
+    // the return.
+    struct IoWait {
+      int64_t start_ns = 0;
+      ~IoWait() {
+        if (start_ns != 0)
+          Profiler::Get().Record(ProfileStage::kIoWait, start_ns, MonotonicNanos());
+      }
+    } io_wait;
     while (true) {
       Deferred deferred;
       std::optional<FetchResult> result;
@@ -280,6 +290,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       // any release in the budget while a reservation is wanted. While completions are
       // coalesced the wait is short (see WakeConsumerLocked); otherwise the timeout is only a
       // safety net.
+      if (io_wait.start_ns == 0 && Profiler::Active()) io_wait.start_ns = MonotonicNanos();
       waker_->Wait(coalescing ? kCoalesceWait : absl::Seconds(1));
     }
   }
@@ -390,7 +401,13 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
         break;
       }
       if (budget_stalled_since_ != absl::InfiniteFuture()) {
-        common_->budget_wait->Observe(absl::ToDoubleSeconds(absl::Now() - budget_stalled_since_));
+        const absl::Duration stalled = absl::Now() - budget_stalled_since_;
+        common_->budget_wait->Observe(absl::ToDoubleSeconds(stalled));
+        if (Profiler::Active()) {
+          const int64_t now = MonotonicNanos();
+          Profiler::Get().Record(ProfileStage::kBudget, now - absl::ToInt64Nanoseconds(stalled),
+                                 now);
+        }
         budget_stalled_since_ = absl::InfiniteFuture();
       }
       front.block = std::move(block);

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/profiler.h"
 #include "base/status.h"
 #include "io/get_all.h"
 
@@ -292,8 +293,12 @@ absl::Status ObjectReader::Fill() {
   std::shared_ptr<Chunk> chunk = queue_.front();
   queue_.pop_front();
   {
+    const int64_t wait_start = Profiler::Active() ? MonotonicNanos() : 0;
     absl::MutexLock lock(&shared_->mu);
     shared_->mu.Await(absl::Condition(&chunk->done));
+    if (wait_start != 0) {
+      Profiler::Get().Record(ProfileStage::kIoWait, wait_start, MonotonicNanos());
+    }
   }
   current_ = std::move(chunk);
   if (!current_->status.ok()) {

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/file_io.h"
 #include "base/log.h"
+#include "base/profiler.h"
 #include "python/binding.h"
 
 namespace wharf::python {
@@ -216,6 +218,52 @@ void RegisterRuntime(py::module_& m) {
         "The runtime's metrics: {'counters': {...}, 'gauges': {...}, 'histograms': {...}}, "
         "each keyed by series: 'name' or 'name{label=\"value\",...}' (docs/design/metrics.md). "
         "Gauges include the memory budget's limit, held, peak and pooled bytes.");
+
+  // The profiler (base/profiler.h), driven by wharf.profile (python/wharf/_profile.py).
+  py::list stages;
+  for (int i = 0; i < kProfileStages; ++i) {
+    stages.append(std::string(ProfileStageId(static_cast<ProfileStage>(i))));
+  }
+  m.attr("_profile_stages") = stages;  // ids in the order _profile_record numbers them
+  m.def("_profile_start", [] { Check(Profiler::Get().Start()); });
+  m.def("_profile_running", [] { return Profiler::Get().running(); });
+  m.def("_profile_start_in_child", [] { Profiler::Get().StartInChild(); });
+  m.def(
+      "_profile_record",
+      [](int stage, int64_t start_ns, int64_t end_ns) {
+        if (stage < 0 || stage >= kProfileStages) {
+          Raise(absl::InvalidArgumentError(absl::StrCat("profile stage ", stage)));
+        }
+        Profiler::Get().Record(static_cast<ProfileStage>(stage), start_ns, end_ns);
+      },
+      py::arg("stage"), py::arg("start_ns"), py::arg("end_ns"),
+      "Adds a span of a stage (an index into _profile_stages) on this thread, in "
+      "time.perf_counter_ns() nanoseconds");
+  m.def(
+      "_profile_stop",
+      [](const std::string& spool) {
+        ProfileReport r = WithoutGil([] { return Profiler::Get().Stop(); });
+        if (!spool.empty()) Check(WithoutGil([&] { return Profiler::Get().MergeSpool(spool, r); }));
+        return py::make_tuple(r.ToJson(), r.Table());
+      },
+      py::arg("spool") = "",
+      "Stops the profile; merges the workers' files in `spool`; returns (report JSON, table)");
+  m.def(
+      "_profile_spool",
+      [](const std::string& folder) {
+        const std::string json = Profiler::Get().SpoolJson();
+        Check(WithoutGil([&] {
+          return WriteFileAtomically(absl::StrCat(folder, "/", getpid(), ".json"), json);
+        }));
+      },
+      py::arg("folder"), "Writes this process's profile into the parent's spool folder");
+  m.def(
+      "_profile_trace",
+      [](const std::string& path) {
+        Check(WithoutGil([&] { return Profiler::Get().WriteTrace(path); }));
+      },
+      py::arg("path"), "Writes the last profile's Chrome/Perfetto trace to `path`");
+  m.def("_profile_trace_path", &DefaultProfileTracePath);
 }
 
 }  // namespace wharf::python

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
+#include "base/profiler.h"
 
 namespace wharf {
 namespace internal {
@@ -82,10 +83,11 @@ struct StoreMeters {
     Op op;
     absl::Time start;
     std::string uri;
+    int64_t profile_start_ns = 0;  // set while the profiler runs
   };
   Call Begin(Op op, const ObjectStore& store, absl::string_view key) {
     in_flight[op]->Add(1);
-    Call c{op, absl::Now(), ""};
+    Call c{op, absl::Now(), "", Profiler::Active() ? MonotonicNanos() : 0};
     if (LogEnabled(LogLevel::kDebug)) c.uri = store.Uri(key);
     return c;
   }
@@ -94,6 +96,10 @@ struct StoreMeters {
     in_flight[c.op]->Add(-1);
     requests[c.op][ClassOf(status)]->Add();
     seconds[c.op]->Observe(absl::ToDoubleSeconds(took));
+    if (c.profile_start_ns != 0 && c.op == kList) {
+      Profiler::Get().RecordRequest(ProfileStage::kList, c.profile_start_ns, 0, MonotonicNanos(),
+                                    0);
+    }
     if (c.uri.empty()) return;
     // One line per request; the status message already names the object and the cause
     // (and an S3 request id), never a secret.
@@ -108,6 +114,12 @@ struct StoreMeters {
   void EndGet(const Call& c, const absl::StatusOr<GetResult>& r) {
     if (!r.ok()) return End(c, r.status());
     bytes_read->Add(r->bytes);
+    if (c.profile_start_ns != 0) {
+      const int64_t end = MonotonicNanos();
+      const int64_t ttfb = absl::ToInt64Nanoseconds(r->time_to_first_byte);
+      Profiler::Get().RecordRequest(ProfileStage::kFirstByte, c.profile_start_ns,
+                                    ttfb > 0 ? c.profile_start_ns + ttfb : end, end, r->bytes);
+    }
     if (r->attempts > 1) retries->Add(static_cast<uint64_t>(r->attempts - 1));
     if (r->time_to_first_byte > absl::ZeroDuration()) {
       ttfb->Observe(absl::ToDoubleSeconds(r->time_to_first_byte));

@@ -22,6 +22,13 @@ One runtime per process holds the memory budget every call above takes its buffe
     wharf.metrics()["gauges"]["wharf_memory_budget_peak_bytes"]
     wharf.metrics_text()          # the same in Prometheus's text format (as /metrics serves it)
 
+Where the time goes (docs/design/profiler.md); WHARF_PROFILE=1 does it for a whole process:
+
+    with wharf.profile() as p:
+        for batch in p.iterate(loader):
+            step(batch)
+    print(p.table()); p.verdict; p.trace     # a Chrome/Perfetto trace file
+
 PyTorch datasets live in wharf.torch (`import wharf` does not import torch). Errors raise
 wharf.WharfError (an OSError); NotFoundError is also a FileNotFoundError and
 PermissionDeniedError a PermissionError; invalid arguments raise ValueError.
@@ -32,8 +39,9 @@ from wharf._wharf import (Buffer, NotFoundError, PermissionDeniedError, RecordSt
                           parse_size, split_csv)
 from wharf._runtime import configure, split_budget_for_worker
 from wharf._file import ObjectFile, open
+from wharf._profile import Profile, profile
 
 __all__ = ["Buffer", "NotFoundError", "PermissionDeniedError", "RecordStream", "SampleIndex",
            "SampleReader", "Sampler", "SampleStream", "Store", "WharfError", "consumed_after",
            "parse_sampler_state", "split_csv", "configure", "metrics", "metrics_text", "parse_size",
-           "split_budget_for_worker", "open", "ObjectFile"]
+           "split_budget_for_worker", "open", "ObjectFile", "profile", "Profile"]

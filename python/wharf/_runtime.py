@@ -67,9 +67,9 @@ def split_budget_for_worker(num_workers: int) -> bool:
 # ---- The metrics endpoint (WHARF_METRICS_ADDR, docs/design/metrics.md) ----
 # A process that reports to the one serving /metrics (a DataLoader worker) writes its final
 # metrics when it ends. multiprocessing children end with os._exit(), which skips atexit; they
-# run multiprocessing's finalizers first, but clear the parent's at start, so the finalizer is
-# registered again in each child through an after-fork hook (run in forked and spawned
-# children alike).
+# run multiprocessing's finalizers first. A forked child clears the parent's at start, so the
+# finalizer is registered again there by an after-fork hook; a spawned child (which runs no
+# after-fork hooks) imports wharf anew and registers it here.
 class _MetricsExitHook:
     pass
 
@@ -85,3 +85,4 @@ def _flush_metrics_at_exit(_hook=None) -> None:
 if os.environ.get("WHARF_METRICS_ADDR"):
     import multiprocessing.util
     multiprocessing.util.register_after_fork(_metrics_hook, _flush_metrics_at_exit)
+    _flush_metrics_at_exit()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import wharf
-from conftest import ROOT, make_tier, run_wharf, wharf_bin
+from conftest import make_tier, run_wharf
 from wharf.torch import CheckpointManager
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -45,45 +45,6 @@ def rng():
     seed = int(os.environ.get("WHARF_CRASH_SEED", random.randrange(1 << 31)))
     print(f"WHARF_CRASH_SEED={seed}")
     return random.Random(seed)
-
-
-class LatencyProxy:
-    """tools/latency_proxy in front of the RGW: every request pays 2 x delay_ms, and the bytes
-    move at most at bandwidth_mbps."""
-
-    def __init__(self, s3_env, delay_ms, bandwidth_mbps=None):
-        name = pathlib.Path("tools") / "latency_proxy" / "wharf-latency-proxy"
-        binary = pathlib.Path(wharf_bin()).parent / name
-        if not binary.exists():
-            binary = ROOT / "build" / name
-        assert binary.exists(), f"{binary} is missing: ./run build builds it"
-        upstream = s3_env["WHARF_S3_ENDPOINT"].split("://", 1)[1]
-        args = [str(binary), "--listen", "127.0.0.1:0", "--upstream", upstream,
-                "--delay-ms", str(delay_ms)]
-        if bandwidth_mbps:
-            args += ["--bandwidth-mbps", str(bandwidth_mbps)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        line = self.proc.stdout.readline().strip()
-        assert line.startswith("listening on 127.0.0.1:"), line
-        self.url = f"http://127.0.0.1:{int(line.rsplit(':', 1)[1])}"
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.communicate(timeout=10)
-
-
-@pytest.fixture
-def slow_link(s3_env):
-    proxies = []
-
-    def start(delay_ms, bandwidth_mbps=None):
-        proxies.append(LatencyProxy(s3_env, delay_ms, bandwidth_mbps))
-        return proxies[-1].url
-
-    yield start
-    for p in proxies:
-        p.stop()
 
 
 def bucket_steps(s3_client, bucket, prefix):

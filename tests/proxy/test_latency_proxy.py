@@ -197,6 +197,44 @@ def test_round_trip_costs_two_delays(proxy_binary):
     assert min(rtts) >= 2 * delay_ms, rtts
 
 
+def control(address, *commands):
+    """Sends commands to the proxy's control listener; returns its reply lines."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as c:
+        c.sendall("".join(f"{cmd}\n" for cmd in commands).encode())
+        c.shutdown(socket.SHUT_WR)
+        return recv_all(c).decode().splitlines()
+
+
+def test_the_delay_changes_while_the_proxy_runs(proxy_binary):
+    with Upstream(echo_handler) as up, \
+            running_proxy(proxy_binary, up.port, 0, "--control", "127.0.0.1:0") as p:
+        line = p.proc.stdout.readline().strip()
+        assert line.startswith("control on 127.0.0.1:"), line
+        address = line.split(" ", 2)[2]
+        s = p.connect()
+
+        def rtt_ms():
+            t0 = time.monotonic()
+            s.sendall(b"ping")
+            assert recv_exactly(s, 4) == b"ping"
+            return (time.monotonic() - t0) * 1000
+
+        rtt_ms()  # the upstream connect
+        fast = min(rtt_ms() for _ in range(5))
+        assert control(address, "delay 40") == ["ok delay_ms=40"]
+        # The same connection: data read from now on waits 40 ms each way.
+        slow = [rtt_ms() for _ in range(3)]
+        assert min(slow) >= 80, slow
+        assert control(address, "get", "delay 0", "delay x", "speed 3") == [
+            "ok delay_ms=40", "ok delay_ms=0",
+            "error: expected 'delay MS' with 0 <= MS <= 1000000",
+            "error: unknown command (expected 'delay MS' or 'get')"]
+        again = min(rtt_ms() for _ in range(5))
+        assert again < 40 and fast < 40, (fast, again)
+        s.close()
+
+
 def test_simulated_handshake_adds_a_round_trip_to_new_connections(proxy_binary):
     delay_ms = 20
     with Upstream(echo_handler) as up, \

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -31,6 +32,7 @@ namespace {
 
 constexpr uint32_t kListenerSlot = 0xffffffffu;
 constexpr uint32_t kSignalSlot = 0xfffffffeu;
+constexpr uint32_t kControlSlot = 0xfffffffdu;
 constexpr uint32_t kGenMask = 0x7fffffffu;  // generation bits that fit in an epoll tag
 constexpr int kMaxEvents = 1024;
 // Reads per readiness event before other connections get a turn (fairness under bulk load).
@@ -216,6 +218,7 @@ class LatencyProxy::Impl {
     }
     if (listen_fd_ >= 0) close(listen_fd_);
     if (signal_fd_ >= 0) close(signal_fd_);
+    if (control_fd_ >= 0) close(control_fd_);
     if (epoll_fd_ >= 0) close(epoll_fd_);
     if (reserve_fd_ >= 0) close(reserve_fd_);
   }
@@ -239,6 +242,7 @@ class LatencyProxy::Impl {
       return "buffer sizes must be > 0";
     }
     delay_ns_ = static_cast<int64_t>(std::llround(options_.delay_ms * 1e6));
+    delay_ms_ = options_.delay_ms;
     if (options_.bandwidth_mbps > 0) {
       for (auto& bucket : buckets_) {
         bucket.rate_bytes_per_ns = options_.bandwidth_mbps * 1e6 / 8 / 1e9;
@@ -292,10 +296,36 @@ class LatencyProxy::Impl {
     lev.data.u64 = kListenerSlot;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &lev) < 0) return Errno("epoll_ctl");
 
+    if (!options_.control.empty()) {
+      Address control_addr;
+      if (!ParseAddress(options_.control, &control_addr, &error)) return "--control: " + error;
+      if (!options_.allow_non_loopback && !control_addr.loopback) {
+        return "--control " + options_.control +
+               " is not a loopback address (--allow-non-loopback)";
+      }
+      control_fd_ =
+          socket(control_addr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (control_fd_ < 0) return Errno("socket");
+      setsockopt(control_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (bind(control_fd_, reinterpret_cast<sockaddr*>(&control_addr.storage), control_addr.len) <
+          0) {
+        return Errno(("bind " + options_.control).c_str());
+      }
+      if (listen(control_fd_, 16) < 0) return Errno("listen");
+      sockaddr_storage cbound{};
+      socklen_t cbound_len = sizeof(cbound);
+      getsockname(control_fd_, reinterpret_cast<sockaddr*>(&cbound), &cbound_len);
+      control_address_ = FormatAddress(cbound);
+      epoll_event cev{};
+      cev.events = EPOLLIN;
+      cev.data.u64 = kControlSlot;
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, control_fd_, &cev) < 0) return Errno("epoll_ctl");
+    }
     return "";
   }
 
   const std::string& listen_address() const { return listen_address_; }
+  const std::string& control_address() const { return control_address_; }
   const LatencyProxyStats& stats() const { return stats_; }
 
   std::string Run() {
@@ -352,6 +382,7 @@ class LatencyProxy::Impl {
   void Dispatch(const epoll_event& ev, int64_t now) {
     uint32_t slot = static_cast<uint32_t>(ev.data.u64);
     if (slot == kListenerSlot) return AcceptAll(now);
+    if (slot == kControlSlot) return AcceptControl();
     if (slot == kSignalSlot) {
       signalfd_siginfo info;
       while (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
@@ -392,6 +423,53 @@ class LatencyProxy::Impl {
         if (err != 0) CloseConn(conn, /*abortive=*/true);
       }
     }
+  }
+
+  // A control connection: its commands are read and answered at once. The client sends them
+  // right after connecting, so waiting for them (at most 200 ms) is rare and short; the
+  // relayed data's due times do not depend on this loop's timing.
+  void AcceptControl() {
+    for (;;) {
+      int fd = accept4(control_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      std::string pending;
+      char buf[256];
+      for (;;) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 200) <= 0) break;
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        pending.append(buf, static_cast<size_t>(n));
+        size_t eol;
+        bool done = false;
+        while ((eol = pending.find('\n')) != std::string::npos) {
+          std::string line = pending.substr(0, eol);
+          pending.erase(0, eol + 1);
+          if (!line.empty() && line.back() == '\r') line.pop_back();
+          std::string reply = ControlCommand(line) + "\n";
+          if (send(fd, reply.data(), reply.size(), MSG_NOSIGNAL) < 0) done = true;
+        }
+        if (done || pending.size() > 4096) break;
+      }
+      close(fd);
+    }
+  }
+
+  std::string ControlCommand(const std::string& line) {
+    char state[64];
+    if (line.rfind("delay ", 0) == 0) {
+      char* end = nullptr;
+      const double ms = std::strtod(line.c_str() + 6, &end);
+      if (end == line.c_str() + 6 || *end != '\0' || !(ms >= 0) || ms > 1e6) {
+        return "error: expected 'delay MS' with 0 <= MS <= 1000000";
+      }
+      delay_ms_ = ms;
+      delay_ns_ = static_cast<int64_t>(std::llround(ms * 1e6));
+    } else if (line != "get") {
+      return "error: unknown command (expected 'delay MS' or 'get')";
+    }
+    std::snprintf(state, sizeof state, "ok delay_ms=%g", delay_ms_);
+    return state;
   }
 
   void AcceptAll(int64_t now) {
@@ -755,8 +833,8 @@ class LatencyProxy::Impl {
       json += "\"" + std::string(name) + "\": " + std::to_string(value) + ", ";
     }
     char tail[96];
-    std::snprintf(tail, sizeof tail, "\"delay_ms\": %g, \"bandwidth_mbps\": %g}\n",
-                  options_.delay_ms, options_.bandwidth_mbps);
+    std::snprintf(tail, sizeof tail, "\"delay_ms\": %g, \"bandwidth_mbps\": %g}\n", delay_ms_,
+                  options_.bandwidth_mbps);
     json += tail;
     FILE* f = std::fopen(options_.stats_file.c_str(), "w");
     if (f == nullptr) return Errno(("writing stats file " + options_.stats_file).c_str());
@@ -770,13 +848,16 @@ class LatencyProxy::Impl {
   const LatencyProxyOptions options_;
   Address upstream_;
   std::string listen_address_;
+  std::string control_address_;
   int64_t delay_ns_ = 0;
+  double delay_ms_ = 0;  // as set last (--delay-ms or a control command)
   bool throttled_ = false;
   TokenBucket buckets_[2];
 
   int epoll_fd_ = -1;
   int listen_fd_ = -1;
   int signal_fd_ = -1;
+  int control_fd_ = -1;
   int reserve_fd_ = -1;
   bool stopping_ = false;
   Buffer read_buffer_;  // the next recv() goes here; handed over to a chunk when kept
@@ -794,6 +875,7 @@ LatencyProxy::LatencyProxy(LatencyProxyOptions options)
 LatencyProxy::~LatencyProxy() = default;
 std::string LatencyProxy::Start() { return impl_->Start(); }
 std::string LatencyProxy::listen_address() const { return impl_->listen_address(); }
+std::string LatencyProxy::control_address() const { return impl_->control_address(); }
 std::string LatencyProxy::Run() { return impl_->Run(); }
 const LatencyProxyStats& LatencyProxy::stats() const { return impl_->stats(); }
 

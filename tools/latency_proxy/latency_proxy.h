@@ -51,6 +51,11 @@ struct LatencyProxyOptions {
   bool simulate_handshake = false;
   // If set, a JSON object of counters is written here when Run() returns.
   std::string stats_file;
+  // host:port of a control listener (port 0 picks one; loopback unless allowed): each
+  // connection sends lines "delay MS" (sets the one-way delay of data read from then on;
+  // bytes already held keep their due time, and order is kept) or "get", and gets one line
+  // back per command: "ok delay_ms=D". Empty: no control listener.
+  std::string control;
 };
 
 struct LatencyProxyStats {
@@ -75,6 +80,8 @@ class LatencyProxy {
   std::string Start();
   // The bound address ("127.0.0.1:PORT"). REQUIRES: Start() succeeded.
   std::string listen_address() const;
+  // The bound control address, or "" without one.
+  std::string control_address() const;
   // Runs the event loop until SIGTERM/SIGINT; then closes every connection, writes the stats
   // file if asked and returns an empty string, or an error if the loop failed.
   // REQUIRES: Start() succeeded.

@@ -16,7 +16,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: wharf-latency-proxy --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT --delay-ms D\n"
     "         [--bandwidth-mbps B] [--max-buffer-mib M] [--simulate-handshake]\n"
-    "         [--stats-file PATH] [--allow-non-loopback]\n"
+    "         [--stats-file PATH] [--control 127.0.0.1:PORT] [--allow-non-loopback]\n"
     "\n"
     "  --listen ADDR           address to accept on; port 0 picks one (printed on stdout)\n"
     "  --upstream ADDR         address every connection is relayed to\n"
@@ -26,6 +26,9 @@ constexpr char kUsage[] =
     "                          (default 4; one connection moves at most M per D)\n"
     "  --simulate-handshake    charge new connections one extra round trip (TCP handshake)\n"
     "  --stats-file PATH       write JSON counters here at exit\n"
+    "  --control ADDR          accept commands on ADDR (port 0 picks one, printed as\n"
+    "                          'control on HOST:PORT'): a line 'delay MS' changes the\n"
+    "                          delay while running, 'get' reports it\n"
     "  --allow-non-loopback    permit addresses outside 127.0.0.0/8 and ::1\n";
 
 bool ParseDouble(const char* text, double* out) {
@@ -83,6 +86,8 @@ int main(int argc, char** argv) {
         return Fail("--max-buffer-mib needs a positive number");
       }
       options.max_buffer_bytes = static_cast<size_t>(d * (1 << 20));
+    } else if (arg == "--control") {
+      if (!next(&options.control)) return Fail("--control needs a value");
     } else if (arg == "--stats-file") {
       if (!next(&options.stats_file)) return Fail("--stats-file needs a value");
     } else if (arg == "--simulate-handshake" && !has_value) {
@@ -113,6 +118,9 @@ int main(int argc, char** argv) {
   wharf::tools::LatencyProxy proxy(options);
   if (std::string error = proxy.Start(); !error.empty()) return Fail(error);
   std::printf("listening on %s\n", proxy.listen_address().c_str());
+  if (!proxy.control_address().empty()) {
+    std::printf("control on %s\n", proxy.control_address().c_str());
+  }
   std::fflush(stdout);
   if (std::string error = proxy.Run(); !error.empty()) return Fail(error);
   return 0;

@@ -68,7 +68,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import torch
 import torch.utils.data
 
-from wharf import _wharf
+from wharf import _profile, _wharf
 from wharf._file import ObjectFile
 from wharf._runtime import split_budget_for_worker
 
@@ -366,7 +366,11 @@ class MapDataset(torch.utils.data.Dataset):
 
     def _sample(self, i: int, key: str, data) -> Any:
         s = Sample(key, data, index=i)
-        return self.transform(s) if self.transform is not None else s
+        if self.transform is None:
+            return s
+        if _profile.state.on:
+            return _profile.transform(self.transform, s)
+        return self.transform(s)
 
     def __getitem__(self, i: int) -> Any:
         i = int(i)
@@ -528,10 +532,13 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
             order=self._order, **self._stream_options)
         self._worker_resume = None  # used only once the stream exists
         self._yielded, self._skipped = 0, skip
+        if _profile.state.on:
+            return _profile.consumer(self._samples(stream))
         return self._samples(stream)
 
     def _samples(self, stream) -> Iterator[Any]:
         transform = self.transform
+        profiling = _profile.state
         block = self.batch_size_hint
         while True:
             batch = stream.next_batch(block)  # one DataLoader batch requested together
@@ -540,7 +547,12 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
             for index, key, data in batch:
                 s = Sample(key, data, index=index)
                 self._yielded += 1
-                yield transform(s) if transform is not None else s
+                if transform is None:
+                    yield s
+                elif profiling.on:
+                    yield _profile.transform(transform, s)
+                else:
+                    yield transform(s)
 
 
 class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
@@ -696,6 +708,8 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
         stream = self.stream(worker=worker, num_workers=num_workers, state=self._resume)
         self._resume = None
         self._live = (os.getpid(), stream)
+        if _profile.state.on:
+            return _profile.consumer(self._records(stream))
         return self._records(stream)
 
     def _records(self, stream) -> Iterator[Any]:
@@ -707,8 +721,14 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
         def key_of(url: str, offset: int) -> str:
             return f"{url_keys.get(url, url)}@{offset}"
 
+        profiling = _profile.state
+
         def out(s):
-            return transform(s) if transform is not None else s
+            if transform is None:
+                return s
+            if profiling.on:
+                return _profile.transform(transform, s)
+            return transform(s)
 
         if self._keyed:
             for d in stream:

@@ -1,0 +1,450 @@
+#include "base/profiler.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/file_io.h"
+#include "base/status.h"
+#include "nlohmann/json.hpp"
+
+namespace wharf {
+namespace {
+
+using nlohmann::json;
+
+struct StageName {
+  absl::string_view id;
+  absl::string_view label;
+};
+constexpr StageName kStages[kProfileStages] = {
+    {"list", "listing"},        {"budget", "budget wait"},      {"first_byte", "first byte"},
+    {"transfer", "transfer"},   {"io_wait", "waiting for I/O"}, {"parse", "parse/decode"},
+    {"transform", "transform"}, {"collate", "collate"},         {"consumer_wait", "consumer wait"},
+    {"step", "consumer step"},
+};
+
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+int UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+// Not cached: a forked child's threads have new ids.
+uint32_t ThreadId() { return static_cast<uint32_t>(syscall(SYS_gettid)); }
+
+thread_local int64_t t_io_wait_ns = 0;
+
+double Share(double part, double whole) { return whole > 0 ? part / whole : 0; }
+
+}  // namespace
+
+absl::string_view ProfileStageLabel(ProfileStage stage) {
+  return kStages[static_cast<int>(stage)].label;
+}
+
+absl::string_view ProfileStageId(ProfileStage stage) { return kStages[static_cast<int>(stage)].id; }
+
+std::optional<ProfileStage> ProfileStageFromId(absl::string_view id) {
+  for (int i = 0; i < kProfileStages; ++i) {
+    if (kStages[i].id == id) return static_cast<ProfileStage>(i);
+  }
+  return std::nullopt;
+}
+
+std::string DefaultProfileTracePath() {
+  const char* env = std::getenv("WHARF_PROFILE_TRACE");
+  if (env != nullptr && *env != '\0') return env;
+  return absl::StrCat("wharf-trace-", getpid(), ".json");
+}
+
+bool ProfileRequestedByEnvironment() {
+  const char* env = std::getenv("WHARF_PROFILE");
+  if (env == nullptr) return false;
+  const std::string v = absl::AsciiStrToLower(env);
+  return v == "1" || v == "true" || v == "yes" || v == "on";
+}
+
+int64_t MonotonicNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// ---- the verdict ----
+
+void ProfileReport::Decide() {
+  using S = ProfileStage;
+  auto sec = [&](S s) { return (*this)[s].seconds; };
+  const double wall = std::max(wall_seconds, 1e-9);
+  // 1. The consumer: it is the bottleneck when it seldom waits for data.
+  const double wait = sec(S::kConsumerWait), step = sec(S::kStep);
+  if ((*this)[S::kStep].count > 0 && step > 0 && wait < 0.25 * (wait + step)) {
+    verdict = "consumer";
+    reason = absl::StrFormat(
+        "the consumer waited for data %.0f%% of its time (%.2f s) and spent %.2f s in its own "
+        "step: the data arrives faster than it is used",
+        100 * Share(wait, wait + step), wait, step);
+    return;
+  }
+  const double parse = sec(S::kParse);
+  const double python_cpu = sec(S::kTransform) + sec(S::kCollate);
+  const double cpu_stages = parse + python_cpu;
+  const char* cpu_word = parse >= python_cpu ? "parse" : "client-cpu";
+  // 2. The CPU: the process (all its threads) uses nearly every core it may run on.
+  const double utilization = Share(cpu_seconds, cores * wall);
+  if (utilization >= 0.85) {
+    verdict = cpu_stages > 0 ? cpu_word : "client-cpu";
+    reason = absl::StrFormat(
+        "the process used %.0f%% of its %d cores (%.2f s CPU in %.2f s)%s", 100 * utilization,
+        cores, cpu_seconds, wall,
+        cpu_stages > 0
+            ? absl::StrFormat("; parse %.2f s, transform + collate %.2f s", parse, python_cpu)
+            : "");
+    return;
+  }
+  // 3. The loader's threads: busy computing (parse, transform, collate) more than blocked on
+  // bytes.
+  const double io_wait = sec(S::kIoWait);
+  if (cpu_stages > 0 && cpu_stages > io_wait) {
+    verdict = cpu_word;
+    reason = absl::StrFormat(
+        "the loader computed for %.2f s (parse %.2f s, transform %.2f s, collate %.2f s) and "
+        "waited for bytes %.2f s",
+        cpu_stages, parse, sec(S::kTransform), sec(S::kCollate), io_wait);
+    return;
+  }
+  // 4. The store: time to first byte against transfer time, over every request.
+  const double first = sec(S::kFirstByte), transfer = sec(S::kTransfer);
+  const uint64_t gets = (*this)[S::kFirstByte].count;
+  if (gets > 0 && transfer > first) {
+    verdict = "bandwidth";
+    reason = absl::StrFormat(
+        "requests spent %.0f%% of their time moving bytes (%.1f MB/s over %.2f s) and %.0f%% "
+        "waiting for the first byte",
+        100 * Share(transfer, first + transfer), (*this)[S::kTransfer].bytes / wall / 1e6, wall,
+        100 * Share(first, first + transfer));
+    return;
+  }
+  verdict = "store-latency";
+  if (gets == 0) {
+    reason = "no store requests were recorded; the loader waited for bytes";
+    return;
+  }
+  reason = absl::StrFormat(
+      "requests spent %.0f%% of their time waiting for the first byte (mean %.1f ms, %.1f "
+      "requests waiting on average); more in flight or fewer, larger requests would help",
+      100 * Share(first, first + transfer), 1e3 * first / static_cast<double>(gets), first / wall);
+}
+
+std::string ProfileReport::Table() const {
+  std::string out = absl::StrFormat(
+      "wharf profile: %.2f s wall, %.2f s CPU on %d cores, %d process%s\n"
+      "%-18s %10s %9s %10s %10s %10s\n",
+      wall_seconds, cpu_seconds, cores, processes, processes == 1 ? "" : "es", "stage", "seconds",
+      "% wall", "count", "mean ms", "MB");
+  for (int i = 0; i < kProfileStages; ++i) {
+    const Stage& s = stages[i];
+    if (s.count == 0) continue;
+    absl::StrAppend(&out,
+                    absl::StrFormat("%-18s %10.3f %8.1f%% %10d %10.3f %10s\n", kStages[i].label,
+                                    s.seconds, 100 * Share(s.seconds, wall_seconds), s.count,
+                                    1e3 * s.seconds / static_cast<double>(s.count),
+                                    s.bytes > 0 ? absl::StrFormat("%.1f", s.bytes / 1e6) : "-"));
+  }
+  absl::StrAppend(&out,
+                  "(stages overlap: requests and workers run concurrently, so a share above "
+                  "100% is an average concurrency)\n");
+  if (dropped_events > 0) {
+    absl::StrAppend(
+        &out, absl::StrFormat("(trace kept %d events, dropped %d)\n", events, dropped_events));
+  }
+  absl::StrAppend(&out, "verdict: ", verdict, " (", reason, ")\n");
+  return out;
+}
+
+std::string ProfileReport::ToJson() const {
+  json j;
+  j["wall_seconds"] = wall_seconds;
+  j["cpu_seconds"] = cpu_seconds;
+  j["cores"] = cores;
+  j["processes"] = processes;
+  j["events"] = events;
+  j["dropped_events"] = dropped_events;
+  j["verdict"] = verdict;
+  j["reason"] = reason;
+  json st = json::object();
+  for (int i = 0; i < kProfileStages; ++i) {
+    st[std::string(kStages[i].id)] = {{"label", std::string(kStages[i].label)},
+                                      {"seconds", stages[i].seconds},
+                                      {"count", stages[i].count},
+                                      {"bytes", stages[i].bytes}};
+  }
+  j["stages"] = std::move(st);
+  return j.dump();
+}
+
+// ---- recording ----
+
+Profiler& Profiler::Get() {
+  static Profiler* const profiler = [] {
+    auto* p = new Profiler();  // never destroyed: hooks may run during exit
+    // A child forked while a store thread held the lock would never see it released.
+    pthread_atfork([] { Get().mu_.Lock(); }, [] { Get().mu_.Unlock(); },
+                   [] { Get().mu_.Unlock(); });
+    return p;
+  }();
+  return *profiler;
+}
+
+absl::Status Profiler::Start() {
+  absl::MutexLock lock(&mu_);
+  if (active_.load(std::memory_order_relaxed)) {
+    return absl::FailedPreconditionError("a profile is already running in this process");
+  }
+  Reset();
+  return absl::OkStatus();
+}
+
+void Profiler::StartInChild() {
+  absl::MutexLock lock(&mu_);
+  Reset();
+}
+
+void Profiler::Reset() {
+  for (int i = 0; i < kProfileStages; ++i) {
+    ns_[i].store(0, std::memory_order_relaxed);
+    count_[i].store(0, std::memory_order_relaxed);
+    bytes_[i].store(0, std::memory_order_relaxed);
+  }
+  dropped_.store(0, std::memory_order_relaxed);
+  events_.clear();
+  merged_.clear();
+  start_ns_ = MonotonicNanos();
+  start_cpu_ = ProcessCpuSeconds();
+  active_.store(true, std::memory_order_release);
+}
+
+ProfileReport Profiler::Stop() {
+  ProfileReport r;
+  absl::MutexLock lock(&mu_);
+  active_.store(false, std::memory_order_release);
+  r.wall_seconds = static_cast<double>(MonotonicNanos() - start_ns_) / 1e9;
+  r.cpu_seconds = ProcessCpuSeconds() - start_cpu_;
+  r.cores = UsableCores();
+  for (int i = 0; i < kProfileStages; ++i) {
+    r.stages[i].seconds = static_cast<double>(ns_[i].load(std::memory_order_relaxed)) / 1e9;
+    r.stages[i].count = count_[i].load(std::memory_order_relaxed);
+    r.stages[i].bytes = bytes_[i].load(std::memory_order_relaxed);
+  }
+  r.events = events_.size();
+  r.dropped_events = dropped_.load(std::memory_order_relaxed);
+  r.Decide();
+  return r;
+}
+
+void Profiler::Add(ProfileStage stage, int64_t ns, uint64_t bytes) {
+  const int i = static_cast<int>(stage);
+  ns_[i].fetch_add(std::max<int64_t>(0, ns), std::memory_order_relaxed);
+  count_[i].fetch_add(1, std::memory_order_relaxed);
+  if (bytes > 0) bytes_[i].fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void Profiler::Record(ProfileStage stage, int64_t start_ns, int64_t end_ns, uint64_t bytes) {
+  if (!active_.load(std::memory_order_relaxed)) return;
+  Add(stage, end_ns - start_ns, bytes);
+  if (stage == ProfileStage::kIoWait) t_io_wait_ns += end_ns - start_ns;
+  absl::MutexLock lock(&mu_);
+  if (events_.size() >= kMaxEvents) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  events_.push_back({start_ns, end_ns, 0, bytes, ThreadId(), stage, false});
+}
+
+void Profiler::RecordRequest(ProfileStage stage, int64_t start_ns, int64_t first_byte_ns,
+                             int64_t end_ns, uint64_t bytes) {
+  if (!active_.load(std::memory_order_relaxed)) return;
+  if (first_byte_ns > 0) {
+    first_byte_ns = std::clamp(first_byte_ns, start_ns, end_ns);
+    Add(ProfileStage::kFirstByte, first_byte_ns - start_ns, 0);
+    Add(ProfileStage::kTransfer, end_ns - first_byte_ns, bytes);
+  } else {
+    Add(stage, end_ns - start_ns, bytes);
+  }
+  absl::MutexLock lock(&mu_);
+  if (events_.size() >= kMaxEvents) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  events_.push_back({start_ns, end_ns, first_byte_ns, bytes, ThreadId(), stage, true});
+}
+
+int64_t Profiler::ThreadIoWaitNanos() { return t_io_wait_ns; }
+
+// ---- the trace and the spool ----
+
+namespace {
+
+// Chrome trace events of one process (https://docs.google.com/document/d/
+// 1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): complete events ("X") for the spans of a
+// thread, nestable async events ("b"/"e") for requests, which overlap on one event loop.
+json SpanEvent(absl::string_view name, absl::string_view cat, int64_t start_ns, int64_t end_ns,
+               int pid, uint32_t tid, uint64_t bytes) {
+  json e = {{"name", std::string(name)},
+            {"cat", std::string(cat)},
+            {"ph", "X"},
+            {"ts", static_cast<double>(start_ns) / 1e3},
+            {"dur", static_cast<double>(std::max<int64_t>(0, end_ns - start_ns)) / 1e3},
+            {"pid", pid},
+            {"tid", tid}};
+  if (bytes > 0) e["args"] = {{"bytes", bytes}};
+  return e;
+}
+
+json AsyncEvent(absl::string_view name, const char* ph, int64_t ns, int pid, uint32_t tid,
+                uint64_t id) {
+  return {{"name", std::string(name)},
+          {"cat", "request"},
+          {"ph", ph},
+          {"id", absl::StrCat("0x", absl::Hex(id))},
+          {"ts", static_cast<double>(ns) / 1e3},
+          {"pid", pid},
+          {"tid", tid}};
+}
+
+}  // namespace
+
+std::string Profiler::SpoolJson(absl::string_view process_name) {
+  json j;
+  const int pid = getpid();
+  j["pid"] = pid;
+  j["cpu_seconds"] = ProcessCpuSeconds() - start_cpu_;
+  j["dropped_events"] = dropped_.load(std::memory_order_relaxed);
+  json st = json::object();
+  for (int i = 0; i < kProfileStages; ++i) {
+    st[std::string(kStages[i].id)] = {{"ns", ns_[i].load(std::memory_order_relaxed)},
+                                      {"count", count_[i].load(std::memory_order_relaxed)},
+                                      {"bytes", bytes_[i].load(std::memory_order_relaxed)}};
+  }
+  j["stages"] = std::move(st);
+  json events = json::array();
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", pid},
+                    {"args", {{"name", absl::StrCat(process_name, " (pid ", pid, ")")}}}});
+  {
+    absl::MutexLock lock(&mu_);
+    uint64_t id = 0;
+    for (const Event& e : events_) {
+      const absl::string_view name = kStages[static_cast<int>(e.stage)].label;
+      if (!e.request) {
+        events.push_back(SpanEvent(name, "stage", e.start_ns, e.end_ns, pid, e.tid, e.bytes));
+        continue;
+      }
+      ++id;
+      if (e.mid_ns > 0) {
+        events.push_back(AsyncEvent("first byte", "b", e.start_ns, pid, e.tid, id));
+        events.push_back(AsyncEvent("first byte", "e", e.mid_ns, pid, e.tid, id));
+        json b = AsyncEvent("transfer", "b", e.mid_ns, pid, e.tid, id);
+        if (e.bytes > 0) b["args"] = {{"bytes", e.bytes}};
+        events.push_back(std::move(b));
+        events.push_back(AsyncEvent("transfer", "e", e.end_ns, pid, e.tid, id));
+      } else {
+        events.push_back(AsyncEvent(name, "b", e.start_ns, pid, e.tid, id));
+        events.push_back(AsyncEvent(name, "e", e.end_ns, pid, e.tid, id));
+      }
+    }
+  }
+  j["events"] = std::move(events);
+  return j.dump();
+}
+
+absl::Status Profiler::MergeSpool(const std::string& folder, ProfileReport& report) {
+  DIR* dir = opendir(folder.c_str());
+  if (dir == nullptr) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoToStatus(errno, absl::StrCat("profile spool ", folder));
+  }
+  std::vector<std::string> files;
+  while (dirent* d = readdir(dir)) {
+    const std::string name = d->d_name;
+    int pid = 0;
+    if (!absl::EndsWith(name, ".json") ||
+        !absl::SimpleAtoi(absl::string_view(name).substr(0, name.size() - 5), &pid)) {
+      continue;  // "." and "..", and temp files being written
+    }
+    files.push_back(absl::StrCat(folder, "/", name));
+  }
+  closedir(dir);
+  std::sort(files.begin(), files.end());
+  for (const std::string& path : files) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    unlink(path.c_str());
+    if (!j.is_object() || !j.contains("stages")) continue;
+    report.processes += 1;
+    report.cpu_seconds += j.value("cpu_seconds", 0.0);
+    report.dropped_events += j.value("dropped_events", uint64_t{0});
+    for (const auto& [id, s] : j["stages"].items()) {
+      const std::optional<ProfileStage> stage = ProfileStageFromId(id);
+      if (!stage.has_value()) continue;
+      ProfileReport::Stage& to = report.stages[static_cast<int>(*stage)];
+      to.seconds += static_cast<double>(s.value("ns", int64_t{0})) / 1e9;
+      to.count += s.value("count", uint64_t{0});
+      to.bytes += s.value("bytes", uint64_t{0});
+    }
+    if (j.contains("events") && j["events"].is_array()) {
+      report.events += j["events"].size();
+      absl::MutexLock lock(&mu_);
+      merged_.push_back(j["events"].dump());
+    }
+  }
+  report.Decide();
+  return absl::OkStatus();
+}
+
+absl::Status Profiler::WriteTrace(const std::string& path) {
+  // This process's events, then the merged ones: JSON arrays spliced as text into one.
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  bool first = true;
+  auto append = [&](absl::string_view array) {
+    if (array.size() <= 2) return;  // "[]"
+    absl::StrAppend(&out, first ? "" : ",", array.substr(1, array.size() - 2));
+    first = false;
+  };
+  append(json::parse(SpoolJson("wharf"))["events"].dump());
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& m : merged_) append(m);
+  }
+  absl::StrAppend(&out, "]}\n");
+  return Annotate(WriteFileAtomically(path, out), "profile trace");
+}
+
+}  // namespace wharf
