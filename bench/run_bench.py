@@ -14,6 +14,9 @@ Usage (from the repository root, after ./run setup and ./run build):
     .venv/bin/python bench/run_bench.py --scenario SERVE [--quick] [--repeat 3] [--delays 0,25]
                                         (model loading and the prediction cache of issue 14:
                                         bench/serve_bench.py)
+    .venv/bin/python bench/run_bench.py --scenario ADAPT [--quick] [--repeat 3]
+                                        (self-tuning I/O while the latency changes, issue 15:
+                                        bench/adapt_bench.py; writes PNG plots)
 
 What it does
 ------------
@@ -424,6 +427,7 @@ class Proxy:
         self.binary, self.upstream, self.delay_ms, self.extra = binary, upstream, delay_ms, extra
         self.p: subprocess.Popen | None = None
         self.url = ""
+        self.control = ""  # HOST:PORT of --control, when passed in `extra`
 
     def __enter__(self):
         host = self.upstream.split("://", 1)[-1].rstrip("/")
@@ -441,7 +445,10 @@ class Proxy:
             for line in text.splitlines():
                 if line.startswith("listening on "):
                     self.url = "http://" + line.split()[-1]
-                    return self
+                if line.startswith("control on "):
+                    self.control = line.split()[-1]
+            if self.url and (self.control or "--control" not in self.extra):
+                return self
             if self.p.poll() is not None:
                 break
             time.sleep(0.02)
@@ -1199,7 +1206,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (bench/run_bench.py) for details.")
     ap.add_argument("--scenario", default="all",
-                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT", "SERVE"],
+                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT", "SERVE", "ADAPT"],
                     help="TRAIN: the training-loop benchmark, bench/train_bench.py (passes "
                     "--quick, --out, --wharf, --proxy-bin, --timeout, --keep-server and the "
                     "first of --delays as --delay-ms). TIER: the tier benchmarks of "
@@ -1207,10 +1214,13 @@ def main() -> int:
                     "cold readers on one tier), 3 rounds unless --repeat says otherwise. "
                     "CKPT: bench/ckpt_bench.py. SERVE: bench/serve_bench.py (model loading from "
                     "the bucket and a tier, the prediction cache), 3 rounds unless --repeat "
-                    "says otherwise")
+                    "says otherwise. ADAPT: bench/adapt_bench.py (self-tuned I/O against fixed "
+                    "depths while the proxy's delay switches 0/25/100/0 ms; PNG plots), 3 "
+                    "rounds unless --repeat says otherwise")
     ap.add_argument("--quick", action="store_true",
                     help="smoke sizes: S1 1,000 objects, S2 1 x 256 MiB, S3 10,000 keys, "
-                    "TIER 2,000 x 100 KiB, CKPT 256 MiB, SERVE a 0.24 GiB model")
+                    "TIER 2,000 x 100 KiB, CKPT 256 MiB, SERVE a 0.24 GiB model, ADAPT 6 s "
+                    "phases")
     ap.add_argument("--out", default=str(REPO / "bench-results"))
     ap.add_argument("--repeat", type=int, default=None,
                     help="rounds per delay; medians reported (default 1; TIER: 3)")
@@ -1261,7 +1271,7 @@ def main() -> int:
     a = ap.parse_args()
     a.wharf = str(Path(a.wharf).resolve()) if Path(a.wharf).exists() else a.wharf
     if a.repeat is None:
-        a.repeat = 3 if a.scenario in ("TIER", "SERVE") else 1
+        a.repeat = 3 if a.scenario in ("TIER", "SERVE", "ADAPT") else 1
     if a.scenario == "TRAIN":
         import train_bench
 
@@ -1280,10 +1290,11 @@ def main() -> int:
         return 2
     scenarios = make_scenarios(a.quick)
     names = ["S1", "S2", "S3"] if a.scenario == "all" else [a.scenario]
-    names = [] if a.scenario in ("TIER", "CKPT", "SERVE") else names  # their modules run them
+    names = [] if a.scenario in ("TIER", "CKPT", "SERVE", "ADAPT") else names  # their modules
+    # run them
     wanted = set(a.clients.split(",")) if a.clients else {c.name for c in CLIENTS}
     unknown = wanted - {c.name for c in CLIENTS}
-    if unknown and a.scenario not in ("CKPT", "SERVE"):  # their clients are their modules'
+    if unknown and a.scenario not in ("CKPT", "SERVE", "ADAPT"):  # their clients are their modules'
         print(f"error: unknown clients {sorted(unknown)}", file=sys.stderr)
         return 2
     wanted -= set(filter(None, a.skip_clients.split(",")))
@@ -1316,6 +1327,11 @@ def main() -> int:
 
             sections += ckpt_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
                                        results)
+        if a.scenario == "ADAPT":
+            import adapt_bench
+
+            sections += adapt_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
+                                        results)
         if a.scenario == "SERVE":
             import serve_bench
 

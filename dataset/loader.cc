@@ -114,6 +114,11 @@ SampleStream::~SampleStream() = default;
 
 FetchStats SampleStream::stats() const { return batch_ ? batch_->stats() : FetchStats{}; }
 
+size_t SampleStream::Prefetch() const {
+  if (options_.prefetch != StreamOptions::kAutoPrefetch) return options_.prefetch;
+  return std::max<size_t>(64, 2 * static_cast<size_t>(scheduler_->max_in_flight()));
+}
+
 uint64_t SampleStream::SizeAt(uint64_t position) const {
   return (*index_)[shard_.SampleAt(position)].size.value_or(0);
 }
@@ -163,7 +168,7 @@ absl::StatusOr<Sample> SampleStream::TakeOne() {
 
 absl::StatusOr<std::optional<Sample>> SampleStream::Next() {
   if (remaining() == 0) return std::nullopt;
-  FillTo(yielded_ + 1, yielded_ + 1 + options_.prefetch);
+  FillTo(yielded_ + 1, yielded_ + 1 + Prefetch());
   WHARF_ASSIGN_OR_RETURN(Sample s, TakeOne());
   return std::optional<Sample>(std::move(s));
 }
@@ -172,7 +177,7 @@ absl::StatusOr<std::vector<Sample>> SampleStream::NextBatch(size_t n) {
   n = static_cast<size_t>(std::min<uint64_t>(n, remaining()));
   std::vector<Sample> out;
   if (n == 0) return out;
-  FillTo(yielded_ + n, yielded_ + n + options_.prefetch);
+  FillTo(yielded_ + n, yielded_ + n + Prefetch());
   out.reserve(n);
   absl::Status first_error;
   for (size_t i = 0; i < n; ++i) {

@@ -72,6 +72,9 @@ class SampleReader {
 };
 
 struct StreamOptions {
+  // prefetch: follow the engine (twice the requests it keeps in flight now, at least 64), so
+  // that a depth the engine tunes up (a farther store) has the samples to fill it.
+  static constexpr size_t kAutoPrefetch = ~size_t{0};
   // Samples requested ahead of the one being consumed (0: none; NextBatch(n) still fetches
   // its n samples together). The scheduler's memory budget bounds the bytes; this bounds
   // the count, so small budgets and large samples are both safe.
@@ -134,6 +137,8 @@ class SampleStream {
   // up to `ahead` within options_.prefetch_bytes (both capped at the share's end).
   void FillTo(uint64_t required, uint64_t ahead);
   uint64_t SizeAt(uint64_t position) const;
+  // Samples to read ahead now (options_.prefetch, or the engine's depth).
+  size_t Prefetch() const;
   // Waits for the sample at position yielded_ and consumes it.
   absl::StatusOr<Sample> TakeOne();
 

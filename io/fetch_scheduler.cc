@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/profiler.h"
 #include "base/status.h"
+#include "io/inflight_controller.h"
 
 namespace wharf {
 
@@ -30,6 +31,10 @@ struct FetchScheduler::Common {
   std::shared_ptr<MemoryBudget> budget;
   std::shared_ptr<MemoryBudget::Account> account;
   LinkEstimator* link = nullptr;
+  // The depth: fixed (options or runtime), or tuned by `controller` from measured throughput.
+  int fixed_in_flight = 0;
+  std::unique_ptr<InFlightController> controller;
+  int MaxInFlight() const { return controller ? controller->limit() : fixed_in_flight; }
   Counter* requests = nullptr;
   Counter* bytes = nullptr;
   Counter* retries = nullptr;
@@ -114,12 +119,9 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
   static constexpr int kWakeBatch = 8;
   static constexpr absl::Duration kCoalesceWait = absl::Milliseconds(2);
 
-  BatchImpl(std::shared_ptr<ObjectStore> store, const FetchOptions& options, int max_in_flight,
+  BatchImpl(std::shared_ptr<ObjectStore> store, const FetchOptions& options,
             std::shared_ptr<FetchScheduler::Common> common)
-      : store_(std::move(store)),
-        options_(options),
-        common_(std::move(common)),
-        max_in_flight_(max_in_flight) {
+      : store_(std::move(store)), options_(options), common_(std::move(common)) {
     // Releases anywhere in the process may let this batch go on.
     listener_ = common_->budget->AddListener([waker = waker_] {
       if (waker->wants_release.exchange(false, std::memory_order_relaxed)) waker->Signal();
@@ -383,10 +385,10 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     // Objects already started first (their parts left over from the in-flight limits), so
     // earlier objects finish first.
     for (auto& g : running_) {
-      if (in_flight_ >= max_in_flight_) break;
+      if (in_flight_ >= common_->MaxInFlight()) break;
       if (g->next_part < g->parts) StartPartsLocked(g, deferred);
     }
-    while (!cancelled_ && !queue_.empty() && in_flight_ < max_in_flight_) {
+    while (!cancelled_ && !queue_.empty() && in_flight_ < common_->MaxInFlight()) {
       Group& front = queue_.front();
       if (front.head_item.has_value()) {
         StartHeadLocked(std::move(front), deferred);
@@ -428,7 +430,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const uint64_t total = g->end - g->begin;
     const uint64_t part = total > options_.split_threshold ? options_.part_size : total;
-    while (g->next_part < g->parts && in_flight_ < max_in_flight_ &&
+    while (g->next_part < g->parts && in_flight_ < common_->MaxInFlight() &&
            g->next_part - g->parts_done < options_.max_parts_per_object) {
       const uint64_t off = static_cast<uint64_t>(g->next_part) * part;
       const uint64_t len = std::min(part, total - off);
@@ -473,6 +475,10 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     bool wake;
     {
       absl::MutexLock lock(&mu_);
+      if (common_->controller != nullptr && r.ok()) {
+        common_->controller->OnComplete(MonotonicNanos(), r->bytes, r->time_to_first_byte,
+                                        in_flight_);
+      }
       OnPartLocked(g, std::move(r), deferred);
       wake = WakeConsumerLocked();
     }
@@ -617,7 +623,6 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
   const std::shared_ptr<ObjectStore> store_;
   const FetchOptions options_;
   const std::shared_ptr<FetchScheduler::Common> common_;
-  const int max_in_flight_;
   const std::shared_ptr<Waker> waker_ = std::make_shared<Waker>();
   uint64_t listener_ = 0;
 
@@ -671,19 +676,23 @@ FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions 
                      "Stalls of a fetch engine on the memory budget (queued work, no room)",
                      Histogram::LatencyBounds(), labels);
   if (options_.max_in_flight > 0) {
-    max_in_flight_ = options_.max_in_flight;
+    common_->fixed_in_flight = options_.max_in_flight;
   } else if (rt.inflight() > 0) {
-    max_in_flight_ = rt.inflight();
+    common_->fixed_in_flight = rt.inflight();
   } else {
-    // A measured link slower to answer than the prior asks for more requests in flight.
-    max_in_flight_ = options_.EffectiveMaxInFlight();
+    // Starts where the prior (or a measured link slower to answer than the prior) puts it;
+    // the controller takes it from there.
+    int initial = options_.EffectiveMaxInFlight();
     if (common_->link->samples() >= LinkEstimator::kWarmup) {
-      max_in_flight_ =
-          std::max(max_in_flight_, common_->link->InFlightFor(options_.target_bytes_per_second,
-                                                              options_.typical_object_bytes));
+      initial = std::max(initial, common_->link->InFlightFor(options_.target_bytes_per_second,
+                                                             options_.typical_object_bytes));
     }
+    common_->controller =
+        std::make_unique<InFlightController>(InFlightController::Options{.initial = initial});
   }
 }
+
+int FetchScheduler::max_in_flight() const { return common_->MaxInFlight(); }
 
 FetchScheduler::~FetchScheduler() = default;
 
@@ -693,7 +702,7 @@ FetchScheduler::PoolStats FetchScheduler::pool_stats() const {
 
 std::unique_ptr<FetchScheduler::Batch> FetchScheduler::StartBatch() {
   return std::make_unique<BatchImpl::Handle>(
-      std::make_shared<BatchImpl>(store_, options_, max_in_flight_, common_));
+      std::make_shared<BatchImpl>(store_, options_, common_));
 }
 
 std::unique_ptr<FetchScheduler::Batch> FetchScheduler::Fetch(std::vector<FetchItem> items) {

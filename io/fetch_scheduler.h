@@ -158,8 +158,9 @@ class FetchScheduler {
   std::unique_ptr<Batch> StartBatch();
 
   const FetchOptions& options() const { return options_; }
-  // Requests in flight this scheduler allows (options or runtime, see FetchOptions).
-  int max_in_flight() const { return max_in_flight_; }
+  // Requests in flight this scheduler allows now: fixed by the options or the runtime, else
+  // tuned while it runs (io/inflight_controller.h).
+  int max_in_flight() const;
   // The runtime budget's pool of released large blocks (>= 4 MiB, already populated).
   struct PoolStats {
     uint64_t reused = 0;        // blocks served from the pool instead of a new mapping
@@ -175,7 +176,6 @@ class FetchScheduler {
  private:
   std::shared_ptr<ObjectStore> store_;
   FetchOptions options_;
-  int max_in_flight_;
   std::shared_ptr<MemoryBudget::Account> account_;
   std::shared_ptr<Common> common_;
 };

@@ -343,6 +343,7 @@ class PyStream : public StreamBinding<PyStream, SampleStream> {
     d["retries"] = st.retries;
     d["peak_in_flight"] = st.peak_in_flight;
     d["peak_bytes_held"] = st.peak_bytes_held;
+    d["max_in_flight"] = scheduler_->max_in_flight();  // the depth now (tuned unless fixed)
     return d;
   }
 
@@ -523,21 +524,22 @@ void RegisterDataset(py::module_& m) {
                        "ahead; iterating yields (index, key, Buffer)")
       .def(py::init([](std::shared_ptr<PyIndex> index, uint64_t seed, uint64_t epoch, bool shuffle,
                        bool drop_last, int rank, int world_size, int worker, int num_workers,
-                       uint64_t worker_block, uint64_t consumed, uint64_t skip, size_t prefetch,
-                       uint64_t prefetch_bytes, int max_in_flight, const py::object& memory_budget,
-                       uint64_t order) {
+                       uint64_t worker_block, uint64_t consumed, uint64_t skip,
+                       std::optional<size_t> prefetch, uint64_t prefetch_bytes, int max_in_flight,
+                       const py::object& memory_budget, uint64_t order) {
              const EngineOptions engine{max_in_flight, SizeArg(memory_budget, "memory_budget")};
-             return std::make_unique<PyStream>(std::move(index), seed, epoch, shuffle, drop_last,
-                                               rank, world_size, worker, num_workers, worker_block,
-                                               consumed, skip, prefetch, prefetch_bytes, order,
-                                               engine);
+             return std::make_unique<PyStream>(
+                 std::move(index), seed, epoch, shuffle, drop_last, rank, world_size, worker,
+                 num_workers, worker_block, consumed, skip,
+                 prefetch.value_or(StreamOptions::kAutoPrefetch), prefetch_bytes, order, engine);
            }),
            py::arg("index"), py::kw_only(), py::arg("seed") = 0, py::arg("epoch") = 0,
            py::arg("shuffle") = true, py::arg("drop_last") = false, py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("worker") = 0, py::arg("num_workers") = 1,
            py::arg("worker_block") = 1, py::arg("consumed") = 0, py::arg("skip") = 0,
-           py::arg("prefetch") = 64, py::arg("prefetch_bytes") = 0, py::arg("max_in_flight") = 0,
-           py::arg("memory_budget") = 0, py::arg("order") = kCurrentOrder)
+           py::arg("prefetch") = py::none(), py::arg("prefetch_bytes") = 0,
+           py::arg("max_in_flight") = 0, py::arg("memory_budget") = 0,
+           py::arg("order") = kCurrentOrder)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyStream::Next)
       .def("next_batch", &PyStream::NextBatch, py::arg("n"),

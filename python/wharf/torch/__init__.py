@@ -405,14 +405,16 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
 
     Each worker reads its share through one engine batch, `prefetch` samples ahead (and at
     most `prefetch_bytes` bytes ahead when non-zero); samples of one DataLoader batch are
-    requested together. The default of 512 follows Little's law for cloud latency (~2,000
-    samples/s x ~100 ms per request with queueing): measured at 25 ms each way, 64 ahead gave
-    394 samples/s, 256 gave 937 and 512 gave 1,114. Memory stays bounded by the engine's
-    budget (1 GiB) whatever the sample size."""
+    requested together. The default (None) follows the engine: twice the requests it keeps
+    in flight, a depth it tunes from the throughput it measures (io/inflight_controller.h),
+    so a farther store gets a deeper read-ahead (measured at 25 ms each way: 64 ahead gave
+    394 samples/s, 512 gave 1,114). Memory stays bounded by the engine's budget (1 GiB)
+    whatever the sample size."""
 
     def __init__(self, index: "_wharf.SampleIndex", *, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, transform: Optional[Callable] = None,
-                 batch_size_hint: int = 1, prefetch: int = 512, prefetch_bytes: int = 0,
+                 batch_size_hint: int = 1, prefetch: Optional[int] = None,
+                 prefetch_bytes: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  max_in_flight: int = 0, memory_budget: Union[int, str] = 0):
         if batch_size_hint < 1:
