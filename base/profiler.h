@@ -122,6 +122,9 @@ class Profiler {
   // This process's sums and events as JSON, for a parent to merge (a DataLoader worker
   // writes it into the parent's spool folder when it ends).
   std::string SpoolJson(absl::string_view process_name = "DataLoader worker");
+  // This process's events as a JSON array in Chrome's trace event format, led by a
+  // process_name event.
+  std::string EventsText(absl::string_view process_name);
   // Merges every "<pid>.json" in `folder` into `report` and the trace, then deletes the
   // files. A missing folder is no error.
   absl::Status MergeSpool(const std::string& folder, ProfileReport& report);

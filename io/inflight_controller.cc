@@ -47,18 +47,6 @@ void InFlightController::OnComplete(int64_t now_ns, uint64_t bytes, absl::Durati
   }
 }
 
-void InFlightController::Rescale(int64_t now_ns) {
-  // Little's law on the latency that is not queueing: a first byte k times later needs k
-  // times the depth for the same rate (at most 32 times at once; probes go on from there).
-  const double k = std::min(32.0, min_ttfb_ / settled_ttfb_);
-  settled_rate_ = 0;
-  settled_ttfb_ = 0;
-  drop_check_ = 0;
-  steady_ = 0;
-  hold_ = options_.hold;
-  Set(static_cast<int>(std::ceil(limit() * k)), now_ns);
-}
-
 void InFlightController::EndInterval(int64_t now_ns) {
   const int64_t start_ns = interval_start_ns_;
   const double completions = static_cast<double>(interval_completions_);
@@ -74,37 +62,31 @@ void InFlightController::EndInterval(int64_t now_ns) {
   switch (phase_) {
     case Phase::kSteady: {
       if (!limited) return;  // the depth is not what bounds this engine now
-      const bool later = settled_ttfb_ > 0 && min_ttfb_ > 1.3 * settled_ttfb_;
-      if (drop_check_ > 0) {
-        // The rate fell: did the first byte come later (a farther or slower link)? The
-        // interval of the change mixes both, so the next ones are looked at too.
-        --drop_check_;
-        if (later) return Rescale(now_ns);
-        if (drop_check_ > 0) return;
-        // Slower without later first bytes: measure afresh and probe now.
+      if (settled_rate_ == 0) {
         settled_rate_ = rate;
-        settled_ttfb_ = min_ttfb_;
-        steady_ = hold_ = options_.hold;
-      } else if (settled_rate_ == 0) {
-        settled_rate_ = rate;
-        settled_ttfb_ = min_ttfb_;
         return;
-      } else if (rate < options_.drop * settled_rate_) {
-        drop_check_ = 2;
-        if (later) return Rescale(now_ns);
+      }
+      if (rate < options_.drop * settled_rate_) {
+        // The rate fell at the same depth: a farther or slower link, or a server that
+        // stalled. Probe up now, from this rate: deeper is kept only if it pays.
+        ++stats_.probes;
+        steady_ = 0;
+        hold_ = options_.hold;
+        base_depth_ = depth;
+        base_rate_ = rate;
+        phase_ = Phase::kProbeUp;
+        Set(static_cast<int>(std::ceil(depth * options_.up)), now_ns);
         return;
-      } else if (rate > settled_rate_ / options_.drop) {
+      }
+      if (rate > settled_rate_ / options_.drop) {
         // Faster than it settled at: the link changed for the better. Measure it again,
         // and probe soon (a shallower pipe may now do).
         settled_rate_ = rate;
-        settled_ttfb_ = min_ttfb_;
         steady_ = 0;
         hold_ = options_.hold;
         return;
-      } else {
-        settled_rate_ = 0.5 * settled_rate_ + 0.5 * rate;
-        settled_ttfb_ = std::min(settled_ttfb_, min_ttfb_);
       }
+      settled_rate_ = 0.5 * settled_rate_ + 0.5 * rate;
       // Little's law: when the depth is about what the rate needs at the smallest first-byte
       // time, the requests wait on the link, not in a queue: deeper will help, probe now
       // (unless probes have been failing).
