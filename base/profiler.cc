@@ -13,7 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <queue>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -312,7 +315,7 @@ namespace {
 
 // Chrome trace events of one process (https://docs.google.com/document/d/
 // 1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): complete events ("X") for the spans of a
-// thread, nestable async events ("b"/"e") for requests, which overlap on one event loop.
+// thread, and for requests on lanes of their own (EventsText).
 // Formatted by hand: a JSON library's objects cost several times the recording itself for
 // the tens of thousands of events of a short run. Names are fixed ASCII (no escaping).
 // Nanoseconds as microseconds with three decimals ("12.345"), without floating point.
@@ -332,16 +335,6 @@ void AppendSpan(std::string& out, absl::string_view name, int64_t start_ns, int6
   AppendMicros(out, start_ns);
   out += ",\"dur\":";
   AppendMicros(out, end_ns - start_ns);
-  absl::StrAppend(&out, ",\"pid\":", pid, ",\"tid\":", tid);
-  if (bytes > 0) absl::StrAppend(&out, ",\"args\":{\"bytes\":", bytes, "}");
-  out += '}';
-}
-
-void AppendAsync(std::string& out, absl::string_view name, char ph, int64_t ns, int pid,
-                 uint32_t tid, uint64_t id, uint64_t bytes = 0) {
-  absl::StrAppend(&out, ",{\"name\":\"", name, "\",\"cat\":\"request\",\"ph\":\"",
-                  absl::string_view(&ph, 1), "\",\"id\":\"0x", absl::Hex(id), "\",\"ts\":");
-  AppendMicros(out, ns);
   absl::StrAppend(&out, ",\"pid\":", pid, ",\"tid\":", tid);
   if (bytes > 0) absl::StrAppend(&out, ",\"args\":{\"bytes\":", bytes, "}");
   out += '}';
@@ -376,23 +369,43 @@ std::string Profiler::EventsText(absl::string_view process_name) {
       absl::StrFormat("[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":%s}}",
                       pid, json(absl::StrCat(process_name, " (pid ", pid, ")")).dump());
   absl::MutexLock lock(&mu_);
-  out.reserve(out.size() + events_.size() * 200);
-  uint64_t id = 0;
+  out.reserve(out.size() + events_.size() * 150);
+  // Store requests overlap on one event loop: each gets a lane ("request slot N", a track of
+  // its own in the viewer) that is free from its start to its end, the fewest lanes that hold
+  // them all (greedy by start time), and two spans on it: first byte, then transfer.
+  std::vector<const Event*> requests;
   for (const Event& e : events_) {
-    const absl::string_view name = kStages[static_cast<int>(e.stage)].label;
     if (!e.request) {
-      AppendSpan(out, name, e.start_ns, e.end_ns, pid, e.tid, e.bytes);
-      continue;
-    }
-    ++id;
-    if (e.mid_ns > 0) {
-      AppendAsync(out, "first byte", 'b', e.start_ns, pid, e.tid, id);
-      AppendAsync(out, "first byte", 'e', e.mid_ns, pid, e.tid, id);
-      AppendAsync(out, "transfer", 'b', e.mid_ns, pid, e.tid, id, e.bytes);
-      AppendAsync(out, "transfer", 'e', e.end_ns, pid, e.tid, id);
+      AppendSpan(out, kStages[static_cast<int>(e.stage)].label, e.start_ns, e.end_ns, pid, e.tid,
+                 e.bytes);
     } else {
-      AppendAsync(out, name, 'b', e.start_ns, pid, e.tid, id);
-      AppendAsync(out, name, 'e', e.end_ns, pid, e.tid, id);
+      requests.push_back(&e);
+    }
+  }
+  std::sort(requests.begin(), requests.end(),
+            [](const Event* a, const Event* b) { return a->start_ns < b->start_ns; });
+  using Lane = std::pair<int64_t, uint32_t>;  // (free from, lane)
+  std::priority_queue<Lane, std::vector<Lane>, std::greater<Lane>> free_at;
+  uint32_t lanes = 0;
+  constexpr uint32_t kLaneBase = 1u << 30;  // far from real thread ids
+  for (const Event* e : requests) {
+    uint32_t lane;
+    if (!free_at.empty() && free_at.top().first <= e->start_ns) {
+      lane = free_at.top().second;
+      free_at.pop();
+    } else {
+      lane = lanes++;
+      absl::StrAppend(&out, ",{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":", pid,
+                      ",\"tid\":", kLaneBase + lane, ",\"args\":{\"name\":\"request slot ", lane,
+                      "\"}}");
+    }
+    free_at.push({e->end_ns, lane});
+    if (e->mid_ns > 0) {
+      AppendSpan(out, "first byte", e->start_ns, e->mid_ns, pid, kLaneBase + lane, 0);
+      AppendSpan(out, "transfer", e->mid_ns, e->end_ns, pid, kLaneBase + lane, e->bytes);
+    } else {
+      AppendSpan(out, kStages[static_cast<int>(e->stage)].label, e->start_ns, e->end_ns, pid,
+                 kLaneBase + lane, e->bytes);
     }
   }
   out += ']';

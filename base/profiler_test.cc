@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/file_io.h"
@@ -132,22 +134,28 @@ TEST(Profiler, RecordsOnlyWhileRunningAndSumsStages) {
   ASSERT_TRUE(p.WriteTrace(trace).ok());
   nlohmann::json j = nlohmann::json::parse(ReadAll(trace));
   ASSERT_TRUE(j["traceEvents"].is_array());
-  int spans = 0, begins = 0, ends = 0, meta = 0;
+  int spans = 0, on_lanes = 0, meta = 0;
+  std::set<std::pair<int64_t, std::string>> lanes;
   for (const auto& e : j["traceEvents"]) {
     const std::string ph = e["ph"];
     EXPECT_TRUE(e.contains("pid") && e.contains("name"));
     if (ph == "X") {
       ++spans;
       EXPECT_GE(e["dur"].get<double>(), 0);
+      if (e["tid"].get<int64_t>() >= (int64_t{1} << 30)) {
+        ++on_lanes;
+        lanes.insert({e["tid"].get<int64_t>(), e["name"].get<std::string>()});
+      }
     }
-    begins += ph == "b";
-    ends += ph == "e";
     meta += ph == "M";
   }
-  EXPECT_EQ(spans, 3);   // two transforms and the I/O wait
-  EXPECT_EQ(begins, 3);  // first byte + transfer of the GET, the listing
-  EXPECT_EQ(ends, 3);
-  EXPECT_EQ(meta, 1);
+  EXPECT_EQ(spans, 6);     // two transforms, the I/O wait, first byte + transfer, the listing
+  EXPECT_EQ(on_lanes, 3);  // the requests' spans, on request lanes
+  // The GET and the listing overlap: two lanes (each named), the process named once.
+  EXPECT_EQ(meta, 3);
+  std::set<int64_t> lane_ids;
+  for (const auto& [tid, name] : lanes) lane_ids.insert(tid);
+  EXPECT_EQ(lane_ids.size(), 2u);
 
   // A worker's spool, merged: its sums add to the report, its events to the trace.
   ASSERT_TRUE(p.Start().ok());

@@ -157,21 +157,31 @@ def med(xs):
 
 
 def summarize(runs: dict[str, list[dict]], n_phases: int) -> list[dict]:
+    """Per phase: medians per setting over the rounds, and the self-tuned run against the
+    best fixed setting OF ITS OWN ROUND (the machine's speed drifts between rounds more than
+    between the settings of one round), as the median over rounds."""
     rows = []
+    rounds = sorted({r["round"] for rs in runs.values() for r in rs})
     for i in range(n_phases):
         per = {cfg: med(steady(r, i) for r in rs) for cfg, rs in runs.items()}
         fixed = {cfg: v for cfg, v in per.items() if cfg != "auto" and v is not None}
         best_cfg = max(fixed, key=fixed.get) if fixed else None
-        best = fixed.get(best_cfg)
-        auto = per.get("auto")
-        reach = (med(time_to(r, i, 0.9 * best) for r in runs.get("auto", []))
-                 if best else None)
+        ratios, reach = [], []
+        for rnd in rounds:
+            mine = {cfg: next((r for r in rs if r["round"] == rnd), None)
+                    for cfg, rs in runs.items()}
+            auto_run = mine.get("auto")
+            bests = [steady(r, i) for cfg, r in mine.items() if cfg != "auto" and r]
+            bests = [b for b in bests if b is not None]
+            if not auto_run or not bests or steady(auto_run, i) is None:
+                continue
+            ratios.append(steady(auto_run, i) / max(bests))
+            reach.append(time_to(auto_run, i, 0.9 * max(bests)))
         first = runs.get("auto", [{}])[0].get("phases", [{}] * n_phases)[i]
         rows.append({"phase": i, "delay_ms": first.get("delay_ms"), "per": per,
-                     "best_cfg": best_cfg, "best": best, "auto": auto,
-                     "ratio": auto / best if auto and best else None,
-                     "reach_s": reach, "verdict": first.get("verdict"),
-                     "reason": first.get("reason")})
+                     "best_cfg": best_cfg, "best": fixed.get(best_cfg), "auto": per.get("auto"),
+                     "ratio": med(ratios), "ratios": ratios, "reach_s": med(reach),
+                     "verdict": first.get("verdict"), "reason": first.get("reason")})
     return rows
 
 
@@ -191,15 +201,18 @@ def render(results: list[dict]) -> str:
     out = ["### ADAPT: self-tuned I/O against hand-tuned depths while the latency changes\n",
            f"64 KiB objects read by one SampleStream; the proxy's delay switches during the "
            f"run; MB/s = median of 1 s windows after the first {SETTLE_S:g} s of each phase, "
-           f"median of {len(runs['auto'])} runs.\n",
+           f"median of {len(runs['auto'])} runs; within a round the settings run one after "
+           f"the other, so the ratio compares runs a minute apart.\n",
            "| phase | delay ms (each way) | best fixed (inflight) MB/s | self-tuned MB/s | "
-           "self-tuned / best | seconds to within 10% of best | profiler verdict |",
+           "self-tuned / best of its round (per round) | seconds to within 10% of that best | "
+           "profiler verdict |",
            "|---|---|---|---|---|---|---|"]
     for row in rows:
+        each = ", ".join(fmt(x, ".2f") for x in row["ratios"])
         out.append(f"| {row['phase'] + 1} | {fmt(row['delay_ms'], 'g')} | "
                    f"{fmt(row['best'])} ({row['best_cfg']}) | {fmt(row['auto'])} | "
-                   f"{fmt(row['ratio'], '.2f')} | {fmt(row['reach_s'], '.0f', 'never')} | "
-                   f"{row['verdict'] or '-'} |")
+                   f"{fmt(row['ratio'], '.2f')} ({each}) | "
+                   f"{fmt(row['reach_s'], '.0f', 'never')} | {row['verdict'] or '-'} |")
     cfgs = ["auto"] + [str(n) for n in FIXED if str(n) in runs]
     out += ["", "MB/s per setting and phase:", "",
             "| setting | " + " | ".join(f"phase {r['phase'] + 1} ({fmt(r['delay_ms'], 'g')} ms)"
@@ -239,8 +252,9 @@ def plot(results: list[dict], out_dir: Path, stamp: str) -> list[str]:
     names = []
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for cfg, r in first.items():
-        xs = [k + 0.5 for k in range(len(r["windows"]))]
-        ys = [w[1] / 1e6 for w in r["windows"]]
+        whole = [w for k, w in enumerate(r["windows"]) if k + 1 <= r["seconds"]]  # no stub
+        xs = [k + 0.5 for k in range(len(whole))]
+        ys = [w[1] / 1e6 for w in whole]
         label = "self-tuned" if cfg == "auto" else f"inflight {cfg}"
         ax.plot(xs, ys, label=label, linewidth=2.5 if cfg == "auto" else 1.2,
                 color="black" if cfg == "auto" else None)

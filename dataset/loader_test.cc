@@ -84,6 +84,36 @@ TEST_F(LoaderTest, StreamYieldsTheShareInOrderWithReadAhead) {
 }
 
 // A worker resuming its own share passes over what it yielded without reading it.
+TEST_F(LoaderTest, AutoReadAheadFollowsTheEnginesDepth) {
+  // 600 samples: the fixture's objects, each ten times.
+  std::vector<std::string> keys;
+  for (int round = 0; round < 10; ++round) {
+    for (int i = 0; i < kSamples; ++i) keys.push_back(absl::StrCat("ds/", 1000 + i, ".bin"));
+  }
+  auto index = std::make_shared<const SampleIndex>(SampleIndex::FromKeys(keys));
+  const Sampler sampler = *Sampler::Create(keys.size(), {.seed = 3});
+  const SamplerState state = sampler.State(0, 0);
+  for (int depth : {4, 100}) {
+    auto stream = SampleStream::Create(index, sampler, state, Partition{},
+                                       Scheduler({.max_in_flight = depth, .ordered = true}),
+                                       {.prefetch = StreamOptions::kAutoPrefetch});
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    auto first = (*stream)->Next();
+    ASSERT_TRUE(first.ok() && first->has_value()) << first.status();
+    // Twice the depth, at least 64.
+    const uint64_t ahead = std::max<uint64_t>(64, 2 * static_cast<uint64_t>(depth));
+    EXPECT_EQ((*stream)->stats().items, 1 + ahead) << depth;
+    uint64_t n = 1;
+    while (true) {
+      auto s = (*stream)->Next();
+      ASSERT_TRUE(s.ok()) << s.status();
+      if (!s->has_value()) break;
+      ++n;
+    }
+    EXPECT_EQ(n, keys.size());
+  }
+}
+
 TEST_F(LoaderTest, SkipStartsTheShareLaterWithoutReadingTheSkippedSamples) {
   for (bool ordered : {true, false}) {
     const Sampler sampler = *Sampler::Create(kSamples, {.seed = 5});

@@ -49,7 +49,7 @@ class InFlightController {
     int hold = 4;        // steady intervals between probes
     double up = 2.0;     // an upward probe multiplies the depth by this
     double down = 1.5;   // a downward probe divides it by this
-    double gain = 1.15;  // an upward probe is kept when the rate rose by this factor
+    double gain = 1.10;  // an upward probe is kept when the rate rose by this factor
     double loss = 0.95;  // a downward probe is kept when the rate stayed above this factor
     double drop = 0.6;   // a steady rate below this x the settled one triggers a probe
   };

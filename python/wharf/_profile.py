@@ -196,18 +196,21 @@ def consumer(gen: Iterator[Any]) -> Iterator[Any]:
         yield from gen
         return
     t1 = None
-    while True:
-        t0 = now()
-        if t1 is not None and state.on and not state.iterating:
-            record(STEP, t1, t0)
-        try:
-            item = next(gen)
-        except StopIteration:
-            return
-        t1 = now()
-        if state.on and not state.iterating:
-            record(CONSUMER_WAIT, t0, t1)
-        yield item
+    try:
+        while True:
+            t0 = now()
+            if t1 is not None and state.on and not state.iterating:
+                record(STEP, t1, t0)
+            try:
+                item = next(gen)
+            except StopIteration:
+                return
+            t1 = now()
+            if state.on and not state.iterating:
+                record(CONSUMER_WAIT, t0, t1)
+            yield item
+    finally:
+        gen.close()  # a consumer that stops early closes the dataset's generator now
 
 
 # ---- processes started while a profile runs, and WHARF_PROFILE=1 ----

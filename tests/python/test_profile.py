@@ -166,8 +166,16 @@ def test_cli_fetch_profile(dataset, tmp_path):
     assert "wharf profile:" not in plain.stderr
     assert "first byte" in proc.stderr and "verdict: " in proc.stderr
     events = trace_events(trace)
-    gets = [e for e in events if e["ph"] == "b" and e["name"] == "first byte"]
+    gets = [e for e in events if e["ph"] == "X" and e["name"] == "first byte"]
     assert len(gets) == SAMPLES
+    # Requests overlap: each is drawn on a "request slot" lane of its own while it runs.
+    slots = {e["tid"] for e in gets}
+    named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert 1 < len(slots) <= SAMPLES and slots <= named
+    by_slot = {}
+    for e in sorted(gets, key=lambda e: e["ts"]):
+        assert e["ts"] >= by_slot.get(e["tid"], 0) - 0.002  # no overlap on one lane
+        by_slot[e["tid"]] = e["ts"] + e["dur"]
     assert stat.S_IMODE(os.stat(trace).st_mode) == 0o600
 
 
