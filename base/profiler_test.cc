@@ -7,8 +7,8 @@
 
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 
