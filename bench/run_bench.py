@@ -123,7 +123,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -1066,6 +1066,47 @@ def fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def plot_rates(out_dir: Path, stamp: str, measured: list) -> list[str]:
+    """One PNG per scenario next to the markdown: each client's rate (the table's median) at
+    each delay, grouped by delay. Returns the file names (none without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    names = []
+    for sc_name in dict.fromkeys(sc.name for sc, _, _ in measured):
+        rows = [(sc, d, recs) for sc, d, recs in measured if sc.name == sc_name]
+        sc = rows[0][0]
+        rate = "mb_per_s" if sc.kind == "get" and sc.size >= 64 * MiB else "obj_per_s"
+        clients = list(dict.fromkeys(r["client"] for _, _, recs in rows for r in recs
+                                     if r.get("status") == "ok"))
+        if not clients:
+            continue
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(clients) * len(rows)), 4))
+        width = 0.8 / len(clients)
+        for ci, client in enumerate(clients):
+            xs, ys = [], []
+            for di, (_, _, recs) in enumerate(rows):
+                r = next((r for r in recs if r["client"] == client and r.get("status") == "ok"),
+                         None)
+                if r and r.get(rate):
+                    xs.append(di + ci * width)
+                    ys.append(r[rate])
+            ax.bar(xs, ys, width, label=client)
+        ax.set_xticks([di + 0.4 - width / 2 for di in range(len(rows))])
+        ax.set_xticklabels([f"{d:g} ms each way" for _, d, _ in rows])
+        ax.set_ylabel("MB/s" if rate == "mb_per_s" else "objects/s")
+        ax.set_title(f"{sc.name} {sc.title}: median of the runs")
+        ax.legend(fontsize=8, ncol=2)
+        fig.tight_layout()
+        names.append(f"bench-{stamp}-{sc.name}.png")
+        fig.savefig(out_dir / names[-1], dpi=110)
+        plt.close(fig)
+    return names
+
+
 def table(sc: Scenario, delay: float, recs: list[dict]) -> str:
     get = sc.kind == "get"
     rate = "mb_per_s" if get and sc.size >= 64 * MiB else "obj_per_s"
@@ -1305,6 +1346,7 @@ def main() -> int:
     server = Server(keep=a.keep_server)
     results: list[dict] = []
     sections: list[str] = []
+    measured: list = []  # (scenario, delay, median records) of S1-S3, for the plots
     versions: dict | None = None
     failed = False
     try:
@@ -1389,7 +1431,11 @@ def main() -> int:
                         else:
                             recs.append(median_rec(runs))
                 sections.append(table(sc, delay, recs))
+                measured.append((sc, delay, recs))
                 print("\n" + sections[-1], flush=True)
+        plots = plot_rates(out_dir, stamp, measured)
+        if plots:
+            sections.append("\n".join(f"![{n}]({n})" for n in plots) + "\n")
         pc = proxy_check(results)
         if pc:
             sections.append(pc)

@@ -218,6 +218,20 @@ bool ParseContentRange(absl::string_view cr, uint64_t* first, uint64_t* last, ui
 
 }  // namespace
 
+absl::string_view RetryCause(const absl::StatusOr<HttpResponse>& response) {
+  if (!response.ok()) return "connection";  // reset, refused, timed out on the wire
+  if (response->status == 429 || response->status == 503) return "throttled";
+  if (response->status == 408) return "timeout";
+  if (response->status >= 500) return "server_error";
+  const std::string code = ParseError(*response).code;
+  if (code == "SlowDown" || code == "Throttling" || code == "ThrottlingException") {
+    return "throttled";
+  }
+  if (code == "RequestTimeout") return "timeout";
+  if (code == "RequestTimeTooSkewed") return "clock_skew";
+  return "server_error";
+}
+
 bool IsRetryableResponse(const HttpResponse& response) {
   if (response.status == 429 || response.status >= 500) return true;
   if (response.status == 400 || response.status == 403) {
@@ -369,6 +383,24 @@ const Capabilities& S3Store::capabilities() const {
   return caps;
 }
 
+void S3Store::CountRetry(absl::string_view cause) {
+  // Looked up once per cause and store (a registry lookup takes a lock); retries are rare.
+  Counter* counter;
+  {
+    absl::MutexLock lock(&retry_counters_mu_);
+    Counter*& slot = retry_counters_[std::string(cause)];
+    if (slot == nullptr) {
+      slot = Runtime::Default()->metrics().GetCounter(
+          "wharf_s3_retries_total",
+          "Requests of the S3 protocol (s3://, gs:// XML) sent again, by cause: throttled, "
+          "timeout, server_error, connection, credentials, clock_skew",
+          {{"cause", std::string(cause)}});
+    }
+    counter = slot;
+  }
+  counter->Add();
+}
+
 absl::Duration S3Store::Backoff(int attempt) {
   // Full jitter: uniform in [0, min(max, initial * 2^attempt)).
   absl::Duration cap = options_.retry.initial_backoff * (1 << std::min(attempt, 20));
@@ -456,6 +488,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
         // Temporary credentials that expired early or were revoked: fetch fresh ones and
         // retry once (the fetch runs on the blocking pool, not on this transport thread).
         call->refreshed_credentials = true;
+        CountRetry("credentials");
         credentials_cache_->Invalidate();
         Attempt(std::move(call), std::move(done));
         return;
@@ -472,6 +505,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
     const bool in_budget = call->attempt < options_.retry.max_attempts &&
                            absl::Now() - call->first_attempt < options_.retry.max_total;
     if (retry && in_budget) {
+      CountRetry(RetryCause(response));
       const absl::Duration delay = Backoff(call->attempt);  // before `call` is moved below
       const CancelToken cancel = call->cancel;
       AfterDelayOrCancel(delay, cancel,

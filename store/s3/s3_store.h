@@ -45,12 +45,14 @@
 // Thread-safety: thread-safe.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
+#include "base/metrics.h"
 #include "http/transport.h"
 #include "store/object_store.h"
 #include "store/s3/aws_config.h"
@@ -136,6 +138,8 @@ class S3Store : public ObjectStore {
 
   // Gets credentials for the attempt (static keys, or the credentials cache), then sends.
   void Attempt(std::shared_ptr<Call> call, ResponseCallback done);
+  // Counts a retry in the runtime's wharf_s3_retries_total{cause}.
+  void CountRetry(absl::string_view cause);
   // Signs the attempt with `credentials` (nullptr: unsigned) and sends it.
   void SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
                    const Credentials* credentials);
@@ -157,6 +161,8 @@ class S3Store : public ObjectStore {
 
   absl::Mutex rng_mu_;
   absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
+  absl::Mutex retry_counters_mu_;
+  std::map<std::string, Counter*> retry_counters_ ABSL_GUARDED_BY(retry_counters_mu_);
 
   friend class S3Writer;
 };

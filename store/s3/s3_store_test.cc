@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "base/hash.h"
+#include "base/runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "http/canned_transport.h"
@@ -67,16 +68,22 @@ CannedResponse Err(int status, absl::string_view code) {
   return r;
 }
 
+Counter* Retries(const std::string& cause) {
+  return Runtime::Default()->metrics().GetCounter("wharf_s3_retries_total", "", {{"cause", cause}});
+}
+
 TEST(S3StoreTest, RetriesSlowDownThenSucceeds) {
   std::atomic<int> calls{0};
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
     return ++calls <= 2 ? Err(503, "SlowDown") : Ok("payload", {{"etag", "\"e\""}});
   });
+  const uint64_t throttled = Retries("throttled")->value();
   auto store = MakeStore(transport);
   auto read = store->Read("k");
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, "payload");
   EXPECT_EQ(calls.load(), 3);
+  EXPECT_EQ(Retries("throttled")->value() - throttled, 2u);  // counted by cause
 }
 
 TEST(S3StoreTest, RetriesResetConnectionsAnd500s) {
@@ -92,9 +99,13 @@ TEST(S3StoreTest, RetriesResetConnectionsAnd500s) {
             return Ok("", {{"content-length", "0"}, {"etag", "\"x\""}});
         }
       });
+  const uint64_t connection = Retries("connection")->value();
+  const uint64_t server = Retries("server_error")->value();
   auto store = MakeStore(transport);
   EXPECT_TRUE(store->Head("k").ok());
   EXPECT_EQ(calls.load(), 3);
+  EXPECT_EQ(Retries("connection")->value() - connection, 1u);
+  EXPECT_EQ(Retries("server_error")->value() - server, 1u);
 }
 
 TEST(S3StoreTest, GivesUpAfterMaxAttempts) {
