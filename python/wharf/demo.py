@@ -61,12 +61,14 @@ def main(argv=None) -> int:
     samples = batches = 0
     nbytes = 0
     start = time.perf_counter()
-    for batch in loader:
-        for sample in batch:
-            nbytes += len(memoryview(sample.data))
-        samples += len(batch)
-        batches += 1
-        time.sleep(compute)  # the accelerator's step
+    # The profiler answers "what holds the accelerator back?" for this epoch (no trace file).
+    with wharf.profile(trace=False) as prof:
+        for batch in prof.iterate(loader):
+            for sample in batch:
+                nbytes += len(memoryview(sample.data))
+            samples += len(batch)
+            batches += 1
+            time.sleep(compute)  # the accelerator's step
     wall = time.perf_counter() - start
     busy = batches * compute
     print()
@@ -80,6 +82,9 @@ def main(argv=None) -> int:
     print(f"| wall seconds | {wall:.2f} |")
     print(f"| samples/s | {samples / wall:.0f} |")
     print(f"| accelerator utilization | {100 * busy / wall:.1f}% |")
+    waited = prof.stages["consumer_wait"]["seconds"]
+    print(f"| waiting for data (wharf.profile) | {waited:.2f} s ({100 * waited / wall:.0f}%) |")
+    print(f"| what bounds it (wharf.profile) | {prof.verdict} |")
     if samples != len(dataset):
         print(f"wharf.demo: read {samples} samples, expected {len(dataset)}", file=sys.stderr)
         return 1
