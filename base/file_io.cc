@@ -1,10 +1,13 @@
 #include "base/file_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
@@ -31,6 +34,36 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view data
   }
   if (!written.ok()) unlink(tmp.c_str());
   return written;
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[65536];
+  out->clear();
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out->append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return true;
+}
+
+std::vector<std::string> ListFiles(const std::string& dir, absl::string_view suffix) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (struct dirent* e = readdir(d)) {
+    const absl::string_view name = e->d_name;
+    if (name.size() > suffix.size() && absl::EndsWith(name, suffix)) {
+      out.push_back(absl::StrCat(dir, "/", name));
+    }
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace wharf

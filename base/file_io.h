@@ -1,9 +1,10 @@
 // Small POSIX file helpers shared by the layers that write files themselves (the local store,
-// logs, the metrics spool).
+// logs, the metrics and profiler spools).
 // Thread-safety: functions of their arguments only.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -16,5 +17,12 @@ absl::Status WriteAll(int fd, absl::string_view data);
 // Writes `data` to `path` whole or not at all: a temp file beside it (mode 0600, named with
 // the pid), renamed over `path`. Errors name the path and the errno.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view data);
+
+// The whole file at `path` into `out`; false when it cannot be opened.
+bool ReadFile(const std::string& path, std::string* out);
+
+// "<dir>/<name>" of the entries of `dir` whose names end in `suffix`, sorted; empty when
+// `dir` cannot be read.
+std::vector<std::string> ListFiles(const std::string& dir, absl::string_view suffix);
 
 }  // namespace wharf

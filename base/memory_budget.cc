@@ -166,7 +166,7 @@ void MemoryBudget::ReleaseLarge(Account* account, char* p, uint64_t size) {
 void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
   if (attempt()) return;
   const absl::Time start = absl::Now();
-  const int64_t start_ns = Profiler::Active() ? MonotonicNanos() : 0;
+  ProfileSpan span(ProfileStage::kBudget);
   struct Wake {
     absl::Mutex mu;
     bool released ABSL_GUARDED_BY(mu) = false;
@@ -187,7 +187,6 @@ void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
     wake->mu.AwaitWithTimeout(absl::Condition(&wake->released), absl::Seconds(1));
   }
   RemoveListener(id);
-  if (start_ns != 0) Profiler::Get().Record(ProfileStage::kBudget, start_ns, MonotonicNanos());
   if (Histogram* h = wait_histogram_.load(std::memory_order_relaxed)) {
     h->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   }

@@ -1,7 +1,5 @@
 #include "base/metrics_export.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -85,21 +83,6 @@ bool SeriesLess(const MetricPoint& a, const MetricPoint& b) {
   return std::tie(a.name, a.labels) < std::tie(b.name, b.labels);
 }
 
-bool ReadFile(const std::string& path, std::string* out) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[65536];
-  out->clear();
-  while (true) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out->append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return true;
-}
-
 bool ProcessAlive(int64_t pid) {
   return pid > 0 && (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
 }
@@ -117,20 +100,7 @@ bool OwnedSpool(const std::string& dir) {
          (st.st_mode & 0022) == 0;
 }
 
-std::vector<std::string> SpoolFiles(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return out;
-  while (struct dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
-      out.push_back(absl::StrCat(dir, "/", name));
-    }
-  }
-  closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
-}
+std::vector<std::string> SpoolFiles(const std::string& dir) { return ListFiles(dir, ".json"); }
 
 prometheus::MetricType PromType(Kind kind) {
   switch (kind) {

@@ -1,6 +1,5 @@
 #include "base/profiler.h"
 
-#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -12,15 +11,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <queue>
-#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file_io.h"
@@ -64,10 +59,6 @@ thread_local int64_t t_io_wait_ns = 0;
 double Share(double part, double whole) { return whole > 0 ? part / whole : 0; }
 
 }  // namespace
-
-absl::string_view ProfileStageLabel(ProfileStage stage) {
-  return kStages[static_cast<int>(stage)].label;
-}
 
 absl::string_view ProfileStageId(ProfileStage stage) { return kStages[static_cast<int>(stage)].id; }
 
@@ -281,12 +272,16 @@ void Profiler::Record(ProfileStage stage, int64_t start_ns, int64_t end_ns, uint
   if (!active_.load(std::memory_order_relaxed)) return;
   Add(stage, end_ns - start_ns, bytes);
   if (stage == ProfileStage::kIoWait) t_io_wait_ns += end_ns - start_ns;
+  Push({start_ns, end_ns, 0, bytes, ThreadId(), stage, false});
+}
+
+void Profiler::Push(const Event& e) {
   absl::MutexLock lock(&mu_);
   if (events_.size() >= kMaxEvents) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  events_.push_back({start_ns, end_ns, 0, bytes, ThreadId(), stage, false});
+  events_.push_back(e);
 }
 
 void Profiler::RecordRequest(ProfileStage stage, int64_t start_ns, int64_t first_byte_ns,
@@ -299,12 +294,8 @@ void Profiler::RecordRequest(ProfileStage stage, int64_t start_ns, int64_t first
   } else {
     Add(stage, end_ns - start_ns, bytes);
   }
-  absl::MutexLock lock(&mu_);
-  if (events_.size() >= kMaxEvents) {
-    dropped_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  events_.push_back({start_ns, end_ns, first_byte_ns, bytes, ThreadId(), stage, true});
+  // No thread id: the trace draws requests on lanes of their own (EventsText).
+  Push({start_ns, end_ns, first_byte_ns, bytes, 0, stage, true});
 }
 
 int64_t Profiler::ThreadIoWaitNanos() { return t_io_wait_ns; }
@@ -412,30 +403,13 @@ std::string Profiler::EventsText(absl::string_view process_name) {
   return out;
 }
 
-absl::Status Profiler::MergeSpool(const std::string& folder, ProfileReport& report) {
-  DIR* dir = opendir(folder.c_str());
-  if (dir == nullptr) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return ErrnoToStatus(errno, absl::StrCat("profile spool ", folder));
-  }
-  std::vector<std::string> files;
-  while (dirent* d = readdir(dir)) {
-    const std::string name = d->d_name;
-    int pid = 0;
-    if (!absl::EndsWith(name, ".json") ||
-        !absl::SimpleAtoi(absl::string_view(name).substr(0, name.size() - 5), &pid)) {
-      continue;  // "." and "..", and temp files being written
-    }
-    files.push_back(absl::StrCat(folder, "/", name));
-  }
-  closedir(dir);
-  std::sort(files.begin(), files.end());
-  for (const std::string& path : files) {
-    std::ifstream in(path);
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    const std::string text = buffer.str();
+void Profiler::MergeSpool(const std::string& folder, ProfileReport& report) {
+  // Temp files being written end in ".tmp-<pid>", not ".json": only whole files are read.
+  std::string text;
+  for (const std::string& path : ListFiles(folder, ".json")) {
+    const bool read = ReadFile(path, &text);
     unlink(path.c_str());
+    if (!read) continue;
     const size_t eol = std::min(text.find('\n'), text.size());
     json j = json::parse(text.substr(0, eol), nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("stages")) continue;
@@ -464,7 +438,6 @@ absl::Status Profiler::MergeSpool(const std::string& folder, ProfileReport& repo
     }
   }
   report.Decide();
-  return absl::OkStatus();
 }
 
 absl::Status Profiler::WriteTrace(const std::string& path) {

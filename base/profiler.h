@@ -47,9 +47,8 @@ enum class ProfileStage : uint8_t {
 };
 inline constexpr int kProfileStages = static_cast<int>(ProfileStage::kCount);
 
-// "listing", "budget wait", ... (the table's names); stable ids ("list", "budget", ...) are
-// what the Python edge and the spool use.
-absl::string_view ProfileStageLabel(ProfileStage stage);
+// Stable ids ("list", "budget", ...): what the Python edge and the spool use; the table and
+// the trace show labels ("listing", "budget wait", ...).
 absl::string_view ProfileStageId(ProfileStage stage);
 std::optional<ProfileStage> ProfileStageFromId(absl::string_view id);
 
@@ -105,7 +104,6 @@ class Profiler {
   // In a child process (a forked DataLoader worker): starts a fresh profile of the child,
   // whether or not the parent's was running when it forked.
   void StartInChild();
-  bool running() const { return active_.load(std::memory_order_relaxed); }
 
   // One span of `stage` on the calling thread.
   void Record(ProfileStage stage, int64_t start_ns, int64_t end_ns, uint64_t bytes = 0);
@@ -125,9 +123,9 @@ class Profiler {
   // This process's events as a JSON array in Chrome's trace event format, led by a
   // process_name event.
   std::string EventsText(absl::string_view process_name);
-  // Merges every "<pid>.json" in `folder` into `report` and the trace, then deletes the
-  // files. A missing folder is no error.
-  absl::Status MergeSpool(const std::string& folder, ProfileReport& report);
+  // Merges every "<pid>.json" in `folder` into `report` and the trace, deleting each file
+  // (one that is not a spool file is dropped). A missing folder merges nothing.
+  void MergeSpool(const std::string& folder, ProfileReport& report);
   // The Chrome trace event format (JSON object with "traceEvents"), which Perfetto and
   // chrome://tracing open: this process's events and those merged from the spool. Written
   // whole or not at all, mode 0600.
@@ -143,11 +141,12 @@ class Profiler {
     int64_t end_ns;
     int64_t mid_ns;  // RecordRequest: the first byte (0: none)
     uint64_t bytes;
-    uint32_t tid;
+    uint32_t tid;  // Record: the thread; requests get lanes instead
     ProfileStage stage;
     bool request;
   };
   void Add(ProfileStage stage, int64_t ns, uint64_t bytes);
+  void Push(const Event& e);  // keeps it, or counts it as dropped past kMaxEvents
   void Reset() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::atomic<bool> active_{false};
@@ -161,6 +160,28 @@ class Profiler {
   std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
   // Trace events of merged processes, each a serialized JSON array.
   std::vector<std::string> merged_ ABSL_GUARDED_BY(mu_);
+};
+
+// A span of `stage` on this thread, from construction (or from the first Begin(), for one
+// that starts only if a wait happens) to destruction; recorded only if the profiler was
+// running when it began.
+class ProfileSpan {
+ public:
+  explicit ProfileSpan(ProfileStage stage, bool begin = true) : stage_(stage) {
+    if (begin) Begin();
+  }
+  ~ProfileSpan() {
+    if (start_ns_ != 0) Profiler::Get().Record(stage_, start_ns_, MonotonicNanos());
+  }
+  ProfileSpan(const ProfileSpan&) = delete;
+  ProfileSpan& operator=(const ProfileSpan&) = delete;
+  void Begin() {
+    if (start_ns_ == 0 && Profiler::Active()) start_ns_ = MonotonicNanos();
+  }
+
+ private:
+  const ProfileStage stage_;
+  int64_t start_ns_ = 0;
 };
 
 }  // namespace wharf

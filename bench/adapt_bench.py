@@ -110,11 +110,11 @@ def ensure_data(rb, server, n: int, reads: int) -> str:
         s3.create_bucket(Bucket=rb.BUCKET)
     except s3.exceptions.ClientError:  # it exists already
         pass
-    have = set()
+    sizes = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=rb.BUCKET, Prefix=PREFIX):
-        have |= {o["Key"] for o in page.get("Contents", []) if o["Size"] == OBJECT_BYTES}
+        sizes.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
     keys = [f"{PREFIX}obj/{i:06d}.bin" for i in range(n)]
-    missing = [k for k in keys if k not in have]
+    missing = [k for k in keys if sizes.get(k) != OBJECT_BYTES]
     if missing:
         rb.log(f"ADAPT: uploading {len(missing)} objects of {OBJECT_BYTES // 1024} KiB")
         body = os.urandom(OBJECT_BYTES)
@@ -122,7 +122,7 @@ def ensure_data(rb, server, n: int, reads: int) -> str:
             list(pool.map(lambda k: s3.put_object(Bucket=rb.BUCKET, Key=k, Body=body), missing))
     rounds = max(1, math.ceil(reads / n))
     name = f"{PREFIX}manifest-{n}x{rounds}.jsonl"
-    if f"{name}" not in have:
+    if name not in sizes:  # written once; a later run reuses it
         lines = "".join(json.dumps({"key": k[len(PREFIX):], "size": OBJECT_BYTES}) + "\n"
                         for _ in range(rounds) for k in keys)
         s3.put_object(Bucket=rb.BUCKET, Key=name, Body=lines.encode())
@@ -329,10 +329,9 @@ def run(rb, a, server, proxy_bin, avail: dict, results: list) -> list[str]:
                 if r["status"] == "ok":
                     rates = " / ".join(fmt(steady(r, i)) for i in range(len(ph)))
                     depths = ""
-                    if cfg == "auto":
+                    if cfg == "auto":  # the last depth sampled in each phase
                         depths = ", depth at phase ends " + " / ".join(
-                            str(max([d for t, d in r["depth"] if t <= p["end"]] or [0]) and
-                                [d for t, d in r["depth"] if t <= p["end"]][-1])
+                            str(next((d for t, d in reversed(r["depth"]) if t <= p["end"]), 0))
                             for p in r["phases"])
                     rb.log(f"ADAPT {cfg} round {rnd}: MB/s by phase {rates}{depths}")
                 else:

@@ -248,15 +248,8 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
   }
 
   std::optional<FetchResult> Next() {
-    // The caller blocked on bytes not yet fetched: one profiler span from its first wait to
-    // the return.
-    struct IoWait {
-      int64_t start_ns = 0;
-      ~IoWait() {
-        if (start_ns != 0)
-          Profiler::Get().Record(ProfileStage::kIoWait, start_ns, MonotonicNanos());
-      }
-    } io_wait;
+    // The caller blocked on bytes not yet fetched: one span from its first wait to the return.
+    ProfileSpan io_wait(ProfileStage::kIoWait, /*begin=*/false);
     while (true) {
       Deferred deferred;
       std::optional<FetchResult> result;
@@ -292,7 +285,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       // any release in the budget while a reservation is wanted. While completions are
       // coalesced the wait is short (see WakeConsumerLocked); otherwise the timeout is only a
       // safety net.
-      if (io_wait.start_ns == 0 && Profiler::Active()) io_wait.start_ns = MonotonicNanos();
+      io_wait.Begin();
       waker_->Wait(coalescing ? kCoalesceWait : absl::Seconds(1));
     }
   }

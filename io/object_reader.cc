@@ -293,12 +293,9 @@ absl::Status ObjectReader::Fill() {
   std::shared_ptr<Chunk> chunk = queue_.front();
   queue_.pop_front();
   {
-    const int64_t wait_start = Profiler::Active() ? MonotonicNanos() : 0;
+    ProfileSpan wait(ProfileStage::kIoWait);
     absl::MutexLock lock(&shared_->mu);
     shared_->mu.Await(absl::Condition(&chunk->done));
-    if (wait_start != 0) {
-      Profiler::Get().Record(ProfileStage::kIoWait, wait_start, MonotonicNanos());
-    }
   }
   current_ = std::move(chunk);
   if (!current_->status.ok()) {

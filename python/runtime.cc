@@ -226,7 +226,6 @@ void RegisterRuntime(py::module_& m) {
   }
   m.attr("_profile_stages") = stages;  // ids in the order _profile_record numbers them
   m.def("_profile_start", [] { Check(Profiler::Get().Start()); });
-  m.def("_profile_running", [] { return Profiler::Get().running(); });
   m.def("_profile_start_in_child", [] { Profiler::Get().StartInChild(); });
   m.def(
       "_profile_record",
@@ -243,7 +242,12 @@ void RegisterRuntime(py::module_& m) {
       "_profile_stop",
       [](const std::string& spool) {
         ProfileReport r = WithoutGil([] { return Profiler::Get().Stop(); });
-        if (!spool.empty()) Check(WithoutGil([&] { return Profiler::Get().MergeSpool(spool, r); }));
+        if (!spool.empty()) {
+          WithoutGil([&] {
+            Profiler::Get().MergeSpool(spool, r);
+            return 0;
+          });
+        }
         return py::make_tuple(r.ToJson(), r.Table());
       },
       py::arg("spool") = "",
@@ -264,6 +268,8 @@ void RegisterRuntime(py::module_& m) {
       },
       py::arg("path"), "Writes the last profile's Chrome/Perfetto trace to `path`");
   m.def("_profile_trace_path", &DefaultProfileTracePath);
+  m.def("_profile_requested", &ProfileRequestedByEnvironment,
+        "WHARF_PROFILE is set to 1/true/yes/on");
 }
 
 }  // namespace wharf::python

@@ -18,6 +18,7 @@ WHARF_PROFILE=1 profiles the whole process and prints the table to stderr at exi
 """
 import atexit
 import json
+import multiprocessing.util
 import os
 import shutil
 import sys
@@ -32,7 +33,6 @@ TRANSFORM = _STAGE["transform"]
 COLLATE = _STAGE["collate"]
 CONSUMER_WAIT = _STAGE["consumer_wait"]
 STEP = _STAGE["step"]
-IO_WAIT = _STAGE["io_wait"]
 
 now = time.perf_counter_ns  # CLOCK_MONOTONIC, as the C++ side's events
 record = _wharf._profile_record
@@ -231,7 +231,6 @@ def _start_in_child() -> None:
         return
     _wharf._profile_start_in_child()
     state.on, state.owner = True, False
-    import multiprocessing.util
     multiprocessing.util.Finalize(None, _spool_at_exit, args=(folder,), exitpriority=0)
 
 
@@ -243,14 +242,12 @@ _fork_hook = _ForkHook()
 
 
 def _install() -> None:
-    import multiprocessing.util
     # A forked multiprocessing child runs the after-fork hooks after clearing the parent's
     # finalizers; a spawned one (or any process started while a profile runs) imports wharf
     # anew, and starts here.
     multiprocessing.util.register_after_fork(_fork_hook, lambda _h: _start_in_child())
     _start_in_child()
-    env = os.environ.get("WHARF_PROFILE", "").lower()
-    if env not in ("1", "true", "yes", "on"):
+    if not _wharf._profile_requested():  # WHARF_PROFILE, read as the CLI reads it
         return
     owner = os.environ.get(_SPOOL_ENV, "").partition(":")[0]
     if owner and owner != str(os.getpid()):

@@ -278,24 +278,11 @@ class LatencyProxy::Impl {
     sev.data.u64 = kSignalSlot;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, signal_fd_, &sev) < 0) return Errno("epoll_ctl");
 
-    listen_fd_ =
-        socket(listen_addr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listen_fd_ < 0) return Errno("socket");
-    int one = 1;
-    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&listen_addr.storage), listen_addr.len) < 0) {
-      return Errno(("bind " + options_.listen).c_str());
+    if (std::string e = Listen(listen_addr, options_.listen, 4096, EPOLLIN | EPOLLET, kListenerSlot,
+                               &listen_fd_, &listen_address_);
+        !e.empty()) {
+      return e;
     }
-    if (listen(listen_fd_, 4096) < 0) return Errno("listen");
-    sockaddr_storage bound{};
-    socklen_t bound_len = sizeof(bound);
-    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &bound_len);
-    listen_address_ = FormatAddress(bound);
-    epoll_event lev{};
-    lev.events = EPOLLIN | EPOLLET;
-    lev.data.u64 = kListenerSlot;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &lev) < 0) return Errno("epoll_ctl");
-
     if (!options_.control.empty()) {
       Address control_addr;
       if (!ParseAddress(options_.control, &control_addr, &error)) return "--control: " + error;
@@ -303,24 +290,32 @@ class LatencyProxy::Impl {
         return "--control " + options_.control +
                " is not a loopback address (--allow-non-loopback)";
       }
-      control_fd_ =
-          socket(control_addr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (control_fd_ < 0) return Errno("socket");
-      setsockopt(control_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (bind(control_fd_, reinterpret_cast<sockaddr*>(&control_addr.storage), control_addr.len) <
-          0) {
-        return Errno(("bind " + options_.control).c_str());
-      }
-      if (listen(control_fd_, 16) < 0) return Errno("listen");
-      sockaddr_storage cbound{};
-      socklen_t cbound_len = sizeof(cbound);
-      getsockname(control_fd_, reinterpret_cast<sockaddr*>(&cbound), &cbound_len);
-      control_address_ = FormatAddress(cbound);
-      epoll_event cev{};
-      cev.events = EPOLLIN;
-      cev.data.u64 = kControlSlot;
-      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, control_fd_, &cev) < 0) return Errno("epoll_ctl");
+      return Listen(control_addr, options_.control, 16, EPOLLIN, kControlSlot, &control_fd_,
+                    &control_address_);
     }
+    return "";
+  }
+
+  // A non-blocking listening socket on `addr` (spelt `text` in errors), registered with the
+  // event loop under `slot`; its bound address goes to `bound`. "" or a one-line error.
+  std::string Listen(const Address& addr, const std::string& text, int backlog, uint32_t events,
+                     uint64_t slot, int* fd, std::string* bound) {
+    *fd = socket(addr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (*fd < 0) return Errno("socket");
+    int one = 1;
+    setsockopt(*fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(*fd, reinterpret_cast<const sockaddr*>(&addr.storage), addr.len) < 0) {
+      return Errno(("bind " + text).c_str());
+    }
+    if (listen(*fd, backlog) < 0) return Errno("listen");
+    sockaddr_storage local{};
+    socklen_t local_len = sizeof(local);
+    getsockname(*fd, reinterpret_cast<sockaddr*>(&local), &local_len);
+    *bound = FormatAddress(local);
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = slot;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, *fd, &ev) < 0) return Errno("epoll_ctl");
     return "";
   }
 
