@@ -178,10 +178,11 @@ int Main(int argc, char** argv) {
     const ProfileReport report = Profiler::Get().Stop();
     const std::string trace = DefaultProfileTracePath();
     const absl::Status written = Profiler::Get().WriteTrace(trace);
-    const std::string text = absl::StrCat(
-        report.Table(), written.ok() ? absl::StrCat("trace: ", trace, "\n")
-                                     : absl::StrCat("wharf: ", written.message(), "\n"));
+    const std::string text =
+        absl::StrCat(report.Table(), written.ok() ? absl::StrCat("trace: ", trace, "\n") : "");
     std::fwrite(text.data(), 1, text.size(), stderr);
+    // A trace that was asked for and not written fails the run, as --metrics does.
+    if (status.ok()) status = written;
   }
   if (StdoutBroken()) return 0;
   if (!status.ok()) {
