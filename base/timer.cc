@@ -54,4 +54,39 @@ void Timer::Loop() {
   }
 }
 
+void AfterDelayOrCancel(absl::Duration delay, const CancelToken& cancel,
+                        absl::AnyInvocable<void() &&> fn) {
+  if (cancel == nullptr) return Timer::Global().After(delay, std::move(fn));
+  struct Once {
+    absl::Mutex mu;
+    bool ran ABSL_GUARDED_BY(mu) = false;
+    uint64_t cancel_id ABSL_GUARDED_BY(mu) = 0;
+    absl::AnyInvocable<void() &&> fn;
+  };
+  auto once = std::make_shared<Once>();
+  once->fn = std::move(fn);
+  auto run = [once, cancel] {
+    uint64_t id;
+    {
+      absl::MutexLock lock(&once->mu);
+      if (once->ran) return;
+      once->ran = true;
+      id = once->cancel_id;
+    }
+    cancel->Forget(id);  // a no-op when the cancel is what ran us
+    // Moved out so that what it holds (the call, `done`) is released after it ran, not when
+    // the other of the timer entry and the cancel callback lets go of `once`.
+    absl::AnyInvocable<void()&&> fn = std::move(once->fn);
+    std::move(fn)();
+  };
+  // The cancel callback runs on the canceller's thread: it only moves the work to the timer.
+  const uint64_t id =
+      cancel->OnCancel([run]() mutable { Timer::Global().After(absl::ZeroDuration(), run); });
+  {
+    absl::MutexLock lock(&once->mu);
+    if (!once->ran) once->cancel_id = id;
+  }
+  Timer::Global().After(delay, std::move(run));
+}
+
 }  // namespace wharf

@@ -12,6 +12,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/cancel.h"
 
 namespace wharf {
 
@@ -43,5 +44,11 @@ class Timer {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
+
+// Runs `fn` on the global timer after `delay`, or as soon as `cancel` fires if that comes
+// first (so a cancelled call does not sit out its retry backoff); exactly once either way.
+// A null `cancel` is a plain Timer::Global().After.
+void AfterDelayOrCancel(absl::Duration delay, const CancelToken& cancel,
+                        absl::AnyInvocable<void() &&> fn);
 
 }  // namespace wharf

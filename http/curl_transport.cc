@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/runtime.h"
 #include "http/response_builder.h"
 
 namespace wharf {
@@ -563,6 +564,14 @@ std::unique_ptr<HttpTransport> NewCurlTransport(CurlTransportOptions options) {
   options.max_connections = std::max(1, options.max_connections);
   options.max_in_flight = std::max(1, options.max_in_flight);
   return std::make_unique<CurlTransport>(std::move(options));
+}
+
+std::shared_ptr<HttpTransport> SharedCurlTransport(const std::string& ca_bundle) {
+  return Runtime::Default()->Shared<HttpTransport>(absl::StrCat("curl:", ca_bundle), [&] {
+    CurlTransportOptions options;
+    options.ca_bundle = ca_bundle;
+    return std::shared_ptr<HttpTransport>(NewCurlTransport(options));
+  });
 }
 
 }  // namespace wharf

@@ -60,4 +60,9 @@ struct CurlTransportOptions {
 // max_connections and max_in_flight below 1 are taken as 1.
 std::unique_ptr<HttpTransport> NewCurlTransport(CurlTransportOptions options = {});
 
+// The default runtime's curl transport for `ca_bundle` ("": the system's CA store), created
+// on first use: one connection pool and event loop per runtime and TLS setting, shared by every
+// store and credentials source. A forked child has its own runtime, so its own transport.
+std::shared_ptr<HttpTransport> SharedCurlTransport(const std::string& ca_bundle = "");
+
 }  // namespace wharf

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -168,5 +169,36 @@ inline constexpr char kDeliveredBytesPayloadUrl[] = "wharf.dev/http/delivered_by
 uint64_t DeliveredBytes(const absl::Status& status);
 // Records `bytes` on `status` (a no-op on OK). For transports and test fakes.
 void SetDeliveredBytes(absl::Status& status, uint64_t bytes);
+
+// ---- Retrying ----
+
+// How a store retries a request the server or the network failed transiently.
+struct RetryPolicy {
+  int max_attempts = 10;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // No new attempt starts after this much time since the first.
+  absl::Duration max_total = absl::Seconds(120);
+
+  // The pause before retry number `attempt` (1 after the first failure): full jitter, uniform
+  // in [0, min(max_backoff, initial_backoff * 2^attempt)]. `uniform01` is a uniform sample in
+  // [0, 1) from the caller's generator.
+  absl::Duration Backoff(int attempt, double uniform01) const;
+};
+
+// ---- Blocking exchanges ----
+// For code that runs on a blocking pool (credential fetches), never on a transport thread.
+
+// Sends `request` and waits for its end.
+absl::StatusOr<HttpResponse> SendBlocking(HttpTransport& transport, HttpRequest request);
+
+// 429 and 5xx: worth sending again.
+inline bool IsRetryableHttpStatus(int status) { return status == 429 || status >= 500; }
+
+// Sends the request `make` builds up to `attempts` times (at least once): transport failures
+// (Unavailable), 429 and 5xx are retried after 100 ms, doubling up to 1.6 s. Returns the last
+// response or failure.
+absl::StatusOr<HttpResponse> SendBlockingWithRetries(HttpTransport& transport, int attempts,
+                                                     const std::function<HttpRequest()>& make);
 
 }  // namespace wharf

@@ -1,5 +1,5 @@
 """Shared fixtures: the wharf binary, and the real servers that ./run test starts (S3, the
-shared file system, Redis)."""
+shared file system, Redis, the GCS emulator)."""
 import os
 import pathlib
 import shutil
@@ -61,6 +61,40 @@ def redis_url():
     except redis.RedisError as e:
         pytest.fail(f"Redis at {url} does not answer ({e}): scripts/redis-server status")
     return url
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """STORAGE_EMULATOR_HOST of the local GCS emulator that ./run test starts
+    (scripts/gcs-server). Fails (never skips) when it is not set or does not answer."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    if not host:
+        pytest.fail("STORAGE_EMULATOR_HOST is not set: run `./run test`, or "
+                    "`scripts/gcs-server start && eval \"$(scripts/gcs-server env)\"`")
+    import urllib.request
+    try:
+        urllib.request.urlopen(f"{host}/storage/v1/b?project=wharf", timeout=5).read()
+    except OSError as e:
+        pytest.fail(f"the GCS emulator at {host} does not answer ({e}): scripts/gcs-server status")
+    return host
+
+
+@pytest.fixture(scope="session")
+def gcs_client(gcs_emulator):
+    """google-cloud-storage's client on the emulator (it reads STORAGE_EMULATOR_HOST)."""
+    from google.cloud import storage
+    return storage.Client(project="wharf-test")
+
+
+@pytest.fixture
+def gcs_bucket(gcs_client):
+    """A fresh bucket on the GCS emulator, emptied and removed afterwards."""
+    name = f"wharf-py-{uuid.uuid4().hex[:16]}"
+    bucket = gcs_client.create_bucket(name)
+    yield name
+    for blob in gcs_client.list_blobs(name):
+        blob.delete()
+    bucket.delete()
 
 
 @pytest.fixture(scope="session")

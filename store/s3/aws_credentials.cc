@@ -24,7 +24,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/notification.h"
 #include "base/hash.h"
 #include "base/runtime.h"
 #include "base/status.h"
@@ -82,43 +81,14 @@ bool HasLineBreakOrNul(absl::string_view s) {
 
 std::shared_ptr<HttpTransport> TransportFor(const AwsCredentialsOptions& options) {
   if (options.transport != nullptr) return options.transport;
-  // The same key as the S3 stores' transport for this CA bundle (store/s3/s3_store.cc): one
-  // connection pool and event loop per runtime and TLS setting.
-  const std::string ca_bundle = options.ca_bundle;
-  return Runtime::Default()->Shared<HttpTransport>(absl::StrCat("curl:", ca_bundle), [&] {
-    CurlTransportOptions transport_options;
-    transport_options.ca_bundle = ca_bundle;
-    return std::shared_ptr<HttpTransport>(NewCurlTransport(transport_options));
-  });
+  return SharedCurlTransport(options.ca_bundle);  // the S3 stores' transport for this bundle
 }
-
-absl::StatusOr<HttpResponse> SendBlocking(HttpTransport& transport, HttpRequest request) {
-  absl::Notification done;
-  absl::StatusOr<HttpResponse> result;
-  transport.Send(std::move(request), [&](absl::StatusOr<HttpResponse> response) {
-    result = std::move(response);
-    done.Notify();
-  });
-  done.WaitForNotification();
-  return result;
-}
-
-bool IsRetryableStatus(int status) { return status == 429 || status >= 500; }
 
 // Sends the request `make` builds, up to `attempts` times: transport failures (Unavailable),
 // 429 and 5xx are retried after a short pause. Returns the last response or failure.
 absl::StatusOr<HttpResponse> SendWithRetries(const AwsCredentialsOptions& options, int attempts,
                                              const std::function<HttpRequest()>& make) {
-  std::shared_ptr<HttpTransport> transport = TransportFor(options);
-  absl::StatusOr<HttpResponse> response;
-  for (int attempt = 1;; ++attempt) {
-    response = SendBlocking(*transport, make());
-    const bool retryable = response.ok()
-                               ? IsRetryableStatus(response->status)
-                               : response.status().code() == absl::StatusCode::kUnavailable;
-    if (!retryable || attempt >= attempts) return response;
-    absl::SleepFor(absl::Milliseconds(100) * (1 << std::min(attempt - 1, 4)));
-  }
+  return SendBlockingWithRetries(*TransportFor(options), attempts, make);
 }
 
 // The start of a non-2xx body on one line, for messages (these endpoints' error bodies
@@ -133,7 +103,7 @@ std::string BodySnippet(absl::string_view body) {
 }
 
 absl::StatusCode CodeForHttpStatus(int status) {
-  if (IsRetryableStatus(status)) return absl::StatusCode::kUnavailable;
+  if (IsRetryableHttpStatus(status)) return absl::StatusCode::kUnavailable;
   if (status == 401) return absl::StatusCode::kUnauthenticated;
   if (status == 403) return absl::StatusCode::kPermissionDenied;
   if (status == 404) return absl::StatusCode::kNotFound;

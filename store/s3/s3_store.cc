@@ -15,7 +15,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/notification.h"
 #include "base/hash.h"
 #include "base/runtime.h"
 #include "base/status.h"
@@ -113,43 +112,6 @@ std::string UrlDecode(absl::string_view s) {
 
 absl::Status CancelledCall(absl::string_view op, absl::string_view uri) {
   return absl::CancelledError(absl::StrCat(op, " ", uri, ": cancelled"));
-}
-
-// Runs `fn` on the timer after `delay`, or as soon as `cancel` fires if that comes first
-// (so a cancelled call does not sit out its backoff); exactly once either way.
-void AfterDelayOrCancel(absl::Duration delay, const CancelToken& cancel,
-                        absl::AnyInvocable<void() &&> fn) {
-  if (cancel == nullptr) return Timer::Global().After(delay, std::move(fn));
-  struct Once {
-    absl::Mutex mu;
-    bool ran ABSL_GUARDED_BY(mu) = false;
-    uint64_t cancel_id ABSL_GUARDED_BY(mu) = 0;
-    absl::AnyInvocable<void() &&> fn;
-  };
-  auto once = std::make_shared<Once>();
-  once->fn = std::move(fn);
-  auto run = [once, cancel] {
-    uint64_t id;
-    {
-      absl::MutexLock lock(&once->mu);
-      if (once->ran) return;
-      once->ran = true;
-      id = once->cancel_id;
-    }
-    cancel->Forget(id);  // a no-op when the cancel is what ran us
-    // Moved out so that what it holds (the call, `done`) is released after it ran, not when
-    // the other of the timer entry and the cancel callback lets go of `once`.
-    absl::AnyInvocable<void()&&> fn = std::move(once->fn);
-    std::move(fn)();
-  };
-  // The cancel callback runs on the canceller's thread: it only moves the work to the timer.
-  const uint64_t id =
-      cancel->OnCancel([run]() mutable { Timer::Global().After(absl::ZeroDuration(), run); });
-  {
-    absl::MutexLock lock(&once->mu);
-    if (!once->ran) once->cancel_id = id;
-  }
-  Timer::Global().After(delay, std::move(run));
 }
 
 bool IsRetryableCode(absl::string_view code) {
@@ -402,11 +364,8 @@ void S3Store::CountRetry(absl::string_view cause) {
 }
 
 absl::Duration S3Store::Backoff(int attempt) {
-  // Full jitter: uniform in [0, min(max, initial * 2^attempt)).
-  absl::Duration cap = options_.retry.initial_backoff * (1 << std::min(attempt, 20));
-  cap = std::min(cap, options_.retry.max_backoff);
   absl::MutexLock lock(&rng_mu_);
-  return absl::Nanoseconds(absl::Uniform<int64_t>(rng_, 0, absl::ToInt64Nanoseconds(cap) + 1));
+  return options_.retry.Backoff(attempt, absl::Uniform<double>(rng_, 0.0, 1.0));
 }
 
 void S3Store::Execute(std::shared_ptr<Call> call, ResponseCallback done) {
@@ -1356,15 +1315,8 @@ absl::StatusOr<std::unique_ptr<S3Store>> OpenS3Endpoint(const std::string& bucke
                                                         S3StoreOptions options) {
   auto config = ResolveS3ClientConfig(overrides);
   if (!config.ok()) return Annotate(config.status(), absl::StrCat(options.scheme, "://", bucket));
-  // One transport per runtime and CA bundle: connections are shared by every store. A forked
-  // child has its own runtime, so its own transport (base/runtime.h).
-  const std::string ca_bundle = config->ca_bundle;
-  std::shared_ptr<HttpTransport> transport =
-      Runtime::Default()->Shared<HttpTransport>(absl::StrCat("curl:", ca_bundle), [&ca_bundle] {
-        CurlTransportOptions topts;
-        topts.ca_bundle = ca_bundle;
-        return std::shared_ptr<HttpTransport>(NewCurlTransport(topts));
-      });
+  // One transport per runtime and CA bundle: connections are shared by every store.
+  std::shared_ptr<HttpTransport> transport = SharedCurlTransport(config->ca_bundle);
   return S3Store::Open(bucket, *std::move(config), std::move(transport), std::move(options));
 }
 

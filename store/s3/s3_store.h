@@ -64,13 +64,7 @@ class Runtime;
 
 namespace wharf::s3 {
 
-struct RetryPolicy {
-  int max_attempts = 10;
-  absl::Duration initial_backoff = absl::Milliseconds(50);
-  absl::Duration max_backoff = absl::Seconds(5);
-  // No new attempt starts after this much time since the first.
-  absl::Duration max_total = absl::Seconds(120);
-};
+using ::wharf::RetryPolicy;  // http/transport.h
 
 struct S3StoreOptions {
   // "s3" or "gs": used in URIs and messages.

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import time
 import pathlib
 import subprocess
 
@@ -138,8 +139,26 @@ def test_gs_scheme_speaks_the_xml_api(s3_env, bucket, s3_client):
     proc = run_wharf("cat", f"gs://{bucket}/g/obj", env=env, check=True)
     assert proc.stdout == b"through gs"
     no_keys = {k: v for k, v in env.items() if not k.startswith("WHARF_GS_ACCESS")}
-    proc = run_wharf("ls", f"gs://{bucket}/", env=no_keys)
+    # api=xml without an HMAC key: the error says which variables to set.
+    proc = run_wharf("ls", f"gs://{bucket}/?api=xml", env=no_keys)
     assert proc.returncode == 1 and "WHARF_GS_ACCESS_KEY_ID" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_gs_without_any_credentials_fails_fast_naming_the_sources(tmp_path):
+    """No HMAC key, so the JSON API; no application-default credentials, no emulator and a
+    metadata server that does not answer: one line naming what to set, within seconds."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("WHARF_GS_", "GOOGLE_", "CLOUDSDK_"))
+           and k != "STORAGE_EMULATOR_HOST"}
+    env.update(HOME=str(tmp_path), GCE_METADATA_HOST="127.0.0.1:9")
+    started = time.monotonic()
+    proc = run_wharf("ls", "gs://some-bucket/", env=env)
+    assert time.monotonic() - started < 20
+    assert proc.returncode == 1
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in proc.stderr, proc.stderr
+    assert "gs://some-bucket/" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 # ---- Retries, through a fault-injecting proxy in front of the real server ----
