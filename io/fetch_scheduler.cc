@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/log.h"
 #include "base/profiler.h"
 #include "base/status.h"
 #include "io/inflight_controller.h"
@@ -44,6 +45,10 @@ struct FetchScheduler::Common {
   // From the first request the budget refused until one fits again: how long the engine
   // stalled on memory (a sign the budget, not the store, bounds throughput).
   Histogram* budget_wait = nullptr;
+  // Composed reads, on stores that compose and unless turned off (FetchOptions::compose).
+  ComposeMode compose_mode = ComposeMode::kOff;
+  std::unique_ptr<ComposedReads> composer;
+  Counter* composed_reads = nullptr;
 };
 
 namespace {
@@ -74,6 +79,10 @@ class Waker {
 struct Slice {
   size_t item;
   uint64_t begin, end;  // object offsets wanted; clipped to the object size on delivery
+  // A composed group's slices are whole objects of their own: the key, and its etag (kept to
+  // read the object alone if the composed read fails). Empty for the group's own key.
+  std::string key;
+  std::string etag;
 };
 
 // One buffer filled by one or more store requests (parts), serving one or more items.
@@ -85,6 +94,9 @@ struct Group {
   std::vector<Slice> slices;
   // Set when the size must be asked first (HEAD): the item, planned again from its answer.
   std::optional<FetchItem> head_item;
+  // A composed group: these objects, composed on the server and read with one GET into the
+  // group's buffer ([begin, end) = [0, their total size)), one slice each.
+  std::vector<ComposedReads::Source> composed;
   size_t first_item = 0;
 
   // Filled while running.
@@ -171,6 +183,9 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     const size_t first_group = queue_.size();
     // Items of the same key with known extents may share a request.
     absl::flat_hash_map<std::string, std::vector<std::pair<Slice, const FetchItem*>>> ranged;
+    // Whole small objects, read in composed groups where that pays.
+    const bool compose = ComposeNowLocked();
+    std::vector<std::pair<Slice, const FetchItem*>> composable;
     for (size_t n = 0; n < items.size(); ++n) {
       const size_t i = first_new + n;
       FetchItem& item = items[n];
@@ -212,9 +227,48 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
         queue_.push_back(std::move(g));
         continue;
       }
+      if (compose && item.size.has_value() && extent->first == 0 && extent->second == *item.size &&
+          *item.size <= options_.compose_max_object_bytes) {
+        composable.push_back({Slice{i, 0, *item.size, item.key, item.etag}, &item});
+        continue;
+      }
       ranged[item.key].push_back({Slice{i, extent->first, extent->second}, &item});
     }
     std::vector<Group> groups;
+    // Composed groups, in submission order: up to kMaxSources objects of at most part_size.
+    for (size_t n = 0; n < composable.size();) {
+      size_t m = n;
+      uint64_t total = 0;
+      while (m < composable.size() && m - n < ComposedReads::kMaxSources &&
+             (m == n || total + composable[m].first.end <= options_.part_size)) {
+        total += composable[m].first.end;
+        ++m;
+      }
+      if (m - n == 1) {  // alone: an ordinary read
+        auto& [slice, item] = composable[n];
+        ranged[item->key].push_back({Slice{slice.item, 0, slice.end}, item});
+        n = m;
+        continue;
+      }
+      Group g;
+      g.key = composable[n].first.key;
+      g.begin = 0;
+      g.end = total;
+      g.object_size = total;
+      g.first_item = composable[n].first.item;
+      uint64_t offset = 0;
+      for (size_t k = n; k < m; ++k) {
+        Slice slice = composable[k].first;
+        g.composed.push_back({slice.key, slice.end});
+        slice.begin = offset;
+        slice.end = offset + slice.end;
+        offset = slice.end;
+        g.first_item = std::min(g.first_item, slice.item);
+        g.slices.push_back(std::move(slice));
+      }
+      groups.push_back(std::move(g));
+      n = m;
+    }
     for (auto& [key, slices] : ranged) {
       std::sort(slices.begin(), slices.end(),
                 [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
@@ -327,6 +381,33 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     return own + bytes > CapLocked() || own >= common_->budget->held();
   }
 
+  // Whether whole small objects added now are read in composed groups (FetchOptions::compose).
+  bool ComposeNowLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (common_->composer == nullptr || common_->composer->disabled()) return false;
+    if (common_->compose_mode == ComposeMode::kOn) return true;
+    const absl::Duration latency = common_->link->samples() >= LinkEstimator::kWarmup
+                                       ? common_->link->time_to_first_byte()
+                                       : options_.expected_latency;
+    return latency >= options_.compose_min_latency;
+  }
+
+  // A composed read failed (a source changed or vanished, no permission to compose, ...): its
+  // objects are read one by one instead, at the front of the queue, so each gets its own
+  // result or error.
+  void RequeueComposedLocked(Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = g.slices.rbegin(); it != g.slices.rend(); ++it) {
+      Group single;
+      single.key = it->key;
+      single.etag = it->etag;
+      single.object_size = it->end - it->begin;
+      single.begin = 0;
+      single.end = it->end - it->begin;
+      single.first_item = it->item;
+      single.slices.push_back({it->item, 0, single.end});
+      queue_.push_front(std::move(single));
+    }
+  }
+
   std::optional<FetchResult> TakeReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (options_.ordered) {
       auto it = ready_by_index_.find(next_index_);
@@ -370,7 +451,9 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
 
   void FailGroupLocked(Group& g, const absl::Status& status, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const Slice& s : g.slices) Deliver(ErrorResult(s.item, g.key, status), deferred);
+    for (const Slice& s : g.slices) {
+      Deliver(ErrorResult(s.item, s.key.empty() ? g.key : s.key, status), deferred);
+    }
   }
 
   // Starts requests while the in-flight limit and the memory budget allow.
@@ -433,6 +516,18 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       common_->requests->Add();
       common_->in_flight->Add(1);
       stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
+      if (!g->composed.empty()) {
+        ++stats_.composed_reads;
+        common_->composed_reads->Add();
+        deferred.calls.push_back([self = shared_from_this(), g, sent = absl::Now()]() mutable {
+          self->common_->composer->ReadAsync(
+              g->composed, absl::Span<char>(g->block.data(), g->end - g->begin), self->cancel_,
+              [self, g, sent](absl::StatusOr<GetResult> r) {
+                self->OnPart(g, std::move(r), sent);
+              });
+        });
+        continue;
+      }
       GetRequest request;
       request.key = g->key;
       // A whole object in one request goes without a Range header: servers work harder for
@@ -522,7 +617,10 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
                                                      " bytes from byte ", g->begin));
       }
     }
-    if (!g->status.ok()) {
+    if (!g->status.ok() && !g->composed.empty() && !cancelled_ &&
+        g->status.code() != absl::StatusCode::kCancelled) {
+      RequeueComposedLocked(*g);
+    } else if (!g->status.ok()) {
       // Stop the other parts' buffer from pinning budget, then report.
       g->next_part = g->parts;
       FailGroupLocked(*g, g->status, deferred);
@@ -534,8 +632,9 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       for (const Slice& s : g->slices) {
         FetchResult out;
         out.index = s.item;
-        out.key = g->key;
-        out.object_size = size;
+        out.key = s.key.empty() ? g->key : s.key;
+        out.object_size = g->composed.empty() ? size : s.end - s.begin;
+        if (!g->composed.empty()) ++stats_.composed_objects;
         out.time_to_first_byte = g->ttfb;
         out.latency = latency;
         if (first) {
@@ -668,6 +767,24 @@ FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions 
       m.GetHistogram("wharf_fetch_budget_wait_seconds",
                      "Stalls of a fetch engine on the memory budget (queued work, no room)",
                      Histogram::LatencyBounds(), labels);
+  common_->composed_reads =
+      m.GetCounter("wharf_fetch_composed_reads_total",
+                   "GETs of temporaries composed on the server from several small objects "
+                   "(each also counted in wharf_fetch_requests_total)",
+                   labels);
+  if (store_->capabilities().compose) {
+    if (options_.compose.has_value()) {
+      common_->compose_mode = *options_.compose;
+    } else if (auto mode = ComposeModeFromEnv(); mode.ok()) {
+      common_->compose_mode = *mode;
+    } else {
+      LogLine(LogLevel::kWarning, absl::StrCat("wharf: ", mode.status().message(), "; using auto"));
+      common_->compose_mode = ComposeMode::kAuto;
+    }
+    if (common_->compose_mode != ComposeMode::kOff) {
+      common_->composer = std::make_unique<ComposedReads>(store_);
+    }
+  }
   if (options_.max_in_flight > 0) {
     common_->fixed_in_flight = options_.max_in_flight;
   } else if (rt.inflight() > 0) {
@@ -687,7 +804,11 @@ FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions 
 
 int FetchScheduler::max_in_flight() const { return common_->MaxInFlight(); }
 
-FetchScheduler::~FetchScheduler() = default;
+FetchScheduler::~FetchScheduler() {
+  // Temporaries of composed reads are deleted before the scheduler is gone (and so before the
+  // process may end).
+  if (common_->composer != nullptr) common_->composer->WaitIdle();
+}
 
 FetchScheduler::PoolStats FetchScheduler::pool_stats() const {
   return {.reused = common_->budget->reused(), .pooled_bytes = common_->budget->pooled()};

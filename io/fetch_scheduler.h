@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/runtime.h"
+#include "io/composed_read.h"
 #include "store/object_store.h"
 
 namespace wharf {
@@ -70,6 +71,17 @@ struct FetchOptions {
   uint64_t coalesce_gap = uint64_t{1} << 20;
   // Deliver results in submission order instead of completion order.
   bool ordered = false;
+
+  // Composed reads (io/composed_read.h), on stores that compose (gs:// over the JSON API):
+  // whole small objects of known size are composed on the server 2 to 32 at a time (at most
+  // part_size bytes together) and each group read with one GET. nullopt: WHARF_GS_COMPOSE
+  // (auto unless set). kAuto composes objects up to compose_max_object_bytes once the store's
+  // measured time to first byte (or, before any measurement, expected_latency) is at least
+  // compose_min_latency: where a request costs a round trip, three requests for 32 objects
+  // beat 32; on a fast local link they do not.
+  std::optional<ComposeMode> compose;
+  uint64_t compose_max_object_bytes = uint64_t{1} << 20;
+  absl::Duration compose_min_latency = absl::Milliseconds(2);
 
   // The depth derived from the expected latency and rates above (the prior, before any
   // measurement).
@@ -118,8 +130,10 @@ struct FetchResult {
 
 struct FetchStats {
   uint64_t items = 0;
-  uint64_t requests = 0;  // store GETs (+ HEADs) issued
-  uint64_t bytes = 0;     // payload bytes delivered
+  uint64_t requests = 0;          // store GETs (+ HEADs) issued
+  uint64_t composed_reads = 0;    // GETs of composed temporaries (each also in `requests`)
+  uint64_t composed_objects = 0;  // objects delivered from them
+  uint64_t bytes = 0;             // payload bytes delivered
   uint64_t retries = 0;
   int peak_in_flight = 0;
   uint64_t peak_bytes_held = 0;

@@ -252,6 +252,7 @@ class PyReader {
     requests_ += stats.requests;
     bytes_ += stats.bytes;
     retries_ += stats.retries;
+    composed_reads_ += stats.composed_reads;
     std::vector<Sample> got = Check(std::move(samples));
     py::list out;
     for (Sample& s : got) out.append(SampleToPython(*index_, s));
@@ -265,6 +266,7 @@ class PyReader {
     d["requests"] = requests_;
     d["bytes"] = bytes_;
     d["retries"] = retries_;
+    d["composed_reads"] = composed_reads_;  // of `requests`: GETs of composed objects
     return d;
   }
 
@@ -276,7 +278,7 @@ class PyReader {
       // First use, or first use in a forked child: the inherited engine belongs to the parent.
       LeakOrDestroy(reader_, generation_);
       LeakOrDestroy(scheduler_, generation_);
-      batches_ = samples_ = requests_ = bytes_ = retries_ = 0;
+      batches_ = samples_ = requests_ = bytes_ = retries_ = composed_reads_ = 0;
       scheduler_ =
           std::make_shared<FetchScheduler>(index_->handle().store(), options_.ToFetchOptions());
       reader_ = std::make_unique<SampleReader>(index_->index(), scheduler_);
@@ -290,7 +292,7 @@ class PyReader {
   std::shared_ptr<FetchScheduler> scheduler_;
   std::unique_ptr<SampleReader> reader_;
   uint64_t generation_ = 0;
-  uint64_t batches_ = 0, samples_ = 0, requests_ = 0, bytes_ = 0, retries_ = 0;
+  uint64_t batches_ = 0, samples_ = 0, requests_ = 0, bytes_ = 0, retries_ = 0, composed_reads_ = 0;
 };
 
 // ---- SampleStream ----
@@ -341,6 +343,7 @@ class PyStream : public StreamBinding<PyStream, SampleStream> {
     d["requests"] = st.requests;
     d["bytes"] = st.bytes;
     d["retries"] = st.retries;
+    d["composed_reads"] = st.composed_reads;  // of `requests`: GETs of composed objects
     d["peak_in_flight"] = st.peak_in_flight;
     d["peak_bytes_held"] = st.peak_bytes_held;
     d["max_in_flight"] = scheduler_->max_in_flight();  // the depth now (tuned unless fixed)
