@@ -1247,7 +1247,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (bench/run_bench.py) for details.")
     ap.add_argument("--scenario", default="all",
-                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT", "SERVE", "ADAPT"],
+                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT", "SERVE", "ADAPT", "GCS"],
                     help="TRAIN: the training-loop benchmark, bench/train_bench.py (passes "
                     "--quick, --out, --wharf, --proxy-bin, --timeout, --keep-server and the "
                     "first of --delays as --delay-ms). TIER: the tier benchmarks of "
@@ -1312,7 +1312,14 @@ def main() -> int:
     a = ap.parse_args()
     a.wharf = str(Path(a.wharf).resolve()) if Path(a.wharf).exists() else a.wharf
     if a.repeat is None:
-        a.repeat = 3 if a.scenario in ("TIER", "SERVE", "ADAPT") else 1
+        a.repeat = 3 if a.scenario in ("TIER", "SERVE", "ADAPT", "GCS") else 1
+    if a.scenario == "GCS":
+        import gcs_bench
+
+        gargs = ["--out", a.out, "--timeout", str(a.timeout)] + (["--quick"] if a.quick else [])
+        gargs += ["--delay-ms", a.delays.split(",")[0]] if a.delays else []
+        gargs += ["--repeat", str(a.repeat)] if a.repeat else []
+        return gcs_bench.main(gargs)
     if a.scenario == "TRAIN":
         import train_bench
 

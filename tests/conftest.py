@@ -188,16 +188,16 @@ def node_dirs(request, tmp_path):
 
 
 class LatencyProxy:
-    """tools/latency_proxy in front of the RGW: every request pays 2 x delay_ms, and the bytes
-    move at most at bandwidth_mbps."""
+    """tools/latency_proxy in front of a server (http://HOST:PORT): every request pays
+    2 x delay_ms, and the bytes move at most at bandwidth_mbps."""
 
-    def __init__(self, s3_env, delay_ms, bandwidth_mbps=None):
+    def __init__(self, upstream_url, delay_ms, bandwidth_mbps=None):
         name = pathlib.Path("tools") / "latency_proxy" / "wharf-latency-proxy"
         binary = pathlib.Path(wharf_bin()).parent / name
         if not binary.exists():
             binary = ROOT / "build" / name
         assert binary.exists(), f"{binary} is missing: ./run build builds it"
-        upstream = s3_env["WHARF_S3_ENDPOINT"].split("://", 1)[1]
+        upstream = upstream_url.split("://", 1)[1]
         args = [str(binary), "--listen", "127.0.0.1:0", "--upstream", upstream,
                 "--delay-ms", str(delay_ms)]
         if bandwidth_mbps:
@@ -218,7 +218,7 @@ def slow_link(s3_env):
     proxies = []
 
     def start(delay_ms, bandwidth_mbps=None):
-        proxies.append(LatencyProxy(s3_env, delay_ms, bandwidth_mbps))
+        proxies.append(LatencyProxy(s3_env["WHARF_S3_ENDPOINT"], delay_ms, bandwidth_mbps))
         return proxies[-1].url
 
     yield start
