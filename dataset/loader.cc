@@ -128,6 +128,12 @@ void SampleStream::FillTo(uint64_t required, uint64_t ahead) {
   required = std::min(required, total);
   ahead = std::max(required, std::min(ahead, total));
   if (added_ >= ahead) return;
+  // The window is topped up in chunks, not one sample per sample taken: the engine plans the
+  // items of one Add together (composed reads group up to 32 small objects), and fewer Adds
+  // take its lock and wake it less often.
+  const uint64_t window = ahead > yielded_ ? ahead - yielded_ : 0;
+  const uint64_t chunk = std::clamp<uint64_t>(window / 4, 1, 32);
+  if (added_ >= required && ahead < total && ahead - added_ < chunk) return;
   if (!batch_) batch_ = scheduler_->StartBatch();
   std::vector<FetchItem> items;
   // Engine indices follow the share's positions: item i of the batch is SampleAt(base_ + i).
