@@ -140,14 +140,26 @@ TEST(StoreSpecTest, FileStoresTakeNoOptions) {
   EXPECT_THAT(std::string(opened.status().message()), HasSubstr("region"));
 }
 
-TEST(StoreSpecTest, GcsRefusesAwsOptionsAndJsonApi) {
+TEST(StoreSpecTest, GcsRefusesAwsOptionsAndChoosesItsApi) {
   StoreOptions region;
   region.region = "eu-west-1";
   auto with_region = OpenUri("gs://bucket/", region);
   EXPECT_EQ(with_region.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(with_region.status().message()), HasSubstr("'region'"));
+  // The JSON API (compose, no parallel multipart writer) and the XML API (S3's protocol).
   auto json = OpenUri("gs://bucket/?api=json&anonymous=true");
-  EXPECT_EQ(json.status().code(), absl::StatusCode::kUnimplemented);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_TRUE(json->store->capabilities().compose);
+  EXPECT_FALSE(json->store->capabilities().multipart_upload);
+  auto xml = OpenUri("gs://bucket/?api=xml&anonymous=true");
+  ASSERT_TRUE(xml.ok()) << xml.status();
+  EXPECT_FALSE(xml->store->capabilities().compose);
+  EXPECT_TRUE(xml->store->capabilities().multipart_upload);
+  auto other = OpenUri("gs://bucket/?api=grpc&anonymous=true");
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  // addressing_style is the XML API's.
+  auto style = OpenUri("gs://bucket/?api=json&anonymous=true&addressing_style=virtual");
+  EXPECT_EQ(style.status().code(), absl::StatusCode::kInvalidArgument);
   auto s3_api = OpenUri("s3://bucket/?api=xml&anonymous=true");
   EXPECT_EQ(s3_api.status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -157,8 +169,6 @@ TEST(StoreSpecTest, OpenedUriCarriesTheSpec) {
   ASSERT_TRUE(opened.ok()) << opened.status();
   EXPECT_EQ(opened->uri.ToString(), "gs://bucket/p/");
   EXPECT_EQ(opened->spec.options.anonymous, true);
-  EXPECT_EQ(opened->store->capabilities().compose, false);
-  EXPECT_TRUE(opened->store->capabilities().multipart_upload);
   auto again = OpenSpec(opened->spec);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)->Uri("k"), "gs://bucket/k");
