@@ -51,6 +51,31 @@ bool ReadFile(const std::string& path, std::string* out) {
   return true;
 }
 
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, absl::string_view what,
+                                             uint64_t max_bytes) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return wharf::ErrnoToStatus(errno, what);
+  std::string content;
+  char buffer[8192];
+  while (true) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return wharf::ErrnoToStatus(err, what);
+    }
+    if (n == 0) break;
+    content.append(buffer, static_cast<size_t>(n));
+    if (content.size() > max_bytes) {
+      close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(what, ": larger than ", max_bytes, " bytes"));
+    }
+  }
+  close(fd);
+  return content;
+}
+
 std::vector<std::string> ListFiles(const std::string& dir, absl::string_view suffix) {
   std::vector<std::string> out;
   DIR* d = opendir(dir.c_str());

@@ -3,10 +3,12 @@
 // Thread-safety: functions of their arguments only.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace wharf {
@@ -20,6 +22,12 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view data
 
 // The whole file at `path` into `out`; false when it cannot be opened.
 bool ReadFile(const std::string& path, std::string* out);
+
+// The whole file at `path`. Errors name `what` (e.g. "reading credentials file /k.json") and
+// the errno (NotFound for a missing file); a file of more than `max_bytes` is InvalidArgument
+// ("<what>: larger than <max_bytes> bytes"), so a wrong path cannot fill the memory.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, absl::string_view what,
+                                             uint64_t max_bytes = UINT64_MAX);
 
 // "<dir>/<name>" of the entries of `dir` whose names end in `suffix`, sorted; empty when
 // `dir` cannot be read.

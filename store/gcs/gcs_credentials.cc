@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "base/file_io.h"
 #include "base/hash.h"
 #include "base/runtime.h"
 #include "base/status.h"
@@ -231,29 +232,8 @@ absl::StatusOr<Credentials> ParseTokenResponse(absl::string_view body, absl::str
 // Credentials files
 
 absl::StatusOr<std::string> ReadCredentialsFile(const std::string& path) {
-  const std::string what = absl::StrCat("reading credentials file ", path);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, what);
-  std::string content;
-  char buffer[8192];
-  while (true) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      close(fd);
-      return ErrnoToStatus(err, what);
-    }
-    if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
-    if (content.size() > kMaxCredentialsFileBytes) {
-      close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat("credentials file ", path, " is larger than 1 MiB: not a credentials file"));
-    }
-  }
-  close(fd);
-  return content;
+  return ReadFileToString(path, absl::StrCat("reading credentials file ", path),
+                          kMaxCredentialsFileBytes);
 }
 
 absl::StatusOr<json> ParseCredentialsJson(absl::string_view text, absl::string_view origin) {

@@ -816,9 +816,10 @@ void GcsJsonStore::DeleteAsync(std::string key, StatusCallback done) {
   call->method = "DELETE";
   call->url = ObjectUrl(key);
   Execute(std::move(call), [done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
-    // Deleting a missing object succeeds (as on S3); a missing bucket does not.
+    // Deleting a missing object succeeds (as on S3); a missing bucket does not (GCS says
+    // "The specified bucket does not exist."; a missing object is "No such object: b/k").
     if (!r.ok() && r.status().code() == absl::StatusCode::kNotFound &&
-        !absl::StrContains(absl::AsciiStrToLower(r.status().message()), "bucket")) {
+        !absl::StrContains(r.status().message(), "bucket does not exist")) {
       return std::move(done)(absl::OkStatus());
     }
     std::move(done)(r.status());

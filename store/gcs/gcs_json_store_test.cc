@@ -267,6 +267,12 @@ TEST(GcsJsonStoreTest, ErrorsNameTheObjectAndTheCause) {
     if (absl::StrContains(r.url, "/o/missing")) {
       return Json(404, ErrorBody(404, "notFound", "No such object: bkt/missing"));
     }
+    if (absl::StrContains(r.url, "/o/bucket-notes")) {  // a key that says "bucket"
+      return Json(404, ErrorBody(404, "notFound", "No such object: bkt/bucket-notes"));
+    }
+    if (absl::StrContains(r.url, "/b/gone/")) {
+      return Json(404, ErrorBody(404, "notFound", "The specified bucket does not exist."));
+    }
     if (absl::StrContains(r.url, "/o/bad-range")) {
       return Json(416, ErrorBody(416, "requestedRangeNotSatisfiable", "Range not satisfiable"));
     }
@@ -288,8 +294,12 @@ TEST(GcsJsonStoreTest, ErrorsNameTheObjectAndTheCause) {
   EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(denied.status().message(), HasSubstr("service account sa@p (key /k.json)"));
   EXPECT_THAT(denied.status().message(), Not(HasSubstr(kToken)));
-  // Deleting a missing object succeeds; every request carried the token.
+  // Deleting a missing object succeeds, whatever its name; in a missing bucket it does not.
   EXPECT_TRUE(store->Delete("missing").ok());
+  EXPECT_TRUE(store->Delete("bucket-notes").ok());
+  auto gone = *GcsJsonStore::Open("gone", config, transport);
+  EXPECT_EQ(gone->Delete("k").code(), absl::StatusCode::kNotFound);
+  // Every request carried the token.
   for (const HttpRequest& r : transport->requests()) {
     EXPECT_EQ(HeaderOf(r, "authorization"), absl::StrCat("Bearer ", kToken));
   }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/file_io.h"
 #include "base/status.h"
 #include "store/s3/aws_credentials.h"
 
@@ -55,26 +56,10 @@ absl::Status SplitProperty(absl::string_view text, int line, std::string* name,
 
 // The file's content, nullopt when it does not exist.
 absl::StatusOr<std::optional<std::string>> ReadFileIfExists(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return std::optional<std::string>();
-    return ErrnoToStatus(errno, absl::StrCat("reading ", path));
-  }
-  std::string content;
-  char buffer[8192];
-  while (true) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      close(fd);
-      return ErrnoToStatus(err, absl::StrCat("reading ", path));
-    }
-    if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
-  }
-  close(fd);
-  return std::optional<std::string>(std::move(content));
+  auto content = ReadFileToString(path, absl::StrCat("reading ", path));
+  if (!content.ok() && absl::IsNotFound(content.status())) return std::optional<std::string>();
+  if (!content.ok()) return content.status();
+  return std::optional<std::string>(*std::move(content));
 }
 
 std::optional<std::string> NonEmpty(std::optional<std::string> value) {

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "base/file_io.h"
 #include "base/hash.h"
 #include "base/runtime.h"
 #include "base/status.h"
@@ -44,27 +45,9 @@ std::optional<std::string> NonEmpty(std::optional<std::string> value) {
 
 // A file's content with surrounding whitespace trimmed (token files end in a newline or not).
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_view what) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("reading ", what, " ", path));
-  std::string content;
-  char buffer[4096];
-  while (true) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      close(fd);
-      return ErrnoToStatus(err, absl::StrCat("reading ", what, " ", path));
-    }
-    if (n == 0) break;
-    content.append(buffer, static_cast<size_t>(n));
-    if (content.size() > (1 << 20)) {
-      close(fd);
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " ", path, " is larger than 1 MiB: not a token"));
-    }
-  }
-  close(fd);
+  WHARF_ASSIGN_OR_RETURN(
+      const std::string content,
+      ReadFileToString(path, absl::StrCat("reading ", what, " ", path), uint64_t{1} << 20));
   std::string token(absl::StripAsciiWhitespace(content));
   if (token.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
