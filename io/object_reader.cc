@@ -88,7 +88,7 @@ absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(std::shared_ptr
   const uint64_t end = options.length.has_value() ? std::min(size, begin + *options.length) : size;
   auto reader = std::unique_ptr<ObjectReader>(new ObjectReader(
       std::move(store), std::move(meta), std::move(uri), std::move(options), begin, end));
-  reader->Schedule();
+  reader->Schedule();  // adaptive: nothing until the first read
   return reader;
 }
 
@@ -103,8 +103,32 @@ ObjectReader::ObjectReader(std::shared_ptr<ObjectStore> store, ObjectMeta meta, 
       budget_(options_.runtime->shared_budget()),
       pos_(begin),
       next_fetch_(begin),
+      window_(options_.chunk_size),
+      ahead_(options_.read_ahead),
       account_(budget_->NewAccount(max_buffered_, "object reader " + uri_)),
-      shared_(std::make_shared<Shared>()) {}
+      shared_(std::make_shared<Shared>()) {
+  if (options_.adaptive) {
+    jumps_ = 0;
+    Restart();
+  }
+}
+
+void ObjectReader::Restart() {
+  const uint64_t min_chunk = options_.min_chunk > 0
+                                 ? options_.min_chunk
+                                 : std::max<uint64_t>(uint64_t{64} << 10, options_.chunk_size / 16);
+  window_ = std::min(min_chunk, options_.chunk_size);
+  ahead_ = 0;
+  jumped_ = true;
+}
+
+void ObjectReader::Ramp() {
+  if (window_ < options_.chunk_size) {
+    window_ = std::min(window_ * 2, options_.chunk_size);
+  } else if (ahead_ < options_.read_ahead) {
+    ++ahead_;
+  }
+}
 
 ObjectReader::~ObjectReader() {
   // The chunk buffers are kept alive by the completions; only the store must still be there
@@ -198,11 +222,11 @@ std::shared_ptr<ObjectReader::Chunk> ObjectReader::StartChunk(Block block) {
 }
 
 void ObjectReader::Schedule() {
-  if (hold_read_ahead_) return;
+  if (hold_read_ahead_ || jumped_) return;
   std::vector<std::shared_ptr<Chunk>> start;
-  const size_t max_chunks = static_cast<size_t>(options_.read_ahead) + 1;
+  const size_t max_chunks = static_cast<size_t>(ahead_) + 1;
   while (next_fetch_ < end_ && queue_.size() + (current_ != nullptr ? 1 : 0) < max_chunks) {
-    const uint64_t len = std::min(options_.chunk_size, end_ - next_fetch_);
+    const uint64_t len = std::min(window_, end_ - next_fetch_);
     {
       absl::MutexLock lock(&shared_->mu);
       if (shared_->held > 0 && shared_->held + len > max_buffered_) break;
@@ -277,12 +301,16 @@ absl::Status ObjectReader::Fill() {
   ReleaseCurrent();
   if (pos_ >= end_) return absl::OkStatus();
   DropQueuedBefore(pos_);
+  if (options_.adaptive) {
+    // Moving on into the next chunk without a jump is the evidence of sequential reading.
+    if (!jumped_) Ramp();
+    jumped_ = false;
+  }
   if (queue_.empty()) {
     if (next_fetch_ < pos_) next_fetch_ = pos_;
     // The reader holds no chunk but abandoned ones in flight: wait until the next one fits
     // the budget (releases anywhere, those completions included, wake the wait).
-    absl::StatusOr<Block> block =
-        AllocateWaiting(std::min(options_.chunk_size, end_ - next_fetch_));
+    absl::StatusOr<Block> block = AllocateWaiting(std::min(window_, end_ - next_fetch_));
     if (!block.ok()) {
       status_ = block.status();
       return status_;
@@ -370,7 +398,19 @@ absl::Status ObjectReader::Seek(uint64_t offset) {
                                               " is outside the range [", options_.offset, ", ",
                                               end_, "]"));
   }
-  if (offset >= pos_) return Skip(offset - pos_);
+  if (offset >= pos_) {
+    // Adaptive: a skip past everything requested is a jump (within it, reading goes on).
+    const uint64_t requested_end = std::max(next_fetch_, pos_);
+    if (options_.adaptive && offset > requested_end) {
+      ReleaseCurrent();
+      DropQueuedBefore(std::numeric_limits<uint64_t>::max());
+      pos_ = next_fetch_ = offset;
+      ++jumps_;
+      Restart();
+      return absl::OkStatus();
+    }
+    return Skip(offset - pos_);
+  }
   if (current_ != nullptr && offset >= current_->offset) {
     pos_ = offset;  // still inside the current chunk
     return absl::OkStatus();
@@ -380,6 +420,10 @@ absl::Status ObjectReader::Seek(uint64_t offset) {
   ReleaseCurrent();
   DropQueuedBefore(std::numeric_limits<uint64_t>::max());
   pos_ = next_fetch_ = offset;
+  if (options_.adaptive) {
+    ++jumps_;
+    Restart();
+  }
   Schedule();
   return absl::OkStatus();
 }
@@ -405,7 +449,16 @@ absl::Status ObjectReader::ReadDirect(absl::Span<char> dst) {
   }
   hold_read_ahead_ = false;
   const uint64_t rest = dst.size() - done;
-  if (rest < options_.chunk_size) return ReadExact(dst.subspan(done));
+  if (options_.adaptive) {
+    // Right after a jump a read of known size is fetched exactly; otherwise it is one more
+    // sign of sequential reading.
+    const bool exact = jumped_ && rest >= kExactReadBytes;
+    if (!exact && rest < options_.chunk_size) return ReadExact(dst.subspan(done));  // Fill ramps
+    if (!jumped_) Ramp();
+    jumped_ = false;
+  } else if (rest < options_.chunk_size) {
+    return ReadExact(dst.subspan(done));
+  }
   // Nothing past pos_ is requested: the rest goes straight into dst.
   ReleaseCurrent();
   DropQueuedBefore(std::numeric_limits<uint64_t>::max());  // empty by now; never stale
@@ -421,7 +474,7 @@ absl::Status ObjectReader::ReadDirect(absl::Span<char> dst) {
     requests.push_back(std::move(request));
   }
   GetAllOptions get_options;
-  get_options.max_in_flight = options_.read_ahead + 1;
+  get_options.max_in_flight = options_.read_ahead + 1;  // the caller's memory: no ramp
   const GetAllResult got = GetAll(*store_, std::move(requests), get_options);
   requests_ += got.started;
   {
@@ -455,6 +508,7 @@ ObjectReaderStats ObjectReader::stats() const {
   stats.bytes_direct = bytes_direct_;
   stats.chunk_size = options_.chunk_size;
   stats.read_ahead = options_.read_ahead;
+  stats.jumps = jumps_;
   absl::MutexLock lock(&shared_->mu);
   stats.bytes_fetched = shared_->bytes_fetched;
   stats.peak_buffered_bytes = shared_->peak;

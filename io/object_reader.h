@@ -75,6 +75,20 @@ struct ObjectReaderOptions {
   std::optional<uint64_t> length;
   // Guard every GET with If-Match on the object's ETag (from HEAD or the given meta).
   bool pin_version = true;
+  // Size the read-ahead from the access pattern instead of always keeping read_ahead chunks
+  // of chunk_size on the wire (file objects, whose callers seek: Parquet, zip, torch.load).
+  // Nothing is requested until the first read. After opening and after every seek out of the
+  // bytes held or requested (a jump), the next chunk is `min_chunk` bytes and nothing is read
+  // ahead; each time the consumer moves on into the next chunk without a jump, the next
+  // chunk is twice as large, up to chunk_size, and once chunks are chunk_size the read-ahead
+  // grows by one chunk at a time up to read_ahead (the ramp of the Linux page cache's
+  // on-demand read-ahead). A ReadDirect of at least kExactReadBytes right after a jump fetches
+  // exactly its bytes (the caller said how many it wants), in chunk_size GETs in parallel.
+  // A sequential reader pays about log2(chunk_size / min_chunk) extra first bytes at the
+  // start; a random reader fetches what it reads plus at most min_chunk per small read.
+  bool adaptive = false;
+  // The first chunk after a jump (adaptive only). 0: chunk_size / 16, at least 64 KiB.
+  uint64_t min_chunk = 0;
   // The runtime whose memory budget and link estimates are used; null: Runtime::Default().
   std::shared_ptr<Runtime> runtime;
 
@@ -85,6 +99,7 @@ struct ObjectReaderOptions {
 };
 
 struct ObjectReaderStats {
+  uint64_t jumps = 0;                // seeks out of the bytes held or requested (adaptive)
   uint64_t requests = 0;             // GETs issued
   uint64_t bytes_fetched = 0;        // bytes those GETs delivered
   uint64_t bytes_copied = 0;         // bytes ReadCord() copied rather than shared
@@ -96,6 +111,9 @@ struct ObjectReaderStats {
 
 class ObjectReader {
  public:
+  // Adaptive readers: a ReadDirect right after a jump at least this long is fetched exactly.
+  static constexpr uint64_t kExactReadBytes = uint64_t{64} << 10;
+
   // Opens `key`, asking the store for its size and ETag (one HEAD). Starts the first GETs.
   // REQUIRES: store != nullptr, options.read_ahead >= -1.
   static absl::StatusOr<std::unique_ptr<ObjectReader>> Open(std::shared_ptr<ObjectStore> store,
@@ -168,6 +186,10 @@ class ObjectReader {
   absl::Status Fill();
   // Starts GETs while the chunk count, the byte bound and the budget allow.
   void Schedule();
+  // Adaptive: the consumer moved on sequentially; doubles the window, then the read-ahead.
+  void Ramp();
+  // Adaptive: a jump; the window starts over at min_chunk with no read-ahead.
+  void Restart();
   // A block for the next chunk (`len` bytes) from the budget, or an empty one when the
   // reader's cap or the budget has no room now. Never blocks.
   Block TryAllocateChunk(uint64_t len);
@@ -199,6 +221,12 @@ class ObjectReader {
   uint64_t bytes_copied_ = 0;
   uint64_t bytes_direct_ = 0;
   bool hold_read_ahead_ = false;  // ReadDirect: Schedule() requests nothing
+  // The chunk size and read-ahead in use: the options' own unless adaptive (see there).
+  uint64_t window_;
+  int ahead_;
+  // Adaptive: opened or jumped, and nothing read since; Schedule() requests nothing.
+  bool jumped_ = false;
+  uint64_t jumps_ = 0;
   absl::Status status_;
   // The account chunks are charged to; replaced by a fresh one when only pieces the caller
   // keeps are left in it (see the class comment). Earlier ones live as long as those pieces.

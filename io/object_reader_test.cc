@@ -437,5 +437,77 @@ TEST(ObjectReaderTest, ReadDirectOfARewrittenObjectIsAStickyError) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(ObjectReaderTest, AdaptiveReadsTheSameBytesUnderRandomAndMixedAccess) {
+  TempStore tmp;
+  const std::string data = RandomBytes(300'000, 21);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  std::mt19937_64 rng(5);
+  for (uint64_t min_chunk : {1ul, 1000ul, 4096ul}) {
+    ObjectReaderOptions options{
+        .chunk_size = 16384, .read_ahead = 3, .adaptive = true, .min_chunk = min_chunk};
+    auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    for (int i = 0; i < 200; ++i) {
+      const uint64_t at = i % 3 == 0 ? (*reader)->position() : rng() % (data.size() + 1);
+      ASSERT_TRUE((*reader)->Seek(at).ok()) << at;
+      const uint64_t n = std::min<uint64_t>(rng() % 90'000, data.size() - at);
+      std::string got(n, '\0');
+      absl::Status s = i % 2 ? (*reader)->ReadDirect(absl::MakeSpan(got))
+                             : (*reader)->ReadExact(absl::MakeSpan(got));
+      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_EQ(got, data.substr(at, n)) << min_chunk << " at " << at;
+    }
+    EXPECT_LE((*reader)->stats().peak_buffered_bytes, 4 * 16384u);
+    EXPECT_GT((*reader)->stats().jumps, 50u);
+  }
+}
+
+TEST(ObjectReaderTest, AdaptiveRequestsNothingBeforeTheFirstReadAndFetchesSmallAfterAJump) {
+  TempStore tmp;
+  const std::string data = RandomBytes(1 << 20, 22);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  ObjectReaderOptions options{
+      .chunk_size = 256 << 10, .read_ahead = 4, .adaptive = true, .min_chunk = 16 << 10};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ((*reader)->stats().requests, 0u);
+  // A footer read, as Parquet does: the last 8 bytes, then 20 KiB before them.
+  ASSERT_TRUE((*reader)->Seek(data.size() - 8).ok());
+  std::string tail(8, '\0');
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(tail)).ok());
+  EXPECT_EQ(tail, data.substr(data.size() - 8));
+  ASSERT_TRUE((*reader)->Seek(100'000).ok());
+  std::string small(100, '\0');
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(small)).ok());
+  EXPECT_EQ(small, data.substr(100'000, 100));
+  // A read of known size right after a jump: exactly its bytes.
+  ASSERT_TRUE((*reader)->Seek(500'000).ok());
+  std::string column(100'000, '\0');
+  ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(column)).ok());
+  EXPECT_EQ(column, data.substr(500'000, 100'000));
+  const ObjectReaderStats stats = (*reader)->stats();
+  EXPECT_EQ(stats.requests, 3u);
+  EXPECT_EQ(stats.bytes_fetched, 8u + (16u << 10) + 100'000u);
+  EXPECT_EQ(stats.jumps, 3u);
+}
+
+TEST(ObjectReaderTest, AdaptiveRampsUpToFullReadAheadWhileReadingSequentially) {
+  TempStore tmp;
+  const std::string data = RandomBytes(4 << 20, 23);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  auto slow = std::make_shared<SlowStore>(tmp.store(), absl::Milliseconds(2));
+  ObjectReaderOptions options{
+      .chunk_size = 64 << 10, .read_ahead = 4, .adaptive = true, .min_chunk = 4 << 10};
+  auto reader = ObjectReader::Open(slow, "obj", options);
+  ASSERT_TRUE(reader.ok());
+  EXPECT_EQ(ReadAllByPeek(**reader), data);
+  const ObjectReaderStats stats = (*reader)->stats();
+  // 4, 8, 16, 32 KiB, then 64 KiB chunks: a handful more requests than fixed chunks.
+  EXPECT_LE(stats.requests, data.size() / (64 << 10) + 4);
+  EXPECT_EQ(stats.bytes_fetched, data.size());
+  EXPECT_EQ(slow->peak_in_flight(), 5);  // the full read-ahead was reached
+  EXPECT_EQ(stats.jumps, 0u);
+}
+
 }  // namespace
 }  // namespace wharf

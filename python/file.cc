@@ -48,12 +48,13 @@ constexpr uint64_t kMaxPeek = uint64_t{64} << 10;
 
 class ObjectReadFile {
  public:
-  ObjectReadFile(StoreHandle handle, uint64_t chunk_size, int read_ahead)
+  ObjectReadFile(StoreHandle handle, uint64_t chunk_size, int read_ahead, bool adaptive)
       : handle_(std::move(handle)), generation_(ForkGeneration()) {
     auto store = handle_.store();
     ObjectReaderOptions options;
     options.chunk_size = chunk_size;
     options.read_ahead = read_ahead;
+    options.adaptive = adaptive;
     reader_ = Check(WithoutGil(
         [&] { return ObjectReader::Open(std::move(store), handle_.prefix(), options); }));
     size_ = reader_->meta().size;
@@ -184,6 +185,7 @@ class ObjectReadFile {
     d["peak_buffered_bytes"] = st.peak_buffered_bytes;
     d["chunk_size"] = st.chunk_size;
     d["read_ahead"] = st.read_ahead;
+    d["jumps"] = st.jumps;
     return d;
   }
 
@@ -396,13 +398,14 @@ class ObjectWriteFile {
 void RegisterFiles(py::module_& m) {
   py::class_<ObjectReadFile>(m, "_ObjectReadFile",
                              "The raw reader under wharf.open(uri, 'rb'); use wharf.open.")
-      .def(py::init(
-               [](std::string uri, uint64_t chunk_size, int read_ahead, const py::kwargs& options) {
-                 return std::make_unique<ObjectReadFile>(
-                     StoreHandle(std::move(uri), StoreOptionsFromKwargs(options)), chunk_size,
-                     read_ahead);
-               }),
-           py::arg("uri"), py::arg("chunk_size") = 0, py::arg("read_ahead") = -1)
+      .def(py::init([](std::string uri, uint64_t chunk_size, int read_ahead, bool adaptive,
+                       const py::kwargs& options) {
+             return std::make_unique<ObjectReadFile>(
+                 StoreHandle(std::move(uri), StoreOptionsFromKwargs(options)), chunk_size,
+                 read_ahead, adaptive);
+           }),
+           py::arg("uri"), py::arg("chunk_size") = 0, py::arg("read_ahead") = -1,
+           py::arg("adaptive") = true)
       .def_property_readonly("size", &ObjectReadFile::size)
       .def_property_readonly("etag", &ObjectReadFile::etag)
       .def_property_readonly("closed", &ObjectReadFile::closed)

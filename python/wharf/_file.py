@@ -22,14 +22,18 @@ class ObjectFile(io.BufferedIOBase):
 
     _raw = None  # until opened: __del__ and closed work on a file whose open raised
 
-    def __init__(self, uri, mode="rb", *, chunk_size=0, read_ahead=-1, **store_options):
+    def __init__(self, uri, mode="rb", *, chunk_size=0, read_ahead=-1, access="auto",
+                 **store_options):
         if mode not in ("rb", "wb"):
             raise ValueError(f"invalid mode {mode!r} for wharf.open (use 'rb' or 'wb')")
+        if access not in ("auto", "sequential"):
+            raise ValueError(f"invalid access {access!r} for wharf.open "
+                             "(use 'auto' or 'sequential')")
         self._uri = str(uri)
         self._mode = mode
         if mode == "rb":
             self._raw = _wharf._ObjectReadFile(self._uri, chunk_size, read_ahead,
-                                               **store_options)
+                                               access == "auto", **store_options)
         else:
             self._raw = _wharf._ObjectWriteFile(self._uri, **store_options)
 
@@ -86,7 +90,8 @@ class ObjectFile(io.BufferedIOBase):
 
     def stats(self):
         """"rb": the reader's GETs so far: requests, bytes_fetched, bytes_direct (fetched
-        straight into readinto's buffer), peak_buffered_bytes, chunk_size, read_ahead."""
+        straight into readinto's buffer), peak_buffered_bytes, chunk_size, read_ahead (the
+        most: access="auto" ramps up to them), jumps (seeks away from what was requested)."""
         return self._reader().stats()
 
     def seek(self, offset, whence=io.SEEK_SET):
@@ -165,6 +170,11 @@ def open(uri, mode="rb", **store_options):
     "wb" streams the bytes as a multipart upload; the object appears atomically at close(),
     and never if the `with` block raises or the file is dropped unclosed.
     Store options are wharf.Store's (endpoint=, region=, cache=, ...); chunk_size= and
-    read_ahead= tune "rb" (default: from the store's link estimate).
+    read_ahead= tune "rb" (default: from the store's link estimate). access="auto" (the
+    default) sizes the read-ahead from how the file is read: it starts small after opening and
+    after every seek away, doubles while reading goes on sequentially up to chunk_size and
+    read_ahead chunks, and a read of known size right after a seek fetches exactly those bytes
+    (Parquet, zip and torch.load seek; pandas.read_csv streams). access="sequential" keeps
+    read_ahead chunks of chunk_size in flight from the first byte.
     """
     return ObjectFile(uri, mode, **store_options)

@@ -16,15 +16,6 @@ def _bytes(n, seed=0):
     return random.Random(seed).randbytes(n)
 
 
-@pytest.fixture(params=["file", "s3"])
-def root(request, tmp_path):
-    """A URI prefix on file:// or on a fresh RGW bucket."""
-    if request.param == "file":
-        return f"file://{tmp_path}/"
-    request.getfixturevalue("s3_env")
-    return f"s3://{request.getfixturevalue('bucket')}/"
-
-
 def _uploads(s3_client, bucket):
     return s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
 
@@ -122,7 +113,8 @@ def test_small_sequential_reads_do_not_issue_a_request_each(s3_env, bucket):
 def test_a_large_readinto_fetches_into_the_callers_buffer(root):
     data = _bytes(1 << 20, 7)
     wharf.Store(root).put("obj", data)
-    with wharf.open(root + "obj", chunk_size=64 << 10, read_ahead=2) as f:
+    with wharf.open(root + "obj", chunk_size=64 << 10, read_ahead=2,
+                    access="sequential") as f:
         buf = bytearray(len(data) - 100)
         f.seek(100)
         assert f.readinto(buf) == len(buf)
@@ -132,6 +124,41 @@ def test_a_large_readinto_fetches_into_the_callers_buffer(root):
     # straight into buf, never through the reader's buffers
     assert stats["bytes_direct"] == len(data) - 3 * (64 << 10), stats
     assert stats["peak_buffered_bytes"] <= 3 * (64 << 10), stats
+    # access="auto" requests nothing at open: after the seek, the read is fetched exactly
+    with wharf.open(root + "obj", chunk_size=64 << 10, read_ahead=2) as f:
+        f.seek(100)
+        assert f.readinto(buf) == len(buf)
+        assert buf == data[100:]
+        stats = f.stats()
+    assert stats["bytes_direct"] == stats["bytes_fetched"] == len(data) - 100, stats
+    assert stats["peak_buffered_bytes"] == 0, stats
+
+
+def test_random_access_fetches_what_is_read_and_sequential_reading_ramps_up(root):
+    data = _bytes(4 << 20, 11)
+    wharf.Store(root).put("obj", data)
+    rng = random.Random(3)
+    with wharf.open(root + "obj", chunk_size=1 << 20, read_ahead=3) as f:
+        wanted = 0
+        for _ in range(40):  # record reads at random offsets, as a Parquet reader makes
+            at, n = rng.randrange(len(data) - 300_000), rng.randrange(64 << 10, 300_000)
+            f.seek(at)
+            assert f.read(n) == data[at:at + n]
+            wanted += n
+        stats = f.stats()
+    assert stats["jumps"] >= 39, stats
+    assert stats["bytes_fetched"] == wanted, stats  # each read fetched exactly, no read-ahead
+    with wharf.open(root + "obj", chunk_size=1 << 20, read_ahead=3) as f:
+        out = bytearray()
+        while b := f.read(8192):  # small reads, as a CSV parser makes
+            out += b
+        stats = f.stats()
+    assert out == data
+    assert stats["bytes_fetched"] == len(data) and stats["jumps"] == 0, stats
+    # 64 KiB, 128, 256, 512 KiB, then 1 MiB chunks
+    assert stats["requests"] <= 4 + 4, stats
+    with pytest.raises(ValueError, match="access"):
+        wharf.open(root + "obj", access="random")
 
 
 def test_text_and_buffered_wrappers(root):

@@ -7,7 +7,6 @@ torch = pytest.importorskip("torch")
 
 import wharf  # noqa: E402
 import wharf.torch  # noqa: E402
-from test_file import root  # noqa: E402,F401 - the fixture: file:// and an RGW bucket
 
 
 def _training_state():
