@@ -25,7 +25,10 @@
 #include "io/fetch_scheduler.h"
 #include "io/parallel_list.h"
 #include "python/binding.h"
+#include "store/gcs/gcs_json_store.h"
+#include "store/gcs/gcs_store.h"
 #include "store/registry.h"
+#include "store/s3/s3_store.h"
 #include "tier/tier_store.h"
 
 namespace wharf::python {
@@ -179,13 +182,20 @@ class Store {
   std::string Uri(const std::string& key) { return store()->Uri(Key(key)); }
   const StoreHandle& handle() const { return handle_; }
 
-  py::list List(const std::string& prefix, bool recursive, int parallel) {
+  py::list List(const std::string& prefix, bool recursive, int parallel, int limit) {
     auto s = store();
     const std::string& base = handle_.prefix();
     ListOptions options;
     options.prefix = Key(prefix);
     ListPage all;
-    if (recursive && parallel > 0) {
+    if (limit > 0) {
+      // One page of at most `limit` entries: enough to tell whether a prefix holds anything
+      // (wharf.fsspec's isdir) without listing all of it.
+      if (!recursive) options.delimiter = "/";
+      options.page_size = std::min(limit, s->capabilities().max_page_size);
+      all = Check(WithoutGil([&] { return s->List(options); }));
+      all.continuation.clear();
+    } else if (recursive && parallel > 0) {
       all.objects =
           Check(WithoutGil([&] { return ParallelListAll(*s, options, {.workers = parallel}); }));
     } else {
@@ -289,6 +299,41 @@ class Store {
     Check(WithoutGil([&] { return s->DeleteMany(std::move(full)); }));
   }
 
+  // Server-side copy within this store (S3 CopyObject, GCS rewrite, a file copy).
+  py::dict Copy(const std::string& src_key, const std::string& dst_key) {
+    auto s = store();
+    ObjectMeta m = Check(WithoutGil([&] { return s->Copy(Key(src_key), Key(dst_key)); }));
+    m.key = dst_key;
+    return MetaToDict(m);
+  }
+
+  // Creates the store's bucket where the backend has bucket administration (S3, GCS); false,
+  // doing nothing, for any other store (file://). The registry's stores are decorated
+  // (metered, maybe a tier), so the backend is opened on its own from the spec for this.
+  bool CreateBucket() {
+    StoreSpec spec = handle_.spec();
+    spec.options.cache.reset();  // the registry's option, not the backend's
+    absl::StatusOr<std::shared_ptr<ObjectStore>> backend;
+    if (spec.scheme == "s3") {
+      backend = WithoutGil([&] { return s3::OpenS3Spec(spec); });
+    } else if (spec.scheme == "gs") {
+      backend = WithoutGil([&] { return gcs::OpenGcsSpec(spec); });
+    } else {
+      return false;
+    }
+    std::shared_ptr<ObjectStore> s = Check(std::move(backend));
+    absl::Status status;
+    if (auto* s3 = dynamic_cast<s3::S3Store*>(s.get())) {
+      status = WithoutGil([&] { return s3->CreateBucket(); });
+    } else if (auto* gcs = dynamic_cast<gcs::GcsJsonStore*>(s.get())) {
+      status = WithoutGil([&] { return gcs->CreateBucket(); });
+    } else {
+      return false;
+    }
+    Check(status);
+    return true;
+  }
+
  private:
   StoreHandle handle_;
 };
@@ -355,9 +400,10 @@ PYBIND11_MODULE(_wharf, m) {
           "The store spec (JSON, no credentials) the store is opened from")
       .def("url", &Store::Uri, py::arg("key"), "The full URI of a key")
       .def("list", &Store::List, py::arg("prefix") = "", py::arg("recursive") = true,
-           py::arg("parallel") = 0,
+           py::arg("parallel") = 0, py::arg("limit") = 0,
            "Objects (dicts with key, size, etag, mtime) below prefix, in key order; without "
-           "recursive, common prefixes too. parallel=N lists with N work-stealing workers.")
+           "recursive, common prefixes too. parallel=N lists with N work-stealing workers. "
+           "limit=N: one request for at most N entries (the first of the listing).")
       .def("head", &Store::Head, py::arg("key"))
       .def("get", &Store::Get, py::arg("key"), py::arg("start") = py::none(),
            py::arg("end") = py::none(), "The object's bytes [start, end) as a Buffer")
@@ -370,6 +416,11 @@ PYBIND11_MODULE(_wharf, m) {
       .def("put", &Store::Put, py::arg("key"), py::arg("data"))
       .def("delete", &Store::Delete, py::arg("key"))
       .def("delete_many", &Store::DeleteMany, py::arg("keys"))
+      .def("copy", &Store::Copy, py::arg("src_key"), py::arg("dst_key"),
+           "Server-side copy of src_key to dst_key within this store; the new object's meta")
+      .def("_create_bucket", &Store::CreateBucket,
+           "Creates the store's bucket (S3, GCS JSON); False where the store has no bucket "
+           "administration (used by wharf.fsspec's mkdir)")
       // Pickled as its spec (no credentials), reopened from it (see StoreHandle).
       .def(py::pickle([](const Store& s) -> py::object { return s.handle().State(); },
                       [](const py::object& state) {
