@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "base/runtime.h"
 #include "io/object_reader.h"
+#include "io/read_ranges.h"
 #include "python/binding.h"
 
 namespace wharf::python {
@@ -393,9 +394,89 @@ class ObjectWriteFile {
   bool busy_ = false;  // a call is waiting without the GIL (OneThread)
 };
 
+// Byte ranges of objects below one URI, read by parallel, coalesced ranged GETs
+// (io/read_ranges.h) into new bytes objects: the Parquet row-group reader
+// (wharf.torch's row datasets) and fsspec's cat_ranges. Pickled as its store handle.
+class RangeReader {
+ public:
+  explicit RangeReader(StoreHandle handle) : handle_(std::move(handle)) {}
+
+  // ranges: [(key relative to the URI, offset, length[, etag]), ...] -> [bytes, ...] in the
+  // same order. Errors name the object; a range past an object's end is OutOfRange.
+  py::list Read(const py::list& ranges, uint64_t coalesce_gap, int max_in_flight) {
+    auto store = handle_.store();
+    std::vector<RangeToRead> todo;
+    std::vector<py::bytes> out;
+    todo.reserve(py::len(ranges));
+    out.reserve(py::len(ranges));
+    for (const py::handle& r : ranges) {
+      auto t = r.cast<py::tuple>();
+      if (t.size() < 3 || t.size() > 4) {
+        Raise(
+            absl::InvalidArgumentError("read_ranges: each range is (key, offset, length[, etag])"));
+      }
+      RangeToRead range;
+      range.key = handle_.Key(t[0].cast<std::string>());
+      const int64_t offset = t[1].cast<int64_t>();
+      const int64_t length = t[2].cast<int64_t>();
+      if (offset < 0 || length < 0) {
+        Raise(absl::InvalidArgumentError(absl::StrCat("read ", store->Uri(range.key), ": range (",
+                                                      offset, ", ", length, ") is negative")));
+      }
+      range.offset = static_cast<uint64_t>(offset);
+      range.length = static_cast<uint64_t>(length);
+      if (t.size() == 4 && !t[3].is_none()) range.etag = t[3].cast<std::string>();
+      PyObject* bytes = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(length));
+      if (bytes == nullptr) throw py::error_already_set();
+      out.push_back(py::reinterpret_steal<py::bytes>(bytes));
+      range.dst = PyBytes_AS_STRING(bytes);
+      todo.push_back(std::move(range));
+    }
+    ReadRangesOptions options;
+    options.coalesce_gap = coalesce_gap;
+    options.max_in_flight = max_in_flight;
+    auto stats = WithoutGil([&] { return wharf::ReadRanges(*store, std::move(todo), options); });
+    Check(stats.status());
+    requests_ += stats->requests;
+    bytes_fetched_ += stats->bytes_fetched;
+    py::list result;
+    for (auto& b : out) result.append(std::move(b));
+    return result;
+  }
+
+  py::dict Stats() const {
+    py::dict d;
+    d["requests"] = requests_;
+    d["bytes_fetched"] = bytes_fetched_;
+    return d;
+  }
+  StoreHandle& handle() { return handle_; }
+
+ private:
+  StoreHandle handle_;
+  uint64_t requests_ = 0;
+  uint64_t bytes_fetched_ = 0;
+};
+
 }  // namespace
 
 void RegisterFiles(py::module_& m) {
+  py::class_<RangeReader>(m, "_RangeReader",
+                          "Byte ranges of objects below a URI by parallel coalesced GETs")
+      .def(py::init([](std::string uri, const py::kwargs& options) {
+             return std::make_unique<RangeReader>(
+                 StoreHandle(std::move(uri), StoreOptionsFromKwargs(options)));
+           }),
+           py::arg("uri"))
+      .def("read", &RangeReader::Read, py::arg("ranges"),
+           py::arg("coalesce_gap") = uint64_t{256} << 10, py::arg("max_in_flight") = 0,
+           "[(key, offset, length[, etag]), ...] -> [bytes, ...]: neighbours closer than "
+           "coalesce_gap share a GET; long ranges are split into parallel GETs")
+      .def("stats", &RangeReader::Stats)
+      .def(py::pickle([](RangeReader& r) -> py::object { return r.handle().State(); },
+                      [](const py::object& state) {
+                        return std::make_unique<RangeReader>(StoreHandle::FromState(state));
+                      }));
   py::class_<ObjectReadFile>(m, "_ObjectReadFile",
                              "The raw reader under wharf.open(uri, 'rb'); use wharf.open.")
       .def(py::init([](std::string uri, uint64_t chunk_size, int read_ahead, bool adaptive,

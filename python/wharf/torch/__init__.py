@@ -455,6 +455,25 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
         with one of the format's suffixes. See RecordDataset for the options."""
         return RecordDataset(uri, shards, format=format, **kwargs)
 
+    @staticmethod
+    def from_files(uri: str, files: Union[None, str, Sequence[str]] = None, *,
+                   format: Optional[str] = None, batch_rows: int = 65536,
+                   columns: Optional[Sequence[str]] = None, **kwargs) -> "RowDataset":
+        """pyarrow.RecordBatch row batches of up to batch_rows rows from row files: format
+        "parquet" (by row group; only `columns`' byte ranges are fetched, coalesced), "avro"
+        (by blocks, in byte splits), "csv" or "jsonl" (by file, pyarrow's streaming parsers).
+        `uri`: one file, or a prefix whose files with the format's suffixes are read (`files`:
+        a sub-prefix or a list of keys relative to `uri`); format defaults from the suffix.
+        Sharded across ranks and DataLoader workers by row group / split / file, shuffled per
+        epoch from `seed`, with exact mid-epoch resume (state_dict / load_state_dict). Options:
+        shuffle, seed, transform (applied to each batch), split_bytes (Avro, "64M"),
+        coalesce_gap (Parquet, "256K"), csv_options ({"read_options": {...},
+        "parse_options": {...}, "convert_options": {...}}), rank, world_size, store options.
+        See wharf.torch._rows.RowDataset."""
+        from wharf.torch._rows import RowDataset
+        return RowDataset(uri, files, format=format, batch_rows=batch_rows, columns=columns,
+                          **kwargs)
+
     # -- order and resume --
 
     @property
