@@ -63,17 +63,22 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 import torch.utils.data
 
 from wharf import _profile, _wharf
+from wharf.torch import _ahead
+from wharf.torch._ahead import ReadAheadSampler
 from wharf._file import ObjectFile
 from wharf._runtime import split_budget_for_worker
 
+if TYPE_CHECKING:
+    from wharf.torch._rows import RowDataset
+
 __all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "DistributedSampler",
-           "distributed_info", "consumed_after", "save", "load"]
+           "ReadAheadSampler", "distributed_info", "consumed_after", "save", "load"]
 
 consumed_after = _wharf.consumed_after
 _SHARE_SLICE = 4096  # DistributedSampler: indices computed per call
@@ -234,6 +239,19 @@ class _GlobalOrder(_Distributed):
         return state
 
 
+def _share_indices(sampler, epoch, start, rank, world):
+    """A rank's share of an epoch from the cursor `start`, computed in slices: no list of the
+    whole share, whatever the dataset's size."""
+    offset = 0
+    while True:
+        indices = sampler.shard(epoch, start, rank=rank, world_size=world, start=offset,
+                                count=_SHARE_SLICE)
+        yield from indices
+        if len(indices) < _SHARE_SLICE:
+            return
+        offset += len(indices)
+
+
 class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
     """A drop-in for torch's DistributedSampler that follows wharf's global order and resumes
     mid-epoch, also with another world size:
@@ -257,24 +275,20 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
         index = dataset.index if isinstance(dataset, MapDataset) else dataset
         self._init_order(index, shuffle, seed, drop_last, rank, world_size)
         self._yielded = 0  # indices handed out since the last __iter__
+        # A MapDataset read by this sampler is told the indices to come (its read-ahead).
+        self._dataset = dataset if isinstance(dataset, MapDataset) else None
 
     def __iter__(self) -> Iterator[int]:
         rank, world = self._dist()
         sampler, epoch, start = self.sampler(), self._epoch, self._start
         self._yielded = 0  # now, not at the first next(): a state taken in between is exact
+        if self._dataset is not None:
+            self._dataset.read_ahead(_share_indices(sampler, epoch, start, rank, world))
 
         def share():
-            # Computed in slices: no list of the whole share, whatever the dataset's size.
-            offset = 0
-            while True:
-                indices = sampler.shard(epoch, start, rank=rank, world_size=world,
-                                        start=offset, count=_SHARE_SLICE)
-                for i in indices:
-                    self._yielded += 1
-                    yield i
-                if len(indices) < _SHARE_SLICE:
-                    return
-                offset += len(indices)
+            for i in _share_indices(sampler, epoch, start, rank, world):
+                self._yielded += 1
+                yield i
         return share()
 
     def state_dict(self, steps: Optional[int] = None, batch_size: Optional[int] = None) -> dict:
@@ -311,15 +325,27 @@ class MapDataset(torch.utils.data.Dataset):
 
     Engine options: max_in_flight (0: derived), memory_budget (this dataset's cap inside the
     process's budget, an int or a SIZE such as "256M"; 0: none of its own, see
-    wharf.configure)."""
+    wharf.configure).
+
+    Read-ahead: when the order is known, samples are fetched before the DataLoader asks, so
+    num_workers=0 overlaps fetching with the training step. wharf's DistributedSampler tells
+    the dataset its order itself; wrap any other sampler in ReadAheadSampler(sampler, ds), or
+    call ds.read_ahead(indices) with the indices to come. Bounded by `read_ahead_window`
+    samples and `read_ahead_bytes` bytes (default 512 and "256M"); 0 turns it off."""
 
     def __init__(self, index: "_wharf.SampleIndex", transform: Optional[Callable] = None,
-                 max_in_flight: int = 0, memory_budget: Union[int, str] = 0):
+                 max_in_flight: int = 0, memory_budget: Union[int, str] = 0,
+                 read_ahead_window: int = 512, read_ahead_bytes: Union[int, str] = "256M"):
         self._index = index
         self.transform = transform
         self._engine = dict(max_in_flight=max_in_flight, memory_budget=memory_budget)
         self._reader = None
         self._pid = None
+        self._ahead_options = dict(window=int(read_ahead_window),
+                                   window_bytes=_wharf.parse_size(read_ahead_bytes))
+        self._plan = None   # (indices to come, pid): not fetched until asked for its first
+        self._ahead = None  # the ReadAhead fetching the plan in this process
+        self._ahead_hits = self._ahead_misses = 0
 
     @classmethod
     def from_prefix(cls, uri: str, transform: Optional[Callable] = None,
@@ -372,26 +398,69 @@ class MapDataset(torch.utils.data.Dataset):
             return _profile.transform(self.transform, s)
         return self.transform(s)
 
+    def read_ahead(self, indices: Optional[Iterable[int]], **options) -> None:
+        """The indices this dataset will be asked for next, in order (None: none known).
+        Nothing is fetched until the first of them is asked for in this process; a request
+        off the plan drops it. options: window, window_bytes (see the class)."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+        self._plan = None
+        if indices is not None and self._ahead_options["window"] > 0:
+            self._plan = (indices, dict(self._ahead_options, **options), os.getpid())
+
+    def _reading_ahead(self) -> bool:
+        return self._ahead is not None
+
+    def _planned(self, indices: list) -> Optional[list]:
+        if self._ahead is None and self._plan is not None:
+            plan, options, pid = self._plan
+            self._plan = None
+            if pid == os.getpid() and indices:
+                ahead = _ahead.ReadAhead(self._engine_reader(), plan, sizes=self._index.size,
+                                         **options)
+                if ahead.peek() == indices[0]:
+                    self._ahead = ahead
+                else:
+                    ahead.close()
+        if self._ahead is None:
+            return None
+        got = self._ahead.take(indices)
+        if got is None:
+            self._ahead = None
+            self._ahead_misses += 1
+        else:
+            self._ahead_hits += len(got)
+        return got
+
     def __getitem__(self, i: int) -> Any:
         i = int(i)
-        key, data = self._engine_reader().get(i)
-        return self._sample(i if i >= 0 else i + len(self), key, data)
+        n = len(self)
+        got = self._planned([i if i >= 0 else i + n])
+        key, data = got[0] if got is not None else self._engine_reader().get(i)
+        return self._sample(i if i >= 0 else i + n, key, data)
 
     def __getitems__(self, indices: Sequence[int]) -> list:
-        indices = [int(i) for i in indices]
-        got = self._engine_reader().get_batch(indices)
         n = len(self)
-        return [self._sample(i if i >= 0 else i + n, key, data)
-                for i, (key, data) in zip(indices, got)]
+        indices = [int(i) if int(i) >= 0 else int(i) + n for i in indices]
+        got = self._planned(indices)
+        if got is None:
+            got = self._engine_reader().get_batch(indices)
+        return [self._sample(i, key, data) for i, (key, data) in zip(indices, got)]
 
     def stats(self) -> dict:
-        """This process's engine: batches, samples, requests, bytes, retries."""
-        return dict(self._engine_reader().stats)
+        """This process's engine: batches, samples, requests, bytes, retries; and
+        read_ahead_hits (samples served by read-ahead) and read_ahead_misses (plans dropped)."""
+        out = dict(self._engine_reader().stats)
+        out["read_ahead_hits"] = self._ahead_hits
+        out["read_ahead_misses"] = self._ahead_misses
+        return out
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_reader"] = None  # engine objects never travel; the index pickles as data
         state["_pid"] = None
+        state["_plan"] = state["_ahead"] = None
         return state
 
 
@@ -461,7 +530,8 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
                    columns: Optional[Sequence[str]] = None, **kwargs) -> "RowDataset":
         """pyarrow.RecordBatch row batches of up to batch_rows rows from row files: format
         "parquet" (by row group; only `columns`' byte ranges are fetched, coalesced), "avro"
-        (by blocks, in byte splits), "csv" or "jsonl" (by file, pyarrow's streaming parsers).
+        (by blocks, in byte splits), "csv" or "jsonl" (by file, in quote-aware blocks parsed by
+        pyarrow).
         `uri`: one file, or a prefix whose files with the format's suffixes are read (`files`:
         a sub-prefix or a list of keys relative to `uri`); format defaults from the suffix.
         Sharded across ranks and DataLoader workers by row group / split / file, shuffled per
