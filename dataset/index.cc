@@ -103,7 +103,11 @@ absl::StatusOr<SampleIndex> SampleIndex::FromListing(ObjectStore& store, absl::s
   std::vector<SampleEntry> entries;
   entries.reserve(listed->size());
   for (ObjectMeta& meta : *listed) {
-    if (!options.keep_directory_markers && absl::EndsWith(meta.key, "/")) continue;
+    // A directory marker is an empty object whose key ends in '/'. A key ending in '/' that
+    // holds data is not a marker: it is kept, like any object (never dropped silently).
+    if (!options.keep_directory_markers && absl::EndsWith(meta.key, "/") && meta.size == 0) {
+      continue;
+    }
     if (!options.suffixes.empty()) {
       bool match = false;
       for (const std::string& suffix : options.suffixes) {

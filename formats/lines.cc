@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
@@ -18,21 +19,56 @@ enum class CsvState {
   kQuoteInQuoted,  // just saw a quote inside a quoted field: "" or the closing quote
 };
 
-// Returns the index of the '\n' that ends the row in `data`, scanning from `state` and
-// updating it; npos when the row does not end within `data`.
-size_t FindCsvRowEnd(absl::string_view data, char delimiter, char quote, CsvState* state) {
-  CsvState s = *state;
+// What the scanner refuses: CSV that pandas reads some other way than RFC 4180 rows, and
+// that would otherwise come out as wrong rows or fields without an error.
+enum class CsvProblem {
+  kNone,
+  kBackslashQuote,  // "a\"b": a quote escaped with a backslash, then more of the field
+  kTextAfterQuote,  // "a"b: a quoted field's closing quote followed by more text
+  kBareCr,          // a '\r' outside quotes not followed by '\n' (pandas ends the row there)
+};
+
+// The scanner's state, carried across chunks.
+struct CsvScan {
+  CsvState state = CsvState::kFieldStart;
+  bool quote_after_backslash = false;  // kQuoteInQuoted: the quote followed a backslash
+  bool last_was_backslash = false;     // the previous chunk ended with a backslash
+  bool pending_cr = false;             // the previous byte was a '\r' outside quotes
+  CsvProblem problem = CsvProblem::kNone;
+  size_t problem_at = 0;  // index in the chunk of the byte the problem is about
+};
+
+// Returns the index of the '\n' that ends the row in `data`, scanning from `scan` and
+// updating it; npos when the row does not end within `data`, or when a problem is found
+// (scan->problem set, scan->problem_at the offending byte's index; it may be -1 as size_t
+// when the byte was the previous chunk's last).
+size_t FindCsvRowEnd(absl::string_view data, char delimiter, char quote, CsvScan* scan) {
+  CsvState s = scan->state;
+  const auto problem = [&](CsvProblem p, size_t at) {
+    scan->state = s;
+    scan->problem = p;
+    scan->problem_at = at;
+    return absl::string_view::npos;
+  };
   for (size_t i = 0; i < data.size(); ++i) {
     const char c = data[i];
+    if (scan->pending_cr) {
+      scan->pending_cr = false;
+      if (c != '\n') return problem(CsvProblem::kBareCr, i - 1);
+      scan->state = CsvState::kFieldStart;
+      return i;
+    }
     switch (s) {
       case CsvState::kQuoted: {
         // Fast path: nothing but a quote matters here.
         const void* q = std::memchr(data.data() + i, quote, data.size() - i);
         if (q == nullptr) {
-          *state = s;
+          scan->state = s;
+          scan->last_was_backslash = data.back() == '\\';
           return absl::string_view::npos;
         }
         i = static_cast<const char*>(q) - data.data();
+        scan->quote_after_backslash = i > 0 ? data[i - 1] == '\\' : scan->last_was_backslash;
         s = CsvState::kQuoteInQuoted;
         break;
       }
@@ -41,26 +77,54 @@ size_t FindCsvRowEnd(absl::string_view data, char delimiter, char quote, CsvStat
           s = CsvState::kQuoted;  // "" : an escaped quote
           break;
         }
+        if (c != delimiter && c != '\n' && c != '\r') {
+          return problem(scan->quote_after_backslash ? CsvProblem::kBackslashQuote
+                                                     : CsvProblem::kTextAfterQuote,
+                         i - 1);
+        }
         [[fallthrough]];  // the closing quote: c is the byte after the field
       case CsvState::kUnquoted:
+      case CsvState::kFieldStart:
         if (c == '\n') {
-          *state = CsvState::kFieldStart;
+          scan->state = CsvState::kFieldStart;
           return i;
+        }
+        if (c == '\r') {
+          scan->pending_cr = true;  // a row end only with the '\n' after it
+          s = CsvState::kUnquoted;
+          break;
+        }
+        if (s == CsvState::kFieldStart && c == quote) {
+          s = CsvState::kQuoted;
+          break;
         }
         s = c == delimiter ? CsvState::kFieldStart : CsvState::kUnquoted;
         break;
-      case CsvState::kFieldStart:
-        if (c == '\n') {
-          *state = CsvState::kFieldStart;
-          return i;
-        }
-        s = c == quote ? CsvState::kQuoted
-                       : (c == delimiter ? CsvState::kFieldStart : CsvState::kUnquoted);
-        break;
     }
   }
-  *state = s;
+  scan->state = s;
+  if (!data.empty()) scan->last_was_backslash = data.back() == '\\';
   return absl::string_view::npos;
+}
+
+std::string DescribeCsvProblem(CsvProblem p, char quote) {
+  const std::string q(1, quote);
+  switch (p) {
+    case CsvProblem::kBackslashQuote:
+      return absl::StrCat("backslash-escaped quote; wharf reads RFC 4180 quoting (", q, q,
+                          "), not backslash escapes");
+    case CsvProblem::kTextAfterQuote:
+      return absl::StrCat(
+          "text after the closing quote of a quoted field; wharf reads RFC 4180 "
+          "quoting, where a quoted field ends at its closing quote (a quote "
+          "inside it is doubled: ",
+          q, q, ")");
+    case CsvProblem::kBareCr:
+      return "a bare CR line end (\\r without \\n); wharf reads rows ended by LF or CRLF";
+    case CsvProblem::kNone:
+      break;
+  }
+  return "";
 }
 
 }  // namespace
@@ -93,7 +157,8 @@ absl::StatusOr<std::unique_ptr<LineReader>> LineReader::Create(std::unique_ptr<O
 LineReader::LineReader(std::unique_ptr<ObjectReader> reader, LineReaderOptions options)
     : reader_(std::move(reader)),
       options_(options),
-      kind_(options.format == LineFormat::kCsv ? "csv" : "jsonl") {}
+      kind_(options.format == LineFormat::kCsv ? "csv" : "jsonl"),
+      lines_known_(reader_->position() == 0) {}
 
 absl::Status LineReader::Fail(absl::StatusCode code, uint64_t at, absl::string_view what) {
   status_ = absl::Status(
@@ -101,12 +166,39 @@ absl::Status LineReader::Fail(absl::StatusCode code, uint64_t at, absl::string_v
   return status_;
 }
 
+absl::Status LineReader::SkipByteOrderMark() {
+  bom_checked_ = true;
+  if (reader_->position() != 0) return absl::OkStatus();  // a resume: past the start
+  char head[4];
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(sizeof(head), reader_->remaining()));
+  const auto io_error = [&](const absl::Status& s) {
+    status_ = Annotate(s, absl::StrCat("read ", kind_, " ", reader_->uri(), " at byte 0"));
+    return status_;
+  };
+  if (absl::Status s = reader_->ReadExact(absl::MakeSpan(head, n)); !s.ok()) return io_error(s);
+  const absl::string_view h(head, n);
+  if (absl::StartsWith(h, "\xef\xbb\xbf")) {  // UTF-8's: dropped, as pandas and utf-8-sig do
+    if (absl::Status s = reader_->Seek(3); !s.ok()) return io_error(s);
+    return absl::OkStatus();
+  }
+  if (absl::StartsWith(h, "\xff\xfe") || absl::StartsWith(h, "\xfe\xff") ||
+      absl::StartsWith(h, absl::string_view("\0\0\xfe\xff", 4))) {
+    return Fail(absl::StatusCode::kInvalidArgument, 0,
+                "the object starts with a UTF-16 or UTF-32 byte-order mark; wharf reads "
+                "UTF-8 text (convert it, e.g. with iconv)");
+  }
+  if (absl::Status s = reader_->Seek(0); !s.ok()) return io_error(s);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> LineReader::ScanRow(std::string* out, uint64_t* offset) {
   if (!status_.ok()) return status_;
+  if (!bom_checked_) WHARF_RETURN_IF_ERROR(SkipByteOrderMark());
   const uint64_t start = reader_->position();
   const size_t base = out->size();
   *offset = start;
-  CsvState state = CsvState::kFieldStart;
+  const bool csv = options_.format == LineFormat::kCsv;
+  CsvScan scan;
   while (true) {
     auto view = reader_->Peek();
     if (!view.ok()) {
@@ -116,15 +208,28 @@ absl::StatusOr<bool> LineReader::ScanRow(std::string* out, uint64_t* offset) {
     }
     if (view->empty()) {  // end of the object
       if (reader_->position() == start) return false;
-      if (state == CsvState::kQuoted) {
+      if (scan.state == CsvState::kQuoted) {
         return Fail(absl::StatusCode::kDataLoss, start,
                     "the object ends inside a quoted field (unbalanced quotes)");
       }
       break;
     }
-    const size_t end = options_.format == LineFormat::kCsv
-                           ? FindCsvRowEnd(*view, options_.delimiter, options_.quote, &state)
-                           : view->find('\n');
+    const size_t end =
+        csv ? FindCsvRowEnd(*view, options_.delimiter, options_.quote, &scan) : view->find('\n');
+    if (scan.problem != CsvProblem::kNone) {
+      // Where: the byte, and its line when the reader started at the object's start.
+      const uint64_t at = reader_->position() + scan.problem_at;  // (problem_at may be -1)
+      std::string where = absl::StrCat("byte ", at);
+      if (lines_known_) {
+        const absl::string_view before =
+            view->substr(0, scan.problem_at == static_cast<size_t>(-1) ? 0 : scan.problem_at);
+        const uint64_t line = newlines_ + 1 + std::count(out->begin() + base, out->end(), '\n') +
+                              std::count(before.begin(), before.end(), '\n');
+        where = absl::StrCat("line ", line, " (byte ", at, ")");
+      }
+      return Fail(absl::StatusCode::kInvalidArgument, start,
+                  absl::StrCat(where, ": ", DescribeCsvProblem(scan.problem, options_.quote)));
+    }
     const size_t take = end == absl::string_view::npos ? view->size() : end;
     if (out->size() - base + take > options_.max_row_bytes) {
       return Fail(absl::StatusCode::kResourceExhausted, start,
@@ -135,10 +240,13 @@ absl::StatusOr<bool> LineReader::ScanRow(std::string* out, uint64_t* offset) {
     peak_row_bytes_ = std::max<uint64_t>(peak_row_bytes_, out->size() - base);
     if (end != absl::string_view::npos) {
       reader_->Consume(end + 1);
+      ++newlines_;
       break;
     }
     reader_->Consume(view->size());
   }
+  // Newlines inside quoted fields count as lines too (for the line numbers of errors).
+  if (csv && lines_known_) newlines_ += std::count(out->begin() + base, out->end(), '\n');
   if (out->size() > base && out->back() == '\r') out->pop_back();
   return true;
 }

@@ -6,12 +6,23 @@
 // than max_row_bytes is an error, ResourceExhausted). stats().peak_buffered_bytes reports it.
 //
 // Rows end at '\n'; a '\r' just before it is dropped (CRLF files), and a last row without a
-// newline is still a row (an object ending in '\n' has no empty last row). Bare '\r' line ends
-// are not recognised. In kCsv mode a newline inside a quoted field does not end the row: the
-// quote state (RFC 4180: a field opened by a quote runs to the next lone quote; "" is an
-// escaped quote) is tracked byte by byte, across chunk boundaries. An object that ends inside
-// a quoted field is DataLoss. SplitCsvFields() splits one row into fields.
+// newline is still a row (an object ending in '\n' has no empty last row). A UTF-8 byte-order
+// mark at the object's start is dropped (pandas and Python's utf-8-sig do the same); a UTF-16
+// or UTF-32 one is refused (InvalidArgument). In kCsv mode a newline inside a quoted field
+// does not end the row: the quote state (RFC 4180: a field opened by a quote runs to the next
+// lone quote; "" is an escaped quote) is tracked byte by byte, across chunk boundaries. An
+// object that ends inside a quoted field is DataLoss. SplitCsvFields() splits one row into
+// fields.
 //
+// CSV that pandas would read otherwise than as RFC 4180 rows is refused rather than read
+// wrong: InvalidArgument naming the object, the row's byte offset, the line (when reading
+// started at the object's start) and the variant:
+//  - a backslash-escaped quote inside a quoted field ("a\"b", written by escapechar='\\'
+//    with doublequote=False): "backslash-escaped quote; wharf reads RFC 4180 quoting ("")";
+//  - text after a quoted field's closing quote ("a"b);
+//  - a bare '\r' line end outside quotes (pandas ends a row there; wharf reads LF and CRLF).
+// Detected when the quote is followed by more of the field: a backslash just before a quote
+// that closes the field ("C:\dir\",next) is RFC 4180 data and stays so.
 // Errors name the object and the byte offset of the row, e.g.
 //   "read csv file:///data/x.csv at byte 123: row exceeds max_row_bytes (...)". Sticky.
 //
@@ -112,6 +123,8 @@ class LineReader {
   absl::StatusOr<bool> ScanRow(std::string* out, uint64_t* offset);
   // ScanRow, skipping empty rows when asked to.
   absl::StatusOr<bool> NextRow(std::string* out, uint64_t* offset);
+  // At the object's start: drops a UTF-8 byte-order mark, refuses a UTF-16/32 one.
+  absl::Status SkipByteOrderMark();
   absl::Status Fail(absl::StatusCode code, uint64_t at, absl::string_view what);
 
   const std::unique_ptr<ObjectReader> reader_;
@@ -120,6 +133,11 @@ class LineReader {
   std::optional<std::string> header_;
   uint64_t rows_ = 0;
   uint64_t peak_row_bytes_ = 0;
+  bool bom_checked_ = false;
+  // Line numbers (for errors) are known when reading started at the object's start; newlines_
+  // counts the '\n's consumed so far (quoted ones included in CSV).
+  const bool lines_known_;
+  uint64_t newlines_ = 0;
   absl::Status status_;
 };
 

@@ -251,6 +251,103 @@ TEST(LinesTest, UnbalancedQuotesAndOverlongRowsAreErrorsWithOffsets) {
   EXPECT_TRUE(absl::StrContains(status.message(), tmp.store()->Uri("missing.csv")));
 }
 
+TEST(LinesTest, AUtf8ByteOrderMarkIsDroppedAndUtf16IsRefused) {
+  TempStore tmp;
+  ASSERT_TRUE(tmp.store()
+                  ->Put("bom.csv", absl::Cord("\xef\xbb\xbf"
+                                              "a,b\n1,2\n"))
+                  .ok());
+  ASSERT_TRUE(tmp.store()->Put("bomq.csv", absl::Cord("\xef\xbb\xbf\"a\nx\",b\n1,2")).ok());
+  ASSERT_TRUE(tmp.store()->Put("bom.jsonl", absl::Cord("\xef\xbb\xbf{\"a\":1}\n")).ok());
+  ASSERT_TRUE(tmp.store()->Put("only.csv", absl::Cord("\xef\xbb\xbf")).ok());
+  ASSERT_TRUE(tmp.store()->Put("short.csv", absl::Cord("\xef\xbb")).ok());
+  for (uint64_t chunk : {1ul, 2ul, 3ul, 4ul, 4096ul}) {
+    SCOPED_TRACE(chunk);
+    std::optional<std::string> header;
+    absl::Status status;
+    EXPECT_THAT(ReadRows(tmp.store(), "bom.csv", Csv(chunk, true), &status, &header),
+                ElementsAre("1,2"));
+    EXPECT_EQ(header, "a,b");
+    EXPECT_THAT(ReadRows(tmp.store(), "bom.csv", Csv(chunk)), ElementsAre("a,b", "1,2"));
+    EXPECT_THAT(ReadRows(tmp.store(), "bomq.csv", Csv(chunk, true), &status, &header),
+                ElementsAre("1,2"));
+    EXPECT_EQ(header, "\"a\nx\",b");
+    EXPECT_THAT(ReadRows(tmp.store(), "bom.jsonl", Jsonl(chunk)), ElementsAre("{\"a\":1}"));
+    EXPECT_TRUE(ReadRows(tmp.store(), "only.csv", Csv(chunk), &status).empty());
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_THAT(ReadRows(tmp.store(), "short.csv", Csv(chunk)), ElementsAre("\xef\xbb"));
+  }
+  // The first row starts after the mark: offsets stay resume points.
+  auto reader = LineReader::Open(tmp.store(), "bom.csv", Csv(2));
+  ASSERT_TRUE(reader.ok());
+  auto row = (*reader)->Next();
+  ASSERT_TRUE(row.ok() && row->has_value());
+  EXPECT_EQ((*row)->offset, 3u);
+
+  ASSERT_TRUE(tmp.store()
+                  ->Put("u16.csv", absl::Cord("\xff\xfe"
+                                              "a\0,\0b\0"))
+                  .ok());
+  absl::Status status;
+  EXPECT_TRUE(ReadRows(tmp.store(), "u16.csv", Csv(3), &status).empty());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "UTF-16 or UTF-32 byte-order mark")) << status;
+}
+
+TEST(LinesTest, CsvVariantsPandasReadsOtherwiseAreRefusedByName) {
+  TempStore tmp;
+  // Backslash-escaped quotes (escapechar="\\", doublequote=False): row 3 (after the
+  // header), on line 5 (the quoted newline in row 2 counts as a line).
+  const std::string escaped = "id,text\n1,plain\n2,\"two\nlines\"\n3,\"say \\\"hi\\\" now\"\n4,x\n";
+  ASSERT_TRUE(tmp.store()->Put("esc.csv", absl::Cord(escaped)).ok());
+  const uint64_t row3 = escaped.find("3,");
+  const uint64_t quote = escaped.find("\\\"") + 1;
+  for (uint64_t chunk : {1ul, 2ul, 5ul, 16ul, 4096ul}) {
+    SCOPED_TRACE(chunk);
+    absl::Status status;
+    auto rows = ReadRows(tmp.store(), "esc.csv", Csv(chunk, true), &status);
+    EXPECT_THAT(rows, ElementsAre("1,plain", "2,\"two\nlines\""));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(status.message()),
+              absl::StrCat("read csv ", tmp.store()->Uri("esc.csv"), " at byte ", row3,
+                           ": line 5 (byte ", quote,
+                           "): backslash-escaped quote; wharf reads RFC 4180 quoting (\"\"), not "
+                           "backslash escapes"));
+  }
+  // Resumed past the start, the line is unknown: the byte still says where.
+  LineReaderOptions resumed = Csv(7);
+  resumed.io.offset = escaped.find("2,");
+  absl::Status status;
+  ReadRows(tmp.store(), "esc.csv", resumed, &status);
+  EXPECT_TRUE(absl::StrContains(status.message(), absl::StrCat(": byte ", quote, ": backslash")))
+      << status;
+
+  // A backslash before a quote that closes the field is RFC 4180 data ("C:\dir\").
+  ASSERT_TRUE(tmp.store()->Put("path.csv", absl::Cord("\"C:\\dir\\\",1\n")).ok());
+  EXPECT_THAT(ReadRows(tmp.store(), "path.csv", Csv(2)), ElementsAre("\"C:\\dir\\\",1"));
+
+  // Text after a closing quote.
+  ASSERT_TRUE(tmp.store()->Put("after.csv", absl::Cord("a,b\n\"x\"y,2\n")).ok());
+  ReadRows(tmp.store(), "after.csv", Csv(3), &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(),
+                                "at byte 4: line 2 (byte 6): text after the "
+                                "closing quote of a quoted field"))
+      << status;
+
+  // Bare CR line ends outside quotes; inside quotes a CR is data.
+  ASSERT_TRUE(tmp.store()->Put("cr.csv", absl::Cord("a,b\r1,2\r")).ok());
+  for (uint64_t chunk : {1ul, 3ul, 4096ul}) {
+    ReadRows(tmp.store(), "cr.csv", Csv(chunk), &status);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << chunk;
+    EXPECT_TRUE(
+        absl::StrContains(status.message(), "at byte 0: line 1 (byte 3): a bare CR line end"))
+        << status;
+  }
+  ASSERT_TRUE(tmp.store()->Put("crq.csv", absl::Cord("\"a\rb\",c\r\nd,e\r")).ok());
+  EXPECT_THAT(ReadRows(tmp.store(), "crq.csv", Csv(2)), ElementsAre("\"a\rb\",c", "d,e"));
+}
+
 TEST(LinesTest, SplitCsvFields) {
   using V = std::vector<std::string>;
   EXPECT_EQ(*SplitCsvFields("a,b,c"), (V{"a", "b", "c"}));

@@ -52,12 +52,23 @@ struct Record {
   const absl::Cord* Find(absl::string_view name) const;
 };
 
+// How a record object's bytes are stored (formats/byte_stream.h reads them).
+enum class Compression {
+  kAuto,  // by the object's name (ResolveCompression: ".gz"/".tgz" gzip, ".zlib" zlib)
+  kNone,
+  kGzip,  // RFC 1952 (gzip(1), Python's gzip, tf.data's "GZIP")
+  kZlib,  // RFC 1950 (zlib.compress, tf.data's "ZLIB")
+};
+
 // How to read: the byte source, and the options of the formats that have some. A format
 // ignores the options that are not its own.
 struct RecordReaderOptions {
   // io.offset is where reading starts: 0, or a resume point this format reported for the
   // object (see the file comment). io.length is not for record readers (leave it unset).
   ObjectReaderOptions io;
+  // tar, tfrecord: how the object is compressed; kAuto decides by its name. Offsets (io.offset,
+  // Record::offset) of a compressed object count decompressed bytes.
+  Compression compression = Compression::kAuto;
   // Row formats (csv, jsonl): the object's first row is a header, returned by header() and
   // not as a record; read from the start of the object whatever io.offset is.
   bool header = false;

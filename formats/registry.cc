@@ -19,12 +19,15 @@ namespace {
 // object files nothing references, and their registrations with them.
 std::deque<RecordFormatSpec> BuiltinFormats() {
   std::deque<RecordFormatSpec> builtins;
-  builtins.push_back({"tar", {".tar"}, RecordShape::kFields, false, OpenTarRecordReader});
+  // Compressed objects are read by their name (byte_stream.h: ".gz"/".tgz" gzip, ".zlib").
+  builtins.push_back(
+      {"tar", {".tar"}, RecordShape::kFields, false, OpenTarRecordReader, {".tar.gz", ".tgz"}});
   builtins.push_back({"tfrecord",
                       {".tfrecord", ".tfrecords"},
                       RecordShape::kPayload,
                       false,
-                      OpenTFRecordRecordReader});
+                      OpenTFRecordRecordReader,
+                      {".tfrecord.gz", ".tfrecords.gz", ".tfrecord.zlib", ".tfrecords.zlib"}});
   builtins.push_back({"csv", {".csv"}, RecordShape::kPayload, true, OpenCsvRecordReader});
   builtins.push_back({"jsonl",
                       {".jsonl", ".json", ".ndjson"},

@@ -39,6 +39,10 @@ struct RecordFormatSpec {
   // skip_empty_rows) apply, and rows can be taken in lists.
   bool rows = false;
   RecordReaderOpener open;
+  // Object names ending so hold this format compressed ("shard.tar.gz"): the reader inflates
+  // them by their name (byte_stream.h). Shards too, when a prefix is listed: list `suffixes`
+  // and these.
+  std::vector<std::string> compressed_suffixes;
 };
 
 // Every format: the builtins in table order, then those registered, in registration order.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "formats/testing/record_objects.h"
 #include "gmock/gmock.h"
@@ -42,6 +43,12 @@ TEST(RegistryTest, ListsTheBuiltinsWithTheirSuffixes) {
   };
   EXPECT_THAT(suffixes("tar"), ElementsAre(".tar"));
   EXPECT_THAT(suffixes("tfrecord"), ElementsAre(".tfrecord", ".tfrecords"));
+  EXPECT_THAT((*FindRecordFormat("tar"))->compressed_suffixes, ElementsAre(".tar.gz", ".tgz"));
+  EXPECT_THAT((*FindRecordFormat("tfrecord"))->compressed_suffixes,
+              ElementsAre(".tfrecord.gz", ".tfrecords.gz", ".tfrecord.zlib", ".tfrecords.zlib"));
+  for (const char* name : {"csv", "jsonl"}) {
+    EXPECT_TRUE((*FindRecordFormat(name))->compressed_suffixes.empty()) << name;
+  }
   EXPECT_THAT(suffixes("csv"), ElementsAre(".csv"));
   EXPECT_THAT(suffixes("jsonl"), ElementsAre(".jsonl", ".json", ".ndjson"));
   EXPECT_EQ((*FindRecordFormat("tar"))->shape, RecordShape::kFields);
@@ -109,14 +116,25 @@ std::string Describe(const Record& r) {
 
 class FormatContractTest : public testing::TestWithParam<std::string> {
  protected:
+  // The parameter: a format's name, or "<name>@<suffix>" for its object compressed as the
+  // suffix says (".gz"/".tgz": gzip, ".zlib": zlib) and read by that name.
   void SetUp() override {
     ASSERT_TRUE(formats_testing::RegisterTestFormat().ok());
-    auto spec = FindRecordFormat(GetParam());
+    const std::string param = GetParam();
+    const size_t at = param.find('@');
+    auto spec = FindRecordFormat(param.substr(0, at));
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec_ = *spec;
     auto object = formats_testing::EncodeRecords(spec_->name, Payloads(), spec_->rows);
     ASSERT_TRUE(object.ok()) << object.status();
-    key_ = absl::StrCat("object", spec_->suffixes.empty() ? "" : spec_->suffixes.front());
+    if (at == std::string::npos) {
+      key_ = absl::StrCat("object", spec_->suffixes.empty() ? "" : spec_->suffixes.front());
+    } else {
+      key_ = absl::StrCat("object", param.substr(at + 1));
+      *object = absl::Cord(formats_testing::Deflate(
+          std::string(*object), absl::EndsWith(key_, ".zlib") ? formats_testing::Deflated::kZlib
+                                                              : formats_testing::Deflated::kGzip));
+    }
     ASSERT_TRUE(tmp_.store()->Put(key_, *object).ok());
   }
 
@@ -233,14 +251,21 @@ TEST_P(FormatContractTest, ReopenedAtAnyOffsetItContinuesExactly) {
   }
 }
 
+std::string ParamName(const testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& c : name) {
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Registered, FormatContractTest, testing::ValuesIn(AllFormats()),
-                         [](const testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& c : name) {
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           }
-                           return name;
-                         });
+                         ParamName);
+// Compressed objects keep the contract too, offsets counting decompressed bytes.
+INSTANTIATE_TEST_SUITE_P(Compressed, FormatContractTest,
+                         testing::Values("tar@.tar.gz", "tar@.tgz", "tfrecord@.tfrecord.gz",
+                                         "tfrecord@.tfrecords.zlib"),
+                         ParamName);
 
 }  // namespace
 }  // namespace wharf

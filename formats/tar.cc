@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -105,22 +106,23 @@ std::string ParsePax(absl::string_view data, std::optional<std::string>* path, b
 absl::StatusOr<std::unique_ptr<TarReader>> TarReader::Open(std::shared_ptr<ObjectStore> store,
                                                            std::string key, TarOptions options) {
   const std::string uri = store->Uri(key);
-  auto reader = ObjectReader::Open(std::move(store), std::move(key), options.io);
-  if (!reader.ok()) return Annotate(reader.status(), absl::StrCat("read tar ", uri));
-  return std::make_unique<TarReader>(*std::move(reader), options);
+  auto stream = ByteStream::Open(RecordObject{std::move(store), std::move(key), std::nullopt},
+                                 options.io, options.compression);
+  if (!stream.ok()) return Annotate(stream.status(), absl::StrCat("read tar ", uri));
+  return std::make_unique<TarReader>(*std::move(stream), options);
 }
 
-TarReader::TarReader(std::unique_ptr<ObjectReader> reader, TarOptions options)
-    : reader_(std::move(reader)), options_(options) {}
+TarReader::TarReader(std::unique_ptr<ByteStream> stream, TarOptions options)
+    : stream_(std::move(stream)), options_(options) {}
 
 absl::Status TarReader::Fail(absl::StatusCode code, uint64_t at, absl::string_view what) {
   status_ =
-      absl::Status(code, absl::StrCat("read tar ", reader_->uri(), " at byte ", at, ": ", what));
+      absl::Status(code, absl::StrCat("read tar ", stream_->uri(), " at byte ", at, ": ", what));
   return status_;
 }
 
 absl::Status TarReader::IoError(const absl::Status& status, uint64_t at) {
-  status_ = Annotate(status, absl::StrCat("read tar ", reader_->uri(), " at byte ", at));
+  status_ = Annotate(status, absl::StrCat("read tar ", stream_->uri(), " at byte ", at));
   return status_;
 }
 
@@ -131,28 +133,57 @@ absl::Status TarReader::ReadSmall(uint64_t at, uint64_t size, std::string* out) 
         absl::StrCat("extended header of ", size, " bytes exceeds max_extended_header_bytes (",
                      options_.max_extended_header_bytes, ")"));
   }
-  if (reader_->remaining() < size) {
-    return Fail(absl::StatusCode::kDataLoss, at,
-                absl::StrCat("truncated extended header: ", size, " bytes at byte ",
-                             reader_->position(), ", the object ends at byte ", reader_->end()));
-  }
+  const uint64_t start = stream_->position();
   out->resize(size);
-  if (absl::Status s = reader_->ReadExact(absl::MakeSpan(*out)); !s.ok()) return IoError(s, at);
-  if (absl::Status s = reader_->Skip(std::min(Padding(size), reader_->remaining())); !s.ok()) {
-    return IoError(s, at);
+  auto got = stream_->Read(absl::MakeSpan(*out));
+  if (!got.ok()) return IoError(got.status(), at);
+  if (*got < size) {
+    return Fail(absl::StatusCode::kDataLoss, at,
+                absl::StrCat("truncated extended header: ", size, " bytes at byte ", start, ", ",
+                             stream_->DescribeEnd(stream_->position())));
   }
+  return SkipPadding(at, size);
+}
+
+absl::Status TarReader::SkipPadding(uint64_t at, uint64_t size) {
+  if (auto s = stream_->Skip(Padding(size)); !s.ok()) return IoError(s.status(), at);
   return absl::OkStatus();
 }
 
 absl::Status TarReader::SkipData(uint64_t at, uint64_t size) {
-  if (reader_->remaining() < size) {
+  const uint64_t start = stream_->position();
+  const auto truncated = [&](uint64_t end) {
     return Fail(absl::StatusCode::kDataLoss, at,
-                absl::StrCat("truncated entry: ", size, " data bytes at byte ", reader_->position(),
-                             ", the object ends at byte ", reader_->end()));
+                absl::StrCat("truncated entry: ", size, " data bytes at byte ", start, ", ",
+                             stream_->DescribeEnd(end)));
+  };
+  if (const auto left = stream_->remaining(); left && *left < size) return truncated(start + *left);
+  auto skipped = stream_->Skip(size);
+  if (!skipped.ok()) return IoError(skipped.status(), at);
+  if (*skipped < size) return truncated(stream_->position());
+  return SkipPadding(at, size);
+}
+
+absl::Status TarReader::NotATarHeader(uint64_t at, const char* block, uint64_t unsigned_sum) {
+  if (at == 0 && !stream_->compressed()) {
+    const auto kind = SniffCompression(absl::string_view(block, kBlock), /*zlib_too=*/false);
+    if (kind == "gzip") {
+      return Fail(absl::StatusCode::kInvalidArgument, at,
+                  "the shard is gzip-compressed but was read as an uncompressed tar: name it "
+                  ".tar.gz or .tgz, or read it with compression gzip");
+    }
+    if (kind) {
+      return Fail(absl::StatusCode::kUnimplemented, at,
+                  absl::StrCat("the shard is ", *kind,
+                               "-compressed; wharf reads uncompressed and gzip-compressed "
+                               "(.tar.gz, .tgz) tar shards"));
+    }
   }
-  const uint64_t n = size + std::min(Padding(size), reader_->remaining() - size);
-  if (absl::Status s = reader_->Skip(n); !s.ok()) return IoError(s, at);
-  return absl::OkStatus();
+  return Fail(
+      absl::StatusCode::kDataLoss, at,
+      absl::StrCat("header checksum mismatch (stored '",
+                   absl::CEscape(absl::string_view(block + kChecksumOffset, kChecksumLen)),
+                   "', computed ", Octal(unsigned_sum), "): not a tar archive, or corrupt"));
 }
 
 absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
@@ -164,12 +195,14 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
   bool has_pax_size = false;
   uint64_t pax_size = 0;
   bool pax_sparse = false;
-  uint64_t first = reader_->position();  // the member's first header
+  uint64_t first = stream_->position();  // the member's first header
   while (true) {
-    const uint64_t at = reader_->position();
-    const uint64_t left = reader_->remaining();
+    const uint64_t at = stream_->position();
     const bool extended = long_name || pax_path || has_pax_size || pax_sparse;
-    if (left == 0) {
+    char block[kBlock];
+    auto got = stream_->Read(absl::MakeSpan(block));
+    if (!got.ok()) return IoError(got.status(), at);
+    if (*got == 0) {
       // No end-of-archive blocks: accepted, as tarfile and GNU tar do.
       if (extended) {
         return Fail(absl::StatusCode::kDataLoss, first,
@@ -178,14 +211,10 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
       done_ = true;
       return std::nullopt;
     }
-    if (left < kBlock) {
+    if (*got < kBlock) {
       return Fail(absl::StatusCode::kDataLoss, at,
-                  absl::StrCat("truncated header: ", left, " of ", kBlock,
-                               " bytes before the end of the object"));
-    }
-    char block[kBlock];
-    if (absl::Status s = reader_->ReadExact(absl::MakeSpan(block)); !s.ok()) {
-      return IoError(s, at);
+                  absl::StrCat("truncated header: ", *got, " of ", kBlock,
+                               " bytes before the end (", stream_->DescribeEnd(at + *got), ")"));
     }
     if (AllZero(block)) {
       if (extended) {
@@ -205,11 +234,7 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
       signed_sum += in_field ? ' ' : static_cast<signed char>(block[i]);
     }
     if (!stored || (*stored != unsigned_sum && static_cast<int64_t>(*stored) != signed_sum)) {
-      return Fail(
-          absl::StatusCode::kDataLoss, at,
-          absl::StrCat("header checksum mismatch (stored '",
-                       absl::CEscape(absl::string_view(block + kChecksumOffset, kChecksumLen)),
-                       "', computed ", Octal(unsigned_sum), "): not a tar archive, or corrupt"));
+      return NotATarHeader(at, block, unsigned_sum);
     }
     const std::optional<uint64_t> size = ParseNumber(block + kSizeOffset, kSizeLen);
     if (!size) {
@@ -266,7 +291,7 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
       pax_path.reset();
       has_pax_size = false;
       pax_sparse = false;
-      first = reader_->position();
+      first = stream_->position();
       continue;
     }
     if (pax_sparse) {
@@ -280,19 +305,20 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
     }
     TarMember member;
     member.header_offset = first;
-    member.data_offset = reader_->position();
-    if (reader_->remaining() < data_size) {
+    member.data_offset = stream_->position();
+    const auto truncated = [&](uint64_t end) {
       return Fail(absl::StatusCode::kDataLoss, at,
                   absl::StrCat("truncated member '", name, "': ", data_size, " data bytes at byte ",
-                               member.data_offset, ", the object ends at byte ", reader_->end()));
+                               member.data_offset, ", ", stream_->DescribeEnd(end)));
+    };
+    if (const auto left = stream_->remaining(); left && *left < data_size) {
+      return truncated(member.data_offset + *left);  // known before reading: nothing read
     }
-    auto data = reader_->ReadCord(data_size);
+    auto data = stream_->ReadCord(data_size);
     if (!data.ok()) return IoError(data.status(), at);
+    if (data->size() < data_size) return truncated(stream_->position());
     member.data = *std::move(data);
-    if (absl::Status s = reader_->Skip(std::min(Padding(data_size), reader_->remaining()));
-        !s.ok()) {
-      return IoError(s, at);
-    }
+    WHARF_RETURN_IF_ERROR(SkipPadding(at, data_size));
     member.name = std::move(name);
     return member;
   }
@@ -307,12 +333,32 @@ const absl::Cord* TarSample::Find(absl::string_view extension) const {
 
 std::optional<std::pair<absl::string_view, absl::string_view>> SplitSampleName(
     absl::string_view name) {
-  while (absl::StartsWith(name, "./")) name.remove_prefix(2);
+  // webdataset's base_plus_ext, the regex ^((?:.*/|)[^.]+)[.]([^/]*)$, without a regex
+  // engine. The extension ([^/]*) holds no '/', so the dot that splits is in the last
+  // component; the key ends in a non-empty run of non-dots ([^.]+) that starts at the name's
+  // start or after a '/' ((?:.*/|)), so that dot is the component's first.
   const size_t slash = name.rfind('/');
   const size_t base = slash == absl::string_view::npos ? 0 : slash + 1;
   const size_t dot = name.find('.', base);
-  if (dot == absl::string_view::npos || dot == base) return std::nullopt;
+  if (dot == absl::string_view::npos) return std::nullopt;
+  if (dot == base) {
+    // The component starts with '.': [^.]+ must end at the '/' before it, so it is a run
+    // of non-dots reaching back to the start or to an earlier '/' with a byte after it.
+    if (base == 0) return std::nullopt;  // ".x": no key at all
+    const size_t last_dot = name.rfind('.', base - 1);
+    if (last_dot != absl::string_view::npos) {
+      const size_t earlier = base >= 2 ? name.rfind('/', base - 2) : absl::string_view::npos;
+      if (earlier == absl::string_view::npos || earlier < last_dot) return std::nullopt;
+    }
+  }
   return std::make_pair(name.substr(0, dot), name.substr(dot + 1));
+}
+
+bool IsTarMetadataName(absl::string_view name) {
+  // webdataset's tar_file_iterator skips "__...__" at the top level and, with its default
+  // skip_meta r"__[^/]*__($|/)", such a first component of any path.
+  const absl::string_view first = name.substr(0, name.find('/'));
+  return first.size() >= 4 && absl::StartsWith(first, "__") && absl::EndsWith(first, "__");
 }
 
 absl::StatusOr<std::unique_ptr<TarSampleReader>> TarSampleReader::Open(
@@ -340,9 +386,19 @@ absl::StatusOr<std::optional<TarSample>> TarSampleReader::Next() {
       member = *std::move(next);
     }
     if (!member) return sample;
+    if (IsTarMetadataName(member->name)) continue;
     const auto split = SplitSampleName(member->name);
     if (!split) continue;
-    const auto [key, extension] = *split;
+    const absl::string_view key = split->first;
+    // webdataset lower-cases the extension (Python's str.lower(); ASCII letters here).
+    const std::string extension = absl::AsciiStrToLower(split->second);
+    if (extension == "__key__" || extension == "__url__" || extension == "__offset__") {
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat("read tar ", tar_->uri(), " at byte ", member->header_offset, ": member '",
+                       member->name, "' has the extension '", extension,
+                       "', which names a sample's metadata (webdataset refuses it too)"));
+      return status_;
+    }
     if (!sample) {
       sample.emplace();
       sample->key = std::string(key);
@@ -354,10 +410,11 @@ absl::StatusOr<std::optional<TarSample>> TarSampleReader::Next() {
     if (sample->Find(extension) != nullptr) {
       status_ = absl::InvalidArgumentError(
           absl::StrCat("read tar ", tar_->uri(), " at byte ", member->header_offset, ": sample '",
-                       sample->key, "' has two members with extension '", extension, "'"));
+                       sample->key, "' has two members with extension '", extension,
+                       "' (extensions are compared lower-cased, as webdataset does)"));
       return status_;
     }
-    sample->fields.emplace_back(std::string(extension), std::move(member->data));
+    sample->fields.emplace_back(extension, std::move(member->data));
   }
 }
 
@@ -365,8 +422,8 @@ namespace {
 
 class TarRecordReader : public RecordReader {
  public:
-  explicit TarRecordReader(std::unique_ptr<ObjectReader> reader)
-      : samples_(std::make_unique<TarReader>(std::move(reader))) {}
+  explicit TarRecordReader(std::unique_ptr<ByteStream> stream)
+      : samples_(std::make_unique<TarReader>(std::move(stream))) {}
 
   absl::StatusOr<std::optional<Record>> Next() override {
     WHARF_ASSIGN_OR_RETURN(std::optional<TarSample> s, samples_.Next());
@@ -388,8 +445,9 @@ class TarRecordReader : public RecordReader {
 
 absl::StatusOr<std::unique_ptr<RecordReader>> OpenTarRecordReader(
     const RecordObject& object, const RecordReaderOptions& options) {
-  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, object.Open(options.io));
-  return std::make_unique<TarRecordReader>(std::move(reader));
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ByteStream> stream,
+                         ByteStream::Open(object, options.io, options.compression));
+  return std::make_unique<TarRecordReader>(std::move(stream));
 }
 
 }  // namespace wharf

@@ -27,60 +27,90 @@ void StoreLE(uint64_t v, int bytes, char* p) {
 absl::StatusOr<std::unique_ptr<TFRecordReader>> TFRecordReader::Open(
     std::shared_ptr<ObjectStore> store, std::string key, TFRecordReaderOptions options) {
   const std::string uri = store->Uri(key);
-  auto reader = ObjectReader::Open(std::move(store), std::move(key), options.io);
-  if (!reader.ok()) return Annotate(reader.status(), absl::StrCat("read tfrecord ", uri));
-  return std::make_unique<TFRecordReader>(*std::move(reader), options);
+  auto stream = ByteStream::Open(RecordObject{std::move(store), std::move(key), std::nullopt},
+                                 options.io, options.compression);
+  if (!stream.ok()) return Annotate(stream.status(), absl::StrCat("read tfrecord ", uri));
+  return std::make_unique<TFRecordReader>(*std::move(stream), options);
 }
 
-TFRecordReader::TFRecordReader(std::unique_ptr<ObjectReader> reader, TFRecordReaderOptions options)
-    : reader_(std::move(reader)), options_(options) {}
+TFRecordReader::TFRecordReader(std::unique_ptr<ByteStream> stream, TFRecordReaderOptions options)
+    : stream_(std::move(stream)), options_(options) {}
 
 absl::Status TFRecordReader::Fail(absl::StatusCode code, uint64_t at, absl::string_view what) {
   status_ = absl::Status(
-      code, absl::StrCat("read tfrecord ", reader_->uri(), " at byte ", at, ": ", what));
+      code, absl::StrCat("read tfrecord ", stream_->uri(), " at byte ", at, ": ", what));
   return status_;
+}
+
+absl::Status TFRecordReader::BadLengthCrc(uint64_t at, const char* header, uint64_t length) {
+  if (at == 0 && !stream_->compressed()) {
+    const auto kind = SniffCompression(absl::string_view(header, kHeaderBytes), /*zlib_too=*/true);
+    if (kind == "gzip" || kind == "zlib") {
+      const bool gzip = kind == "gzip";
+      return Fail(absl::StatusCode::kInvalidArgument, at,
+                  absl::StrCat("the file starts like a ", gzip ? "GZIP" : "ZLIB",
+                               " stream, not a TFRecord frame: a compressed TFRecord file is "
+                               "read with compression ",
+                               *kind, " (tf.data: compression_type=\"", gzip ? "GZIP" : "ZLIB",
+                               "\"), which a name ending in ", gzip ? ".gz" : ".zlib", " selects"));
+    }
+    if (kind) {
+      return Fail(absl::StatusCode::kUnimplemented, at,
+                  absl::StrCat("the file is ", *kind,
+                               "-compressed; wharf reads TFRecord files uncompressed or with "
+                               "GZIP or ZLIB compression, as tf.data does"));
+    }
+  }
+  return Fail(absl::StatusCode::kDataLoss, at,
+              absl::StrCat("length CRC mismatch (length field ", length, ")"));
 }
 
 absl::StatusOr<std::optional<TFRecord>> TFRecordReader::Next() {
   if (!status_.ok()) return status_;
-  const uint64_t at = reader_->position();
-  const uint64_t left = reader_->remaining();
-  if (left == 0) return std::nullopt;
+  const uint64_t at = stream_->position();
   const auto io_error = [&](const absl::Status& s) {
-    status_ = Annotate(s, absl::StrCat("read tfrecord ", reader_->uri(), " at byte ", at));
+    status_ = Annotate(s, absl::StrCat("read tfrecord ", stream_->uri(), " at byte ", at));
     return status_;
   };
-  if (left < kHeaderBytes) {
-    return Fail(absl::StatusCode::kDataLoss, at,
-                absl::StrCat("truncated record: ", left, " of the ", kHeaderBytes,
-                             " header bytes before the end at byte ", reader_->end()));
-  }
   char header[kHeaderBytes];
-  if (absl::Status s = reader_->ReadExact(absl::MakeSpan(header)); !s.ok()) return io_error(s);
+  auto got = stream_->Read(absl::MakeSpan(header));
+  if (!got.ok()) return io_error(got.status());
+  if (*got == 0) return std::nullopt;
+  if (*got < kHeaderBytes) {
+    return Fail(
+        absl::StatusCode::kDataLoss, at,
+        absl::StrCat("truncated record: ", *got, " of the ", kHeaderBytes,
+                     " header bytes before the end (", stream_->DescribeEnd(at + *got), ")"));
+  }
   const uint64_t length = LoadLE(header, 8);
   const uint32_t length_crc = static_cast<uint32_t>(LoadLE(header + 8, 4));
   if (MaskCrc32c(Crc32cExtend(0, header, 8)) != length_crc) {
-    return Fail(absl::StatusCode::kDataLoss, at,
-                absl::StrCat("length CRC mismatch (length field ", length, ")"));
+    return BadLengthCrc(at, header, length);
   }
   if (length > options_.max_record_bytes) {
     return Fail(absl::StatusCode::kResourceExhausted, at,
                 absl::StrCat("record of ", length, " bytes exceeds max_record_bytes (",
                              options_.max_record_bytes, ")"));
   }
-  if (reader_->remaining() < length + kFooterBytes) {
-    return Fail(absl::StatusCode::kDataLoss, at,
-                absl::StrCat("truncated record: its ", length, " data bytes and CRC need bytes [",
-                             at, ", ", at + kHeaderBytes + length + kFooterBytes,
-                             "), the object ends at byte ", reader_->end()));
+  const auto truncated = [&](uint64_t end) {
+    return Fail(
+        absl::StatusCode::kDataLoss, at,
+        absl::StrCat("truncated record: its ", length, " data bytes and CRC need bytes [", at, ", ",
+                     at + kHeaderBytes + length + kFooterBytes, "), ", stream_->DescribeEnd(end)));
+  };
+  if (const auto left = stream_->remaining(); left && *left < length + kFooterBytes) {
+    return truncated(at + kHeaderBytes + *left);  // known before reading: nothing read
   }
   TFRecord record;
   record.offset = at;
-  auto data = reader_->ReadCord(length);
+  auto data = stream_->ReadCord(length);
   if (!data.ok()) return io_error(data.status());
+  if (data->size() < length) return truncated(stream_->position());
   record.data = *std::move(data);
   char footer[kFooterBytes];
-  if (absl::Status s = reader_->ReadExact(absl::MakeSpan(footer)); !s.ok()) return io_error(s);
+  auto footer_got = stream_->Read(absl::MakeSpan(footer));
+  if (!footer_got.ok()) return io_error(footer_got.status());
+  if (*footer_got < kFooterBytes) return truncated(stream_->position());
   const uint32_t stored = static_cast<uint32_t>(LoadLE(footer, 4));
   const uint32_t computed = MaskCrc32c(Crc32c(record.data));
   if (stored != computed) {
@@ -95,8 +125,7 @@ namespace {
 
 class TFRecordRecordReader : public RecordReader {
  public:
-  explicit TFRecordRecordReader(std::unique_ptr<ObjectReader> reader)
-      : records_(std::move(reader)) {}
+  explicit TFRecordRecordReader(std::unique_ptr<ByteStream> stream) : records_(std::move(stream)) {}
 
   absl::StatusOr<std::optional<Record>> Next() override {
     WHARF_ASSIGN_OR_RETURN(std::optional<TFRecord> t, records_.Next());
@@ -114,8 +143,9 @@ class TFRecordRecordReader : public RecordReader {
 
 absl::StatusOr<std::unique_ptr<RecordReader>> OpenTFRecordRecordReader(
     const RecordObject& object, const RecordReaderOptions& options) {
-  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader, object.Open(options.io));
-  return std::make_unique<TFRecordRecordReader>(std::move(reader));
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ByteStream> stream,
+                         ByteStream::Open(object, options.io, options.compression));
+  return std::make_unique<TFRecordRecordReader>(std::move(stream));
 }
 
 void AppendTFRecord(const absl::Cord& data, absl::Cord* out) {

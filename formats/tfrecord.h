@@ -8,7 +8,16 @@
 // DataLoss (bad length CRC, bad data CRC, truncated record) or ResourceExhausted (record too
 // large) and name the object and the byte offset where the record starts, e.g.
 //   "read tfrecord file:///data/x.tfrecord at byte 12345: data CRC mismatch ...".
-// Errors are sticky. Compressed (GZIP/ZLIB) TFRecord files are not supported.
+// Errors are sticky.
+//
+// Compressed files, as tf.data reads them with TFRecordDataset(compression_type="GZIP" or
+// "ZLIB"): the whole file is one GZIP (RFC 1952) or ZLIB (RFC 1950) stream of frames, inflated
+// as it streams (byte_stream.h). tf.data needs compression_type spelled out; wharf takes it
+// from the options (compression) or, left at kAuto, from the key: ".gz" is GZIP, ".zlib" is
+// ZLIB, anything else uncompressed. Offsets (record offsets, resume points) are then offsets
+// in the decompressed stream. An uncompressed read of a file whose first frame fails its
+// length CRC and that starts like a compressed stream says so (InvalidArgument for GZIP and
+// ZLIB: name the file or pass the compression; Unimplemented for bzip2, xz, zstd).
 //
 // TFRecordWriter writes a valid file through ObjectWriter (atomic on Close()).
 //
@@ -24,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
+#include "formats/byte_stream.h"
 #include "formats/record_reader.h"
 #include "io/object_reader.h"
 #include "store/object_store.h"
@@ -36,7 +46,10 @@ struct TFRecord {
 };
 
 struct TFRecordReaderOptions {
+  // io.offset: where to start (a frame's offset; decompressed when compressed).
   ObjectReaderOptions io;
+  // kAuto: GZIP for a key ending in .gz, ZLIB for one ending in .zlib, stored otherwise.
+  Compression compression = Compression::kAuto;
   // Larger records are an error (ResourceExhausted) rather than an allocation.
   uint64_t max_record_bytes = uint64_t{1} << 30;
 };
@@ -47,9 +60,10 @@ class TFRecordReader {
   static absl::StatusOr<std::unique_ptr<TFRecordReader>> Open(std::shared_ptr<ObjectStore> store,
                                                               std::string key,
                                                               TFRecordReaderOptions options = {});
-  // Reads from an already opened reader (e.g. one opened with meta from a listing, or at a
-  // record boundary offset to resume). REQUIRES: reader != nullptr.
-  explicit TFRecordReader(std::unique_ptr<ObjectReader> reader, TFRecordReaderOptions options = {});
+  // Reads from an already opened stream (e.g. over a reader opened with meta from a listing,
+  // or at a record boundary offset to resume). options.io and options.compression are not
+  // used. REQUIRES: stream != nullptr.
+  explicit TFRecordReader(std::unique_ptr<ByteStream> stream, TFRecordReaderOptions options = {});
   TFRecordReader(const TFRecordReader&) = delete;
   TFRecordReader& operator=(const TFRecordReader&) = delete;
 
@@ -57,13 +71,17 @@ class TFRecordReader {
   absl::StatusOr<std::optional<TFRecord>> Next();
 
   // Offset of the next record's frame (a resume point).
-  uint64_t position() const { return reader_->position(); }
-  const ObjectReader& reader() const { return *reader_; }
+  uint64_t position() const { return stream_->position(); }
+  const ByteStream& stream() const { return *stream_; }
+  const ObjectReader& reader() const { return stream_->object(); }
 
  private:
   absl::Status Fail(absl::StatusCode code, uint64_t at, absl::string_view what);
+  // The error for a first frame whose length CRC fails (names a compressed format the object
+  // starts with, if any).
+  absl::Status BadLengthCrc(uint64_t at, const char* header, uint64_t length);
 
-  const std::unique_ptr<ObjectReader> reader_;
+  const std::unique_ptr<ByteStream> stream_;
   const TFRecordReaderOptions options_;
   absl::Status status_;
 };

@@ -7,6 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/crc32c.h"
+#include "formats/testing/record_objects.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/testing/temp_store.h"
 
@@ -182,11 +184,116 @@ TEST(TFRecordTest, ReadsFromAGivenRecordOffset) {
   const uint64_t third = 16 * 2 + records[0].size() + records[1].size();
   auto io = ObjectReader::Open(tmp.store(), "x.tfrecord", {.chunk_size = 777, .offset = third});
   ASSERT_TRUE(io.ok());
-  TFRecordReader reader(*std::move(io));
+  TFRecordReader reader(ByteStream::Stored(*std::move(io)));
   auto r = reader.Next();
   ASSERT_TRUE(r.ok() && r->has_value());
   EXPECT_EQ((*r)->offset, third);
   EXPECT_EQ(std::string((*r)->data), records[2]);
+}
+
+// ---- Compressed files, as tf.data's TFRecordOptions(compression_type=...) writes them ----
+
+using formats_testing::Deflate;
+using formats_testing::Deflated;
+
+std::string FileBytes(const std::shared_ptr<ObjectStore>& store, const std::string& key) {
+  auto bytes = store->Read(key);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? std::string(*bytes) : "";
+}
+
+TEST(TFRecordTest, ReadsGzipAndZlibFilesByNameOrByOption) {
+  TempStore tmp;
+  const auto records = SomeRecords();
+  ASSERT_TRUE(WriteFile(tmp.store(), "plain.tfrecord", records).ok());
+  const std::string plain = FileBytes(tmp.store(), "plain.tfrecord");
+  for (const auto& [key, bytes] : std::vector<std::pair<std::string, std::string>>{
+           {"x.tfrecord.gz", Deflate(plain, Deflated::kGzip)},
+           {"x.tfrecord.zlib", Deflate(plain, Deflated::kZlib)},
+       }) {
+    ASSERT_TRUE(tmp.store()->Put(key, absl::Cord(bytes)).ok());
+    for (uint64_t chunk : {1ul, 13ul, 4096ul, uint64_t{8} << 20}) {
+      auto [got, status] = ReadFile(tmp.store(), key, chunk);
+      ASSERT_TRUE(status.ok()) << key << " chunk " << chunk << ": " << status;
+      ASSERT_EQ(got.size(), records.size());
+      uint64_t offset = 0;
+      for (size_t i = 0; i < records.size(); ++i) {
+        EXPECT_EQ(std::string(got[i].data), records[i]) << i;
+        EXPECT_EQ(got[i].offset, offset);  // offsets in the decompressed stream
+        offset += 16 + records[i].size();
+      }
+    }
+  }
+  // tf.data names no suffix: the option says it.
+  ASSERT_TRUE(tmp.store()->Put("data-00000", absl::Cord(Deflate(plain, Deflated::kZlib))).ok());
+  TFRecordReaderOptions options;
+  options.compression = Compression::kZlib;
+  auto reader = TFRecordReader::Open(tmp.store(), "data-00000", options);
+  ASSERT_TRUE(reader.ok());
+  size_t n = 0;
+  while (true) {
+    auto r = (*reader)->Next();
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (!*r) break;
+    EXPECT_EQ(std::string((*r)->data), records[n++]);
+  }
+  EXPECT_EQ(n, records.size());
+  EXPECT_TRUE((*reader)->stream().compressed());
+}
+
+TEST(TFRecordTest, ACompressedFileReadAsPlainNamesItsCompression) {
+  TempStore tmp;
+  const auto records = SomeRecords();
+  ASSERT_TRUE(WriteFile(tmp.store(), "plain.tfrecord", records).ok());
+  const std::string plain = FileBytes(tmp.store(), "plain.tfrecord");
+  ASSERT_TRUE(tmp.store()->Put("g.tfrecord", absl::Cord(Deflate(plain, Deflated::kGzip))).ok());
+  ASSERT_TRUE(tmp.store()->Put("z.tfrecord", absl::Cord(Deflate(plain, Deflated::kZlib))).ok());
+  auto [got, status] = ReadFile(tmp.store(), "g.tfrecord");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(),
+              testing::HasSubstr("starts like a GZIP stream, not a TFRecord frame"));
+  EXPECT_THAT(status.message(), testing::HasSubstr("compression_type=\"GZIP\""));
+  std::tie(got, status) = ReadFile(tmp.store(), "z.tfrecord");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), testing::HasSubstr("ZLIB"));
+  ASSERT_TRUE(tmp.store()->Put("b.tfrecord", absl::Cord("BZh91AY&SY" + plain)).ok());
+  std::tie(got, status) = ReadFile(tmp.store(), "b.tfrecord");
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_THAT(status.message(), testing::HasSubstr("bzip2-compressed"));
+}
+
+TEST(TFRecordTest, CompressedFilesResumeAtADecompressedOffsetAndReportDamage) {
+  TempStore tmp;
+  const auto records = SomeRecords();
+  ASSERT_TRUE(WriteFile(tmp.store(), "plain.tfrecord", records).ok());
+  const std::string plain = FileBytes(tmp.store(), "plain.tfrecord");
+  const std::string gz = Deflate(plain, Deflated::kGzip);
+  ASSERT_TRUE(tmp.store()->Put("x.tfrecord.gz", absl::Cord(gz)).ok());
+  const uint64_t third = 16 * 2 + records[0].size() + records[1].size();
+  TFRecordReaderOptions options;
+  options.io.chunk_size = 777;
+  options.io.offset = third;
+  auto reader = TFRecordReader::Open(tmp.store(), "x.tfrecord.gz", options);
+  ASSERT_TRUE(reader.ok());
+  auto r = (*reader)->Next();
+  ASSERT_TRUE(r.ok() && r->has_value()) << r.status();
+  EXPECT_EQ((*r)->offset, third);
+  EXPECT_EQ(std::string((*r)->data), records[2]);
+
+  // Cut: the frames end early (the stream is cut short) or inside a frame.
+  ASSERT_TRUE(tmp.store()->Put("cut.tfrecord.gz", absl::Cord(gz.substr(0, gz.size() / 2))).ok());
+  auto [got, status] = ReadFile(tmp.store(), "cut.tfrecord.gz");
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), testing::HasSubstr("gzip stream is cut short"));
+  EXPECT_LT(got.size(), records.size());
+  const std::string cut_frame = Deflate(plain.substr(0, third + 20), Deflated::kGzip);
+  ASSERT_TRUE(tmp.store()->Put("frame.tfrecord.gz", absl::Cord(cut_frame)).ok());
+  std::tie(got, status) = ReadFile(tmp.store(), "frame.tfrecord.gz");
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(),
+              testing::HasSubstr(absl::StrCat(" at byte ", third, ": truncated record")));
+  EXPECT_THAT(status.message(), testing::HasSubstr("the gzip-decompressed stream ends at byte"));
+  EXPECT_EQ(got.size(), 2u);
 }
 
 TEST(TFRecordTest, AnAbandonedWriterLeavesNothing) {

@@ -104,9 +104,14 @@ py::list SplitCsv(absl::string_view row, char delimiter, char quote) {
   return out;
 }
 
-py::tuple Suffixes(const RecordFormatSpec& spec) {
-  py::tuple out(spec.suffixes.size());
-  for (size_t i = 0; i < spec.suffixes.size(); ++i) out[i] = py::str(spec.suffixes[i]);
+// The format's suffixes, and with `compressed` those of its compressed objects after them.
+py::tuple Suffixes(const RecordFormatSpec& spec, bool compressed = false) {
+  std::vector<std::string> all = spec.suffixes;
+  if (compressed) {
+    all.insert(all.end(), spec.compressed_suffixes.begin(), spec.compressed_suffixes.end());
+  }
+  py::tuple out(all.size());
+  for (size_t i = 0; i < all.size(); ++i) out[i] = py::str(all[i]);
   return out;
 }
 
@@ -185,14 +190,17 @@ void RegisterRecords(py::module_& m) {
 
   m.def(
       "record_formats",
-      [] {
+      [](bool compressed) {
         py::dict out;
         for (const RecordFormatSpec* spec : RecordFormats()) {
-          out[py::str(spec->name)] = Suffixes(*spec);
+          out[py::str(spec->name)] = Suffixes(*spec, compressed);
         }
         return out;
       },
-      "Every record format of the registry: {name: (object name suffixes, ...)}");
+      py::arg("compressed") = false,
+      "Every record format of the registry: {name: (object name suffixes, ...)}; with "
+      "compressed=True also the suffixes of its compressed objects (\".tar.gz\", \".tgz\", "
+      "\".tfrecord.gz\", ...), which are read by their name: every shard of a prefix");
   m.def(
       "record_format",
       [](const std::string& name) {

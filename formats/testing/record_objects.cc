@@ -1,6 +1,10 @@
 #include "formats/testing/record_objects.h"
 
+#include <zlib.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -53,6 +57,22 @@ std::string TarEntry(const std::string& name, const std::string& data, char type
 }
 
 std::string TarEndOfArchive() { return std::string(1024, '\0'); }
+
+std::string Deflate(absl::string_view data, Deflated wrapper, int level) {
+  z_stream z;
+  std::memset(&z, 0, sizeof(z));
+  const int bits = wrapper == Deflated::kGzip ? 15 + 16 : 15;
+  if (deflateInit2(&z, level, Z_DEFLATED, bits, 8, Z_DEFAULT_STRATEGY) != Z_OK) std::abort();
+  std::string out(deflateBound(&z, data.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  if (deflate(&z, Z_FINISH) != Z_STREAM_END) std::abort();
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
 
 namespace {
 

@@ -31,6 +31,11 @@ std::string TarEntry(const std::string& name, const std::string& data, char type
 // Two zero blocks.
 std::string TarEndOfArchive();
 
+// ---- Compression, as gzip(1) and zlib.compress write it. ----
+// `data` deflated in a GZIP (RFC 1952) or ZLIB (RFC 1950) wrapper at `level`.
+enum class Deflated { kGzip, kZlib };
+std::string Deflate(absl::string_view data, Deflated wrapper, int level = 6);
+
 // An object of `format` with one record per payload, in order:
 //  - tar: sample "r<i>" with members "r<i>.cls" (the payload) and "r<i>.txt" (payload + "!");
 //  - tfrecord: the payload framed;

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of the fuzz targets into corpus/<target>/ (run once; the seeds are
 committed). Small valid inputs of each format, in the variants the parsers handle."""
+import gzip
 import io
 import pathlib
 import struct
 import tarfile
+import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parent / "corpus"
 
@@ -59,10 +61,19 @@ write("fuzz_tar", "gnu-longname.tar",
 write("fuzz_tar", "pax.tar",
       tar_bytes(tarfile.PAX_FORMAT, [("é/ünï.txt", b"pax path"), ("y" * 150 + ".bin", b"1")]))
 write("fuzz_tar", "empty.tar", tar_bytes(tarfile.USTAR_FORMAT, []))
+# webdataset's corners: extension case, dot members, metadata members; and a .tar.gz (each
+# input is also read as a gzip stream).
+wds_names = [("d/s1.JPG", b"u"), ("d/s1.jpg", b"dup"), ("d/.hidden.TXT", b"h"),
+             ("__meta__/x.json", b"{}"), ("./s2.__key__", b"k")]
+write("fuzz_tar", "webdataset-names.tar", tar_bytes(tarfile.USTAR_FORMAT, wds_names))
+write("fuzz_tar", "ustar.tar.gz", gzip.compress(tar_bytes(tarfile.USTAR_FORMAT, samples), mtime=0))
 
 write("fuzz_tfrecord", "three.tfrecord", tfrecord([b"first", b"", b"x" * 300]))
 write("fuzz_tfrecord", "one.tfrecord", tfrecord([b"\x0a\x03abc"]))
 write("fuzz_tfrecord", "truncated.tfrecord", tfrecord([b"whole", b"cut short"])[:-6])
+# Each input is also read as GZIP and as ZLIB (tf.data's compression_type).
+write("fuzz_tfrecord", "three.tfrecord.gz", gzip.compress(tfrecord([b"first", b"", b"x" * 300]), mtime=0))
+write("fuzz_tfrecord", "three.tfrecord.zlib", zlib.compress(tfrecord([b"first", b"", b"x" * 300])))
 
 # fuzz_lines: the first byte picks the options (bit 0 CSV, 1 header, 2 skip empty rows,
 # 3-4 delimiter , ; \t |, 5 quote ').

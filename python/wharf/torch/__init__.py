@@ -653,6 +653,10 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
     any format of wharf._wharf.record_formats() (formats whose records have named fields come as
     tar's do, the others as tfrecord's). Record samples have `.url` (the shard) and `.offset` (the
     record's byte offset in it) and `.key` = "<shard key>@<offset>" (tar: the sample key).
+    Compressed shards are read by their name: .tar.gz / .tgz (gzip), .tfrecord.gz (GZIP),
+    .tfrecord.zlib (ZLIB), inflated as they stream; listed with the others, and their offsets
+    count decompressed bytes. Tar samples are grouped as webdataset groups them (extensions
+    lower-cased, keys kept as they are, "__...__" metadata members skipped).
 
     Order: the shard order of each epoch is a permutation from (seed, epoch) (identity without
     shuffle); shards are dealt round-robin to ranks, then to the rank's DataLoader workers;
@@ -703,7 +707,10 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
             raise ValueError(f"rows_per_item is for {' and '.join(rows)}")
         if shards is None or isinstance(shards, str):
             sub = "" if shards is None else shards
-            index = _wharf.SampleIndex.from_prefix(uri + sub, suffixes=list(formats[format]),
+            # Compressed shards (.tar.gz, .tgz, .tfrecord.gz, ...) are shards too: they are
+            # inflated as they stream, by their name.
+            listed = _wharf.record_formats(compressed=True)[format]
+            index = _wharf.SampleIndex.from_prefix(uri + sub, suffixes=list(listed),
                                                    workers=list_workers, **store)
             if sub:  # keys relative to `uri`, not to the sub-prefix
                 index = _wharf.SampleIndex.from_keys(uri, [sub + k for k in index.keys()],
