@@ -1247,7 +1247,8 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="See the module docstring (bench/run_bench.py) for details.")
     ap.add_argument("--scenario", default="all",
-                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT", "SERVE", "ADAPT", "GCS"],
+                    choices=["S1", "S2", "S3", "all", "TRAIN", "TIER", "CKPT", "SERVE", "ADAPT", "GCS",
+                             "FILES"],
                     help="TRAIN: the training-loop benchmark, bench/train_bench.py (passes "
                     "--quick, --out, --wharf, --proxy-bin, --timeout, --keep-server and the "
                     "first of --delays as --delay-ms). TIER: the tier benchmarks of "
@@ -1255,7 +1256,10 @@ def main() -> int:
                     "cold readers on one tier), 3 rounds unless --repeat says otherwise. "
                     "CKPT: bench/ckpt_bench.py. SERVE: bench/serve_bench.py (model loading from "
                     "the bucket and a tier, the prediction cache), 3 rounds unless --repeat "
-                    "says otherwise. ADAPT: bench/adapt_bench.py (self-tuned I/O against fixed "
+                    "says otherwise. FILES: bench/files_bench.py (a ~1 GiB Parquet file, 3 of 20 "
+                    "columns, and a ~1 GiB CSV read in chunks by pandas, through wharf.open, "
+                    "wharf.fsspec, s3fs and pyarrow's S3FileSystem, at 0 and 25 ms), 3 rounds. "
+                    "ADAPT: bench/adapt_bench.py (self-tuned I/O against fixed "
                     "depths while the proxy's delay switches 0/25/100/0 ms; PNG plots), 3 "
                     "rounds unless --repeat says otherwise")
     ap.add_argument("--quick", action="store_true",
@@ -1312,7 +1316,7 @@ def main() -> int:
     a = ap.parse_args()
     a.wharf = str(Path(a.wharf).resolve()) if Path(a.wharf).exists() else a.wharf
     if a.repeat is None:
-        a.repeat = 3 if a.scenario in ("TIER", "SERVE", "ADAPT", "GCS") else 1
+        a.repeat = 3 if a.scenario in ("TIER", "SERVE", "ADAPT", "GCS", "FILES") else 1
     if a.scenario == "GCS":
         import gcs_bench
 
@@ -1338,11 +1342,11 @@ def main() -> int:
         return 2
     scenarios = make_scenarios(a.quick)
     names = ["S1", "S2", "S3"] if a.scenario == "all" else [a.scenario]
-    names = [] if a.scenario in ("TIER", "CKPT", "SERVE", "ADAPT") else names  # their modules
+    names = [] if a.scenario in ("TIER", "CKPT", "SERVE", "ADAPT", "FILES") else names  # theirs
     # run them
     wanted = set(a.clients.split(",")) if a.clients else {c.name for c in CLIENTS}
     unknown = wanted - {c.name for c in CLIENTS}
-    if unknown and a.scenario not in ("CKPT", "SERVE", "ADAPT"):  # their clients are their modules'
+    if unknown and a.scenario not in ("CKPT", "SERVE", "ADAPT", "FILES"):  # their clients are their modules'
         print(f"error: unknown clients {sorted(unknown)}", file=sys.stderr)
         return 2
     wanted -= set(filter(None, a.skip_clients.split(",")))
@@ -1359,7 +1363,7 @@ def main() -> int:
     try:
         a._scratch = scratch_root(a.scratch)
         proxy_bin = find_proxy(a.proxy_bin)
-        big = ("S2" in names or a.scenario in ("CKPT", "SERVE")) and not a.quick
+        big = ("S2" in names or a.scenario in ("CKPT", "SERVE", "FILES")) and not a.quick
         server.start(big)
         versions = tool_versions(a)
         avail = {c.name: c.available(a) for c in CLIENTS if c.name in wanted}
@@ -1380,6 +1384,11 @@ def main() -> int:
             import adapt_bench
 
             sections += adapt_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
+                                        results)
+        if a.scenario == "FILES":
+            import files_bench
+
+            sections += files_bench.run(sys.modules[__name__], a, server, proxy_bin, avail,
                                         results)
         if a.scenario == "SERVE":
             import serve_bench

@@ -20,6 +20,8 @@ namespace {
 // Derived read-ahead: never below what the fixed default was (2), never more than 16 chunks.
 constexpr int kMinReadAhead = 2;
 constexpr int kMaxReadAhead = 16;
+// ReadDirect: parts in flight at least (they land in the caller's memory).
+constexpr int kDirectReadParts = 8;
 }  // namespace
 
 uint64_t ObjectReaderOptions::EffectiveMaxBufferedBytes() const {
@@ -474,7 +476,10 @@ absl::Status ObjectReader::ReadDirect(absl::Span<char> dst) {
     requests.push_back(std::move(request));
   }
   GetAllOptions get_options;
-  get_options.max_in_flight = options_.read_ahead + 1;  // the caller's memory: no ramp
+  // The caller's memory: nothing is charged to the budget, so the parts in flight are
+  // bounded only to keep the request count sane. read_ahead + 1 alone (sized for a consumer
+  // that parses chunk by chunk) would leave a large read first-byte-bound on a far store.
+  get_options.max_in_flight = std::max(options_.read_ahead + 1, kDirectReadParts);
   const GetAllResult got = GetAll(*store_, std::move(requests), get_options);
   requests_ += got.started;
   {

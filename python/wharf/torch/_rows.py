@@ -124,10 +124,10 @@ class _ParquetFile:
             raise ValueError(f"{self.uri}: no column {missing[0]!r} (columns: {sorted(tops)})")
         return [i for i in range(len(schema)) if schema.column(i).path.split(".")[0] in columns]
 
-    def row_group(self, rg, columns, coalesce_gap):
-        """The row group's chosen columns as a pyarrow Table (their chunks fetched in one
-        ReadRanges call)."""
-        pq = _pa().parquet
+    def fetch(self, rg, columns, coalesce_gap):
+        """The bytes of the row group's chosen column chunks, [(offset, bytes)], fetched in
+        one ReadRanges call (parallel ranged GETs, neighbours coalesced). Releases the GIL
+        while it waits, so it runs well on a read-ahead thread."""
         meta = self.metadata.row_group(rg)
         wanted = self.column_indices(columns)
         spans = []
@@ -139,9 +139,13 @@ class _ParquetFile:
             spans.append((start, col.total_compressed_size))
         data = self._ranges.read([(self.key, off, n, self.etag or None) for off, n in spans],
                                  coalesce_gap=coalesce_gap) if spans else []
-        sparse = _Sparse(self.uri, self.size, [self._footer] + list(zip((o for o, _ in spans),
-                                                                       data)))
-        f = pq.ParquetFile(sparse, metadata=self.metadata)
+        return list(zip((o for o, _ in spans), data))
+
+    def decode(self, rg, columns, pieces):
+        """The row group's chosen columns as a pyarrow Table, from fetch()'s bytes."""
+        pq = _pa().parquet
+        f = pq.ParquetFile(_Sparse(self.uri, self.size, [self._footer] + pieces),
+                           metadata=self.metadata)
         return f.read_row_group(rg, columns=None if columns is None else list(columns))
 
 
@@ -439,24 +443,39 @@ class RowDataset(torch.utils.data.IterableDataset):
 
     def _batches(self, units, pos):
         transform = self.transform
-        while pos["units_done"] < len(units):
-            skip = pos["rows"]
-            for batch in self._unit_batches(units[pos["units_done"]]):
-                if skip >= batch.num_rows:
-                    skip -= batch.num_rows
-                    continue
-                if skip:
-                    batch, skip = batch.slice(skip), 0
-                pos["rows"] += batch.num_rows
-                yield batch if transform is None else transform(batch)
-            pos["units_done"] += 1
-            pos["rows"] = 0
+        ahead = _UnitReadAhead(self, units, pos["units_done"]) if self.format == "parquet" \
+            else None
+        try:
+            while pos["units_done"] < len(units):
+                yield from self._unit_rows(units, pos, ahead, transform)
+        finally:
+            if ahead is not None:
+                ahead.close()
 
-    def _unit_batches(self, unit):
+    def _unit_rows(self, units, pos, ahead, transform):
+        skip = pos["rows"]
+        fetched = ahead.take(pos["units_done"]) if ahead is not None else None
+        for batch in self._unit_batches(units[pos["units_done"]], fetched):
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            if skip:
+                batch, skip = batch.slice(skip), 0
+            pos["rows"] += batch.num_rows
+            yield batch if transform is None else transform(batch)
+        pos["units_done"] += 1
+        pos["rows"] = 0
+
+    def _fetch_unit(self, unit):
+        """A Parquet unit's bytes (read-ahead threads call this)."""
+        i, rg, _ = unit
+        return self._parquet_file(i).fetch(rg, self.columns, self.coalesce_gap)
+
+    def _unit_batches(self, unit, fetched=None):
         """The unit's rows as batches of batch_rows (the last one shorter)."""
         pa = _pa()
         pending, count = [], 0
-        for b in self._unit_pieces(unit):
+        for b in self._unit_pieces(unit, fetched):
             while b.num_rows:
                 take = min(b.num_rows, self.batch_rows - count)
                 pending.append(b.slice(0, take))
@@ -468,12 +487,14 @@ class RowDataset(torch.utils.data.IterableDataset):
         if count:
             yield _combine(pa, pending)
 
-    def _unit_pieces(self, unit):
+    def _unit_pieces(self, unit, fetched=None):
         i, a, b = unit
         key, size, etag = self.files[i]
         uri = self.uri + key
         if self.format == "parquet":
-            table = self._parquet_file(i).row_group(a, self.columns, self.coalesce_gap)
+            if fetched is None:
+                fetched = self._fetch_unit(unit)
+            table = self._parquet_file(i).decode(a, self.columns, fetched)
             yield from table.to_batches(max_chunksize=self.batch_rows)
         elif self.format == "avro":
             yield from self._avro_pieces(uri, size, a, b)
@@ -573,6 +594,38 @@ class RowDataset(torch.utils.data.IterableDataset):
         state["_live"] = None
         state["_parquet"] = {}  # footers are read again where needed (pyarrow's metadata
         return state            # objects are not all picklable)
+
+
+class _UnitReadAhead:
+    """Fetches the next units' bytes (Parquet column chunks) on threads while the current
+    one is decoded: up to `depth` units ahead, which bounds the bytes held to that many row
+    groups' chosen columns."""
+
+    def __init__(self, ds, units, first, depth=2):
+        import concurrent.futures
+        self._ds, self._units, self._next, self._depth = ds, units, first, depth
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=depth, thread_name_prefix="wharf-rows")
+        self._futures = {}
+        self._top_up(first)
+
+    def _top_up(self, current):
+        while self._next < len(self._units) and self._next < current + 1 + self._depth:
+            self._futures[self._next] = self._pool.submit(self._ds._fetch_unit,
+                                                          self._units[self._next])
+            self._next += 1
+
+    def take(self, k):
+        """Unit k's bytes (fetching errors raise here, for the unit that needs them)."""
+        fut = self._futures.pop(k, None)
+        self._top_up(k)
+        return None if fut is None else fut.result()
+
+    def close(self):
+        for fut in self._futures.values():
+            fut.cancel()
+        self._futures.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _combine(pa, pieces):
