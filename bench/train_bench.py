@@ -19,8 +19,8 @@ Loaders (bench/train_peer.py, one subprocess per run; --loaders picks; * = defau
   * wharf-iter       wharf.torch.IterableDataset.from_prefix(shuffle, seed), num_workers=0
                      (the engine reads in parallel in-process)
   * wharf-iter-w2    the same, num_workers=2
-  * wharf-map        wharf.torch.MapDataset + RandomSampler, num_workers=0: __getitems__ fetches
-                     each batch as one engine batch, but nothing reads ahead of the loop
+  * wharf-map        wharf.torch.MapDataset + wharf's DistributedSampler, num_workers=0: the
+                     sampler gives the dataset its order, so it reads ahead of the loop
   * wharf-map-w8     the same, num_workers=8 (the boto3 / s3torch settings)
   * boto3-map-w8     the common recipe: map-style Dataset whose __getitem__ does
                      get_object()['Body'].read(), one boto3 client per worker (lazy), 8 workers

@@ -10,7 +10,8 @@ Loaders (KIND), all yielding the same thing: a batch is (keys, uint8 tensor [bat
 stacked by the same collate function wherever the DataLoader runs it (the main process with
 num_workers=0, else the worker, which hands the tensor over in shared memory):
   wharf-iter   wharf.torch.IterableDataset.from_prefix(shuffle=True, seed, batch_size_hint=batch)
-  wharf-map    wharf.torch.MapDataset.from_prefix + RandomSampler: the DataLoader calls
+  wharf-map    wharf.torch.MapDataset.from_prefix + wharf's DistributedSampler (whose known
+               order lets the dataset read ahead with num_workers=0): the DataLoader calls
                __getitems__ with the whole batch (one engine batch)
   wharf-tar    wharf.torch.IterableDataset.from_shards(format="tar", shuffle=True, seed,
                shuffle_buffer); each tar member <key>.bin is one sample
@@ -159,11 +160,14 @@ def build_loader(a):
                f"{a.batch_size}, prefetch={prefetch}{'' if a.prefetch else ' (default)'})")
         return DataLoader(ds, **common), cfg, len(ds.index)
     if a.loader == "wharf-map":
-        from wharf.torch import MapDataset
+        from wharf.torch import DistributedSampler, MapDataset
 
         ds = MapDataset.from_prefix(uri, transform=_wharf_kv)
-        return (DataLoader(ds, sampler=RandomSampler(ds, generator=gen), **common),
-                "MapDataset.from_prefix + RandomSampler (__getitems__: one engine batch)", len(ds))
+        # wharf's sampler: the order is known, so with num_workers=0 the dataset reads ahead
+        # of the loop (with workers, each worker fetches its batches as before).
+        return (DataLoader(ds, sampler=DistributedSampler(ds, seed=a.seed), **common),
+                "MapDataset.from_prefix + wharf DistributedSampler (read-ahead with 0 workers; "
+                "__getitems__: one engine batch)", len(ds))
     if a.loader == "wharf-tar":
         from wharf.torch import IterableDataset
 
