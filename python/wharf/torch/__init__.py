@@ -76,6 +76,7 @@ from wharf._runtime import split_budget_for_worker
 
 if TYPE_CHECKING:
     from wharf.torch._rows import RowDataset
+    from wharf.torch._shards import ShardMapDataset
 
 __all__ = ["Sample", "MapDataset", "IterableDataset", "RecordDataset", "DistributedSampler",
            "ReadAheadSampler", "distributed_info", "consumed_after", "save", "load"]
@@ -371,6 +372,19 @@ class MapDataset(torch.utils.data.Dataset):
         """The objects `keys` (relative to `uri`), in that order."""
         store = _pop_store_options(engine)
         return cls(_wharf.SampleIndex.from_keys(uri, list(keys), **store), transform, **engine)
+
+    @staticmethod
+    def from_shards(uri: str, shards: Union[None, str, Sequence[str]] = None,
+                    format: str = "tar", transform: Optional[Callable] = None,
+                    **store) -> "ShardMapDataset":
+        """Random access to the records inside tar or TFRecord shards: `ds[i]` is record i
+        (tar: a Sample whose .data is {ext: bytes}, grouped as webdataset groups members;
+        tfrecord: the record's bytes). The shards are read once to build a record-offset index
+        (shard, byte range, 24 bytes a record); each access is then one ranged GET, a batch's
+        ranges fetched together. `shards`: keys relative to `uri`, a sub-prefix, or None
+        (every shard below `uri`). Compressed shards are refused (no random access)."""
+        from wharf.torch._shards import ShardMapDataset
+        return ShardMapDataset(uri, shards, format=format, transform=transform, **store)
 
     @property
     def index(self) -> "_wharf.SampleIndex":

@@ -1,0 +1,151 @@
+"""Random access to the records inside tar and TFRecord shards (MapDataset.from_shards).
+
+The shards are read once, in order, by the engine's record reader (the same grouping and
+checks as RecordDataset: webdataset's for tar); that pass keeps only a record-offset index,
+per record its shard and byte range [offset, end) (three integers, 24 bytes), plus the tar
+sample's key. `ds[i]` then fetches record i's byte range with one ranged GET (a batch's ranges
+together, in parallel and coalesced, through `_RangeReader`), pinned to the shard's ETag from
+the listing, and decodes it: a TFRecord frame (length, data; a length that disagrees with the
+range is an error naming the shard and offset), or the tar members of one sample
+(`key.ext` -> bytes, extensions lower-cased as webdataset does). Compressed shards have no
+random access and are refused.
+"""
+import io
+import tarfile
+from array import array
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+
+from wharf import _wharf
+
+_RANDOM_ACCESS = {"tar": (".tar",), "tfrecord": (".tfrecord", ".tfrecords")}
+
+
+class ShardMapDataset(torch.utils.data.Dataset):
+    """Records of tar / TFRecord shards as a map-style dataset; see MapDataset.from_shards."""
+
+    def __init__(self, uri: str, shards: Union[None, str, Sequence[str]] = None, *,
+                 format: str = "tar", transform: Optional[Callable] = None,
+                 list_workers: int = 16, **store):
+        if format not in _RANDOM_ACCESS:
+            raise ValueError(f"MapDataset.from_shards: format {format!r}: random access is for "
+                             f"{' and '.join(_RANDOM_ACCESS)} shards")
+        uri = str(uri)
+        s = _wharf.Store(uri, **store)
+        if shards is None or isinstance(shards, str):
+            listed = [o for o in s.list(shards or "", parallel=list_workers)]
+            compressed = [o["key"] for o in listed if o["key"].endswith((".gz", ".tgz", ".zlib"))]
+            listed = [o for o in listed if o["key"].endswith(_RANDOM_ACCESS[format])]
+            if not listed and compressed:
+                raise ValueError(f"MapDataset.from_shards: {uri}{compressed[0]} is compressed; "
+                                 "records of compressed shards have no random access (read "
+                                 "them with IterableDataset.from_shards)")
+        else:
+            listed = []
+            for k in shards:
+                if k.endswith((".gz", ".tgz", ".zlib")):
+                    raise ValueError(f"MapDataset.from_shards: {uri}{k} is compressed; records "
+                                     "of compressed shards have no random access")
+                listed.append(dict(s.head(k), key=k))
+        if not listed:
+            raise ValueError(f"no {format} shards found at {uri}"
+                             + (f" under {shards!r}" if isinstance(shards, str) else ""))
+        self.uri, self.format, self.transform = uri, format, transform
+        self.shards = [(o["key"], o["size"], o["etag"]) for o in listed]
+        self._store_options = store
+        self._ranges = _wharf._RangeReader(uri, **store)
+        self._shard_of = array("I")
+        self._begin = array("Q")
+        self._end = array("Q")
+        self._keys = []  # tar: each sample's key
+        self._build()
+
+    def _build(self):
+        index = _wharf.SampleIndex.from_keys(self.uri, [k for k, _, _ in self.shards],
+                                             **self._store_options)
+        stream = _wharf.RecordStream(index, self.format, shuffle=False)
+        number = {self.uri + k: n for n, (k, _, _) in enumerate(self.shards)}
+        last = None  # the previous record's shard
+        for rec in stream:
+            if self.format == "tar":
+                url, off = rec["__url__"], rec["__offset__"]
+                self._keys.append(rec["__key__"])
+            else:
+                url, off, _ = rec
+            n = number[url]
+            if last == n:
+                self._end[-1] = off  # a record ends where the next one of its shard starts
+            elif last is not None:
+                self._end[-1] = self.shards[last][1]
+            self._shard_of.append(n)
+            self._begin.append(off)
+            self._end.append(0)
+            last = n
+        if last is not None:
+            self._end[-1] = self.shards[last][1]
+
+    def __len__(self) -> int:
+        return len(self._begin)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        from wharf.torch import Sample
+        n = len(self)
+        idx = []
+        for i in indices:
+            j = int(i) + n if int(i) < 0 else int(i)
+            if not 0 <= j < n:
+                raise IndexError(f"record {i} of a dataset of {n} records")
+            idx.append(j)
+        ranges = []
+        for j in idx:
+            key, _, etag = self.shards[self._shard_of[j]]
+            ranges.append((key, self._begin[j], self._end[j] - self._begin[j], etag or None))
+        out = []
+        for j, data in zip(idx, self._ranges.read(ranges)):
+            shard = self.shards[self._shard_of[j]][0]
+            if self.format == "tfrecord":
+                s = Sample(f"{shard}@{self._begin[j]}", self._tfrecord(shard, self._begin[j],
+                                                                       data), index=j)
+            else:
+                s = Sample(self._keys[j], self._tar(shard, self._begin[j], self._keys[j], data),
+                           index=j)
+            s.url, s.offset = self.uri + shard, self._begin[j]
+            out.append(s if self.transform is None else self.transform(s))
+        return out
+
+    def _tfrecord(self, shard, offset, data):
+        if len(data) < 16:
+            raise ValueError(f"{self.uri}{shard} at byte {offset}: a TFRecord frame is at least "
+                             f"16 bytes, {len(data)} here (the shard changed?)")
+        length = int.from_bytes(data[:8], "little")
+        if 12 + length + 4 != len(data):
+            raise ValueError(f"{self.uri}{shard} at byte {offset}: the record's length "
+                             f"({length}) disagrees with its index entry ({len(data)} bytes); "
+                             "corrupt shard")
+        return data[12:12 + length]
+
+    def _tar(self, shard, offset, key, data):
+        fields = {}
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as t:
+                for m in t:
+                    if not m.isfile():
+                        continue
+                    name = m.name
+                    if not (name.startswith(key) and name[len(key):len(key) + 1] == "."):
+                        continue  # not this sample's member (skipped by the reader too)
+                    fields[name[len(key) + 1:].lower()] = t.extractfile(m).read()
+        except tarfile.TarError as e:
+            raise ValueError(f"{self.uri}{shard} at byte {offset}: sample {key!r}: {e} "
+                             "(corrupt or changed shard)") from None
+        if not fields:
+            raise ValueError(f"{self.uri}{shard} at byte {offset}: sample {key!r} has no "
+                             "members here (the shard changed?)")
+        return fields
+
+    def __getstate__(self):
+        return self.__dict__.copy()  # the index (arrays) and the range reader pickle
