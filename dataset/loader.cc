@@ -9,13 +9,13 @@
 namespace wharf {
 namespace {
 
-std::string SampleContext(uint64_t index, const SampleEntry& entry) {
+std::string SampleContext(uint64_t index, const SampleRef& entry) {
   return absl::StrCat("sample ", index, " (", entry.key, ")");
 }
 
 // Turns the engine's result for sample `index` into a Sample, or an error naming it.
 absl::StatusOr<Sample> ToSample(const SampleIndex& samples, uint64_t index, FetchResult r) {
-  const SampleEntry& entry = samples[index];
+  const SampleRef entry = samples.Ref(index);
   if (!r.data.ok()) return Annotate(r.data.status(), SampleContext(index, entry));
   // The engine reads the extent the index gives; an object that grew or shrank since
   // indexing would otherwise come back silently truncated or short.
@@ -52,7 +52,7 @@ absl::StatusOr<std::vector<Sample>> SampleReader::GetBatch(absl::Span<const uint
   items.reserve(indices.size());
   for (uint64_t i : indices) {
     if (i >= index_->size()) return OutOfRange(i, index_->size());
-    items.push_back((*index_)[i].ToFetchItem());
+    items.push_back(index_->Ref(i).ToFetchItem());
   }
   auto batch = scheduler_->Fetch(std::move(items));
   std::vector<std::optional<absl::StatusOr<Sample>>> slots(indices.size());
@@ -120,7 +120,7 @@ size_t SampleStream::Prefetch() const {
 }
 
 uint64_t SampleStream::SizeAt(uint64_t position) const {
-  return (*index_)[shard_.SampleAt(position)].size.value_or(0);
+  return index_->Ref(shard_.SampleAt(position)).size.value_or(0);
 }
 
 void SampleStream::FillTo(uint64_t required, uint64_t ahead) {
@@ -144,7 +144,7 @@ void SampleStream::FillTo(uint64_t required, uint64_t ahead) {
       break;
     }
     window_bytes_ += size;
-    items.push_back((*index_)[shard_.SampleAt(added_)].ToFetchItem());
+    items.push_back(index_->Ref(shard_.SampleAt(added_)).ToFetchItem());
   }
   if (items.empty()) return;
   batch_->Add(std::move(items));
@@ -169,7 +169,7 @@ absl::StatusOr<Sample> SampleStream::TakeOne() {
     early_.emplace(at, *std::move(r));
   }
   return absl::InternalError(
-      absl::StrCat("fetch batch ended before ", SampleContext(sample, (*index_)[sample])));
+      absl::StrCat("fetch batch ended before ", SampleContext(sample, index_->Ref(sample))));
 }
 
 absl::StatusOr<std::optional<Sample>> SampleStream::Next() {

@@ -242,7 +242,7 @@ TEST_F(LoaderTest, ReaderGetBatchIsOneEngineBatch) {
 
 TEST_F(LoaderTest, ErrorsNameTheSampleAndKey) {
   // An index entry whose object is gone, and one whose object changed size.
-  std::vector<SampleEntry> entries = index_->entries();
+  std::vector<SampleEntry> entries = index_->ToEntries();
   entries.push_back({.key = "ds/missing.bin", .size = 10});
   entries[3].size = *entries[3].size + 1;
   auto index = std::make_shared<const SampleIndex>(std::move(entries));

@@ -290,14 +290,14 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
     if (auto it = saved_etags.find(shard);
         it != saved_etags.end() && !etag.empty() && etag != it->second) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "resuming: ", store_->Uri((*shards_)[shard].key), " changed since the checkpoint (ETag ",
-          it->second, " then, ", etag, " now)"));
+          "resuming: ", store_->Uri(shards_->Ref(shard).key),
+          " changed since the checkpoint (ETag ", it->second, " then, ", etag, " now)"));
     }
     etags_[shard] = etag;
     WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, reader.Next());
     if (!r || r->offset != offset) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "resuming: ", store_->Uri((*shards_)[shard].key), " has no ", options_.format,
+          "resuming: ", store_->Uri(shards_->Ref(shard).key), " has no ", options_.format,
           " record at byte offset ", offset, " (the shard changed since the checkpoint)"));
     }
     r->shard = shard;
@@ -368,7 +368,7 @@ absl::StatusOr<std::unique_ptr<RecordReader>> RecordStream::OpenShard(size_t sha
   o.delimiter = options_.delimiter;
   o.quote = options_.quote;
   o.skip_empty_rows = options_.skip_empty_rows;
-  const SampleEntry& entry = (*shards_)[shard];
+  const SampleEntry entry = (*shards_)[shard];
   RecordObject object{store_, entry.key, std::nullopt};
   if (entry.size.has_value()) {  // from a listing: no HEAD
     object.meta = ObjectMeta{.key = entry.key, .size = *entry.size, .etag = entry.etag};

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,77 +29,20 @@ namespace {
 
 // ---- SampleIndex ----
 
-// Entries of an index as bytes, for pickling: the index travels to spawned DataLoader workers
-// as data (no engine state), so every process sees exactly the parent's index without
-// listing again. Little-endian: count, then per entry key, size (or none) and ETag.
-void PutU64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-void PutString(std::string& out, const std::string& s) {
-  PutU64(out, s.size());
-  out += s;
-}
-
-class Decoder {
- public:
-  explicit Decoder(absl::string_view in) : in_(in) {}
-  bool U64(uint64_t* v) {
-    if (in_.size() < 8) return false;
-    *v = 0;
-    for (int i = 0; i < 8; ++i) *v |= uint64_t{static_cast<unsigned char>(in_[i])} << (8 * i);
-    in_.remove_prefix(8);
-    return true;
+// The index cache directory an `index_cache` argument names: None or True: the default
+// (dataset::DefaultIndexCacheDir: $WHARF_INDEX_CACHE, else ~/.cache/wharf/index); False or
+// "": none (the index is held in memory); a str or os.PathLike: that directory.
+std::string IndexCacheDir(const py::object& index_cache) {
+  if (index_cache.is_none()) return DefaultIndexCacheDir();
+  if (py::isinstance<py::bool_>(index_cache)) {
+    return index_cache.cast<bool>() ? DefaultIndexCacheDir() : std::string();
   }
-  bool String(std::string* s) {
-    uint64_t n;
-    if (!U64(&n) || in_.size() < n) return false;
-    s->assign(in_.data(), n);
-    in_.remove_prefix(n);
-    return true;
+  if (py::isinstance<py::str>(index_cache) || py::hasattr(index_cache, "__fspath__")) {
+    return py::module_::import("os").attr("fspath")(index_cache).cast<std::string>();
   }
-  bool Byte(uint8_t* b) {
-    if (in_.empty()) return false;
-    *b = static_cast<uint8_t>(in_[0]);
-    in_.remove_prefix(1);
-    return true;
-  }
-  bool done() const { return in_.empty(); }
-
- private:
-  absl::string_view in_;
-};
-
-std::string EncodeEntries(const SampleIndex& index) {
-  std::string out;
-  PutU64(out, index.size());
-  for (const SampleEntry& e : index.entries()) {
-    PutString(out, e.key);
-    out.push_back(e.size.has_value() ? 1 : 0);
-    PutU64(out, e.size.value_or(0));
-    PutString(out, e.etag);
-  }
-  return out;
-}
-
-absl::StatusOr<SampleIndex> DecodeEntries(absl::string_view blob) {
-  Decoder d(blob);
-  uint64_t n;
-  if (!d.U64(&n)) return absl::InvalidArgumentError("pickled SampleIndex: truncated");
-  std::vector<SampleEntry> entries;
-  entries.reserve(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    SampleEntry e;
-    uint8_t has_size;
-    uint64_t size;
-    if (!d.String(&e.key) || !d.Byte(&has_size) || !d.U64(&size) || !d.String(&e.etag)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pickled SampleIndex: truncated at entry ", i));
-    }
-    if (has_size) e.size = size;
-    entries.push_back(std::move(e));
-  }
-  if (!d.done()) return absl::InvalidArgumentError("pickled SampleIndex: trailing bytes");
-  return SampleIndex(std::move(entries));
+  PyErr_SetString(PyExc_TypeError,
+                  "index_cache: expected None, a bool, or a directory (str or os.PathLike)");
+  throw py::error_already_set();
 }
 
 // A SampleIndex with the store its keys belong to. Keys shown to Python are relative to the
@@ -114,6 +56,7 @@ class PyIndex {
   static std::shared_ptr<PyIndex> FromPrefix(const std::string& uri,
                                              const std::vector<std::string>& suffixes, int workers,
                                              int page_size, bool keep_directory_markers,
+                                             const py::object& index_cache,
                                              const py::kwargs& store_options) {
     StoreHandle handle(uri, StoreOptionsFromKwargs(store_options));
     auto store = handle.store();
@@ -122,6 +65,7 @@ class PyIndex {
     options.keep_directory_markers = keep_directory_markers;
     options.list.workers = workers;
     options.list.page_size = page_size;
+    options.cache = {.dir = IndexCacheDir(index_cache), .scope = handle.spec().ToJson()};
     SampleIndex index = Check(
         WithoutGil([&] { return SampleIndex::FromListing(*store, handle.prefix(), options); }));
     return std::make_shared<PyIndex>(std::move(handle), std::move(index));
@@ -129,6 +73,7 @@ class PyIndex {
 
   static std::shared_ptr<PyIndex> FromManifest(const std::string& manifest_uri,
                                                const std::string& format,
+                                               const py::object& index_cache,
                                                const py::kwargs& store_options) {
     ManifestOptions options;
     if (format == "auto") {
@@ -148,6 +93,7 @@ class PyIndex {
     parsed.key = parsed.key.substr(0, parsed.key.rfind('/') + 1);  // npos + 1 == 0
     StoreHandle handle(parsed.uri().ToString(), parsed.spec, parsed.key);
     auto store = handle.store();
+    options.cache = {.dir = IndexCacheDir(index_cache), .scope = handle.spec().ToJson()};
     SampleIndex index =
         Check(WithoutGil([&] { return SampleIndex::FromManifest(*store, manifest_key, options); }));
     return std::make_shared<PyIndex>(std::move(handle), std::move(index));
@@ -167,26 +113,62 @@ class PyIndex {
   const std::shared_ptr<const SampleIndex>& index() const { return index_; }
   size_t size() const { return index_->size(); }
 
-  std::string Key(int64_t i) const { return handle_.Relative((*index_)[Position(i)].key); }
+  std::string Key(int64_t i) const {
+    return handle_.Relative(std::string(index_->Ref(Position(i)).key));
+  }
   py::object Size(int64_t i) const {
-    const auto& size = (*index_)[Position(i)].size;
+    const auto size = index_->Ref(Position(i)).size;
     return size ? py::object(py::int_(*size)) : py::object(py::none());
   }
+  // O(N) strings: on request only (nothing on the datasets' paths builds it).
   std::vector<std::string> Keys() const {
     std::vector<std::string> out;
     out.reserve(index_->size());
-    for (const SampleEntry& e : index_->entries()) out.push_back(handle_.Relative(e.key));
+    for (size_t i = 0; i < index_->size(); ++i) {
+      out.push_back(handle_.Relative(std::string(index_->Ref(i).key)));
+    }
     return out;
   }
-  std::string Uri(int64_t i) { return handle_.store()->Uri((*index_)[Position(i)].key); }
+  std::string Uri(int64_t i) { return handle_.store()->Uri(index_->Ref(Position(i)).key); }
 
-  // SampleIndex::Fingerprint(), computed once (O(N): MD5 over every key) without the GIL.
-  // Another thread asking meanwhile waits in call_once without the GIL too.
-  std::string Fingerprint() {
-    return WithoutGil([&] {
-      std::call_once(fingerprint_once_, [&] { fingerprint_ = index_->Fingerprint(); });
-      return fingerprint_;
-    });
+  // SampleIndex::Fingerprint(): recorded when the index was built (O(1)).
+  std::string Fingerprint() const { return index_->Fingerprint(); }
+
+  // Pickled as the store's state and either the index file's path (a process of the same
+  // node maps the same file: nothing of size N travels) or, for an index held in memory,
+  // its bytes in the index file format.
+  py::tuple GetState() {
+    const std::shared_ptr<const SampleIndex> index = index_;
+    if (!index->path().empty()) {
+      return py::make_tuple(handle_.State(), py::str("file"), py::str(index->path()),
+                            py::str(index->Fingerprint()), py::int_(index->size()));
+    }
+    std::string blob = WithoutGil([&] { return index->Serialize(); });
+    return py::make_tuple(handle_.State(), py::str("bytes"), py::bytes(blob));
+  }
+  static std::shared_ptr<PyIndex> SetState(const py::tuple& t) {
+    const std::string kind = t.size() >= 2 ? t[1].cast<std::string>() : std::string();
+    if (kind == "file" && t.size() == 5) {
+      const std::string path = t[2].cast<std::string>();
+      const std::string fingerprint = t[3].cast<std::string>();
+      const uint64_t count = t[4].cast<uint64_t>();
+      SampleIndex index = Check(WithoutGil([&] { return SampleIndex::OpenFile(path); }));
+      if (index.size() != count || index.Fingerprint() != fingerprint) {
+        Raise(absl::FailedPreconditionError(
+            absl::StrCat("pickled SampleIndex: index file ", path,
+                         " changed since it was pickled (", index.size(), " samples, fingerprint ",
+                         index.Fingerprint(), "; expected ", count, ", ", fingerprint, ")")));
+      }
+      return std::make_shared<PyIndex>(StoreHandle::FromState(t[0]), std::move(index));
+    }
+    if (kind == "bytes" && t.size() == 3) {
+      std::string blob = t[2].cast<std::string>();
+      SampleIndex index =
+          Check(WithoutGil([&] { return SampleIndex::FromBytes(std::move(blob)); }));
+      return std::make_shared<PyIndex>(StoreHandle::FromState(t[0]), std::move(index));
+    }
+    Raise(absl::InvalidArgumentError("pickled SampleIndex: bad tuple"));
+    return nullptr;
   }
 
  private:
@@ -203,8 +185,6 @@ class PyIndex {
 
   StoreHandle handle_;
   const std::shared_ptr<const SampleIndex> index_;
-  std::once_flag fingerprint_once_;
-  std::string fingerprint_;
 };
 
 // ---- SampleReader ----
@@ -378,43 +358,48 @@ void RegisterDataset(py::module_& m) {
       m, "SampleIndex",
       "The samples of a dataset (one object each) in a canonical order. Keys are shown "
       "relative to the URI's prefix. Picklable: it pickles as its store spec (no "
-      "credentials) and entries.")
+      "credentials) and its index file's path (or, held in memory, its entries).")
       .def_static("from_prefix", &PyIndex::FromPrefix, py::arg("uri"),
                   py::arg("suffixes") = std::vector<std::string>{}, py::arg("workers") = 16,
                   py::arg("page_size") = 1000, py::arg("keep_directory_markers") = false,
+                  py::arg("index_cache") = py::none(),
                   "Every object below the URI (a string prefix: end it with '/' for a folder), "
                   "listed by `workers` parallel list calls and sorted by key; only keys ending "
-                  "in one of `suffixes` when given. Store options as keyword arguments "
+                  "in one of `suffixes` when given. The listing is written to an index file in "
+                  "`index_cache` (None: $WHARF_INDEX_CACHE or ~/.cache/wharf/index; a "
+                  "directory; False: keep it in memory) and mapped, shared by every process "
+                  "that opens the same listing. Store options as keyword arguments "
                   "(endpoint=, region=, anonymous=, profile=, ...), as for wharf.Store")
       .def_static("from_manifest", &PyIndex::FromManifest, py::arg("uri"),
-                  py::arg("format") = "auto",
+                  py::arg("format") = "auto", py::arg("index_cache") = py::none(),
                   "The samples a manifest object lists (one key per line, or JSON lines with "
-                  "key/size/etag); relative keys resolve against the manifest's folder")
+                  "key/size/etag); relative keys resolve against the manifest's folder. The "
+                  "index file of each manifest version (URI, ETag, size) is built once in "
+                  "`index_cache` (as for from_prefix) and mapped by every process after")
       .def_static("from_keys", &PyIndex::FromKeys, py::arg("uri"), py::arg("keys"),
                   "Keys relative to the URI, in the order given (e.g. a list of shards)")
       .def("__len__", &PyIndex::size)
       .def("key", &PyIndex::Key, py::arg("i"))
       .def("size", &PyIndex::Size, py::arg("i"), "The object's size when known, else None")
       .def("url", &PyIndex::Uri, py::arg("i"), "The full URI of sample i")
-      .def("keys", &PyIndex::Keys)
+      .def("keys", &PyIndex::Keys, "Every key (a list of N strings: built on each call)")
       .def_property_readonly("uri", [](PyIndex& i) { return i.handle().uri(); })
       .def_property_readonly(
           "spec", [](PyIndex& i) { return i.handle().spec().ToJson(); },
           "The store spec (JSON, no credentials) the index's store is opened from")
       .def_property_readonly("fingerprint", &PyIndex::Fingerprint,
                              "A digest of the keys in order (checked when resuming)")
-      .def(py::pickle(
-          [](PyIndex& i) {
-            auto index = i.index();
-            std::string blob = WithoutGil([&] { return EncodeEntries(*index); });
-            return py::make_tuple(i.handle().State(), py::bytes(blob));
+      .def_property_readonly(
+          "path",
+          [](PyIndex& i) -> py::object {
+            const std::string& path = i.index()->path();
+            return path.empty() ? py::object(py::none()) : py::object(py::str(path));
           },
-          [](const py::tuple& t) {
-            if (t.size() != 2) Raise(absl::InvalidArgumentError("pickled SampleIndex: bad tuple"));
-            const std::string blob = t[1].cast<std::string>();
-            SampleIndex index = Check(WithoutGil([&] { return DecodeEntries(blob); }));
-            return std::make_shared<PyIndex>(StoreHandle::FromState(t[0]), std::move(index));
-          }));
+          "The index file this index maps, or None when it is held in memory")
+      .def_property_readonly(
+          "memory_bytes", [](PyIndex& i) { return i.index()->memory_bytes(); },
+          "Bytes of this process's heap the index holds (0 for a mapped index file)")
+      .def(py::pickle([](PyIndex& i) { return i.GetState(); }, &PyIndex::SetState));
 
   py::class_<Sampler>(m, "Sampler",
                       "The global order of each epoch (the same for any world size), its "

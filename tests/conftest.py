@@ -15,6 +15,11 @@ sys.path.insert(0, str(ROOT / "tests" / "tools"))
 # The package of this checkout (its extension is built into python/wharf), whatever .venv's
 # wharf.pth points at.
 sys.path.insert(0, str(ROOT / "python"))
+# Index files of listings and manifests (dataset/index_file.h) go to a folder of this test
+# run, not the user's ~/.cache/wharf/index; subprocesses inherit it.
+if "WHARF_INDEX_CACHE" not in os.environ:
+    import tempfile
+    os.environ["WHARF_INDEX_CACHE"] = tempfile.mkdtemp(prefix="wharf-test-index-")
 
 
 def wharf_bin() -> str:

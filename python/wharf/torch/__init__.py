@@ -167,12 +167,25 @@ def _pop_store_options(kwargs: dict) -> dict:
     return {k: kwargs.pop(k) for k in _STORE_OPTIONS if k in kwargs}
 
 
+def _pop_index_options(kwargs: dict) -> dict:
+    # index_cache=: where the index file of a listing or manifest goes (None: the default
+    # cache, $WHARF_INDEX_CACHE or ~/.cache/wharf/index; False: keep the index in memory).
+    return {"index_cache": kwargs.pop("index_cache")} if "index_cache" in kwargs else {}
+
+
 def _index_for(uri: str, keys=None, suffixes: Sequence[str] = (), list_workers: int = 16,
-               **store):
+               index_cache=None, **store):
+    """The index of a dataset factory. From a listing or a manifest it is an index file,
+    mapped and shared by every process that opens it (it pickles as the file's path), so no
+    per-sample list lives in the dataset or travels to DataLoader workers."""
     if keys is None:
         return _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes), workers=list_workers,
-                                              **store)
+                                              index_cache=index_cache, **store)
     return _wharf.SampleIndex.from_keys(uri, list(keys), **store)
+
+
+def _manifest_index(uri: str, format: str, index_cache=None, **store):
+    return _wharf.SampleIndex.from_manifest(uri, format, index_cache=index_cache, **store)
 
 
 class _GlobalOrder(_Distributed):
@@ -354,9 +367,12 @@ class MapDataset(torch.utils.data.Dataset):
         """Every object below `uri` (end it with '/' for a folder), sorted by key; only keys
         ending in one of `suffixes` when given. Listed once, by `list_workers` parallel list
         calls, in the process that calls this. Store options (endpoint=, region=,
-        anonymous=, profile=) go to the store, as for wharf.Store."""
+        anonymous=, profile=) go to the store, as for wharf.Store. index_cache= (also for
+        from_manifest): the directory of the index file, which every process of the node
+        maps (None: $WHARF_INDEX_CACHE or ~/.cache/wharf/index; False: in memory)."""
         store = _pop_store_options(engine)
-        return cls(_index_for(uri, None, suffixes, list_workers, **store), transform, **engine)
+        return cls(_index_for(uri, None, suffixes, list_workers, **_pop_index_options(engine),
+                              **store), transform, **engine)
 
     @classmethod
     def from_manifest(cls, uri: str, transform: Optional[Callable] = None,
@@ -364,7 +380,8 @@ class MapDataset(torch.utils.data.Dataset):
         """The objects a manifest lists: one key per line, or JSON lines {"key", "size",
         "etag"}; relative keys resolve against the manifest's folder."""
         store = _pop_store_options(engine)
-        return cls(_wharf.SampleIndex.from_manifest(uri, format, **store), transform, **engine)
+        return cls(_manifest_index(uri, format, **_pop_index_options(engine), **store), transform,
+                   **engine)
 
     @classmethod
     def from_keys(cls, uri: str, keys: Iterable[str], transform: Optional[Callable] = None,
@@ -516,13 +533,14 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
                     **kwargs) -> "IterableDataset":
         """Every object below `uri` (listed once, in parallel, sorted by key)."""
         store = _pop_store_options(kwargs)
-        return cls(_index_for(uri, None, suffixes, list_workers, **store), **kwargs)
+        return cls(_index_for(uri, None, suffixes, list_workers, **_pop_index_options(kwargs),
+                              **store), **kwargs)
 
     @classmethod
     def from_manifest(cls, uri: str, format: str = "auto", **kwargs) -> "IterableDataset":
         """The objects a manifest lists (see MapDataset.from_manifest)."""
         store = _pop_store_options(kwargs)
-        return cls(_wharf.SampleIndex.from_manifest(uri, format, **store), **kwargs)
+        return cls(_manifest_index(uri, format, **_pop_index_options(kwargs), **store), **kwargs)
 
     @classmethod
     def from_keys(cls, uri: str, keys: Iterable[str], **kwargs) -> "IterableDataset":
