@@ -1304,6 +1304,9 @@ def main() -> int:
                     help="SERVE: which parts to run (load: the model from RGW at each delay; "
                     "tier: from a tier's files, page cache warm and cold; cache: the "
                     "prediction cache under load)")
+    ap.add_argument("--files-parts", default="parquet,csv,read",
+                    help="FILES: which parts to run (parquet: 3 of 20 columns; csv: pandas in "
+                    "chunks; read: wharf.open's sequential read against wharf fetch)")
     ap.add_argument("--serve-cache-backends", default="memory,dir,redis",
                     help="SERVE: prediction cache backends (memory, dir: a directory in a tier, "
                     "redis: scripts/redis-server)")

@@ -21,7 +21,7 @@ namespace {
 constexpr int kMinReadAhead = 2;
 constexpr int kMaxReadAhead = 16;
 // ReadDirect: parts in flight at least (they land in the caller's memory).
-constexpr int kDirectReadParts = 8;
+constexpr int kDirectReadParts = 16;
 }  // namespace
 
 uint64_t ObjectReaderOptions::EffectiveMaxBufferedBytes() const {

@@ -160,7 +160,7 @@ class ObjectReader {
   // Reads the next dst.size() bytes into dst, as ReadExact(), but a large read skips the
   // chunk buffers: bytes already requested (held or in flight) are copied from their chunks,
   // and the rest, when at least one chunk long, is fetched by ranged GETs of chunk_size bytes
-  // straight into dst, up to max(read_ahead + 1, 8) of them in flight (pinned to the ETag like
+  // straight into dst, up to max(read_ahead + 1, 16) of them in flight (pinned to the ETag like
   // every GET). That costs no copy and no charge to the budget (the memory is the caller's);
   // read-ahead restarts with the next read. OutOfRange if fewer remain. REQUIRES: dst stays
   // valid until it returns (it waits for every GET it started).

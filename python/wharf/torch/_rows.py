@@ -78,7 +78,7 @@ class _Sparse(io.RawIOBase):
                 break
             if off <= at < off + len(data):
                 take = min(n - done, off + len(data) - at)
-                view[done:done + take] = data[at - off:at - off + take]
+                view[done:done + take] = memoryview(data)[at - off:at - off + take]
                 done += take
         if done < n:
             at = self._pos + done
@@ -601,7 +601,7 @@ class _UnitReadAhead:
     one is decoded: up to `depth` units ahead, which bounds the bytes held to that many row
     groups' chosen columns."""
 
-    def __init__(self, ds, units, first, depth=2):
+    def __init__(self, ds, units, first, depth=4):
         import concurrent.futures
         self._ds, self._units, self._next, self._depth = ds, units, first, depth
         self._pool = concurrent.futures.ThreadPoolExecutor(
