@@ -229,3 +229,12 @@ def slow_link(s3_env):
     yield start
     for p in proxies:
         p.stop()
+
+
+@pytest.fixture(params=["file", "s3"])
+def root(request, tmp_path):
+    """A URI prefix on file:// or on a fresh RGW bucket (wharf.open, the converters, rows)."""
+    if request.param == "file":
+        return f"file://{tmp_path}/"
+    request.getfixturevalue("s3_env")
+    return f"s3://{request.getfixturevalue('bucket')}/"
