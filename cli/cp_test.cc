@@ -92,6 +92,22 @@ TEST_F(CpHostileKeysTest, ToLocalRefusesEscapingKeysAndCopiesTheRest) {
   EXPECT_THAT(err, HasSubstr("wharf: download mem://bkt/p/nul\\x00x: refusing key"));
 }
 
+TEST_F(CpHostileKeysTest, ToLocalAKeyEndingInSlashThatHoldsDataFailsByName) {
+  ASSERT_TRUE(store_->Put("q/ok.txt", absl::Cord("fine")).ok());
+  ASSERT_TRUE(store_->Put("q/empty/", absl::Cord("")).ok());
+  ASSERT_TRUE(store_->Put("q/data/", absl::Cord("12345")).ok());
+  CpArgs args{
+      .src = "mem://bkt/q", .dst = root_ + "/dst", .recursive = true, .jobs = 2, .quiet = true};
+  testing::internal::CaptureStderr();
+  absl::Status status = RunCp(args);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(status.message(), HasSubstr("1 of 3 objects failed"));
+  EXPECT_THAT(LocalFiles(), UnorderedElementsAre("dst/ok.txt"));  // the empty marker: skipped
+  EXPECT_THAT(err, HasSubstr("wharf: download mem://bkt/q/data/: a key ending in '/' that "
+                             "holds 5 bytes cannot be a file"));
+}
+
 TEST_F(CpHostileKeysTest, WithinAStoreUsesServerSideCopyAndKeepsMarkers) {
   CpArgs args{.src = "mem://bkt/p/", .dst = "mem://bkt/q", .recursive = true, .quiet = true};
   testing::internal::CaptureStderr();

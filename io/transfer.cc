@@ -558,13 +558,23 @@ class Engine {
 
   // The destination key for a listed source key, or nullopt (with the failure reported)
   // for keys that must not be copied.
-  std::optional<std::string> Destination(const std::string& key, absl::string_view* rel_out) {
+  std::optional<std::string> Destination(const ObjectMeta& meta, absl::string_view* rel_out) {
+    const std::string& key = meta.key;
     absl::string_view rel = key;
     const bool inside = absl::ConsumePrefix(&rel, src_prefix_);
     // A directory marker ("dir/", an empty object some tools create for folders) carries
     // no data: copy it where the destination can hold such keys, skip it otherwise. The
     // source prefix's own marker (rel == "") has no place below the destination at all.
+    // A key ending in '/' that holds data is not a marker: where it cannot be a file, it is
+    // a failure naming it, never dropped silently.
     const bool marker = absl::EndsWith(rel, "/");
+    if (inside && marker && !dst_keeps_markers_ && meta.size > 0) {
+      outcome_.Fail(absl::FailedPreconditionError(
+          absl::StrCat(op_, " ", src_.store->Uri(key), ": a key ending in '/' that holds ",
+                       meta.size, " bytes cannot be a file under ", dst_.store->Uri(dst_prefix_),
+                       " (copy it to an object store, or rename it)")));
+      return std::nullopt;
+    }
     if (inside && (rel.empty() || (marker && !dst_keeps_markers_))) return std::nullopt;
     absl::string_view checked = marker ? rel.substr(0, rel.size() - 1) : rel;
     if (!inside || !IsSafeRelativeKey(checked)) {
@@ -594,7 +604,7 @@ class Engine {
       absl::string_view rel = meta.key;
       if (absl::ConsumePrefix(&rel, src_prefix_) && !InShard(rel)) return false;
       ++listed_;
-      dst_key = Destination(meta.key, &rel);
+      dst_key = Destination(meta, &rel);
       if (!dst_key) return false;
       DstEntry* have = nullptr;
       if (auto it = existing_.find(HashKey(rel)); it != existing_.end()) {
