@@ -169,3 +169,19 @@ def test_csv_and_jsonl_as_pandas_writes_them(root):
         pd.testing.assert_frame_equal(got, df, check_dtype=False)
     ds = IterableDataset.from_files(root + "t.csv", columns=["text"], shuffle=False)
     assert _rows(ds, "text") == df["text"].tolist()
+
+
+def test_gzip_csv_and_jsonl_stream_inflated(root):
+    import gzip
+    df = _frame(3_000, columns=2)
+    store = wharf.Store(root)
+    store.put("z/t.csv.gz", gzip.compress(df.to_csv(index=False).encode()))
+    store.put("z/t.jsonl.gz", gzip.compress(df.to_json(orient="records", lines=True).encode()))
+    for key in ("z/t.csv.gz", "z/t.jsonl.gz"):
+        ds = IterableDataset.from_files(root + key, batch_rows=1_000, shuffle=False)
+        ds._text_block = 4_096
+        got = pa.Table.from_batches(list(ds)).to_pandas()
+        pd.testing.assert_frame_equal(got, df, check_dtype=False)
+    store.put("z/bad.csv.gz", gzip.compress(b"a,b\n1,2\n" * 1000)[:-20])  # truncated
+    with pytest.raises(ValueError, match="bad.csv.gz: corrupt or truncated gzip"):
+        list(IterableDataset.from_files(root + "z/bad.csv.gz"))

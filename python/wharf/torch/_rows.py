@@ -21,9 +21,11 @@ that were not yet yielded (same boundaries). As for RecordDataset, positions liv
 rows are read: with num_workers=0 call state_dict() on the dataset, with DataLoader workers
 use torchdata's StatefulDataLoader.
 """
+import gzip
 import io
 import json
 import os
+import zlib
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -32,7 +34,8 @@ from wharf import _profile, _wharf
 from wharf._file import open as _open_object
 
 FORMATS = {"parquet": (".parquet", ".parq"), "avro": (".avro",),
-           "csv": (".csv",), "jsonl": (".jsonl", ".json", ".ndjson")}
+           "csv": (".csv", ".csv.gz"),
+           "jsonl": (".jsonl", ".json", ".ndjson", ".jsonl.gz", ".json.gz", ".ndjson.gz")}
 _AVRO_MAGIC = b"Obj\x01"
 _SYNC = 16
 
@@ -541,9 +544,14 @@ class RowDataset(torch.utils.data.IterableDataset):
             import pyarrow.json as pjson
             quote = None
         schema, names, carry, quotes = None, None, b"", 0
-        with _open_object(uri, **self._store_options) as f:
+        with _open_object(uri, **self._store_options) as raw:
+            # A gzip file (.csv.gz, .jsonl.gz) is inflated as it streams (zlib, bounded memory).
+            f = gzip.GzipFile(fileobj=raw, mode="rb") if uri.endswith(".gz") else raw
             while True:
-                block = f.read(self._text_block)
+                try:
+                    block = f.read(self._text_block)
+                except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+                    raise ValueError(f"{uri}: corrupt or truncated gzip data ({e})") from None
                 data = carry + block
                 if not data:
                     return
