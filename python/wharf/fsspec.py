@@ -647,15 +647,58 @@ class WharfGCSFileSystem(WharfFileSystem):
     _scheme = "gs"
 
 
+_INSTALLED = ("s3", "s3a", "gs", "gcs")
+
+
 def install():
     """Registers wharf as fsspec's implementation of s3://, gs:// and gcs:// (replacing s3fs
     and gcsfs for this process), so pandas, pyarrow datasets through fsspec, and anything
     else that opens URLs with fsspec read and write through wharf. Instances made before
-    stay as they are."""
+    stay as they are.
+
+    pandas' read_parquet / to_parquet given such a URL and no storage_options or filesystem
+    would first try pyarrow's own S3/GCS client, which never asks fsspec; install() also
+    wraps those two (when pandas is installed) to pass storage_options={} in that one case,
+    which makes pandas take fsspec's filesystem, i.e. wharf. Everything else pandas does is
+    unchanged."""
     fsspec.register_implementation("s3", WharfS3FileSystem, clobber=True)
     fsspec.register_implementation("s3a", WharfS3FileSystem, clobber=True)
     fsspec.register_implementation("gs", WharfGCSFileSystem, clobber=True)
     fsspec.register_implementation("gcs", WharfGCSFileSystem, clobber=True)
+    _route_pandas_parquet()
+
+
+def _through_fsspec(path, kwargs) -> bool:
+    return (isinstance(path, str) and path.split("://", 1)[0] in _INSTALLED and "://" in path
+            and kwargs.get("storage_options") is None and kwargs.get("filesystem") is None)
+
+
+def _route_pandas_parquet():
+    import importlib.util
+    if importlib.util.find_spec("pandas") is None:
+        return
+    import functools
+
+    import pandas
+    if getattr(pandas.read_parquet, "_wharf", False):
+        return  # installed already
+    read, write = pandas.read_parquet, pandas.DataFrame.to_parquet
+
+    @functools.wraps(read)
+    def read_parquet(path, *args, **kwargs):
+        if _through_fsspec(path, kwargs):
+            kwargs["storage_options"] = {}
+        return read(path, *args, **kwargs)
+
+    @functools.wraps(write)
+    def to_parquet(self, path=None, *args, **kwargs):
+        if _through_fsspec(path, kwargs):
+            kwargs["storage_options"] = {}
+        return write(self, path, *args, **kwargs)
+
+    read_parquet._wharf = to_parquet._wharf = True
+    pandas.read_parquet = read_parquet
+    pandas.DataFrame.to_parquet = to_parquet
 
 
 # The development tree has no entry point (an installed wheel registers "wharf" through

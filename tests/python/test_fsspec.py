@@ -519,10 +519,13 @@ def test_entry_point_in_pyproject_reaches_the_class(tmp_path):
 @pytest.fixture
 def installed():
     """wharf.fsspec.install() for one test; fsspec's registry restored afterwards."""
+    import pandas
     from fsspec.registry import _registry
     saved = {p: _registry.get(p) for p in ("s3", "s3a", "gs", "gcs")}
+    read, write = pandas.read_parquet, pandas.DataFrame.to_parquet
     wharf.fsspec.install()
     yield
+    pandas.read_parquet, pandas.DataFrame.to_parquet = read, write
     for p, cls in saved.items():
         if cls is None:
             _registry.pop(p, None)
@@ -531,10 +534,10 @@ def installed():
 
 
 def test_install_pandas_and_pyarrow_read_through_wharf(aws, bucket, installed):
-    """After install(), pandas reaches s3:// through wharf wherever it asks fsspec: read_csv
-    and to_csv always; read_parquet / to_parquet when storage_options are given (without
-    them pandas tries pyarrow's own S3 client first, which does not read fsspec's registry:
-    docs/design/fsspec.md). pyarrow datasets over the fsspec filesystem list and read
+    """After install(), pandas reaches s3:// through wharf: read_csv and to_csv through
+    fsspec's registry, read_parquet / to_parquet also without storage_options (install()
+    routes them to fsspec instead of pyarrow's own S3 client: docs/design/fsspec.md).
+    pyarrow datasets over the fsspec filesystem list and read
     through wharf with s3fs's path form ("bucket/key")."""
     import pandas
     import pyarrow as pa
@@ -553,6 +556,11 @@ def test_install_pandas_and_pyarrow_read_through_wharf(aws, bucket, installed):
     back = pandas.read_parquet(url, columns=["i", "s"], storage_options={})
     assert requests("get") > gets
     assert back.equals(df[["i", "s"]])
+    # without storage_options too: install() routes pandas' parquet calls to fsspec
+    puts, gets = requests("put"), requests("get")
+    df.to_parquet(f"s3://{bucket}/tables/u.parquet")
+    assert pandas.read_parquet(f"s3://{bucket}/tables/u.parquet").equals(df)
+    assert requests("put") > puts and requests("get") > gets
     puts, gets = requests("put"), requests("get")
     df.to_csv(f"s3://{bucket}/tables/t.csv", index=False)
     assert pandas.read_csv(f"s3://{bucket}/tables/t.csv").equals(df)
@@ -608,7 +616,7 @@ def test_install_without_s3fs_and_gcsfs(s3_env, bucket, s3_client, tmp_path):
             return sum(v for k, v in wharf.metrics()["counters"].items()
                        if k.startswith('wharf_store_requests_total{{scheme="s3",op="get"'))
         before = gets()
-        pq = pandas.read_parquet("s3://{bucket}/t.parquet", storage_options={{}})
+        pq = pandas.read_parquet("s3://{bucket}/t.parquet")  # no options: through wharf too
         csv = pandas.read_csv("s3://{bucket}/t.csv")
         assert gets() >= before + 2, (before, gets())
         assert pq.equals(csv), (pq, csv)
