@@ -10,6 +10,7 @@ DTensors and into Shard(1) DTensors (resharding: boxes that are not contiguous i
 chunks), and writes what it found to OUT_JSON (the test asserts it).
 """
 import json
+import os
 import sys
 import warnings
 
@@ -82,3 +83,9 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # The results are written; leave without the interpreter's shutdown. Under load, a torch
+    # distributed thread still winding down after destroy_process_group() was seen to abort
+    # the exit ("terminate called without an active exception", 1 CI run in several), which
+    # says nothing about the checkpoint this test checks.
+    sys.stdout.flush()
+    os._exit(0)
