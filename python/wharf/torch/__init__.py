@@ -678,7 +678,20 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
                     yield transform(s)
 
 
-class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
+class _ShardEpochs:
+    """The epoch of a dataset whose readers keep their own positions (record shards, row
+    files): changing it drops a saved position and the live one."""
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        if int(epoch) != self._epoch:
+            self._epoch, self._resume, self._live = int(epoch), None, None
+
+
+class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
     """Records of shards: format "tar" (a Sample per WebDataset sample: `.key` the sample key,
     `.data` a dict extension -> Buffer), "tfrecord" (a Sample per record), "csv" or "jsonl" (a
     Sample per row; `.data` the row without its line end; parse with wharf.split_csv or json.loads);
@@ -774,14 +787,6 @@ class RecordDataset(_Distributed, torch.utils.data.IterableDataset):
     @property
     def shards(self) -> list[str]:
         return self._index.keys()
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        if int(epoch) != self._epoch:
-            self._epoch, self._resume, self._live = int(epoch), None, None
 
     def _identity(self) -> dict:
         return {"format": self.format, "shards": len(self._index), "seed": self.seed,

@@ -32,6 +32,7 @@ import torch
 
 from wharf import _profile, _wharf
 from wharf._file import open as _open_object
+from wharf.torch import _ShardEpochs
 
 FORMATS = {"parquet": (".parquet", ".parq"), "avro": (".avro",),
            "csv": (".csv", ".csv.gz"),
@@ -285,7 +286,7 @@ def _arrow_type(schema):
 
 
 # ---------------------------------------------------------------------------------------------
-class RowDataset(torch.utils.data.IterableDataset):
+class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
     """pyarrow.RecordBatch row batches of Parquet, Avro, CSV or JSON-lines files; made by
     wharf.torch.IterableDataset.from_files (see there and the module docstring)."""
 
@@ -349,6 +350,7 @@ class RowDataset(torch.utils.data.IterableDataset):
         self._text_block = 4 << 20  # CSV / JSON lines: bytes parsed at once
         self._units = self._make_units()
         self._epoch = 0
+        self._order = _wharf.current_order  # the unit order's version, part of a state
         self._resume = None      # a share state to continue at the next __iter__
         self._live = None        # (pid, the position dict the current __iter__ updates)
 
@@ -376,20 +378,12 @@ class RowDataset(torch.utils.data.IterableDataset):
                                                       etag)
         return pf
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        if int(epoch) != self._epoch:
-            self._epoch, self._resume, self._live = int(epoch), None, None
-
     def _share(self, worker, num_workers):
         """This (rank, worker)'s units of the epoch, in order."""
         from wharf.torch import distributed_info
         rank, world = distributed_info(self._rank_arg, self._world_arg)
-        order = _wharf.Sampler(len(self._units), seed=self.seed,
-                               shuffle=self.shuffle).permutation(self._epoch)
+        order = _wharf.Sampler(len(self._units), seed=self.seed, shuffle=self.shuffle,
+                               order=self._order).permutation(self._epoch)
         mine = order[rank::world][worker::num_workers]
         return [self._units[u] for u in mine], (rank, world)
 
@@ -397,7 +391,7 @@ class RowDataset(torch.utils.data.IterableDataset):
     def _identity(self) -> dict:
         return {"format": self.format, "files": [[k, e] for k, _, e in self.files],
                 "units": len(self._units), "seed": self.seed, "shuffle": self.shuffle,
-                "batch_rows": self.batch_rows, "columns": self.columns}
+                "batch_rows": self.batch_rows, "columns": self.columns, "order": self._order}
 
     def state_dict(self) -> dict:
         """{identity..., "epoch", "share"}: "share" is where the share read in this process
@@ -655,7 +649,7 @@ def _csv_names(pcsv, rows, read_kw, parse):
     if skip:  # the header comes after the skipped rows: parse through it
         head = rows
     kw = {k: v for k, v in read_kw.items() if k != "skip_rows_after_names"}
-    pa = __import__("pyarrow")
+    pa = _pa()
     return pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, head)),
                          read_options=pcsv.ReadOptions(**kw), parse_options=parse).schema.names
 
