@@ -16,11 +16,20 @@ MemoryBudget::MemoryBudget(uint64_t limit) : limit_(limit) {}
 MemoryBudget::~MemoryBudget() {
   // Every block holds a reference to the budget, so none is alive here; only the pool is.
   absl::MutexLock lock(&mu_);
-  for (auto& [size, p] : pool_) munmap(p, size);
+  for (auto& [size, p] : pool_) Free(p, size);
+}
+
+// A pooled block is a mapping from kLargeBlock bytes on, else a heap array (by its size).
+void MemoryBudget::Free(char* p, uint64_t size) {
+  if (size >= kLargeBlock) {
+    munmap(p, size);
+  } else {
+    delete[] p;
+  }
 }
 
 void MemoryBudget::Unmap(const std::vector<Mapping>& mappings) {
-  for (const auto& [size, p] : mappings) munmap(p, size);
+  for (const auto& [size, p] : mappings) Free(p, size);
 }
 
 void MemoryBudget::set_limit(uint64_t limit) {
@@ -91,7 +100,7 @@ Block MemoryBudget::TryAllocate(const std::shared_ptr<Account>& account, uint64_
       return (own == 0 || own + n <= cap) && (held_ == 0 || held_ + n <= limit_);
     };
     if (!fits(bytes)) return Block();
-    if (bytes >= kLargeBlock) {
+    if (bytes >= kPooledBlock) {
       auto it = pool_.lower_bound(bytes);
       if (it != pool_.end() && it->first <= bytes + bytes / 4 && fits(it->first)) {
         taken = it->second;
@@ -123,12 +132,12 @@ Block MemoryBudget::TryAllocate(const std::shared_ptr<Account>& account, uint64_
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (m != MAP_FAILED) taken = static_cast<char*>(m);
   }
+  if (taken == nullptr && bytes >= kPooledBlock && bytes < kLargeBlock) taken = new char[bytes];
   if (taken != nullptr) {
-    return Block(std::shared_ptr<char>(taken,
-                                       [self, account, charge](char* p) {
-                                         self->ReleaseLarge(account.get(), p, charge);
-                                       }),
-                 bytes);
+    return Block(
+        std::shared_ptr<char>(
+            taken, [self, account, charge](char* p) { self->Recycle(account.get(), p, charge); }),
+        bytes);
   }
   return Block(std::shared_ptr<char>(new char[bytes],
                                      [self, account, charge](char* p) {
@@ -147,7 +156,7 @@ void MemoryBudget::Release(Account* account, uint64_t charge) {
   NotifyListeners();
 }
 
-void MemoryBudget::ReleaseLarge(Account* account, char* p, uint64_t size) {
+void MemoryBudget::Recycle(Account* account, char* p, uint64_t size) {
   bool pooled = false;
   {
     absl::MutexLock lock(&mu_);
@@ -159,7 +168,7 @@ void MemoryBudget::ReleaseLarge(Account* account, char* p, uint64_t size) {
       pooled = true;
     }
   }
-  if (!pooled) munmap(p, size);
+  if (!pooled) Free(p, size);
   NotifyListeners();
 }
 

@@ -282,7 +282,7 @@ def part_a(rb, a, sc, ctx_for, server, proxy, avail, results) -> str:
         d = disk_rate(a._scratch)
         d["round"] = rnd
         disk.append(d)
-        rb.log(f"  disk (dd 1 GiB conv=fsync): " + (f"{d['mb_per_s']:,.0f} MB/s" if
+        rb.log("  disk (dd 1 GiB conv=fsync): " + (f"{d['mb_per_s']:,.0f} MB/s" if
                                                      "mb_per_s" in d else d["error"]))
         k = rnd % max(1, len(clients))
         for c in clients[k:] + clients[:k]:
@@ -389,9 +389,8 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
                            f"misses {st['misses']}")
                     shutil.rmtree(t / ".wharf" / "stats", ignore_errors=True)
             finally:
-                shutil.rmtree(t, ignore_errors=True)
-                shutil.rmtree(tp, ignore_errors=True)
-                shutil.rmtree(tf, ignore_errors=True)
+                for d in (t, tp, tf):
+                    rb.TRASH.discard(d)
                 syncfs(a._scratch)
         if "c" in parts:
             t = Path(tempfile.mkdtemp(prefix="wharf-bench-tier-c-", dir=a._scratch))
@@ -408,7 +407,7 @@ def part_bc(rb, a, sc, ctx_for, server, proxy, avail, results, parts: set[str]) 
                        f"({st['fill_bytes'] / total:.3f}x the set), hits {st['hits']}, "
                        f"misses {st['misses']}")
             finally:
-                shutil.rmtree(t, ignore_errors=True)
+                rb.TRASH.discard(t)
                 syncfs(a._scratch)
     out = []
     if per:

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <utility>
@@ -65,14 +66,22 @@ class FileSink : public ReadSink {
 // written once, as the blocks they become (their names wait for the object's ETag).
 class SpillSink : public ReadSink {
  public:
+  // `keep`: bytes kept in memory as well (while the object is no bigger), so the read that
+  // fills a small object is answered from them instead of reading the new file back.
   SpillSink(TempObject* whole, std::string temp_dir, std::string placeholder, uint64_t block,
-            uint64_t threshold)
+            uint64_t threshold, uint64_t keep)
       : whole_(whole),
         temp_dir_(std::move(temp_dir)),
         placeholder_(std::move(placeholder)),
         block_(block),
-        spill_at_((threshold / block + 1) * block) {}
+        spill_at_((threshold / block + 1) * block),
+        keep_(keep) {}
   absl::Status Append(absl::string_view chunk) override {
+    if (bytes_ + chunk.size() <= keep_) {
+      kept_.Append(chunk);
+    } else if (!kept_.empty()) {
+      kept_.Clear();
+    }
     while (!chunk.empty()) {
       size_t n;
       if (bytes_ < spill_at_) {
@@ -95,6 +104,8 @@ class SpillSink : public ReadSink {
   }
   uint64_t bytes() const { return bytes_; }
   uint64_t spill_at() const { return spill_at_; }
+  // All the bytes received, when they were few enough to keep (else null).
+  const absl::Cord* kept() const { return kept_.size() == bytes_ ? &kept_ : nullptr; }
   // The blocks from spill_at() / block on, in order.
   std::vector<std::unique_ptr<TempObject>>& spilled() { return spilled_; }
 
@@ -104,9 +115,14 @@ class SpillSink : public ReadSink {
   const std::string placeholder_;
   const uint64_t block_;
   const uint64_t spill_at_;
+  const uint64_t keep_;
   uint64_t bytes_ = 0;
+  absl::Cord kept_;
   std::vector<std::unique_ptr<TempObject>> spilled_;
 };
+
+// Objects up to this size are kept in memory while they are filled (SpillSink's `keep`).
+constexpr uint64_t kKeepFilled = 1 << 20;
 
 // Forwards to a writer of the backing store; on Close, forgets the tier's copy.
 class ForgettingWriter : public ObjectWriter {
@@ -153,6 +169,22 @@ absl::Status CopyOut(int fd, uint64_t file_offset, uint64_t n, const GetRequest&
     }
     off += got;
   }
+  return absl::OkStatus();
+}
+
+// Copies bytes [begin, begin + n) of `data` to the request's destination, as CopyOut does.
+absl::Status CopyOutCord(const absl::Cord& data, uint64_t begin, uint64_t n,
+                         const GetRequest& req) {
+  const absl::Cord part = data.Subcord(begin, n);
+  if (req.sink == nullptr) {
+    char* dst = req.buffer.data();
+    for (absl::string_view chunk : part.Chunks()) {
+      memcpy(dst, chunk.data(), chunk.size());
+      dst += chunk.size();
+    }
+    return absl::OkStatus();
+  }
+  for (absl::string_view chunk : part.Chunks()) WHARF_RETURN_IF_ERROR(req.sink->Append(chunk));
   return absl::OkStatus();
 }
 
@@ -818,7 +850,7 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   read->temp = *std::move(temp);
   read->sink = std::make_unique<SpillSink>(
       read->temp.get(), *temp_dir, absl::StrCat(read->fill_path, kTierBlocksSuffix, "/spilled-"),
-      tier_->config().block_size, tier_->config().block_threshold);
+      tier_->config().block_size, tier_->config().block_threshold, kKeepFilled);
   GetRequest whole;
   whole.key = key;
   whole.sink = read->sink.get();
@@ -878,18 +910,26 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
                      ": an object above the tier's block threshold without an "
                      "ETag cannot be cached")));
   }
+  TierEntry entry;
+  absl::Time mtime;
   auto sealed = read.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
-    TierEntry entry;
     entry.source = uri;
     entry.etag = got->meta.etag;
     entry.size = m.size;
     entry.crc32c = read.temp->checksum();
     entry.filled = absl::Now();
+    struct stat st;
+    mtime = fstat(fd, &st) == 0 ? absl::TimeFromTimespec(st.st_mtim) : entry.filled;
     return WriteEntryAttr(fd, entry);
   });
-  // A reader's shared lock on the new entry from before it is published until this read is
-  // served: no eviction pass (this process's below, or another's) can take it meanwhile.
-  const int held = sealed.ok() ? open(read.temp->path().c_str(), O_RDONLY | O_CLOEXEC) : -1;
+  // A small object's bytes are still in memory: the read is answered from them (the file
+  // holds the same bytes, checked by size), with the attributes a read of the entry gives.
+  // Otherwise the read is served from the new entry, under a reader's shared lock taken
+  // before it is published: no eviction pass (this process's below, or another's) can take
+  // it meanwhile.
+  const absl::Cord* kept = read.sink->kept();
+  const int held =
+      sealed.ok() && kept == nullptr ? open(read.temp->path().c_str(), O_RDONLY | O_CLOEXEC) : -1;
   if (held >= 0) flock(held, LOCK_SH);
   absl::Status published = sealed.ok() ? read.temp->Publish() : sealed.status();
   if (!published.ok()) {
@@ -901,12 +941,45 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   fill_bytes_.fetch_add(got->meta.size, std::memory_order_relaxed);
   MaybeEvict(got->meta.size);
   read.Unlock();
+  if (kept != nullptr) return ServeFilled(read, entry, mtime, *kept);
   const bool served = ServeLocal(read, /*after_fill=*/true);
   if (held >= 0) close(held);
   if (!served) {
     read.Finish(absl::UnavailableError(
         absl::StrCat("get ", uri, ": the tier's copy vanished right after it was filled")));
   }
+}
+
+void TierStore::ServeFilled(PendingRead& read, const TierEntry& entry, absl::Time mtime,
+                            const absl::Cord& data) {
+  const GetRequest& req = read.request;
+  const std::string op = absl::StrCat("get ", inner_->Uri(req.key));
+  const std::string etag = EntryEtag(entry);
+  if (!req.if_match.empty() && req.if_match != etag) {
+    return read.Finish(absl::FailedPreconditionError(
+        absl::StrCat(op, ": object changed (etag ", etag, ", expected ", req.if_match, ")")));
+  }
+  GetResult result;
+  result.meta.key = req.key;
+  result.meta.size = entry.size;
+  result.meta.etag = etag;
+  result.meta.mtime = mtime;
+  if (!req.if_none_match.empty() && req.if_none_match == etag) {
+    result.not_modified = true;
+    return read.Finish(std::move(result));
+  }
+  auto range = req.range.Resolve(entry.size);
+  if (!range.ok()) return read.Finish(Annotate(range.status(), op));
+  const auto [begin, end] = *range;
+  result.offset = begin;
+  result.bytes = end - begin;
+  if (req.sink == nullptr && req.buffer.size() < end - begin) {
+    return read.Finish(absl::OutOfRangeError(absl::StrCat(
+        op, ": the buffer holds ", req.buffer.size(), " bytes, the range ", end - begin)));
+  }
+  absl::Status status = CopyOutCord(data, begin, end - begin, req);
+  if (!status.ok()) return read.Finish(std::move(status));
+  read.Finish(std::move(result));
 }
 
 void TierStore::MaybeEvict(uint64_t filled) {

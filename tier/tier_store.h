@@ -143,6 +143,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   void Fill(std::shared_ptr<PendingRead> read);
   // Seals and publishes a filled object, then serves the read from it.
   void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
+  // Answers a read that just filled `entry` from the bytes it kept in memory.
+  void ServeFilled(PendingRead& read, const TierEntry& entry, absl::Time mtime,
+                   const absl::Cord& data);
   void Forget(const std::string& key);
   // The listing of the complete, fresh import whose source covers `prefix`, or null when
   // the bucket must answer. Walks the tree the first time (blocking I/O).
