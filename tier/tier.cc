@@ -686,6 +686,16 @@ absl::Status Tier::RecordUsage(uint64_t bytes) const {
   return WriteSmallFile(MetaPath("usage.json"), j.dump() + "\n", "", /*sync=*/false);
 }
 
+namespace {
+std::string ImportBase(const TierImport& import) {
+  return Md5Hex(absl::StrCat(import.source, "\n", import.dir)).substr(0, 20);
+}
+}  // namespace
+
+std::string Tier::ImportListingPath(const TierImport& import) const {
+  return MetaPath(absl::StrCat(kImportsDir, "/", ImportBase(import), ".listing"));
+}
+
 absl::Status Tier::RecordImport(const TierImport& import) {
   json j;
   j["source"] = import.source;
@@ -703,7 +713,7 @@ absl::Status Tier::RecordImport(const TierImport& import) {
   WHARF_RETURN_IF_ERROR(MakeDirs(dir));
   WHARF_ASSIGN_OR_RETURN(std::string temp_dir, TempDir());
   // <hash of source and dir>.json for an unsharded run, <hash>-<rank>of<W>.json for a rank's.
-  const std::string base = Md5Hex(absl::StrCat(import.source, "\n", import.dir)).substr(0, 20);
+  const std::string base = ImportBase(import);
   const std::string name =
       sharded ? absl::StrCat(base, "-", import.rank, "of", import.world_size) : base;
   WHARF_RETURN_IF_ERROR(

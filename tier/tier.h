@@ -187,6 +187,9 @@ class Tier : public std::enable_shared_from_this<Tier> {
   // an unsharded record replaces the sharded ones and the other way round.
   absl::Status RecordImport(const TierImport& import);
   absl::StatusOr<std::vector<TierImport>> Imports() const;
+  // Where the listing of a complete import is kept once a reader has walked its tree
+  // (TierStore): beside the import's records, named as they are.
+  std::string ImportListingPath(const TierImport& import) const;
 
  private:
   Tier(std::string root, TierConfig config);

@@ -19,13 +19,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "base/file_io.h"
 #include "base/hash.h"
 #include "base/status.h"
+#include "nlohmann/json.hpp"
 #include "store/local/temp_object.h"
 #include "tier/evict.h"
 #include "tier/tree_store.h"
 
 namespace wharf {
+using json = nlohmann::json;
 namespace {
 
 constexpr int kLockStripes = 1024;
@@ -480,6 +483,98 @@ ListPage ListSorted(const std::vector<ObjectMeta>& objects, const ListOptions& o
 
 }  // namespace
 
+// The listing of a complete import, kept once a reader has walked the tree and found every
+// object (imports/<name>.listing): later processes (each epoch's, each rank's and worker's)
+// read one file instead of a stat and an attribute of every file. A header (JSON, one line)
+// names the import's run (source, directory, completion time, objects); a record per object
+// follows: key length (u32), the key relative to the source, size (u64), ETag length (u16),
+// the ETag, mtime in ns (i64), little-endian. A listing of another run of the import (a
+// rerun records a new completion time) or one that does not parse is ignored and rewritten.
+// What it lists is the source's listing when the import completed, which is what the walk
+// answers for too; an object evicted from the tree since is read through, from the bucket.
+namespace {
+constexpr absl::string_view kListingVersion = "wharf-import-listing-1";
+
+json ListingHeader(const TierImport& import) {
+  json j;
+  j["format"] = kListingVersion;
+  j["source"] = import.source;
+  j["dir"] = import.dir;
+  j["completed_us"] = absl::ToUnixMicros(import.completed);
+  j["objects"] = import.objects;
+  return j;
+}
+
+template <typename T>
+void PutInt(std::string& out, T v) {
+  char b[sizeof(T)];
+  for (size_t i = 0; i < sizeof(T); ++i)
+    b[i] = static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+  out.append(b, sizeof(T));
+}
+
+template <typename T>
+bool GetInt(absl::string_view& in, T* v) {
+  if (in.size() < sizeof(T)) return false;
+  uint64_t x = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) x |= uint64_t{static_cast<uint8_t>(in[i])} << (8 * i);
+  *v = static_cast<T>(x);
+  in.remove_prefix(sizeof(T));
+  return true;
+}
+}  // namespace
+
+std::shared_ptr<const TierStore::TreeListing> TierStore::ReadKeptListing(
+    const Tier& tier, const TierImport& import, const std::string& key_prefix) {
+  std::string data;
+  if (!ReadFile(tier.ImportListingPath(import), &data)) return nullptr;
+  absl::string_view in = data;
+  const size_t eol = in.find('\n');
+  if (eol == absl::string_view::npos) return nullptr;
+  const json header = json::parse(in.substr(0, eol), nullptr, /*allow_exceptions=*/false);
+  if (header != ListingHeader(import)) return nullptr;
+  in.remove_prefix(eol + 1);
+  auto listing = std::make_shared<TreeListing>();
+  listing->objects.reserve(import.objects);
+  while (!in.empty()) {
+    uint32_t key_len;
+    uint16_t etag_len;
+    int64_t mtime_ns;
+    ObjectMeta meta;
+    if (!GetInt(in, &key_len) || in.size() < key_len) return nullptr;
+    meta.key = absl::StrCat(key_prefix, in.substr(0, key_len));
+    in.remove_prefix(key_len);
+    if (!GetInt(in, &meta.size) || !GetInt(in, &etag_len) || in.size() < etag_len) return nullptr;
+    meta.etag = std::string(in.substr(0, etag_len));
+    in.remove_prefix(etag_len);
+    if (!GetInt(in, &mtime_ns)) return nullptr;
+    meta.mtime = absl::FromUnixNanos(mtime_ns);
+    listing->objects.push_back(std::move(meta));
+  }
+  if (listing->objects.size() != import.objects) return nullptr;
+  return listing;
+}
+
+void TierStore::KeepListing(Tier& tier, const TierImport& import, const std::string& key_prefix,
+                            const std::vector<ObjectMeta>& objects) {
+  std::string out = ListingHeader(import).dump() + "\n";
+  for (const ObjectMeta& meta : objects) {
+    const absl::string_view rel = absl::string_view(meta.key).substr(key_prefix.size());
+    PutInt<uint32_t>(out, static_cast<uint32_t>(rel.size()));
+    out.append(rel.data(), rel.size());
+    PutInt<uint64_t>(out, meta.size);
+    PutInt<uint16_t>(out, static_cast<uint16_t>(meta.etag.size()));
+    out.append(meta.etag);
+    PutInt<int64_t>(out, absl::ToUnixNanos(meta.mtime));
+  }
+  // Best effort: without it the next reader walks the tree again.
+  auto temp_dir = tier.TempDir();
+  if (!temp_dir.ok()) return;
+  auto temp = TempObject::Create(tier.ImportListingPath(import), *temp_dir);
+  if (!temp.ok() || !(*temp)->Append(out).ok()) return;
+  (void)(*temp)->Commit(std::nullopt, /*fsync=*/false);
+}
+
 std::shared_ptr<const TierStore::TreeListing> TierStore::ListingFor(const std::string& prefix) {
   const std::string uri = inner_->Uri(prefix);
   const std::string base = inner_->Uri("");
@@ -498,8 +593,12 @@ std::shared_ptr<const TierStore::TreeListing> TierStore::ListingFor(const std::s
       absl::MutexLock lock(&listings_mu_);
       if (auto it = listings_.find(import.source); it != listings_.end()) return it->second;
     }
-    // The tree's entries of this source: each file whose entry names its own key's URI.
     const std::string key_prefix = import.source.substr(base.size());
+    if (auto kept = ReadKeptListing(*tier_, import, key_prefix)) {
+      absl::MutexLock lock(&listings_mu_);
+      return listings_.try_emplace(import.source, std::move(kept)).first->second;
+    }
+    // The tree's entries of this source: each file whose entry names its own key's URI.
     const std::string root =
         import.dir.empty() ? tier_->root() : absl::StrCat(tier_->root(), "/", import.dir);
     auto listing = std::make_shared<TreeListing>();
@@ -524,6 +623,7 @@ std::shared_ptr<const TierStore::TreeListing> TierStore::ListingFor(const std::s
     if (walked.ok() && listing->objects.size() == import.objects) {
       std::sort(listing->objects.begin(), listing->objects.end(),
                 [](const ObjectMeta& a, const ObjectMeta& b) { return a.key < b.key; });
+      KeepListing(*tier_, import, key_prefix, listing->objects);
       result = std::move(listing);
     } else {
       std::fprintf(stderr,

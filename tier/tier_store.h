@@ -150,6 +150,12 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // The listing of the complete, fresh import whose source covers `prefix`, or null when
   // the bucket must answer. Walks the tree the first time (blocking I/O).
   std::shared_ptr<const TreeListing> ListingFor(const std::string& prefix);
+  // The listing of `import` kept by an earlier walk, or null (see tier_store.cc).
+  static std::shared_ptr<const TreeListing> ReadKeptListing(const Tier& tier,
+                                                            const TierImport& import,
+                                                            const std::string& key_prefix);
+  static void KeepListing(Tier& tier, const TierImport& import, const std::string& key_prefix,
+                          const std::vector<ObjectMeta>& objects);
 
   // ---- Blocks of big objects ----
   // The newest version of the object at `fill_path` whose blocks are in the tier (fresh ones

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/crc32c.h"
+#include "base/file_io.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io/transfer.h"
@@ -270,8 +271,35 @@ TEST_F(TierStoreTest, ACompleteImportAnswersListingsOfItsSource) {
     // Prefixes outside the import go to the bucket.
     EXPECT_EQ(ListAllPages(*store, {.prefix = "ds"}).size(), keys.size() + 1);
   }
-  // A file missing from the tree: the bucket answers (with the new object).
+  // The first walk kept the listing beside the import's record: later processes read it
+  // instead of walking the tree. So a file gone from the tree since (evicted, removed) is
+  // still listed, as the source listed it, and read through from the bucket.
+  EXPECT_TRUE(std::filesystem::exists(tier->ImportListingPath(import)));
   ASSERT_EQ(unlink((tier->root() + "/imported/b/3").c_str()), 0);
+  {
+    auto store = Cached(source_.store(), tier);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EXPECT_EQ(ListAllPages(*store, cases[i]), expected[i]) << "case " << i;
+    }
+    EXPECT_GT(store->stats().listed, 0u);
+    auto data = store->Read("ds/b/3");
+    ASSERT_TRUE(data.ok()) << data.status();
+    EXPECT_EQ(*data, "bytes of ds/b/3");
+  }
+  // A kept listing that does not parse is walked again (and the walk finds the tree short).
+  ASSERT_TRUE(
+      WriteFileAtomically(tier->ImportListingPath(import), "{\"format\": 1\n\x01").ok());
+  {
+    auto store = Cached(source_.store(), tier);
+    // The read above filled the read-through area, which the walk does not count.
+    ASSERT_EQ(unlink(store->FillPath("ds/b/3").value_or("").c_str()), 0);
+    EXPECT_EQ(ListAllPages(*store, cases[0]).size(), keys.size() + 1);
+    EXPECT_EQ(store->stats().listed, 0u);
+  }
+  // A new run of the import (a new completion time) does not use the old run's listing: its
+  // tree is walked, is short of a file, and the bucket answers (with the new object).
+  import.completed = absl::Now() + absl::Seconds(1);
+  ASSERT_TRUE(tier->RecordImport(import).ok());
   {
     auto store = Cached(source_.store(), tier);
     EXPECT_EQ(ListAllPages(*store, cases[0]).size(), keys.size() + 1);

@@ -242,6 +242,18 @@ def test_a_complete_import_answers_listings_through_the_tier(tmp_path, bucket, s
     assert fetched.returncode == 0
     st = json.loads(run_wharf("tier", "status", "--json", tier, check=True).stdout)
     assert st["hits"] == 30 and st["misses"] == 0
-    # A file removed from the tree: the tree is no longer the whole listing; the bucket answers.
+    # The first reader's walk of the tree kept its listing beside the import's records; later
+    # readers read that instead of walking. A file removed from the tree since is still listed
+    # (the source listed it at the import) and is read through from the bucket.
+    kept = list((tier / ".wharf" / "imports").glob("*.listing"))
+    assert len(kept) == 1
     os.unlink(tier / "ls" / "1" / "obj-0001.bin")
+    assert listed("--cache", tier) == everything
+    before = st
+    run_wharf("--cache", tier, "fetch", "-r", src, env=s3_env, check=True)
+    st = json.loads(run_wharf("tier", "status", "--json", tier, check=True).stdout)
+    assert (st["hits"] - before["hits"], st["misses"] - before["misses"]) == (29, 1)
+    # Without a kept listing, a tree short of a file is not the whole listing: the walk finds
+    # the tree short (the read-through copy does not count) and the bucket answers.
+    kept[0].unlink()
     assert len(listed("--cache", tier)) == 29
