@@ -38,6 +38,7 @@ namespace {
 PyObject* g_error = nullptr;       // wharf.WharfError(OSError)
 PyObject* g_not_found = nullptr;   // wharf.NotFoundError(WharfError, FileNotFoundError)
 PyObject* g_permission = nullptr;  // wharf.PermissionDeniedError(WharfError, PermissionError)
+PyObject* g_exists = nullptr;      // wharf.AlreadyExistsError(WharfError, FileExistsError)
 
 }  // namespace
 
@@ -50,6 +51,9 @@ PyObject* g_permission = nullptr;  // wharf.PermissionDeniedError(WharfError, Pe
     case absl::StatusCode::kPermissionDenied:
     case absl::StatusCode::kUnauthenticated:
       type = g_permission;
+      break;
+    case absl::StatusCode::kAlreadyExists:
+      type = g_exists;
       break;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
@@ -275,14 +279,17 @@ class Store {
     return out;
   }
 
-  py::dict Put(const std::string& key, const py::buffer& data) {
+  py::dict Put(const std::string& key, const py::buffer& data, bool if_absent) {
     auto s = store();
     py::buffer_info info = data.request();
     // The Cord references the caller's memory while the put runs without the GIL; the
     // py::buffer keeps that memory alive until we return.
     absl::Cord cord = absl::MakeCordFromExternal(
         absl::string_view(static_cast<const char*>(info.ptr), info.size * info.itemsize), [] {});
-    ObjectMeta m = Check(WithoutGil([&] { return s->Put(Key(key), std::move(cord)); }));
+    PutOptions options;
+    options.if_absent = if_absent;
+    ObjectMeta m =
+        Check(WithoutGil([&] { return s->Put(Key(key), std::move(cord), options); }));
     m.key = key;
     return MetaToDict(m);
   }
@@ -360,12 +367,16 @@ PYBIND11_MODULE(_wharf, m) {
       type("NotFoundError", py::make_tuple(error, builtins.attr("FileNotFoundError")), attrs());
   py::object permission = type("PermissionDeniedError",
                                py::make_tuple(error, builtins.attr("PermissionError")), attrs());
+  py::object exists = type("AlreadyExistsError",
+                           py::make_tuple(error, builtins.attr("FileExistsError")), attrs());
   m.attr("NotFoundError") = not_found;
   m.attr("PermissionDeniedError") = permission;
+  m.attr("AlreadyExistsError") = exists;
   // The store option names (keyword arguments of wharf.Store and everything that opens a URI).
   m.attr("store_option_names") = py::tuple(py::cast(StoreOptions::Names()));
   g_not_found = not_found.release().ptr();
   g_permission = permission.release().ptr();
+  g_exists = exists.release().ptr();
 
   py::class_<Buffer>(m, "Buffer", py::buffer_protocol(),
                      "Read-only bytes owned by wharf; zero-copy via memoryview, "
@@ -413,7 +424,10 @@ PYBIND11_MODULE(_wharf, m) {
            "requests in flight (0: wharf.configure / WHARF_INFLIGHT, else derived); "
            "memory_budget: this call's cap inside the process's budget (int or \"64M\"; "
            "0: none of its own)")
-      .def("put", &Store::Put, py::arg("key"), py::arg("data"))
+      .def("put", &Store::Put, py::arg("key"), py::arg("data"), py::arg("if_absent") = false,
+           "Uploads data as the object `key`; its meta. if_absent=True creates only: "
+           "AlreadyExistsError (a FileExistsError) when the key holds an object, decided by "
+           "the store atomically")
       .def("delete", &Store::Delete, py::arg("key"))
       .def("delete_many", &Store::DeleteMany, py::arg("keys"))
       .def("copy", &Store::Copy, py::arg("src_key"), py::arg("dst_key"),

@@ -245,11 +245,15 @@ class ObjectReadFile {
 
 class ObjectWriteFile {
  public:
-  explicit ObjectWriteFile(StoreHandle handle)
+  // `exclusive`: create only (PutOptions::if_absent): Close fails with AlreadyExists when
+  // the key holds an object by then.
+  ObjectWriteFile(StoreHandle handle, bool exclusive)
       : handle_(std::move(handle)), generation_(ForkGeneration()) {
     auto store = handle_.store();
     uri_ = store->Uri(handle_.prefix());
-    writer_ = Check(WithoutGil([&] { return store->NewWriter(handle_.prefix()); }));
+    PutOptions options;
+    options.if_absent = exclusive;
+    writer_ = Check(WithoutGil([&] { return store->NewWriter(handle_.prefix(), options); }));
     budget_ = Runtime::Default()->shared_budget();
     account_ = budget_->NewAccount(0, "write file " + uri_);
   }
@@ -500,11 +504,11 @@ void RegisterFiles(py::module_& m) {
 
   py::class_<ObjectWriteFile>(m, "_ObjectWriteFile",
                               "The raw writer under wharf.open(uri, 'wb'); use wharf.open.")
-      .def(py::init([](std::string uri, const py::kwargs& options) {
+      .def(py::init([](std::string uri, bool exclusive, const py::kwargs& options) {
              return std::make_unique<ObjectWriteFile>(
-                 StoreHandle(std::move(uri), StoreOptionsFromKwargs(options)));
+                 StoreHandle(std::move(uri), StoreOptionsFromKwargs(options)), exclusive);
            }),
-           py::arg("uri"))
+           py::arg("uri"), py::arg("exclusive") = false)
       .def_property_readonly("closed", &ObjectWriteFile::closed)
       .def("tell", &ObjectWriteFile::tell)
       .def("write", &ObjectWriteFile::Write, py::arg("b"))

@@ -83,7 +83,8 @@ absl::Status NoPutOptions(const ObjectStore& store, absl::string_view key,
   }
   return absl::UnimplementedError(absl::StrCat(
       "put ", store.Uri(key),
-      ": this store takes no upload options (content type, storage class, encryption, mtime)"));
+      ": this store takes no upload options (content type, storage class, encryption, mtime, "
+      "create-only)"));
 }
 
 }  // namespace

@@ -93,12 +93,19 @@ struct PutOptions {
   // and they do not count as options (is_default). The transfer engine sets them.
   std::string source_uri;
   std::string source_etag;
+  // Create only: the put fails with AlreadyExists when the key holds an object, decided
+  // atomically by the store (S3: If-None-Match: * on PutObject and CompleteMultipartUpload;
+  // GCS: ifGenerationMatch=0; file://: a rename that does not replace). A store that cannot
+  // decide it refuses the option (Unimplemented) rather than overwrite. Caveat: Ceph RGW
+  // before Squid honours the condition on PutObject only, so a multipart upload to it (an
+  // object above one part) is not conditional.
+  bool if_absent = false;
 
   // True when every field that changes how the object is stored has its default: the same
   // as not passing options at all (provenance aside).
   bool is_default() const {
     return content_type.empty() && storage_class.empty() && sse.empty() && sse_kms_key_id.empty() &&
-           !mtime.has_value();
+           !mtime.has_value() && !if_absent;
   }
 };
 

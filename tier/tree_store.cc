@@ -240,6 +240,10 @@ absl::StatusOr<std::unique_ptr<TempObject>> TierTreeStore::NewTemp(const std::st
   }
   WHARF_RETURN_IF_ERROR(Annotate(LocalStore::ValidateKey(key), op));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(options), op));
+  if (options.if_absent) {
+    return absl::UnimplementedError(
+        absl::StrCat(op, ": the tier's tree does not take create-only puts"));
+  }
   auto temp_dir = tier_->TempDir();
   if (!temp_dir.ok()) return Annotate(temp_dir.status(), op);
   // Copies of other stores' objects keep the MD5 (checked against an MD5 source ETag).

@@ -18,14 +18,19 @@ _CLOSED = "I/O operation on closed file."
 
 
 class ObjectFile(io.BufferedIOBase):
-    """A binary file of one object; made by wharf.open(uri, "rb" | "wb")."""
+    """A binary file of one object; made by wharf.open(uri, "rb" | "wb" | "xb").
+
+    "xb" creates the object only if the key holds none when the file is closed, decided by
+    the store atomically (S3 If-None-Match: *, GCS ifGenerationMatch=0, a non-replacing
+    rename on file://); close() raises wharf.AlreadyExistsError (a FileExistsError) otherwise
+    and nothing is written."""
 
     _raw = None  # until opened: __del__ and closed work on a file whose open raised
 
     def __init__(self, uri, mode="rb", *, chunk_size=0, read_ahead=-1, access="auto",
                  **store_options):
-        if mode not in ("rb", "wb"):
-            raise ValueError(f"invalid mode {mode!r} for wharf.open (use 'rb' or 'wb')")
+        if mode not in ("rb", "wb", "xb"):
+            raise ValueError(f"invalid mode {mode!r} for wharf.open (use 'rb', 'wb' or 'xb')")
         if access not in ("auto", "sequential"):
             raise ValueError(f"invalid access {access!r} for wharf.open "
                              "(use 'auto' or 'sequential')")
@@ -35,7 +40,8 @@ class ObjectFile(io.BufferedIOBase):
             self._raw = _wharf._ObjectReadFile(self._uri, chunk_size, read_ahead,
                                                access == "auto", **store_options)
         else:
-            self._raw = _wharf._ObjectWriteFile(self._uri, **store_options)
+            self._raw = _wharf._ObjectWriteFile(self._uri, exclusive=mode == "xb",
+                                                **store_options)
 
     # ---- what it is ----
     @property
@@ -62,7 +68,7 @@ class ObjectFile(io.BufferedIOBase):
 
     def writable(self):
         self._check_open()
-        return self._mode == "wb"
+        return self._mode != "rb"
 
     def seekable(self):
         self._check_open()
@@ -97,7 +103,7 @@ class ObjectFile(io.BufferedIOBase):
     def seek(self, offset, whence=io.SEEK_SET):
         if self._mode != "rb":
             self._check_open()
-            raise io.UnsupportedOperation("seek: a 'wb' file is written sequentially")
+            raise io.UnsupportedOperation(f"seek: a {self._mode!r} file is written sequentially")
         return self._reader().seek(offset, whence)
 
     def tell(self):
@@ -106,7 +112,7 @@ class ObjectFile(io.BufferedIOBase):
 
     # ---- writing ----
     def write(self, b):
-        if self._mode != "wb":
+        if self._mode == "rb":
             self._check_open()
             raise io.UnsupportedOperation("write: file opened for reading")
         self._check_open()
@@ -117,13 +123,11 @@ class ObjectFile(io.BufferedIOBase):
 
     # ---- ending ----
     def close(self):
-        """"rb": releases the read-ahead. "wb": commits the object (it appears now, whole)."""
+        """"rb": releases the read-ahead. "wb", "xb": commit the object (it appears now, whole;
+        "xb" raises AlreadyExistsError, writing nothing, when the key holds an object)."""
         if self.closed:
             return
-        if self._mode == "wb":
-            self._raw.close()  # on failure the upload is aborted and the error raised
-        else:
-            self._raw.close()
+        self._raw.close()  # a writer's failure aborts the upload and raises
 
     def abort(self):
         """"wb": drops the upload; nothing appears. "rb": the same as close()."""
@@ -162,13 +166,17 @@ class ObjectFile(io.BufferedIOBase):
 
 
 def open(uri, mode="rb", **store_options):
-    """Opens one object as a binary file: mode "rb" or "wb".
+    """Opens one object as a binary file: mode "rb", "wb" or "xb".
 
     "rb" reads with parallel read-ahead and seeks anywhere; every read is pinned to the
     object's ETag at open, so an overwrite meanwhile is an error (WharfError), never a mix of
     versions. A missing object raises NotFoundError (a FileNotFoundError).
     "wb" streams the bytes as a multipart upload; the object appears atomically at close(),
     and never if the `with` block raises or the file is dropped unclosed.
+    "xb" is "wb" that creates only: close() raises AlreadyExistsError (a FileExistsError) and
+    writes nothing when the key holds an object by then, decided by the store atomically
+    (S3 If-None-Match: *, GCS ifGenerationMatch=0, a non-replacing rename on file://; Ceph
+    RGW before Squid ignores the condition on multipart uploads, objects above one part).
     Store options are wharf.Store's (endpoint=, region=, cache=, ...); chunk_size= and
     read_ahead= tune "rb" (default: from the store's link estimate). access="auto" (the
     default) sizes the read-ahead from how the file is read: it starts small after opening and

@@ -16,11 +16,12 @@ stores have: common prefixes of keys ("a/b" is a directory while some key starts
 a key ending in "/" is a directory marker); mkdir creates nothing below a bucket, and a
 directory disappears with its last object.
 
-Exclusive creation ("xb", pipe_file/put_file with mode="create") is a check, not a condition
-the store enforces: the store layer has no conditional put (If-None-Match on PutObject), so the
-file HEADs the key when it is opened and again just before it commits. Between that last HEAD
-and the commit another writer can still create the object, which is then overwritten: two
-exclusive writers racing for one key may both succeed.
+Exclusive creation ("xb", pipe_file/put_file with mode="create") is a condition the store
+enforces at the commit (If-None-Match: * on S3, ifGenerationMatch=0 on GCS, a non-replacing
+rename on file://): of writers racing for one key exactly one succeeds, the others get
+FileExistsError. The file also HEADs the key when it is opened (to fail early) and just before
+it commits, which is what still guards a multipart upload (an object above one part) on a
+server that ignores the condition there (Ceph RGW before Squid).
 
 The filesystem pickles as its class and options (fsspec's rule); each process opens its own
 stores, one wharf.Store per (scheme, bucket), with credentials from its own environment.
@@ -106,7 +107,7 @@ def _datetime(seconds):
 
 class _File(ObjectFile):
     """What fs.open returns: wharf.open's ObjectFile, with fsspec's file attributes (fs,
-    path), and for "xb" the second existence check just before the commit."""
+    path), and for "xb" an existence check just before the (conditional) commit."""
 
     def __init__(self, fs, path, uri, mode, exclusive=False, **kwargs):
         self.fs = fs
@@ -120,7 +121,7 @@ class _File(ObjectFile):
     def close(self):
         if self.closed:
             return
-        if self._mode == "wb":
+        if self._mode != "rb":
             if self._exclusive:
                 try:
                     taken = self.fs.exists(self.path)
@@ -467,7 +468,7 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
             exclusive = mode == "xb"
             if exclusive and self.exists(path):
                 raise FileExistsError(name)
-            return _File(self, name, uri, "wb", exclusive=exclusive, **self._options)
+            return _File(self, name, uri, mode, exclusive=exclusive, **self._options)
         raise ValueError(f"wharf fsspec: mode {mode!r} is not supported (rb, wb, xb; objects "
                          "cannot be appended to or updated in place)")
 
@@ -482,8 +483,10 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
                 f.write(value)
             return
         store, key, _ = self._resolve(path)
-        store.put(key, value)
-        self.invalidate_cache(path)
+        try:
+            store.put(key, value, if_absent=mode == "create")
+        finally:
+            self.invalidate_cache(path)
 
     def touch(self, path, truncate=True, **kwargs):
         if not truncate and self.exists(path):
@@ -502,7 +505,7 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         with open(lpath, "rb") as src:
             if size <= _CHUNK:
                 store, key, _ = self._resolve(rpath)
-                store.put(key, src.read())
+                store.put(key, src.read(), if_absent=mode == "create")
                 callback.relative_update(size)
             else:
                 with self._open(rpath, "xb" if mode == "create" else "wb") as dst:

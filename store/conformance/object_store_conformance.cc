@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -626,6 +627,56 @@ TEST_P(ObjectStoreConformance, ComposeFollowsDeclaredCapability) {
   } else {
     EXPECT_EQ(composed.status().code(), absl::StatusCode::kUnimplemented);
   }
+}
+
+TEST_P(ObjectStoreConformance, CreateOnlyPutsNeverReplaceAnObject) {
+  PutOptions create;
+  create.if_absent = true;
+  if (!store().capabilities().put_options) {
+    EXPECT_EQ(store().Put("x/a", absl::Cord("one"), create).status().code(),
+              absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(store().Head("x/a").status().code(), absl::StatusCode::kNotFound);
+    return;
+  }
+  auto first = store().Put("x/a", absl::Cord("one"), create);
+  ASSERT_TRUE(first.ok()) << first.status();
+  if (!GetParam().server_checks_preconditions) return;  // covered by canned responses
+  auto second = store().Put("x/a", absl::Cord("two"), create);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists) << second.status();
+  EXPECT_THAT(std::string(second.status().message()), testing::HasSubstr("x/a"));
+  EXPECT_EQ(*store().Read("x/a"), "one");
+  // Through a writer: refused at Close, the object unchanged; a new key is created.
+  auto writer = store().NewWriter("x/a", create);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Write(absl::Cord("three")).ok());
+  EXPECT_EQ((*writer)->Close().status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(*store().Read("x/a"), "one");
+  auto fresh = store().NewWriter("x/b", create);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  ASSERT_TRUE((*fresh)->Write(absl::Cord("four")).ok());
+  ASSERT_TRUE((*fresh)->Close().ok());
+  EXPECT_EQ(*store().Read("x/b"), "four");
+  // Writers racing for one new key: exactly one creates it, and its bytes are what it holds.
+  constexpr int kRacers = 8;
+  std::vector<absl::Status> results(kRacers);
+  std::vector<std::thread> racers;
+  for (int i = 0; i < kRacers; ++i) {
+    racers.emplace_back([&, i] {
+      results[i] = store().Put("x/race", absl::Cord(absl::StrCat("racer ", i)), create).status();
+    });
+  }
+  for (std::thread& t : racers) t.join();
+  int won = -1;
+  for (int i = 0; i < kRacers; ++i) {
+    if (results[i].ok()) {
+      EXPECT_EQ(won, -1) << "two create-only puts of one key succeeded";
+      won = i;
+    } else {
+      EXPECT_EQ(results[i].code(), absl::StatusCode::kAlreadyExists) << results[i];
+    }
+  }
+  ASSERT_NE(won, -1);
+  EXPECT_EQ(*store().Read("x/race"), absl::StrCat("racer ", won));
 }
 
 TEST_P(ObjectStoreConformance, PutOptionsFollowDeclaredCapability) {

@@ -162,6 +162,12 @@ std::string NewBoundary() {
 
 // The object resource a put or writer sends: the name and the upload options GCS has a use
 // for (content type, storage class; SSE fields are AWS notions and ignored).
+// A create-only put (PutOptions::if_absent) that found the name taken (412).
+absl::Status ObjectExists(absl::string_view uri) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("put ", uri, ": the object already exists (exclusive create)"));
+}
+
 json UploadMetadata(absl::string_view key, const PutOptions& options) {
   json meta = {{"name", std::string(key)}};
   if (!options.content_type.empty()) meta["contentType"] = options.content_type;
@@ -786,10 +792,15 @@ void GcsJsonStore::PutAsync(std::string key, absl::Cord data, const PutOptions& 
   call->key = key;
   call->method = "POST";
   call->url = absl::StrCat(UploadUrl(), "?uploadType=multipart");
+  // Create-only: generation 0 matches only an absent object.
+  if (options.if_absent) absl::StrAppend(&call->url, "&ifGenerationMatch=0");
   call->headers = {{"content-type", absl::StrCat("multipart/related; boundary=", boundary)}};
   call->body = MultipartBody(metadata, std::move(data), boundary);
-  Execute(std::move(call), [uri, size, md5_b64,
+  Execute(std::move(call), [uri, size, md5_b64, if_absent = options.if_absent,
                             done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+    if (!r.ok() && if_absent && r.status().code() == absl::StatusCode::kFailedPrecondition) {
+      return std::move(done)(ObjectExists(uri));
+    }
     if (!r.ok()) return std::move(done)(r.status());
     auto j = ParseJsonBody(*r, absl::StrCat("put ", uri));
     if (!j.ok()) return std::move(done)(j.status());
@@ -957,7 +968,12 @@ class GcsResumableWriter : public ObjectWriter {
     if (session_.empty()) {  // no more than one chunk: a single upload
       return store_->Put(key_, std::move(pending_), options_);
     }
-    if (absl::Status s = SendChunk(pending_.size(), /*last=*/true); !s.ok()) return Fail(s);
+    if (absl::Status s = SendChunk(pending_.size(), /*last=*/true); !s.ok()) {
+      if (options_.if_absent && s.code() == absl::StatusCode::kFailedPrecondition) {
+        s = ObjectExists(Uri());
+      }
+      return Fail(s);
+    }
     session_.clear();
     return meta_;
   }
@@ -995,6 +1011,7 @@ class GcsResumableWriter : public ObjectWriter {
     call->method = "POST";
     call->url =
         absl::StrCat(store_->UploadUrl(), "?uploadType=resumable&name=", EncodeComponent(key_));
+    if (options_.if_absent) absl::StrAppend(&call->url, "&ifGenerationMatch=0");
     call->headers = {{"content-type", "application/json; charset=UTF-8"}};
     call->body = absl::Cord(metadata.dump());
     auto r = WaitFor<HttpResponse>(

@@ -386,6 +386,52 @@ TEST(GcsJsonStoreTest, PutSendsTheMd5AndRefusesADifferentStoredOne) {
             absl::StatusCode::kDataLoss);
 }
 
+TEST(GcsJsonStoreTest, CreateOnlyPutsSendGenerationZeroAndA412IsAlreadyExists) {
+  std::atomic<bool> taken{false};
+  std::atomic<int> resumable_starts{0};
+  auto transport = std::make_shared<CannedTransport>(
+      [&](const HttpRequest& r) -> absl::StatusOr<CannedResponse> {
+        const std::string range = HeaderOf(r, "content-range");
+        if (absl::StrContains(r.url, "/upload/session/") && absl::EndsWith(range, "/*")) {
+          CannedResponse incomplete;  // a chunk before the last: held
+          incomplete.status = 308;
+          incomplete.headers = {
+              {"range",
+               absl::StrCat("bytes=0-", range.substr(range.find('-') + 1,
+                                                     range.find('/') - range.find('-') - 1))}};
+          return incomplete;
+        }
+        if (!absl::StrContains(r.url, "/upload/session/")) {
+          EXPECT_THAT(r.url, HasSubstr("ifGenerationMatch=0"));
+        }
+        if (absl::StrContains(r.url, "uploadType=resumable")) {
+          ++resumable_starts;
+          CannedResponse start;
+          start.headers = {{"location", "http://127.0.0.1:9/upload/session/1"}};
+          return start;
+        }
+        if (absl::StrContains(r.url, "/upload/session/") || taken) {
+          // The final request of an upload (multipart, or a session's last chunk) is where GCS
+          // checks the precondition.
+          return Json(412, json{{"error", {{"code", 412}, {"message", "Precondition Failed"}}}});
+        }
+        return Json(200, Resource("k", 4, "77"));
+      });
+  auto store = MakeStore(transport);  // chunks of 256 KiB
+  PutOptions create;
+  create.if_absent = true;
+  ASSERT_TRUE(store->Put("k", absl::Cord("data"), create).ok());
+  taken = true;
+  auto refused = store->Put("k", absl::Cord("data"), create);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("gs://bkt/k"));
+  auto writer = store->NewWriter("big", create);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Write(absl::Cord(std::string(300 * 1024, 'x'))).ok());
+  EXPECT_EQ((*writer)->Close().status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(resumable_starts.load(), 1);
+}
+
 // A resumable-upload session that keeps what it is sent, drops the connection once, and
 // answers status queries with what it holds.
 class FakeSession {

@@ -88,12 +88,13 @@ absl::StatusOr<std::string> EtagOf(const std::string& path, int fd_or_minus1,
 class LocalWriter : public ObjectWriter {
  public:
   LocalWriter(std::unique_ptr<TempObject> temp, std::string key, std::string uri,
-              std::optional<absl::Time> mtime, bool fsync)
+              std::optional<absl::Time> mtime, bool fsync, bool exclusive)
       : temp_(std::move(temp)),
         key_(std::move(key)),
         uri_(std::move(uri)),
         mtime_(mtime),
-        fsync_(fsync) {}
+        fsync_(fsync),
+        exclusive_(exclusive) {}
 
   absl::Status Write(absl::Cord data) override {
     if (!temp_) return absl::FailedPreconditionError(absl::StrCat("write ", uri_, ": closed"));
@@ -104,7 +105,7 @@ class LocalWriter : public ObjectWriter {
 
   absl::StatusOr<ObjectMeta> Close() override {
     if (!temp_) return absl::FailedPreconditionError(absl::StrCat("close ", uri_, ": closed"));
-    auto meta = temp_->Commit(mtime_, fsync_);
+    auto meta = temp_->Commit(mtime_, fsync_, exclusive_);
     temp_.reset();
     if (!meta.ok()) return Annotate(meta.status(), absl::StrCat("put ", uri_));
     meta->key = key_;
@@ -119,6 +120,7 @@ class LocalWriter : public ObjectWriter {
   const std::string uri_;
   const std::optional<absl::Time> mtime_;
   const bool fsync_;
+  const bool exclusive_;
 };
 
 // Lists a tree in S3 order (see ListPage in object_store.h). Within one directory, entries
@@ -452,7 +454,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord da
   auto temp = TempObject::Create(PathOf(key));
   if (!temp.ok()) return Annotate(temp.status(), op);
   WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
-  auto meta = (*temp)->Commit(put_options.mtime, options_.fsync);
+  auto meta = (*temp)->Commit(put_options.mtime, options_.fsync, put_options.if_absent);
   if (!meta.ok()) return Annotate(meta.status(), op);
   meta->key = key;
   return meta;
@@ -470,7 +472,7 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string 
   auto temp = TempObject::Create(PathOf(key));
   if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
   return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri, put_options.mtime,
-                                       options_.fsync);
+                                       options_.fsync, put_options.if_absent);
 }
 
 void LocalStore::PruneEmptyParents(absl::string_view key) const {

@@ -176,19 +176,36 @@ absl::StatusOr<ObjectMeta> TempObject::Seal(
   return meta;
 }
 
-absl::Status TempObject::Publish(bool sync_dir) { return PublishAt(target_, sync_dir); }
+absl::Status TempObject::Publish(bool sync_dir, bool exclusive) {
+  return PublishAt(target_, sync_dir, exclusive);
+}
 
-absl::Status TempObject::PublishAt(const std::string& target, bool sync_dir) {
+namespace {
+// rename(2), or with `exclusive` a rename that fails with EEXIST when the target exists.
+// Returns 0 or an errno.
+int RenameFile(const std::string& from, const std::string& to, bool exclusive) {
+  if (!exclusive) return rename(from.c_str(), to.c_str()) == 0 ? 0 : errno;
+  if (renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
+  // A file system without RENAME_NOREPLACE (some FUSE ones): a hard link is created only
+  // where no name is, atomically too.
+  if (link(from.c_str(), to.c_str()) != 0) return errno;
+  unlink(from.c_str());
+  return 0;
+}
+}  // namespace
+
+absl::Status TempObject::PublishAt(const std::string& target, bool sync_dir, bool exclusive) {
   const size_t slash = target.rfind('/');
   const std::string dir = slash == 0 ? "/" : target.substr(0, slash);
-  if (rename(path_.c_str(), target.c_str()) != 0) {
-    int err = errno;
+  if (int err = RenameFile(path_, target, exclusive); err != 0) {
     if (err == ENOENT) {  // the target's directory is missing (a temp_dir elsewhere)
       WHARF_RETURN_IF_ERROR(MakeDirs(dir));
-      if (rename(path_.c_str(), target.c_str()) == 0)
-        err = 0;
-      else
-        err = errno;
+      err = RenameFile(path_, target, exclusive);
+    }
+    struct stat st;
+    if (exclusive && err == EEXIST && !(stat(target.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
+      return absl::AlreadyExistsError("the object already exists (exclusive create)");
     }
     if (err == EISDIR || err == ENOTEMPTY || err == EEXIST) {
       return absl::FailedPreconditionError(
@@ -207,9 +224,10 @@ absl::Status TempObject::PublishAt(const std::string& target, bool sync_dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ObjectMeta> TempObject::Commit(std::optional<absl::Time> mtime, bool fsync) {
+absl::StatusOr<ObjectMeta> TempObject::Commit(std::optional<absl::Time> mtime, bool fsync,
+                                              bool exclusive) {
   WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, Seal(mtime, fsync));
-  WHARF_RETURN_IF_ERROR(Publish(/*sync_dir=*/fsync));
+  WHARF_RETURN_IF_ERROR(Publish(/*sync_dir=*/fsync, exclusive));
   return meta;
 }
 

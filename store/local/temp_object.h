@@ -66,12 +66,15 @@ class TempObject {
           [](int, const ObjectMeta&) { return absl::OkStatus(); });
   // Renames the sealed file over the target; with `sync_dir`, then fsyncs the directory.
   // FailedPrecondition when the target is a directory (other keys have it as a prefix).
-  absl::Status Publish(bool sync_dir = false);
+  // `exclusive`: only if nothing is at the target yet (AlreadyExists otherwise), atomically
+  // (renameat2 RENAME_NOREPLACE, or link + unlink where the file system lacks it).
+  absl::Status Publish(bool sync_dir = false, bool exclusive = false);
   // The same, renaming it to `target` (absolute) instead: for a file whose final name is
   // known only once it is written (the tier's blocks, named by the object's ETag).
-  absl::Status PublishAt(const std::string& target, bool sync_dir = false);
+  absl::Status PublishAt(const std::string& target, bool sync_dir = false, bool exclusive = false);
   // Seal + Publish.
-  absl::StatusOr<ObjectMeta> Commit(std::optional<absl::Time> mtime, bool fsync = false);
+  absl::StatusOr<ObjectMeta> Commit(std::optional<absl::Time> mtime, bool fsync = false,
+                                    bool exclusive = false);
 
   const std::string& path() const { return path_; }
   // The hex checksum of what was appended (8 digits for a CRC32C, 32 for an MD5); set by Seal.

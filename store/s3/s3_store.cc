@@ -154,6 +154,12 @@ std::pair<std::string, std::string> Md5HexAndBase64(const absl::Cord& data) {
   return {HexLower(raw), Base64(raw)};
 }
 
+// A create-only put (PutOptions::if_absent) that found the key taken (412).
+absl::Status AlreadyExists(absl::string_view uri) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("put ", uri, ": the object already exists (exclusive create)"));
+}
+
 // The headers of PutOptions on PutObject and CreateMultipartUpload (all signed).
 std::vector<std::pair<std::string, std::string>> PutOptionHeaders(const PutOptions& options) {
   std::vector<std::pair<std::string, std::string>> headers;
@@ -701,11 +707,30 @@ void S3Store::PutAsync(std::string key, absl::Cord data, const PutOptions& optio
   auto [md5_hex, md5_b64] = Md5HexAndBase64(data);
   call->headers = PutOptionHeaders(options);
   call->headers.emplace_back("content-md5", md5_b64);
+  // Create-only goes on PutObject (and CompleteMultipartUpload), not on the headers that
+  // CreateMultipartUpload shares.
+  const bool if_absent = options.if_absent;
+  if (if_absent) call->headers.emplace_back("if-none-match", "*");
   const uint64_t size = data.size();
   call->body = std::move(data);
   const std::string uri = Uri(key);
-  Execute(std::move(call), [key = std::move(key), md5_hex = std::move(md5_hex), size, uri,
-                            done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+  Execute(call, [this, call, if_absent, key = std::move(key), md5_hex = std::move(md5_hex), size,
+                 uri, done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+    if (!r.ok() && if_absent && r.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // A retried create-only put finds the key taken: by its own earlier attempt (whose
+      // reply was lost) when the object is what this put sent.
+      if (call->attempt > 1) {
+        HeadAsync(key, [key, md5_hex, size, uri, status = r.status(),
+                        done = std::move(done)](absl::StatusOr<ObjectMeta> head) mutable {
+          if (head.ok() && head->etag == md5_hex && head->size == size) {
+            return std::move(done)(*std::move(head));
+          }
+          std::move(done)(AlreadyExists(uri));
+        });
+        return;
+      }
+      return std::move(done)(AlreadyExists(uri));
+    }
     if (!r.ok()) return std::move(done)(r.status());
     ObjectMeta meta;
     meta.key = std::move(key);
@@ -1214,6 +1239,7 @@ class S3Writer : public ObjectWriter {
     call->body = absl::Cord(xml.str());
     call->sign_payload = true;
     call->headers = {{"content-type", "application/xml"}};
+    if (options_.if_absent) call->headers.emplace_back("if-none-match", "*");
     auto r = WaitFor<HttpResponse>(
         [&](Callback<HttpResponse> cb) { store_->Execute(call, std::move(cb)); });
     ObjectMeta meta;
@@ -1222,10 +1248,17 @@ class S3Writer : public ObjectWriter {
     meta.mtime = absl::Now();
     if (!r.ok()) {
       // A complete whose reply was lost is retried and then finds its upload gone
-      // (NoSuchUpload): it succeeded if the key now holds what these parts make.
-      if (r.status().code() == absl::StatusCode::kNotFound && call->attempt > 1) {
+      // (NoSuchUpload), or the key taken (412, create-only): it succeeded if the key now
+      // holds what these parts make.
+      const absl::StatusCode code = r.status().code();
+      if ((code == absl::StatusCode::kNotFound ||
+           (options_.if_absent && code == absl::StatusCode::kFailedPrecondition)) &&
+          call->attempt > 1) {
         auto head = store_->Head(key_);
         if (head.ok() && head->etag == expected_etag && head->size == bytes_) return head;
+      }
+      if (options_.if_absent && code == absl::StatusCode::kFailedPrecondition) {
+        return AlreadyExists(Uri());
       }
       return r.status();
     }

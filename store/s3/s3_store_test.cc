@@ -605,6 +605,32 @@ TEST(S3StoreTest, UploadOptionsAreSentAndSigned) {
   EXPECT_EQ(HeaderOf(requests[2], "x-amz-storage-class"), "");
 }
 
+TEST(S3StoreTest, CreateOnlyPutsSendIfNoneMatchAndTellTheirOwnLandedRetryFromAnother) {
+  // The first PUT lands but its reply is lost (503); the retry finds the key taken (412),
+  // and the HEAD shows this put's bytes: success. Then a put of other bytes is refused.
+  std::atomic<int> puts{0};
+  const std::string etag = absl::StrCat("\"", Md5Hex("mine"), "\"");
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
+    if (req.method == "HEAD") return Ok("", {{"etag", etag}, {"content-length", "4"}});
+    EXPECT_EQ(HeaderOf(req, "if-none-match"), "*");
+    EXPECT_THAT(SignedHeaders(req), testing::Contains("if-none-match"));
+    if (++puts == 1) return Err(503, "SlowDown");
+    return Err(412, "PreconditionFailed");
+  });
+  auto store = MakeStore(transport);
+  PutOptions create;
+  create.if_absent = true;
+  auto landed = store->Put("k", absl::Cord("mine"), create);
+  ASSERT_TRUE(landed.ok()) << landed.status();
+  EXPECT_EQ(landed->etag, Md5Hex("mine"));
+  auto refused = store->Put("k", absl::Cord("theirs"), create);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("already exists"));
+  // The multipart create does not carry the condition (S3 takes it on the complete).
+  auto writer = store->NewWriter("big", create);
+  ASSERT_TRUE(writer.ok());
+}
+
 TEST(S3StoreTest, InvalidUploadOptionsAreRefusedBeforeSending) {
   auto transport = std::make_shared<CannedTransport>([](const HttpRequest&) {
     return Ok("", {{"etag", "\"e\""}});

@@ -205,6 +205,10 @@ absl::StatusOr<ObjectMeta> MemoryStore::Put(const std::string& key, absl::Cord d
                  .etag = Md5Hex(*object.data),
                  .mtime = options.mtime.value_or(absl::Now())};
   absl::MutexLock lock(&mu_);
+  if (options.if_absent && objects_.count(key) > 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("put ", Uri(key), ": the object already exists (exclusive create)"));
+  }
   return objects_.insert_or_assign(key, std::move(object)).first->second.meta;
 }
 

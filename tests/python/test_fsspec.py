@@ -10,6 +10,7 @@ import datetime
 import io
 import json
 import os
+import threading
 import pathlib
 import pickle
 import subprocess
@@ -233,6 +234,44 @@ def test_open_read_write_exclusive(fs, root):
         fs.open(join(root, "x"), "rb", no_such_option=1)
     with fs.open(join(root, "x"), "rb", cache_type="readahead") as f:  # fsspec's: ignored
         assert f.read() == b"first"
+
+
+def test_exclusive_create_is_decided_by_the_store(fs, root):
+    # wharf.open(..., "xb") checks nothing itself: the store's conditional put decides at the
+    # commit. Two files opened on one new key: the first close creates it, the second is
+    # refused and writes nothing.
+    uri = join(root, "race/obj")
+    a = wharf.open(uri, "xb")
+    b = wharf.open(uri, "xb")
+    a.write(b"a" * 1000)
+    b.write(b"b" * 2000)
+    a.close()
+    with pytest.raises(wharf.AlreadyExistsError, match="already exists") as refused:
+        b.close()
+    assert isinstance(refused.value, FileExistsError) and "race/obj" in str(refused.value)
+    assert fs.cat(uri) == b"a" * 1000
+    # Store.put(if_absent=True) from racing threads: exactly one creates the key.
+    store = wharf.Store(root.rstrip("/") + "/")
+    results = [None] * 8
+
+    def racer(i):
+        try:
+            results[i] = store.put("race/put", f"racer {i}".encode(), if_absent=True)["etag"]
+        except FileExistsError:
+            results[i] = "refused"
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, r in enumerate(results) if r != "refused"]
+    assert len(winners) == 1, results
+    assert fs.cat(join(root, "race/put")) == f"racer {winners[0]}".encode()
+    # pipe_file(mode="create") of a small value is the same conditional put.
+    with pytest.raises(FileExistsError):
+        fs.pipe_file(join(root, "race/put"), b"late", mode="create")
+    assert fs.cat(join(root, "race/put")) == f"racer {winners[0]}".encode()
 
 
 def test_pipe_put_get_touch(fs, root, tmp_path):
