@@ -82,18 +82,20 @@ struct ObjectReaderOptions {
   // ahead; each time the consumer moves on into the next chunk without a jump, the next
   // chunk is twice as large, up to chunk_size, and once chunks are chunk_size the read-ahead
   // grows by one chunk at a time up to read_ahead (the ramp of the Linux page cache's
-  // on-demand read-ahead). A ReadDirect of at least kExactReadBytes right after a jump fetches
-  // exactly its bytes (the caller said how many it wants), in chunk_size GETs in parallel.
-  // A sequential reader pays about log2(chunk_size / min_chunk) extra first bytes at the
-  // start; a random reader fetches what it reads plus at most min_chunk per small read.
+  // on-demand read-ahead); a derived read_ahead (-1) is only where the ramp may pass
+  // through: it goes on up to 16 chunks, as the memory budget allows. A ReadDirect of at least
+  // kExactReadBytes right after a jump fetches exactly its bytes (the caller said how many it
+  // wants), in chunk_size GETs in parallel; any other ReadDirect continues sequential reading, and
+  // read-ahead goes on from its end (torch.load reads a checkpoint's records in order with small
+  // gaps between them). A sequential reader pays about log2(chunk_size / min_chunk) extra first
+  // bytes at the start; a random reader fetches what it reads plus at most min_chunk per small
+  // read.
   bool adaptive = false;
   // The first chunk after a jump (adaptive only). 0: chunk_size / 16, at least 64 KiB.
   uint64_t min_chunk = 0;
   // The runtime whose memory budget and link estimates are used; null: Runtime::Default().
   std::shared_ptr<Runtime> runtime;
 
-  // With chunk_size and read_ahead set (> 0, >= 0): the byte bound those give.
-  uint64_t EffectiveMaxBufferedBytes() const;
   // chunk_size and read_ahead with the unset ones derived from `link`.
   ObjectReaderOptions Resolved(const LinkEstimator& link) const;
 };
@@ -178,7 +180,7 @@ class ObjectReader {
   struct Shared;
 
   ObjectReader(std::shared_ptr<ObjectStore> store, ObjectMeta meta, std::string uri,
-               ObjectReaderOptions options, uint64_t begin, uint64_t end);
+               ObjectReaderOptions options, uint64_t begin, uint64_t end, int ramp_limit);
   // The bytes held by pieces this reader handed out that the caller still keeps.
   uint64_t KeptByCaller() const;
 
@@ -208,6 +210,7 @@ class ObjectReader {
   const ObjectMeta meta_;
   const std::string uri_;
   const ObjectReaderOptions options_;  // resolved: chunk_size > 0, read_ahead >= 0
+  const int ramp_limit_;               // the read-ahead the adaptive ramp may reach (see Open)
   const uint64_t max_buffered_;
   const uint64_t end_;
   const std::shared_ptr<MemoryBudget> budget_;

@@ -393,8 +393,8 @@ TEST(ObjectReaderTest, ReadDirectFetchesLargeReadsStraightIntoTheCallersBuffer) 
   std::string got(1000, '\0');
   ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(got)).ok());
   EXPECT_EQ(got, data.substr(0, 1000));
-  // 3 chunks copied, 7 direct GETs; read-ahead waits for the next read.
-  EXPECT_EQ((*reader)->stats().requests, 10u);
+  // 3 chunks copied, 7 direct GETs, then read-ahead goes on from the end: [1000, 1300).
+  EXPECT_EQ((*reader)->stats().requests, 13u);
   EXPECT_EQ((*reader)->position(), 1000u);
   EXPECT_LE((*reader)->stats().peak_buffered_bytes, 300u);  // direct bytes are not held
   EXPECT_EQ((*reader)->stats().bytes_direct, 700u);
@@ -402,6 +402,7 @@ TEST(ObjectReaderTest, ReadDirectFetchesLargeReadsStraightIntoTheCallersBuffer) 
   std::string small(50, '\0');
   ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(small)).ok());
   EXPECT_EQ(small, data.substr(1000, 50));
+  EXPECT_EQ((*reader)->stats().bytes_direct, 700u);  // served from the read-ahead
   std::string rest(data.size() - 1050, '\0');
   ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(rest)).ok());
   EXPECT_EQ(rest, data.substr(1050));
@@ -507,6 +508,39 @@ TEST(ObjectReaderTest, AdaptiveRampsUpToFullReadAheadWhileReadingSequentially) {
   EXPECT_EQ(stats.bytes_fetched, data.size());
   EXPECT_EQ(slow->peak_in_flight(), 5);  // the full read-ahead was reached
   EXPECT_EQ(stats.jumps, 0u);
+}
+
+TEST(ObjectReaderTest, AdaptiveRampsPastADerivedReadAheadButNotPastAGivenOne) {
+  TempStore tmp;
+  const std::string data = RandomBytes(40 << 20, 24);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  for (int given : {-1, 3}) {
+    // A fresh runtime: its link estimates are the priors (50 ms x 100 MB/s per connection),
+    // which derive 3 chunks of 2 MiB.
+    auto runtime = std::make_shared<Runtime>();
+    auto slow = std::make_shared<SlowStore>(tmp.store(), absl::Milliseconds(2));
+    ObjectReaderOptions options{
+        .chunk_size = 2 << 20, .read_ahead = given, .adaptive = true, .runtime = runtime};
+    auto reader = ObjectReader::Open(slow, "obj", options);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    ASSERT_EQ((*reader)->stats().read_ahead, 3);
+    // Records read one after another with small gaps, as torch.load reads a checkpoint.
+    uint64_t at = 0;
+    std::string got(900'000, '\0');
+    while (at + 64 + got.size() <= data.size()) {
+      at += 64;
+      ASSERT_TRUE((*reader)->Seek(at).ok());
+      ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(got)).ok());
+      ASSERT_EQ(got, data.substr(at, got.size()));
+      at += got.size();
+    }
+    EXPECT_EQ((*reader)->stats().jumps, 0u) << given;
+    if (given < 0) {
+      EXPECT_GT(slow->peak_in_flight(), 4) << "the ramp stopped at the derived read-ahead";
+    } else {
+      EXPECT_LE(slow->peak_in_flight(), 4) << "the ramp passed the read-ahead the caller set";
+    }
+  }
 }
 
 }  // namespace
