@@ -101,8 +101,12 @@ Block MemoryBudget::TryAllocate(const std::shared_ptr<Account>& account, uint64_
     };
     if (!fits(bytes)) return Block();
     if (bytes >= kPooledBlock) {
+      // A mapping serves a request up to a quarter smaller; a heap array only one of its own
+      // size, so those are charged exactly what was asked (caps as small as a few blocks
+      // stay exact).
       auto it = pool_.lower_bound(bytes);
-      if (it != pool_.end() && it->first <= bytes + bytes / 4 && fits(it->first)) {
+      const uint64_t slack = bytes >= kLargeBlock ? bytes / 4 : 0;
+      if (it != pool_.end() && it->first <= bytes + slack && fits(it->first)) {
         taken = it->second;
         charge = it->first;
         pooled_ -= it->first;

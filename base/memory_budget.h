@@ -13,7 +13,8 @@
 //
 // Blocks of kLargeBlock bytes and more are anonymous mappings populated up front; blocks from
 // kPooledBlock bytes on are heap arrays. Released ones of either kind stay in a pool and serve
-// the next request of a similar size (at most a quarter larger), because the kernel
+// the next request of a similar size (a mapping: at most a quarter larger; a heap array: the
+// same size, so small charges stay exact), because the kernel
 // zero-fills every page of a fresh mapping, and the C heap gives the top of its free memory
 // back to the kernel: a stream of 100 KiB samples through a fresh heap block each spent a
 // quarter of its CPU in page faults. The bound held + pooled <= limit always holds:
