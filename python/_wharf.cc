@@ -288,8 +288,7 @@ class Store {
         absl::string_view(static_cast<const char*>(info.ptr), info.size * info.itemsize), [] {});
     PutOptions options;
     options.if_absent = if_absent;
-    ObjectMeta m =
-        Check(WithoutGil([&] { return s->Put(Key(key), std::move(cord), options); }));
+    ObjectMeta m = Check(WithoutGil([&] { return s->Put(Key(key), std::move(cord), options); }));
     m.key = key;
     return MetaToDict(m);
   }
@@ -367,8 +366,8 @@ PYBIND11_MODULE(_wharf, m) {
       type("NotFoundError", py::make_tuple(error, builtins.attr("FileNotFoundError")), attrs());
   py::object permission = type("PermissionDeniedError",
                                py::make_tuple(error, builtins.attr("PermissionError")), attrs());
-  py::object exists = type("AlreadyExistsError",
-                           py::make_tuple(error, builtins.attr("FileExistsError")), attrs());
+  py::object exists =
+      type("AlreadyExistsError", py::make_tuple(error, builtins.attr("FileExistsError")), attrs());
   m.attr("NotFoundError") = not_found;
   m.attr("PermissionDeniedError") = permission;
   m.attr("AlreadyExistsError") = exists;

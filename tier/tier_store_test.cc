@@ -287,8 +287,7 @@ TEST_F(TierStoreTest, ACompleteImportAnswersListingsOfItsSource) {
     EXPECT_EQ(*data, "bytes of ds/b/3");
   }
   // A kept listing that does not parse is walked again (and the walk finds the tree short).
-  ASSERT_TRUE(
-      WriteFileAtomically(tier->ImportListingPath(import), "{\"format\": 1\n\x01").ok());
+  ASSERT_TRUE(WriteFileAtomically(tier->ImportListingPath(import), "{\"format\": 1\n\x01").ok());
   {
     auto store = Cached(source_.store(), tier);
     // The read above filled the read-through area, which the walk does not count.
