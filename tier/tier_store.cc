@@ -15,6 +15,7 @@
 #include <functional>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -189,6 +190,33 @@ absl::Status CopyOutCord(const absl::Cord& data, uint64_t begin, uint64_t n,
   }
   for (absl::string_view chunk : part.Chunks()) WHARF_RETURN_IF_ERROR(req.sink->Append(chunk));
   return absl::OkStatus();
+}
+
+// What a read of an entry (`size` bytes, `etag`) answers: not modified for a matching
+// If-None-Match, else the request's range, copied to its destination by `copy(begin, n)`.
+absl::StatusOr<GetResult> Answer(const GetRequest& req, const std::string& op, uint64_t size,
+                                 const std::string& etag, absl::Time mtime,
+                                 absl::FunctionRef<absl::Status(uint64_t, uint64_t)> copy) {
+  GetResult result;
+  result.meta.key = req.key;
+  result.meta.size = size;
+  result.meta.etag = etag;
+  result.meta.mtime = mtime;
+  if (!req.if_none_match.empty() && req.if_none_match == etag) {
+    result.not_modified = true;
+    return result;
+  }
+  auto range = req.range.Resolve(size);
+  if (!range.ok()) return Annotate(range.status(), op);
+  const auto [begin, end] = *range;
+  result.offset = begin;
+  result.bytes = end - begin;
+  if (req.sink == nullptr && req.buffer.size() < end - begin) {
+    return absl::OutOfRangeError(absl::StrCat(op, ": the buffer holds ", req.buffer.size(),
+                                              " bytes, the range ", end - begin));
+  }
+  WHARF_RETURN_IF_ERROR(copy(begin, end - begin));
+  return result;
 }
 
 // The lock stripe of `path` (a file of the tier) opened, for the single-filler flock.
@@ -814,37 +842,12 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
     // file that was unlinked after it was opened is fine (its data stays until closed).
     flock(fd, LOCK_SH);
     if (!after_fill) TouchEntry(fd, *entry);
-    GetResult result;
-    result.meta.key = req.key;
-    result.meta.size = entry->size;
-    result.meta.etag = etag;
-    result.meta.mtime = absl::TimeFromTimespec(st.st_mtim);
-    if (!req.if_none_match.empty() && req.if_none_match == etag) {
-      close(fd);
-      result.not_modified = true;
-      read.Finish(std::move(result));
-      return true;
-    }
-    absl::Status status;
-    auto range = req.range.Resolve(entry->size);
-    if (!range.ok()) {
-      status = Annotate(range.status(), op);
-    } else {
-      const auto [begin, end] = *range;
-      result.offset = begin;
-      result.bytes = end - begin;
-      if (req.sink == nullptr && req.buffer.size() < end - begin) {
-        status = absl::OutOfRangeError(absl::StrCat(op, ": the buffer holds ", req.buffer.size(),
-                                                    " bytes, the range ", end - begin));
-      }
-      if (status.ok()) status = CopyOut(fd, begin, end - begin, req, 0, op);
-    }
+    const absl::Time mtime = absl::TimeFromTimespec(st.st_mtim);
+    auto answer = Answer(req, op, entry->size, etag, mtime, [&](uint64_t begin, uint64_t n) {
+      return CopyOut(fd, begin, n, req, 0, op);
+    });
     close(fd);
-    if (status.ok()) {
-      read.Finish(std::move(result));
-    } else {
-      read.Finish(std::move(status));
-    }
+    read.Finish(std::move(answer));
     return true;
   }
   return false;
@@ -1059,27 +1062,8 @@ void TierStore::ServeFilled(PendingRead& read, const TierEntry& entry, absl::Tim
     return read.Finish(absl::FailedPreconditionError(
         absl::StrCat(op, ": object changed (etag ", etag, ", expected ", req.if_match, ")")));
   }
-  GetResult result;
-  result.meta.key = req.key;
-  result.meta.size = entry.size;
-  result.meta.etag = etag;
-  result.meta.mtime = mtime;
-  if (!req.if_none_match.empty() && req.if_none_match == etag) {
-    result.not_modified = true;
-    return read.Finish(std::move(result));
-  }
-  auto range = req.range.Resolve(entry.size);
-  if (!range.ok()) return read.Finish(Annotate(range.status(), op));
-  const auto [begin, end] = *range;
-  result.offset = begin;
-  result.bytes = end - begin;
-  if (req.sink == nullptr && req.buffer.size() < end - begin) {
-    return read.Finish(absl::OutOfRangeError(absl::StrCat(
-        op, ": the buffer holds ", req.buffer.size(), " bytes, the range ", end - begin)));
-  }
-  absl::Status status = CopyOutCord(data, begin, end - begin, req);
-  if (!status.ok()) return read.Finish(std::move(status));
-  read.Finish(std::move(result));
+  read.Finish(Answer(req, op, entry.size, etag, mtime,
+                     [&](uint64_t begin, uint64_t n) { return CopyOutCord(data, begin, n, req); }));
 }
 
 void TierStore::MaybeEvict(uint64_t filled) {
