@@ -670,6 +670,59 @@ def test_install_without_s3fs_and_gcsfs(s3_env, bucket, s3_client, tmp_path):
     assert json.loads(records) == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}, {"a": 3, "b": "z"}]
 
 
+def test_hugging_face_datasets_through_wharf(s3_env, bucket, s3_client, tmp_path):
+    """Hugging Face datasets reaches s3:// through fsspec; after install(), in a process where
+    s3fs and gcsfs cannot be imported, load_dataset (parquet by glob, csv, streaming) and
+    save_to_disk / load_from_disk read and write through wharf (its GET and PUT counters
+    move) and give back the rows that were written."""
+    import pandas
+    df = pandas.DataFrame({"i": range(300), "s": [f"row {i}" for i in range(300)]})
+    for n in range(3):
+        df.iloc[n * 100:(n + 1) * 100].to_parquet(tmp_path / f"part-{n}.parquet", index=False)
+        s3_client.upload_file(str(tmp_path / f"part-{n}.parquet"), bucket,
+                              f"hf/train/part-{n}.parquet")
+    df.to_csv(tmp_path / "t.csv", index=False)
+    s3_client.upload_file(str(tmp_path / "t.csv"), bucket, "hf/t.csv")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["s3fs"] = None
+        sys.modules["gcsfs"] = None
+        import datasets, wharf, wharf.fsspec
+        wharf.fsspec.install()
+        def count(op):
+            return sum(v for k, v in wharf.metrics()["counters"].items()
+                       if k.startswith('wharf_store_requests_total{{scheme="s3",op="' + op + '"'))
+        gets = count("get")
+        pq = datasets.load_dataset("parquet", data_files="s3://{bucket}/hf/train/*.parquet",
+                                   split="train")
+        csv = datasets.load_dataset("csv", data_files="s3://{bucket}/hf/t.csv", split="train")
+        assert count("get") >= gets + 4, (gets, count("get"))
+        assert sorted(pq["i"]) == list(range(300)) and csv["i"] == list(range(300))
+        assert sorted(zip(pq["i"], pq["s"])) == list(zip(csv["i"], csv["s"]))
+        gets = count("get")
+        streamed = datasets.load_dataset("parquet", split="train", streaming=True,
+                                         data_files="s3://{bucket}/hf/train/*.parquet")
+        rows = sorted(r["i"] for r in streamed)
+        assert rows == list(range(300)) and count("get") > gets, rows[:5]
+        puts = count("put") + count("write")  # whole-object and streamed uploads
+        csv.save_to_disk("s3://{bucket}/hf/saved")
+        assert count("put") + count("write") >= puts + 3, (puts, count("write"))
+        back = datasets.load_from_disk("s3://{bucket}/hf/saved")
+        assert back["s"] == csv["s"]
+        print(len(pq), len(csv), len(back))
+    """)
+    cache = tmp_path / "hf-cache"
+    env = dict(s3_env, PYTHONPATH=WHARF_PATH, HF_HOME=str(cache), HF_DATASETS_CACHE=str(cache),
+               HF_DATASETS_DISABLE_PROGRESS_BARS="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert out.stdout.split() == ["300", "300", "300"]
+    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket,
+                                                         Prefix="hf/saved/")["Contents"]]
+    assert "hf/saved/dataset_info.json" in keys and any(k.endswith(".arrow") for k in keys)
+
+
 # ---------------------------------------------------------------- fsspec's abstract suite
 
 
