@@ -209,7 +209,12 @@ FileLock::~FileLock() {
 }
 
 bool IsCacheFileName(absl::string_view name) {
-  if (!absl::StartsWith(name, "m-") && !absl::StartsWith(name, "l-")) return false;
+  // m-: a manifest's index, l-: a listing's, r-: a shard record index (MapDataset.from_shards,
+  // written by wharf/torch/_shards.py).
+  if (!absl::StartsWith(name, "m-") && !absl::StartsWith(name, "l-") &&
+      !absl::StartsWith(name, "r-")) {
+    return false;
+  }
   if (name.size() < 19 || name[18] != '-') return false;
   for (char c : name.substr(2, 16)) {
     if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;

@@ -117,7 +117,7 @@ class FileLock {
   int fd_;
 };
 
-// Whether `name` is one of the cache's files: "m-" or "l-", 16 hex digits, "-" (index
+// Whether `name` is one of the cache's files: "m-", "l-" or "r-", 16 hex digits, "-" (index
 // files, their lock files, temporaries of builds that did not finish).
 bool IsCacheFileName(absl::string_view name);
 

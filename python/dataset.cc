@@ -23,20 +23,29 @@
 #include "dataset/sampler.h"
 #include "python/binding.h"
 #include "store/uri.h"
+#include "tier/tier_store.h"
 
 namespace wharf::python {
 namespace {
 
 // ---- SampleIndex ----
 
-// The index cache directory an `index_cache` argument names: None or True: the default
-// (dataset::DefaultIndexCacheDir: $WHARF_INDEX_CACHE, else ~/.cache/wharf/index); False or
-// "": none (the index is held in memory); a str or os.PathLike: that directory.
-std::string IndexCacheDir(const py::object& index_cache) {
-  if (index_cache.is_none()) return DefaultIndexCacheDir();
-  if (py::isinstance<py::bool_>(index_cache)) {
-    return index_cache.cast<bool>() ? DefaultIndexCacheDir() : std::string();
+// The index cache directory an `index_cache` argument names for an index of `store`: None
+// or True: the default, which is the tier's own folder (<tier>/.wharf/index) when the store
+// reads through a tier (cache= or WHARF_CACHE), so the ranks of every node sharing the tier
+// map one file, else dataset::DefaultIndexCacheDir ($WHARF_INDEX_CACHE, else
+// ~/.cache/wharf/index); False or "": none (the index is held in memory); a str or
+// os.PathLike: that directory.
+std::string IndexCacheDir(const py::object& index_cache, const ObjectStore& store) {
+  const bool by_default =
+      index_cache.is_none() || (py::isinstance<py::bool_>(index_cache) && index_cache.cast<bool>());
+  if (by_default) {
+    if (const auto* tier = dynamic_cast<const TierStore*>(&store)) {
+      return tier->tier()->MetaPath("index");
+    }
+    return DefaultIndexCacheDir();
   }
+  if (py::isinstance<py::bool_>(index_cache)) return std::string();
   if (py::isinstance<py::str>(index_cache) || py::hasattr(index_cache, "__fspath__")) {
     return py::module_::import("os").attr("fspath")(index_cache).cast<std::string>();
   }
@@ -65,7 +74,7 @@ class PyIndex {
     options.keep_directory_markers = keep_directory_markers;
     options.list.workers = workers;
     options.list.page_size = page_size;
-    options.cache = {.dir = IndexCacheDir(index_cache), .scope = handle.spec().ToJson()};
+    options.cache = {.dir = IndexCacheDir(index_cache, *store), .scope = handle.spec().ToJson()};
     SampleIndex index = Check(
         WithoutGil([&] { return SampleIndex::FromListing(*store, handle.prefix(), options); }));
     return std::make_shared<PyIndex>(std::move(handle), std::move(index));
@@ -93,7 +102,7 @@ class PyIndex {
     parsed.key = parsed.key.substr(0, parsed.key.rfind('/') + 1);  // npos + 1 == 0
     StoreHandle handle(parsed.uri().ToString(), parsed.spec, parsed.key);
     auto store = handle.store();
-    options.cache = {.dir = IndexCacheDir(index_cache), .scope = handle.spec().ToJson()};
+    options.cache = {.dir = IndexCacheDir(index_cache, *store), .scope = handle.spec().ToJson()};
     SampleIndex index =
         Check(WithoutGil([&] { return SampleIndex::FromManifest(*store, manifest_key, options); }));
     return std::make_shared<PyIndex>(std::move(handle), std::move(index));
@@ -366,8 +375,9 @@ void RegisterDataset(py::module_& m) {
                   "Every object below the URI (a string prefix: end it with '/' for a folder), "
                   "listed by `workers` parallel list calls and sorted by key; only keys ending "
                   "in one of `suffixes` when given. The listing is written to an index file in "
-                  "`index_cache` (None: $WHARF_INDEX_CACHE or ~/.cache/wharf/index; a "
-                  "directory; False: keep it in memory) and mapped, shared by every process "
+                  "`index_cache` (None: the tier's .wharf/index when reading through one, else "
+                  "$WHARF_INDEX_CACHE or ~/.cache/wharf/index; a directory; False: keep it in "
+                  "memory) and mapped, shared by every process "
                   "that opens the same listing. Store options as keyword arguments "
                   "(endpoint=, region=, anonymous=, profile=, ...), as for wharf.Store")
       .def_static("from_manifest", &PyIndex::FromManifest, py::arg("uri"),
@@ -376,6 +386,18 @@ void RegisterDataset(py::module_& m) {
                   "key/size/etag); relative keys resolve against the manifest's folder. The "
                   "index file of each manifest version (URI, ETag, size) is built once in "
                   "`index_cache` (as for from_prefix) and mapped by every process after")
+      .def_static(
+          "cache_dir",
+          [](const std::string& uri, const py::object& index_cache,
+             const py::kwargs& store_options) -> py::object {
+            StoreHandle handle(uri, StoreOptionsFromKwargs(store_options));
+            std::string dir = IndexCacheDir(index_cache, *handle.store());
+            return dir.empty() ? py::object(py::none()) : py::object(py::str(dir));
+          },
+          py::arg("uri"), py::arg("index_cache") = py::none(),
+          "The directory the index files of a dataset at `uri` go to (None: held in memory): "
+          "`index_cache` when given, else the tier's .wharf/index when the store reads "
+          "through one (cache=, WHARF_CACHE), else $WHARF_INDEX_CACHE or ~/.cache/wharf/index")
       .def_static("from_keys", &PyIndex::FromKeys, py::arg("uri"), py::arg("keys"),
                   "Keys relative to the URI, in the order given (e.g. a list of shards)")
       .def("__len__", &PyIndex::size)

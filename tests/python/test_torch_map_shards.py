@@ -84,3 +84,63 @@ def test_compressed_shards_and_other_formats_are_refused(target):  # noqa: F811
         MapDataset.from_shards(uri + "gz/", format="tar")
     with pytest.raises(ValueError, match="random access"):
         MapDataset.from_shards(uri + "gz/", format="csv")
+
+
+def _gets() -> int:
+    return sum(v for k, v in wharf.metrics()["counters"].items()
+               if k.startswith("wharf_store_requests_total{") and 'op="get"' in k)
+
+
+def test_record_index_is_kept_and_reused(target, tmp_path, capfd):  # noqa: F811
+    """The record index is built once and kept in the index cache: a second dataset over the
+    same shards loads it without reading a shard; a changed shard (new ETag) builds a new
+    one; a damaged file is rebuilt with a warning; index_cache=False keeps nothing."""
+    uri, store = target
+    for s in range(2):
+        store.put(f"k/{s}.tar", _wds_shard([{"__key__": f"s{s}-{i}", "txt": b"t" * (i + 1)}
+                                            for i in range(5)]))
+    cache = tmp_path / "idx"
+    first = MapDataset.from_shards(uri + "k/", index_cache=cache)
+    path = first.index_path
+    assert path is not None and path.startswith(str(cache) + "/r-")
+    assert oct((tmp_path / "idx" / path.rsplit("/", 1)[1]).stat().st_mode & 0o777) == "0o600"
+    gets = _gets()
+    again = MapDataset.from_shards(uri + "k/", index_cache=cache)
+    assert _gets() == gets, "the kept index was not used: the shards were read again"
+    assert again.index_path == path and len(again) == 10
+    assert [again[i].key for i in range(10)] == [first[i].key for i in range(10)]
+    assert again[7].data == {"txt": b"t" * 3}
+    # a changed shard is another index (the old one stays until the cache's cleanup)
+    store.put("k/1.tar", _wds_shard([{"__key__": f"n{i}", "txt": b"n"} for i in range(3)]))
+    changed = MapDataset.from_shards(uri + "k/", index_cache=cache)
+    assert changed.index_path != path and len(changed) == 8
+    assert changed[7].key == "n2" and changed[7].data == {"txt": b"n"}
+    # a damaged index file is rebuilt, with a warning naming it
+    with open(changed.index_path, "r+b") as f:
+        f.seek(40)
+        f.write(b"\xff\xff\xff\xff")
+    capfd.readouterr()
+    rebuilt = MapDataset.from_shards(uri + "k/", index_cache=cache)
+    assert changed.index_path in capfd.readouterr().err
+    assert [rebuilt[i].key for i in range(8)] == [changed[i].key for i in range(8)]
+    assert MapDataset.from_shards(uri + "k/", index_cache=cache)[0].key == "s0-0"
+    assert MapDataset.from_shards(uri + "k/", index_cache=False).index_path is None
+    assert not [p for p in cache.iterdir() if "tmp" in p.name], "a temporary was left"
+
+
+def test_index_files_go_to_the_tier_read_through(s3_env, bucket, tmp_path, monkeypatch):
+    """Reading through a tier (cache=), the index files (a listing's, a record index) go to
+    the tier's own folder, which every node sharing the tier sees, not to the user's cache."""
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, s3_env[k])
+    uri = f"s3://{bucket}/t/"
+    store = wharf.Store(uri)
+    store.put("a.tar", _wds_shard([{"__key__": f"x{i}", "bin": b"b" * 9} for i in range(4)]))
+    tier = tmp_path / "tier"
+    ds = MapDataset.from_shards(uri, cache=str(tier))
+    assert ds.index_path.startswith(str(tier / ".wharf" / "index") + "/r-")
+    assert ds[3].data == {"bin": b"b" * 9}
+    it = IterableDataset.from_prefix(uri, cache=str(tier))
+    assert it.index.path.startswith(str(tier / ".wharf" / "index") + "/l-")
+    explicit = IterableDataset.from_prefix(uri, cache=str(tier), index_cache=tmp_path / "mine")
+    assert explicit.index.path.startswith(str(tmp_path / "mine") + "/l-")

@@ -397,9 +397,13 @@ class MapDataset(torch.utils.data.Dataset):
         """Random access to the records inside tar or TFRecord shards: `ds[i]` is record i
         (tar: a Sample whose .data is {ext: bytes}, grouped as webdataset groups members;
         tfrecord: the record's bytes). The shards are read once to build a record-offset index
-        (shard, byte range, 24 bytes a record); each access is then one ranged GET, a batch's
-        ranges fetched together. `shards`: keys relative to `uri`, a sub-prefix, or None
-        (every shard below `uri`). Compressed shards are refused (no random access)."""
+        (shard, byte range, 20 bytes a record); each access is then one ranged GET, a batch's
+        ranges fetched together. The record index is kept as a file in the index cache
+        (`index_cache=`, as for from_prefix: the tier's .wharf/index when reading through one;
+        False: not kept), named after the shards' keys, sizes and ETags, so later processes
+        and runs load it instead of reading the shards again. `shards`: keys relative to
+        `uri`, a sub-prefix, or None (every shard below `uri`). Compressed shards are refused
+        (no random access)."""
         from wharf.torch._shards import ShardMapDataset
         return ShardMapDataset(uri, shards, format=format, transform=transform, **store)
 

@@ -9,9 +9,23 @@ the listing, and decodes it: a TFRecord frame (length, data; a length that disag
 range is an error naming the shard and offset), or the tar members of one sample
 (`key.ext` -> bytes, extensions lower-cased as webdataset does). Compressed shards have no
 random access and are refused.
+
+The record index is built once per set of shards and kept as a file in the index cache (the
+directory SampleIndex files go to: `index_cache=`, else the tier's `.wharf/index` when reading
+through one, else $WHARF_INDEX_CACHE or ~/.cache/wharf/index; False keeps nothing). Its name is
+a digest of the store spec, the URI, the format and every shard's key, size and ETag, so a
+changed shard means a new index, never a stale one. The file: magic, a JSON header (the same
+description, the record count), the columns, and a BLAKE2b digest of all that; one that does
+not check out is rebuilt. Written as a 0600 temporary, synced, then renamed into place.
 """
+import hashlib
 import io
+import json
+import os
+import struct
+import sys
 import tarfile
+import tempfile
 from array import array
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -27,7 +41,7 @@ class ShardMapDataset(torch.utils.data.Dataset):
 
     def __init__(self, uri: str, shards: Union[None, str, Sequence[str]] = None, *,
                  format: str = "tar", transform: Optional[Callable] = None,
-                 list_workers: int = 16, **store):
+                 list_workers: int = 16, index_cache=None, **store):
         if format not in _RANDOM_ACCESS:
             raise ValueError(f"MapDataset.from_shards: format {format!r}: random access is for "
                              f"{' and '.join(_RANDOM_ACCESS)} shards")
@@ -59,11 +73,108 @@ class ShardMapDataset(torch.utils.data.Dataset):
         self._begin = array("Q")
         self._end = array("Q")
         self._keys = []  # tar: each sample's key
-        self._build()
+        self.index_path = None  # the record index's file in the index cache, if any
+        cache = _wharf.SampleIndex.cache_dir(uri, index_cache=index_cache, **store)
+        index = _wharf.SampleIndex.from_keys(self.uri, [k for k, _, _ in self.shards], **store)
+        if cache is None:
+            self._build(index)
+            return
+        described = {"v": 1, "spec": index.spec, "uri": uri, "format": format,
+                     "shards": [list(t) for t in self.shards]}
+        digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+        path = os.path.join(cache, f"r-{digest[:16]}-{digest[16:48]}.wrec")
+        if not self._load(path, described):
+            self._build(index)
+            self._save(cache, path, described, digest[:16])
+        self.index_path = path
 
-    def _build(self):
-        index = _wharf.SampleIndex.from_keys(self.uri, [k for k, _, _ in self.shards],
-                                             **self._store_options)
+    _MAGIC = b"WHARFREC"
+
+    def _load(self, path: str, described: dict) -> bool:
+        """The record index from `path` when it is there and checks out."""
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            print(f"wharf: MapDataset.from_shards: cannot read the record index {path}: {e}; "
+                  "rebuilding it", file=sys.stderr)
+            return False
+        try:
+            if blob[:8] != self._MAGIC or hashlib.blake2b(
+                    blob[:-16], digest_size=16).digest() != blob[-16:]:
+                raise ValueError("damaged (digest)")
+            (hlen,) = struct.unpack_from("<Q", blob, 8)
+            header = json.loads(blob[16:16 + hlen])
+            if header["described"] != described:
+                raise ValueError("describes other shards")
+            n, pos = header["records"], 16 + hlen
+            cols = []
+            for code, count in (("I", n), ("Q", n), ("Q", n), ("Q", n + 1)):
+                a = array(code)
+                a.frombytes(blob[pos:pos + a.itemsize * count])
+                if len(a) != count:
+                    raise ValueError("truncated")
+                cols.append(a)
+                pos += a.itemsize * count
+            shard_of, begin, end, key_offsets = cols
+            keys = blob[pos:len(blob) - 16]
+            if sys.byteorder != "little":
+                for a in cols:
+                    a.byteswap()
+            if key_offsets[-1] != len(keys) or any(i >= len(self.shards) for i in shard_of):
+                raise ValueError("inconsistent columns")
+        except (ValueError, KeyError, TypeError, struct.error) as e:
+            print(f"wharf: MapDataset.from_shards: the record index {path} is unusable ({e}); "
+                  "rebuilding it", file=sys.stderr)
+            return False
+        self._shard_of, self._begin, self._end = shard_of, begin, end
+        if self.format == "tar":
+            self._keys = [keys[key_offsets[i]:key_offsets[i + 1]].decode()
+                          for i in range(n)]
+        try:
+            os.utime(path)  # last use, for the cache's cleanup of files unused for a week
+        except OSError:
+            pass
+        return True
+
+    def _save(self, cache: str, path: str, described: dict, stem: str) -> None:
+        """Publishes the record index; best effort (an unwritable cache only costs rebuilds)."""
+        key_offsets, keys = array("Q", [0]), bytearray()
+        for k in self._keys:
+            keys += k.encode()
+            key_offsets.append(len(keys))
+        if not self._keys:
+            key_offsets = array("Q", [0] * (len(self._begin) + 1))
+        header = json.dumps({"described": described, "records": len(self._begin)}).encode()
+        cols = [array("I", self._shard_of), array("Q", self._begin), array("Q", self._end),
+                key_offsets]
+        if sys.byteorder != "little":
+            for a in cols:
+                a.byteswap()
+        body = b"".join([self._MAGIC, struct.pack("<Q", len(header)), header]
+                        + [a.tobytes() for a in cols] + [bytes(keys)])
+        tmp = None
+        try:
+            os.makedirs(cache, mode=0o700, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cache, prefix=f"r-{stem}-tmp")  # mode 0600
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+                f.write(hashlib.blake2b(body, digest_size=16).digest())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            print(f"wharf: MapDataset.from_shards: cannot keep the record index in {cache}: "
+                  f"{e}", file=sys.stderr)
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+    def _build(self, index):
         stream = _wharf.RecordStream(index, self.format, shuffle=False)
         number = {self.uri + k: n for n, (k, _, _) in enumerate(self.shards)}
         last = None  # the previous record's shard
