@@ -157,7 +157,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     std::shared_ptr<BatchImpl> core_;
   };
 
-  void Close() {
+  void Close() override {
     {
       absl::MutexLock lock(&mu_);
       closed_ = true;
@@ -165,7 +165,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     waker_->Signal();
   }
 
-  void Add(std::vector<FetchItem> items) {
+  void Add(std::vector<FetchItem> items) override {
     Deferred deferred;
     {
       absl::MutexLock lock(&mu_);
@@ -301,7 +301,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     PumpLocked(deferred);
   }
 
-  std::optional<FetchResult> Next() {
+  std::optional<FetchResult> Next() override {
     // The caller blocked on bytes not yet fetched: one span from its first wait to the return.
     ProfileSpan io_wait(ProfileStage::kIoWait, /*begin=*/false);
     while (true) {
@@ -344,7 +344,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     }
   }
 
-  void Cancel() {
+  void Cancel() override {
     Deferred deferred;
     {
       absl::MutexLock lock(&mu_);
@@ -360,7 +360,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     waker_->Signal();
   }
 
-  FetchStats stats() const {
+  FetchStats stats() const override {
     absl::MutexLock lock(&mu_);
     FetchStats s = stats_;
     s.peak_bytes_held = peak_held_;

@@ -554,7 +554,8 @@ void S3Store::HeadAsync(std::string key, Callback<ObjectMeta> done) {
             if (!r.ok()) return std::move(done)(r.status());
             ObjectMeta meta;
             meta.key = std::move(key);
-            absl::SimpleAtoi(Header(*r, "content-length"), &meta.size);
+            // No (or a malformed) Content-Length: the size is unknown (0).
+            if (!absl::SimpleAtoi(Header(*r, "content-length"), &meta.size)) meta.size = 0;
             meta.etag = Unquote(Header(*r, "etag"));
             meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
             std::move(done)(std::move(meta));
@@ -664,7 +665,9 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
       if (result.meta.etag.empty()) result.meta.etag = state->request.if_none_match;
       // A 304 may carry the Content-Length a 200 would have; servers that leave it out
       // leave the size unknown (0).
-      absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size);
+      if (!absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size)) {
+        result.meta.size = 0;
+      }
       return std::move(done)(std::move(result));
     }
     const std::string content_range = Header(*r, "content-range");
@@ -678,8 +681,8 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
       result.meta.size = total;
       result.offset = first;
       length = last - first + 1;
-    } else {
-      absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size);
+    } else if (!absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size)) {
+      result.meta.size = r->body_bytes;  // a whole object sent without a Content-Length
     }
     if (state->delivered > 0) result.offset = state->begin;
     result.bytes = state->delivered + r->body_bytes;
