@@ -124,13 +124,49 @@ ObjectReader::ObjectReader(std::shared_ptr<ObjectStore> store, ObjectMeta meta, 
   }
 }
 
-void ObjectReader::Restart() {
+uint64_t ObjectReader::MinChunk() const {
   const uint64_t min_chunk = options_.min_chunk > 0
                                  ? options_.min_chunk
                                  : std::max<uint64_t>(uint64_t{64} << 10, options_.chunk_size / 16);
-  window_ = std::min(min_chunk, options_.chunk_size);
+  return std::min(min_chunk, options_.chunk_size);
+}
+
+void ObjectReader::Restart() {
+  window_ = MinChunk();
   ahead_ = 0;
   jumped_ = true;
+}
+
+void ObjectReader::SetAsideCurrent() {
+  // At most two first chunks: what a header or footer read fetched, not a sequential
+  // reader's large chunk (that would pin up to chunk_size for a return that rarely comes).
+  if (options_.adaptive && current_ != nullptr && current_->size <= 2 * MinChunk()) {
+    std::swap(set_aside_, current_);
+  }
+  ReleaseCurrent();
+}
+
+bool ObjectReader::ReturnToSetAside(uint64_t offset) {
+  if (set_aside_ == nullptr || offset < set_aside_->offset ||
+      offset >= set_aside_->offset + set_aside_->size) {
+    return false;
+  }
+  std::shared_ptr<Chunk> back = std::move(set_aside_);
+  SetAsideCurrent();
+  DropQueuedBefore(std::numeric_limits<uint64_t>::max());
+  current_ = std::move(back);
+  pos_ = offset;
+  next_fetch_ = current_->offset + current_->size;
+  ++jumps_;
+  Restart();
+  return true;
+}
+
+void ObjectReader::RampToCover(uint64_t bytes) {
+  while (window_ < options_.chunk_size && window_ * (ahead_ + 1) < bytes) Ramp();
+  while (window_ == options_.chunk_size && ahead_ < ramp_limit_ && window_ * (ahead_ + 1) < bytes) {
+    Ramp();
+  }
 }
 
 void ObjectReader::Ramp() {
@@ -152,6 +188,7 @@ ObjectReader::~ObjectReader() {
   // Return the charges now: a store may destroy a completion (which shares its chunk) a
   // little after running it.
   if (current_ != nullptr) current_->block = Block();
+  if (set_aside_ != nullptr) set_aside_->block = Block();
   for (auto& chunk : queue_) chunk->block = Block();
 }
 
@@ -312,6 +349,7 @@ absl::Status ObjectReader::Fill() {
   ReleaseCurrent();
   if (pos_ >= end_) return absl::OkStatus();
   DropQueuedBefore(pos_);
+  const bool after_jump = options_.adaptive && jumped_;
   if (options_.adaptive) {
     // Moving on into the next chunk without a jump is the evidence of sequential reading.
     if (!jumped_) Ramp();
@@ -319,6 +357,14 @@ absl::Status ObjectReader::Fill() {
   }
   if (queue_.empty()) {
     if (next_fetch_ < pos_) next_fetch_ = pos_;
+    // A jump that lands within one window of the end is a footer's read: a zip's end record
+    // and then its central directory and local headers before it (torch.load), Parquet's
+    // metadata before its last 8 bytes. They are read backwards in small pieces, each of
+    // which would be a jump and a round trip of its own: one window ending at the end
+    // fetches them together, for at most a window of bytes never read.
+    if (after_jump && end_ - next_fetch_ < window_) {
+      next_fetch_ = std::max(options_.offset, end_ > window_ ? end_ - window_ : 0);
+    }
     // The reader holds no chunk but abandoned ones in flight: wait until the next one fits
     // the budget (releases anywhere, those completions included, wake the wait).
     absl::StatusOr<Block> block = AllocateWaiting(std::min(window_, end_ - next_fetch_));
@@ -415,7 +461,8 @@ absl::Status ObjectReader::Seek(uint64_t offset) {
     // reads one after another, which is sequential reading.
     const uint64_t requested_end = std::max(next_fetch_, pos_);
     if (options_.adaptive && offset > requested_end + kSequentialGap) {
-      ReleaseCurrent();
+      if (ReturnToSetAside(offset)) return absl::OkStatus();
+      SetAsideCurrent();
       DropQueuedBefore(std::numeric_limits<uint64_t>::max());
       pos_ = next_fetch_ = offset;
       ++jumps_;
@@ -430,7 +477,8 @@ absl::Status ObjectReader::Seek(uint64_t offset) {
   }
   // Behind everything held: none of it is of use now. Chunks in flight are abandoned (their
   // completions return the bytes); read-ahead starts over at the new position.
-  ReleaseCurrent();
+  if (options_.adaptive && ReturnToSetAside(offset)) return absl::OkStatus();
+  SetAsideCurrent();
   DropQueuedBefore(std::numeric_limits<uint64_t>::max());
   pos_ = next_fetch_ = offset;
   if (options_.adaptive) {
@@ -467,7 +515,14 @@ absl::Status ObjectReader::ReadDirect(absl::Span<char> dst) {
     // Right after a jump a read of known size is fetched exactly; otherwise it is one more
     // sign of sequential reading.
     exact = jumped_ && rest >= kExactReadBytes;
-    if (!exact && rest < options_.chunk_size) return ReadExact(dst.subspan(done));  // Fill ramps
+    if (!exact && rest < options_.chunk_size) {
+      // A sequential read longer than the ramp's window: the caller said it wants that
+      // many bytes, so the ramp goes at once to chunks and read-ahead that request them all
+      // together (torch.load reads each record with one readinto; a chunk after chunk ramp
+      // towards it cost a round trip per step), and read-ahead goes on after them.
+      if (!jumped_) RampToCover(rest);
+      return ReadExact(dst.subspan(done));  // Fill ramps
+    }
     if (!jumped_) Ramp();
     jumped_ = false;
   } else if (rest < options_.chunk_size) {

@@ -87,9 +87,13 @@ struct ObjectReaderOptions {
   // kExactReadBytes right after a jump fetches exactly its bytes (the caller said how many it
   // wants), in chunk_size GETs in parallel; any other ReadDirect continues sequential reading, and
   // read-ahead goes on from its end (torch.load reads a checkpoint's records in order with small
-  // gaps between them). A sequential reader pays about log2(chunk_size / min_chunk) extra first
-  // bytes at the start; a random reader fetches what it reads plus at most min_chunk per small
-  // read.
+  // gaps between them). A jump to within min_chunk of the end fetches the last min_chunk bytes
+  // (a footer read backwards in pieces: a zip's end record, central directory and local
+  // headers, Parquet's metadata, in one round trip), and the small chunk read before a jump
+  // is kept until the next one, so returning to it costs nothing (a zip's first bytes, read
+  // before and after its footer). A sequential reader pays about
+  // log2(chunk_size / min_chunk) extra first bytes at the start; a random reader fetches what
+  // it reads plus at most min_chunk per small read.
   bool adaptive = false;
   // The first chunk after a jump (adaptive only). 0: chunk_size / 16, at least 64 KiB.
   uint64_t min_chunk = 0;
@@ -202,6 +206,16 @@ class ObjectReader {
   // Queues the chunk at next_fetch_ held in `block` and counts it; the caller issues it.
   std::shared_ptr<Chunk> StartChunk(Block block);
   void ReleaseCurrent();
+  // Adaptive, at a jump: current_ is set aside when it is small (a file's header or footer,
+  // which readers of zip and Parquet files come back to), releasing the one set aside
+  // before; otherwise released.
+  void SetAsideCurrent();
+  // Adaptive: a jump to `offset` inside the chunk set aside brings it back (no request).
+  bool ReturnToSetAside(uint64_t offset);
+  // Adaptive: ramps until the window and read-ahead cover `bytes` (or reach their limits).
+  void RampToCover(uint64_t bytes);
+  // The first chunk after a jump (adaptive).
+  uint64_t MinChunk() const;
   // Drops queued chunks that end at or before `offset`.
   void DropQueuedBefore(uint64_t offset);
   absl::Status NotEnough(uint64_t wanted) const;
@@ -219,6 +233,7 @@ class ObjectReader {
   uint64_t pos_;
   uint64_t next_fetch_;                       // first byte not yet requested
   std::shared_ptr<Chunk> current_;            // fetched chunk holding pos_, or null
+  std::shared_ptr<Chunk> set_aside_;          // adaptive: see SetAsideCurrent, or null
   std::deque<std::shared_ptr<Chunk>> queue_;  // requested chunks after current_, in order
   uint64_t requests_ = 0;
   uint64_t bytes_copied_ = 0;

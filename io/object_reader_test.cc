@@ -488,8 +488,66 @@ TEST(ObjectReaderTest, AdaptiveRequestsNothingBeforeTheFirstReadAndFetchesSmallA
   EXPECT_EQ(column, data.substr(500'000, 100'000));
   const ObjectReaderStats stats = (*reader)->stats();
   EXPECT_EQ(stats.requests, 3u);
-  EXPECT_EQ(stats.bytes_fetched, 8u + (16u << 10) + 100'000u);
+  // The footer's jump fetched the last min_chunk bytes (see below), the small read after a
+  // jump min_chunk, the read of known size exactly its bytes.
+  EXPECT_EQ(stats.bytes_fetched, (16u << 10) + (16u << 10) + 100'000u);
   EXPECT_EQ(stats.jumps, 3u);
+}
+
+TEST(ObjectReaderTest, AdaptiveFetchesAFooterInOneRequestAndKeepsTheStartForTheReturn) {
+  TempStore tmp;
+  const std::string data = RandomBytes(1 << 20, 25);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  ObjectReaderOptions options{
+      .chunk_size = 256 << 10, .read_ahead = 4, .adaptive = true, .min_chunk = 16 << 10};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok());
+  // As torch.load reads a zip: the first bytes, the end record, then the central directory
+  // and local headers before it, each a little further back.
+  const uint64_t n = data.size();
+  const std::vector<std::pair<uint64_t, size_t>> reads = {
+      {0, 8},           {n - 22, 22},   {n - 42, 20},   {n - 98, 56},
+      {n - 4151, 4053}, {n - 4317, 30}, {n - 4447, 30}, {n - 4207, 40}};
+  for (const auto& [at, len] : reads) {
+    ASSERT_TRUE((*reader)->Seek(at).ok());
+    std::string got(len, '\0');
+    ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok());
+    EXPECT_EQ(got, data.substr(at, len)) << at;
+  }
+  // The start's window, and one window ending at the end for everything after.
+  EXPECT_EQ((*reader)->stats().requests, 2u);
+  EXPECT_EQ((*reader)->stats().bytes_fetched, 2u * (16u << 10));
+  // Back to the start (torch.load reads the first records' headers next): the start's
+  // window was set aside at the jump, not released, so returning costs no request; and the
+  // footer's window is set aside in its turn.
+  for (uint64_t at : {uint64_t{4816}, uint64_t{0}, n - 30}) {
+    ASSERT_TRUE((*reader)->Seek(at).ok());
+    std::string got(30, '\0');
+    ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok());
+    EXPECT_EQ(got, data.substr(at, 30)) << at;
+  }
+  EXPECT_EQ((*reader)->stats().requests, 2u);
+  // A jump elsewhere is a jump again: min_chunk from there.
+  ASSERT_TRUE((*reader)->Seek(n - 100'000).ok());
+  std::string got(10, '\0');
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(n - 100'000, 10));
+  EXPECT_EQ((*reader)->stats().requests, 3u);
+  EXPECT_EQ((*reader)->stats().bytes_fetched, 3u * (16u << 10));
+  // A range ending before the object's end: the window ends at the range's end.
+  ObjectReaderOptions ranged = options;
+  ranged.offset = 1000;
+  ranged.length = 10'000;
+  auto part = ObjectReader::Open(tmp.store(), "obj", ranged);
+  ASSERT_TRUE(part.ok());
+  ASSERT_TRUE((*part)->Seek(10'990).ok());
+  ASSERT_TRUE((*part)->ReadExact(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(10'990, 10));
+  ASSERT_TRUE((*part)->Seek(1000).ok());
+  ASSERT_TRUE((*part)->ReadExact(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, data.substr(1000, 10));
+  EXPECT_EQ((*part)->stats().requests, 1u);
+  EXPECT_EQ((*part)->stats().bytes_fetched, 10'000u);
 }
 
 TEST(ObjectReaderTest, AdaptiveRampsUpToFullReadAheadWhileReadingSequentially) {
@@ -508,6 +566,31 @@ TEST(ObjectReaderTest, AdaptiveRampsUpToFullReadAheadWhileReadingSequentially) {
   EXPECT_EQ(stats.bytes_fetched, data.size());
   EXPECT_EQ(slow->peak_in_flight(), 5);  // the full read-ahead was reached
   EXPECT_EQ(stats.jumps, 0u);
+}
+
+TEST(ObjectReaderTest, AdaptiveSequentialReadLongerThanTheWindowIsRequestedAtOnce) {
+  TempStore tmp;
+  const std::string data = RandomBytes(16 << 20, 26);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  ObjectReaderOptions options{
+      .chunk_size = 8 << 20, .read_ahead = 2, .adaptive = true, .min_chunk = 64 << 10};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok());
+  std::string head(100, '\0');
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(head)).ok());
+  EXPECT_EQ((*reader)->stats().requests, 1u);  // the first 64 KiB
+  // A record of 4 MiB read sequentially after 100 bytes: the window doubling from 64 KiB
+  // chunk after chunk would take 6 more requests, one round trip each; the read's size takes
+  // the window there at once.
+  std::string record(4 << 20, '\0');
+  ASSERT_TRUE((*reader)->ReadDirect(absl::MakeSpan(record)).ok());
+  EXPECT_EQ(record, data.substr(100, 4 << 20));
+  EXPECT_LE((*reader)->stats().requests, 3u);
+  EXPECT_EQ((*reader)->stats().jumps, 0u);
+  // The rest reads the same bytes.
+  std::string rest(data.size() - (4 << 20) - 100, '\0');
+  ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(rest)).ok());
+  EXPECT_EQ(rest, data.substr((4 << 20) + 100));
 }
 
 TEST(ObjectReaderTest, AdaptiveRampsPastADerivedReadAheadButNotPastAGivenOne) {
