@@ -224,6 +224,18 @@ Block ObjectReader::TryAllocateChunk(uint64_t len) {
 }
 
 absl::StatusOr<Block> ObjectReader::AllocateWaiting(uint64_t len) {
+  // The chunk set aside never makes the reader wait: without room now, it goes first.
+  if (set_aside_ != nullptr) {
+    bool room;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      room = shared_->held + len <= max_buffered_;
+    }
+    if (room) {
+      if (Block block = TryAllocateChunk(len)) return block;
+    }
+    Release(set_aside_);
+  }
   // Chunks skipped while in flight still count against the reader's bound until they
   // complete (their completion releases them, which wakes the wait below).
   auto own_room = [&] {
@@ -319,11 +331,13 @@ void ObjectReader::Issue(std::shared_ptr<Chunk> chunk) {
 // Releasing a chunk moves its block out: the completion of its GET shares the Chunk and may
 // be destroyed later than it ran, and the charge must return when the reader is done with
 // the bytes (the reader's cap and the budget's peak count on it).
-void ObjectReader::ReleaseCurrent() {
-  if (current_ == nullptr) return;
-  Block drop = std::move(current_->block);  // released after the lock
-  const uint64_t size = current_->size;
-  current_.reset();
+void ObjectReader::ReleaseCurrent() { Release(current_); }
+
+void ObjectReader::Release(std::shared_ptr<Chunk>& chunk) {
+  if (chunk == nullptr) return;
+  Block drop = std::move(chunk->block);  // released after the lock
+  const uint64_t size = chunk->size;
+  chunk.reset();
   absl::MutexLock lock(&shared_->mu);
   shared_->held -= size;
 }

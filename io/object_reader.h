@@ -206,6 +206,7 @@ class ObjectReader {
   // Queues the chunk at next_fetch_ held in `block` and counts it; the caller issues it.
   std::shared_ptr<Chunk> StartChunk(Block block);
   void ReleaseCurrent();
+  void Release(std::shared_ptr<Chunk>& chunk);
   // Adaptive, at a jump: current_ is set aside when it is small (a file's header or footer,
   // which readers of zip and Parquet files come back to), releasing the one set aside
   // before; otherwise released.

@@ -568,6 +568,27 @@ TEST(ObjectReaderTest, AdaptiveRampsUpToFullReadAheadWhileReadingSequentially) {
   EXPECT_EQ(stats.jumps, 0u);
 }
 
+TEST(ObjectReaderTest, AdaptiveChunkSetAsideNeverMakesAReaderAtItsCapWait) {
+  TempStore tmp;
+  const std::string data = RandomBytes(1 << 20, 27);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  // The cap is one first chunk: the one set aside at a jump must give way to the next.
+  ObjectReaderOptions options{.chunk_size = 256 << 10,
+                              .read_ahead = 4,
+                              .max_buffered_bytes = 16 << 10,
+                              .adaptive = true,
+                              .min_chunk = 16 << 10};
+  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(reader.ok());
+  for (uint64_t at : {uint64_t{0}, uint64_t{500'000}, uint64_t{100}, uint64_t{900'000}}) {
+    ASSERT_TRUE((*reader)->Seek(at).ok());
+    std::string got(1000, '\0');
+    ASSERT_TRUE((*reader)->ReadExact(absl::MakeSpan(got)).ok());
+    EXPECT_EQ(got, data.substr(at, 1000)) << at;
+  }
+  EXPECT_LE((*reader)->stats().peak_buffered_bytes, 16u << 10);
+}
+
 TEST(ObjectReaderTest, AdaptiveSequentialReadLongerThanTheWindowIsRequestedAtOnce) {
   TempStore tmp;
   const std::string data = RandomBytes(16 << 20, 26);
