@@ -98,6 +98,8 @@ absl::Status WalkFiles(const Tier& tier, const std::string& path,
     if (lstat(objects.c_str(), &st) != 0) return absl::OkStatus();
     return WalkFiles(tier, objects, fn);
   }
+  // Another tier below this one (made before `init` refused that): its files are its own.
+  if (path != tier.root() && Tier::IsRoot(path)) return absl::OkStatus();
   DIR* dir = opendir(path.c_str());
   if (dir == nullptr) {
     if (errno == ENOENT) return absl::OkStatus();  // removed meanwhile

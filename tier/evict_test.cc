@@ -70,6 +70,21 @@ TEST_F(EvictTest, LeastRecentlyUsedGoesFirstDownToTheTarget) {
   EXPECT_FALSE(std::filesystem::exists(newest));
 }
 
+TEST_F(EvictTest, AnotherTierBelowIsNotThisOnesToEvict) {
+  const std::string own = Entry("a", 1000, 300);
+  // A tier made below this one by an older wharf (init refuses that now): its files are its
+  // own, not this tier's entries.
+  const std::string inner = tier_->root() + "/data/inner";
+  ASSERT_TRUE(std::filesystem::create_directories(inner + "/.wharf"));
+  std::filesystem::copy_file(tier_->root() + "/.wharf/tier.json", inner + "/.wharf/tier.json");
+  const std::string theirs = Entry("inner/x", 1000, 400);  // the oldest
+  auto r = EvictTo(*tier_, tier_->root(), 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->entries, 1u);
+  EXPECT_FALSE(std::filesystem::exists(own));
+  EXPECT_TRUE(std::filesystem::exists(theirs));
+}
+
 TEST_F(EvictTest, PinnedLocalAndBusyEntriesStay) {
   const std::string pinned = Entry("pinned", 100, 500);
   ASSERT_TRUE(SetPinned(pinned, true).ok());

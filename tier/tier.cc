@@ -11,11 +11,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
@@ -370,7 +373,7 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Open(const std::string& root) {
 absl::StatusOr<std::shared_ptr<Tier>> Tier::Find(const std::string& path) {
   std::string dir = AbsolutePath(path);
   while (true) {
-    if (Exists(absl::StrCat(dir, "/", kMetaDir, "/", kConfigFile))) return Open(dir);
+    if (IsRoot(dir)) return Open(dir);
     if (dir == "/") break;
     const size_t slash = dir.rfind('/');
     dir = slash == 0 ? "/" : dir.substr(0, slash);
@@ -380,6 +383,43 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Find(const std::string& path) {
                    " is in no tier (no enclosing directory has .wharf/tier.json; create one with "
                    "`wharf tier init DIR`)"));
 }
+
+bool Tier::IsRoot(const std::string& dir) {
+  return Exists(absl::StrCat(dir, "/", kMetaDir, "/", kConfigFile));
+}
+
+namespace {
+// The first tier root strictly below `root`, walking directories breadth first; nullopt when
+// there is none or the walk stopped after `max_dirs` directories (a best-effort check for
+// `init` over a large existing tree).
+std::optional<std::string> TierBelow(const std::string& root, size_t max_dirs = 20000) {
+  std::deque<std::string> todo = {root};
+  size_t visited = 0;
+  while (!todo.empty() && visited++ < max_dirs) {
+    const std::string dir = std::move(todo.front());
+    todo.pop_front();
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) continue;
+    std::vector<std::string> subdirs;
+    while (struct dirent* e = readdir(d)) {
+      const absl::string_view name = e->d_name;
+      if (name == "." || name == ".." || name == Tier::kMetaDir) continue;
+      const std::string path = absl::StrCat(dir, "/", name);
+      struct stat st;
+      const bool is_dir =
+          e->d_type == DT_DIR ||
+          (e->d_type == DT_UNKNOWN && lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode));
+      if (is_dir) subdirs.push_back(path);
+    }
+    closedir(d);
+    for (std::string& sub : subdirs) {
+      if (Tier::IsRoot(sub)) return sub;
+      todo.push_back(std::move(sub));
+    }
+  }
+  return std::nullopt;
+}
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<Tier>> Tier::FindOrCreate(const std::string& dir) {
   auto found = Find(dir);
@@ -397,6 +437,15 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir, const T
   if (auto enclosing = Find(root); enclosing.ok() && (*enclosing)->root() != root) {
     return absl::FailedPreconditionError(
         absl::StrCat("tier init ", root, ": it is inside the tier at ", (*enclosing)->root()));
+  }
+  if (!IsRoot(root)) {
+    // A tier holding another would evict, count and export the other's files as its own.
+    if (std::optional<std::string> below = TierBelow(root)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tier init ", root, ": the tier at ", *below,
+                       " is inside it (a tier holds no other tier: use that one, or a "
+                       "directory beside it)"));
+    }
   }
   const std::string temp_root = absl::StrCat(root, "/", kMetaDir, "/", kTempDir);
   WHARF_RETURN_IF_ERROR(Annotate(MakeDirs(temp_root), absl::StrCat("tier init ", root)));

@@ -123,11 +123,14 @@ class Tier : public std::enable_shared_from_this<Tier> {
   // The tier enclosing `path` (a file or directory, existing or not): the nearest ancestor
   // holding .wharf/tier.json. NotFound naming `path` when there is none.
   static absl::StatusOr<std::shared_ptr<Tier>> Find(const std::string& path);
+  // Whether `dir` is a tier's root (holds .wharf/tier.json).
+  static bool IsRoot(const std::string& dir);
   // Find(), or else `dir` becomes a tier with the default settings.
   static absl::StatusOr<std::shared_ptr<Tier>> FindOrCreate(const std::string& dir);
   // Makes `dir` a tier with `config`, or sets the config of the tier rooted there.
   // FailedPrecondition when the file system has no user extended attributes (the tier keeps
-  // its entries' metadata in them) or when `dir` is inside another tier.
+  // its entries' metadata in them), when `dir` is inside another tier, or when a new tier's
+  // `dir` holds one below it (found by a walk of up to 20,000 directories).
   static absl::StatusOr<std::shared_ptr<Tier>> Init(const std::string& dir,
                                                     const TierConfig& config);
   ~Tier();

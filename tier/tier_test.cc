@@ -76,6 +76,24 @@ TEST(TierTest, FindOutsideAnyTierIsNotFound) {
   EXPECT_THAT(found.status().message(), HasSubstr("wharf tier init"));
 }
 
+TEST(TierTest, ATierOverAnotherIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(Tier::Init(dir.path() + "/data/a/imported", {}).ok());
+  std::filesystem::create_directories(dir.path() + "/data/b");
+  for (const std::string& outer : {dir.path(), dir.path() + "/data"}) {
+    auto made = Tier::Init(outer, {});
+    ASSERT_FALSE(made.ok()) << outer;
+    EXPECT_EQ(made.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(made.status().message(),
+                HasSubstr("the tier at " + dir.path() + "/data/a/imported is inside it"));
+    // cache= over such a folder (FindOrCreate) says the same, and makes nothing.
+    auto cache = Tier::FindOrCreate(outer);
+    ASSERT_FALSE(cache.ok());
+    EXPECT_FALSE(std::filesystem::exists(outer + "/.wharf"));
+  }
+  EXPECT_TRUE(Tier::Init(dir.path() + "/data/b", {}).ok());  // beside it is fine
+}
+
 TEST(TierTest, InitInsideAnotherTierIsRefused) {
   TempDir dir;
   ASSERT_TRUE(Tier::Init(dir.path(), {}).ok());
