@@ -22,7 +22,9 @@
 //    generator state.
 // Create() with that state continues exactly: it reopens the current shard at the saved
 // offset (re-reading one record, which must still be there), re-reads the buffered records
-// by offset (ranged GETs, a group of them in flight at a time), and restores the generator.
+// by offset (ranged GETs, a group of them in flight at a time; those of a compressed shard,
+// which has no random access, in one pass over the shard from the first of them), and
+// restores the generator.
 // The rest of the share is then the same records in the same order as without the stop.
 // The state is a small JSON object whatever the shard sizes: O(shuffle_buffer) entries.
 // A state only continues the share it was taken from (same shards, seed, epoch, partition,

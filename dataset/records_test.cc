@@ -18,6 +18,7 @@
 #include "formats/testing/record_objects.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "store/testing/delayed_get_store.h"
 #include "store/testing/temp_store.h"
 
 namespace wharf {
@@ -186,6 +187,88 @@ TEST_P(RecordStreamTest, ResumeAfterAnyRecordYieldsExactlyTheRest) {
         EXPECT_EQ(got, full);
         EXPECT_EQ(second->yielded(), full.size());
       }
+    }
+  }
+}
+
+// Resume with a shuffle buffer over compressed shards: the buffered records of a shard are
+// read in one pass over it (a reader per record would inflate the shard once per record),
+// and the rest of the epoch is exactly what an uninterrupted stream yields.
+TEST(RecordStreamCompressedTest, ResumeReadsABufferedShardOnceAndYieldsExactlyTheRest) {
+  for (const std::string format : {"tar", "tfrecord"}) {
+    SCOPED_TRACE(format);
+    TempStore temp;
+    std::vector<std::string> keys;
+    uint64_t state = 12345;
+    for (int s = 0; s < 2; ++s) {
+      std::vector<std::string> payloads;
+      for (int i = 0; i < 40; ++i) {
+        std::string p(600, '\0');
+        for (char& c : p) {  // incompressible, so the shard spans many chunks
+          state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+          c = static_cast<char>('a' + (state >> 59));
+        }
+        payloads.push_back(absl::StrCat("s", s, "r", i, "-", p));
+      }
+      auto object = formats_testing::EncodeRecords(format, payloads);
+      ASSERT_TRUE(object.ok()) << object.status();
+      const std::string key = absl::StrCat("gz/", s, format == "tar" ? ".tar.gz" : ".tfrecord.gz");
+      ASSERT_TRUE(temp.store()
+                      ->Put(key, absl::Cord(formats_testing::Deflate(
+                                     std::string(*object), formats_testing::Deflated::kGzip)))
+                      .ok());
+      keys.push_back(key);
+    }
+    auto shards = std::make_shared<const SampleIndex>(SampleIndex::FromKeys(keys));
+    auto counted =
+        std::make_shared<store_testing::DelayedGetStore>(temp.store(), absl::ZeroDuration());
+    RecordStreamOptions o;
+    o.format = format;
+    o.seed = 3;
+    o.shuffle_buffer = 16;
+    o.io.chunk_size = 1000;
+    o.io.read_ahead = 0;
+    auto open = [&](const RecordStreamState* resume) {
+      auto s = RecordStream::Create(counted, shards, o, resume);
+      EXPECT_TRUE(s.ok()) << s.status();
+      return s.ok() ? *std::move(s) : nullptr;
+    };
+    std::vector<std::string> full;
+    {
+      auto s = open(nullptr);
+      ASSERT_NE(s, nullptr);
+      while (true) {
+        auto r = s->Next();
+        ASSERT_TRUE(r.ok()) << r.status();
+        if (!r->has_value()) break;
+        full.push_back(Describe(**r));
+      }
+    }
+    ASSERT_EQ(full.size(), 80u);
+    const int pass = counted->gets() / 2;  // GETs of one pass over one shard, about
+    for (size_t k : {size_t{10}, size_t{30}, size_t{55}}) {
+      SCOPED_TRACE(absl::StrCat("stop after ", k));
+      auto first = open(nullptr);
+      ASSERT_NE(first, nullptr);
+      std::vector<std::string> got;
+      for (size_t i = 0; i < k; ++i) got.push_back(Describe(**first->Next()));
+      auto saved = RecordStreamState::FromJson(first->State().ToJson());
+      ASSERT_TRUE(saved.ok()) << saved.status();
+      ASSERT_GE(saved->buffered.size(), 8u);
+      first.reset();
+      const int before = counted->gets();
+      auto second = open(&*saved);
+      ASSERT_NE(second, nullptr);
+      // The buffered records (of up to two shards) in one pass each, plus the current shard
+      // reopened at its offset: about three passes, not one per buffered record.
+      EXPECT_LE(counted->gets() - before, 3 * pass + 6);
+      while (true) {
+        auto r = second->Next();
+        ASSERT_TRUE(r.ok()) << r.status();
+        if (!r->has_value()) break;
+        got.push_back(Describe(**r));
+      }
+      EXPECT_EQ(got, full);
     }
   }
 }
