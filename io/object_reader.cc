@@ -158,15 +158,25 @@ bool ObjectReader::ReturnToSetAside(uint64_t offset) {
   pos_ = offset;
   next_fetch_ = current_->offset + current_->size;
   ++jumps_;
+  // Reading goes on in bytes the reader already had (a file's start, after its footer): the
+  // ramp starts over, but as sequential reading, not as a read of known size after a jump.
   Restart();
+  jumped_ = false;
   return true;
 }
 
 void ObjectReader::RampToCover(uint64_t bytes) {
-  while (window_ < options_.chunk_size && window_ * (ahead_ + 1) < bytes) Ramp();
-  while (window_ == options_.chunk_size && ahead_ < ramp_limit_ && window_ * (ahead_ + 1) < bytes) {
-    Ramp();
+  // This read and one more like it, so the next one is on the wire while this one is
+  // consumed (a reader of large records reads one after another), in parallel chunks: one
+  // connection carries a fraction of what several do (through the 25 ms proxy, an 8 MiB GET
+  // alone took ~0.2 s, 16 of them at once ~0.23 s).
+  constexpr uint64_t kParts = 8;
+  const uint64_t cover = 2 * bytes;
+  while (window_ < options_.chunk_size && window_ * kParts < cover) {
+    window_ = std::min(window_ * 2, options_.chunk_size);
   }
+  const uint64_t chunks = (cover + window_ - 1) / window_;
+  ahead_ = std::max(ahead_, static_cast<int>(std::min<uint64_t>(ramp_limit_, chunks - 1)));
 }
 
 void ObjectReader::Ramp() {

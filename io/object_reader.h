@@ -213,7 +213,8 @@ class ObjectReader {
   void SetAsideCurrent();
   // Adaptive: a jump to `offset` inside the chunk set aside brings it back (no request).
   bool ReturnToSetAside(uint64_t offset);
-  // Adaptive: ramps until the window and read-ahead cover `bytes` (or reach their limits).
+  // Adaptive: ramps the window and read-ahead to cover twice `bytes` in about 8 parallel
+  // chunks (as far as the limits allow).
   void RampToCover(uint64_t bytes);
   // The first chunk after a jump (adaptive).
   uint64_t MinChunk() const;
