@@ -464,9 +464,12 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
         pos["rows"] = 0
 
     def _fetch_unit(self, unit):
-        """A Parquet unit's bytes (read-ahead threads call this)."""
+        """A Parquet unit's rows as a pyarrow Table: its column chunks fetched, then decoded.
+        Read-ahead threads call this, so row groups also decode in parallel (pyarrow releases
+        the GIL while it decodes), as pyarrow's own readers decode them."""
         i, rg, _ = unit
-        return self._parquet_file(i).fetch(rg, self.columns, self.coalesce_gap)
+        pf = self._parquet_file(i)
+        return pf.decode(rg, self.columns, pf.fetch(rg, self.columns, self.coalesce_gap))
 
     def _unit_batches(self, unit, fetched=None):
         """The unit's rows as batches of batch_rows (the last one shorter)."""
@@ -489,9 +492,7 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
         key, size, etag = self.files[i]
         uri = self.uri + key
         if self.format == "parquet":
-            if fetched is None:
-                fetched = self._fetch_unit(unit)
-            table = self._parquet_file(i).decode(a, self.columns, fetched)
+            table = fetched if fetched is not None else self._fetch_unit(unit)
             yield from table.to_batches(max_chunksize=self.batch_rows)
         elif self.format == "avro":
             yield from self._avro_pieces(uri, size, a, b)
@@ -599,9 +600,9 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
 
 
 class _UnitReadAhead:
-    """Fetches the next units' bytes (Parquet column chunks) on threads while the current
-    one is decoded: up to `depth` units ahead, which bounds the bytes held to that many row
-    groups' chosen columns."""
+    """Fetches and decodes the next units (Parquet row groups' chosen column chunks) on
+    threads while the current one is consumed: up to `depth` units ahead, which bounds what
+    is held to that many row groups' chosen columns."""
 
     def __init__(self, ds, units, first, depth=4):
         import concurrent.futures
