@@ -285,10 +285,15 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
     }
   }
   std::map<size_t, std::string> saved_etags(state.etags.begin(), state.etags.end());
+  auto no_record = [this](size_t shard, uint64_t offset) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resuming: ", store_->Uri(shards_->Ref(shard).key), " has no ", options_.format,
+        " record at byte offset ", offset, " (the shard changed since the checkpoint)"));
+  };
   // Reads one record at `offset` of `shard` from `reader`: the shard must be the version the
   // state was taken from, and the record must be there.
-  auto expect_record = [this, &saved_etags](RecordReader& reader, size_t shard,
-                                            uint64_t offset) -> absl::StatusOr<Record> {
+  auto expect_record = [this, &saved_etags, &no_record](RecordReader& reader, size_t shard,
+                                                        uint64_t offset) -> absl::StatusOr<Record> {
     const std::string& etag = reader.reader().meta().etag;
     if (auto it = saved_etags.find(shard);
         it != saved_etags.end() && !etag.empty() && etag != it->second) {
@@ -298,11 +303,7 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
     }
     etags_[shard] = etag;
     WHARF_ASSIGN_OR_RETURN(std::optional<Record> r, reader.Next());
-    if (!r || r->offset != offset) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "resuming: ", store_->Uri(shards_->Ref(shard).key), " has no ", options_.format,
-          " record at byte offset ", offset, " (the shard changed since the checkpoint)"));
-    }
+    if (!r || r->offset != offset) return no_record(shard, offset);
     r->shard = shard;
     return *std::move(r);
   };
@@ -352,11 +353,7 @@ absl::Status RecordStream::Restore(const RecordStreamState& state) {
         r = *std::move(next);
         r.shard = shard;
       }
-      if (r.offset != offset) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "resuming: ", store_->Uri(shards_->Ref(shard).key), " has no ", options_.format,
-            " record at byte offset ", offset, " (the shard changed since the checkpoint)"));
-      }
+      if (r.offset != offset) return no_record(shard, offset);
       slots[slot] = r;
     }
   }

@@ -159,8 +159,10 @@ bool ObjectReader::ReturnToSetAside(uint64_t offset) {
   next_fetch_ = current_->offset + current_->size;
   ++jumps_;
   // Reading goes on in bytes the reader already had (a file's start, after its footer): the
-  // ramp starts over, but as sequential reading, not as a read of known size after a jump.
-  Restart();
+  // ramp starts over, as sequential reading (jumped_ stays false: the next read is not one
+  // of known size after a jump).
+  window_ = MinChunk();
+  ahead_ = 0;
   jumped_ = false;
   return true;
 }
@@ -540,10 +542,9 @@ absl::Status ObjectReader::ReadDirect(absl::Span<char> dst) {
     // sign of sequential reading.
     exact = jumped_ && rest >= kExactReadBytes;
     if (!exact && rest < options_.chunk_size) {
-      // A sequential read longer than the ramp's window: the caller said it wants that
-      // many bytes, so the ramp goes at once to chunks and read-ahead that request them all
-      // together (torch.load reads each record with one readinto; a chunk after chunk ramp
-      // towards it cost a round trip per step), and read-ahead goes on after them.
+      // A sequential read: the caller said it wants that many bytes, so the ramp goes at
+      // once to parallel chunks covering it (RampToCover) instead of one doubling per chunk,
+      // each a round trip (torch.load reads each record with one readinto).
       if (!jumped_) RampToCover(rest);
       return ReadExact(dst.subspan(done));  // Fill ramps
     }

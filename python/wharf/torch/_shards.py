@@ -67,7 +67,6 @@ class ShardMapDataset(torch.utils.data.Dataset):
                              + (f" under {shards!r}" if isinstance(shards, str) else ""))
         self.uri, self.format, self.transform = uri, format, transform
         self.shards = [(o["key"], o["size"], o["etag"]) for o in listed]
-        self._store_options = store
         self._ranges = _wharf._RangeReader(uri, **store)
         self._shard_of = array("I")
         self._begin = array("Q")
@@ -123,7 +122,7 @@ class ShardMapDataset(torch.utils.data.Dataset):
             if sys.byteorder != "little":
                 for a in cols:
                     a.byteswap()
-            if key_offsets[-1] != len(keys) or any(i >= len(self.shards) for i in shard_of):
+            if key_offsets[-1] != len(keys) or max(shard_of, default=0) >= len(self.shards):
                 raise ValueError("inconsistent columns")
         except (ValueError, KeyError, TypeError, struct.error) as e:
             print(f"wharf: MapDataset.from_shards: the record index {path} is unusable ({e}); "
