@@ -136,7 +136,9 @@ TierTreeStore::TierTreeStore(std::shared_ptr<Tier> tier, std::shared_ptr<LocalSt
       runtime_(std::move(runtime)),
       dir_(local_->root()),
       at_root_(dir_ == tier_->root()),
-      options_(options) {
+      options_(options),
+      md5_batcher_(
+          runtime_->Shared<Md5Batcher>("", [] { return std::make_shared<Md5Batcher>(); })) {
   committer_ = std::thread([this] { CommitLoop(); });
 }
 
@@ -247,18 +249,19 @@ absl::StatusOr<std::unique_ptr<TempObject>> TierTreeStore::NewTemp(const std::st
   auto temp_dir = tier_->TempDir();
   if (!temp_dir.ok()) return Annotate(temp_dir.status(), op);
   // Copies of other stores' objects keep the MD5 (checked against an MD5 source ETag).
-  const Checksum kind = options.source_uri.empty() ? options_.written_checksum : Checksum::kMd5;
-  auto temp = TempObject::Create(absl::StrCat(dir_, "/", key), *temp_dir, kind);
+  auto temp = TempObject::Create(absl::StrCat(dir_, "/", key), *temp_dir, ChecksumFor(options));
   if (!temp.ok()) return Annotate(temp.status(), op);
   return temp;
 }
 
 absl::StatusOr<TierTreeStore::Sealed> TierTreeStore::Seal(const std::string& key,
                                                           const absl::Cord& data,
-                                                          const PutOptions& options) {
+                                                          const PutOptions& options,
+                                                          const Md5Digest* md5) {
   const std::string op = absl::StrCat("put ", Uri(key));
   auto temp = NewTemp(key, options);
   if (!temp.ok()) return temp.status();
+  if (md5 != nullptr) (*temp)->SetMd5(*md5);
   WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
   auto meta = SealEntry(**temp, key, options);
   if (!meta.ok()) return Annotate(meta.status(), op);
@@ -270,20 +273,40 @@ absl::StatusOr<TierTreeStore::Sealed> TierTreeStore::Seal(const std::string& key
 
 void TierTreeStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                              Callback<ObjectMeta> done) {
-  runtime_->blocking_pool().Schedule([this, key = std::move(key), data = std::move(data), options,
-                                      done = std::move(done)]() mutable {
-    auto sealed = Seal(key, data, options);
+  PutAsync(std::move(key), std::move(data), options, /*batch_hash=*/true, std::move(done));
+}
+
+void TierTreeStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
+                             bool batch_hash, Callback<ObjectMeta> done) {
+  auto seal = [this, key = std::move(key), options, done = std::move(done)](
+                  absl::Cord data, const Md5Digest* md5) mutable {
+    auto sealed = Seal(key, data, options, md5);
     data = absl::Cord();  // the bytes are in the file: release them before the batch waits
     if (!sealed.ok()) return std::move(done)(sealed.status());
     sealed->done = std::move(done);
     Enqueue(*std::move(sealed));
+  };
+  if (batch_hash && ChecksumFor(options) == Checksum::kMd5 &&
+      data.size() <= md5_batcher_->max_message()) {
+    // An import's stream of objects: their MD5s are computed many at a time, then each
+    // file is written on the blocking pool as before.
+    md5_batcher_->Hash(std::move(data), [this, seal = std::move(seal)](
+                                            absl::Cord data, const Md5Digest& md5) mutable {
+      runtime_->blocking_pool().Schedule([seal = std::move(seal), data = std::move(data),
+                                          md5]() mutable { seal(std::move(data), &md5); });
+    });
+    return;
+  }
+  runtime_->blocking_pool().Schedule([seal = std::move(seal), data = std::move(data)]() mutable {
+    seal(std::move(data), nullptr);
   });
 }
 
 absl::StatusOr<ObjectMeta> TierTreeStore::Put(const std::string& key, absl::Cord data,
                                               const PutOptions& options) {
-  return WaitFor<ObjectMeta>(
-      [&](Callback<ObjectMeta> cb) { PutAsync(key, std::move(data), options, std::move(cb)); });
+  return WaitFor<ObjectMeta>([&](Callback<ObjectMeta> cb) {
+    PutAsync(key, std::move(data), options, false, std::move(cb));
+  });
 }
 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> TierTreeStore::NewWriter(std::string key,

@@ -107,9 +107,18 @@ class TierTreeStore : public ForwardingStore {
   // every put makes (key, options, not the tier's own folder); errors name the key's URI.
   absl::StatusOr<std::unique_ptr<TempObject>> NewTemp(const std::string& key,
                                                       const PutOptions& options);
-  // Writes `data` as a sealed entry file for `key`; the error names the key's URI.
+  // Writes `data` as a sealed entry file for `key`; the error names the key's URI. `md5`:
+  // the MD5 of `data` when already computed (by the runtime's Md5Batcher), else null.
   absl::StatusOr<Sealed> Seal(const std::string& key, const absl::Cord& data,
-                              const PutOptions& options);
+                              const PutOptions& options, const Md5Digest* md5 = nullptr);
+  // PutAsync; `batch_hash`: an MD5 to compute goes through the runtime's Md5Batcher (for
+  // puts whose caller does not wait for each one before the next).
+  void PutAsync(std::string key, absl::Cord data, const PutOptions& options, bool batch_hash,
+                Callback<ObjectMeta> done);
+  // What a put's file is checked and listed by (see NewTemp).
+  Checksum ChecksumFor(const PutOptions& options) const {
+    return options.source_uri.empty() ? options_.written_checksum : Checksum::kMd5;
+  }
   // Replaces each object's ETag by its entry's source ETag ("" when not an entry) and
   // drops the tier's own folder.
   void Describe(ListPage& page) const;
@@ -123,6 +132,8 @@ class TierTreeStore : public ForwardingStore {
   const std::string dir_;
   const bool at_root_;  // dir_ is the tier's root: hide .wharf
   const TierTreeOptions options_;
+  // Hashes the MD5-checked puts of PutAsync many at a time (base/md5_many.h).
+  const std::shared_ptr<Md5Batcher> md5_batcher_;
 
   absl::Mutex mu_;
   std::deque<Sealed> queue_ ABSL_GUARDED_BY(mu_);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -48,6 +49,49 @@ class TierTreeStoreTest : public ::testing::Test {
   TempStore source_;
   std::shared_ptr<Tier> tier_;
 };
+
+// Asynchronous puts with MD5 ETags are hashed many at a time (Md5Batcher): each file is
+// still checked against its own source's ETag, and a mismatch fails that put alone.
+TEST_F(TierTreeStoreTest, AsyncPutsAreCheckedAgainstTheirOwnMd5InBatches) {
+  auto tree = Tree("batch");
+  constexpr int kObjects = 40, kCorrupt = 17;
+  absl::Mutex mu;
+  int done = 0;
+  std::vector<absl::Status> results(kObjects);
+  for (int i = 0; i < kObjects; ++i) {
+    const std::string body(static_cast<size_t>(1000 + 131 * i), static_cast<char>('a' + i % 26));
+    PutOptions o;
+    o.source_uri = absl::StrCat("s3://b/batch/", i);
+    // One object's bytes differ from what its source's ETag says.
+    o.source_etag = Md5Hex(i == kCorrupt ? body + "!" : body);
+    tree->PutAsync(absl::StrCat("o", i), absl::Cord(body), o,
+                   [&, i](absl::StatusOr<ObjectMeta> meta) {
+                     absl::MutexLock lock(&mu);
+                     results[i] = meta.status();
+                     ++done;
+                   });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    auto all = [&] { return done == kObjects; };
+    mu.Await(absl::Condition(&all));
+  }
+  ASSERT_TRUE(tree->Flush().ok());
+  for (int i = 0; i < kObjects; ++i) {
+    const std::string path = absl::StrCat(tier_->root(), "/batch/o", i);
+    if (i == kCorrupt) {
+      EXPECT_EQ(results[i].code(), absl::StatusCode::kDataLoss) << results[i];
+      EXPECT_THAT(std::string(results[i].message()), HasSubstr("is not the source's ETag"));
+      EXPECT_FALSE(std::filesystem::exists(path));
+      continue;
+    }
+    ASSERT_TRUE(results[i].ok()) << i << " " << results[i];
+    EXPECT_EQ(ReadFile(path).size(), static_cast<size_t>(1000 + 131 * i));
+    auto head = tree->Head(absl::StrCat("o", i));
+    ASSERT_TRUE(head.ok()) << head.status();
+    EXPECT_EQ(head->etag, Md5Hex(ReadFile(path)));
+  }
+}
 
 TEST_F(TierTreeStoreTest, PutMakesAnEntryWithProvenance) {
   auto tree = Tree("train");

@@ -323,7 +323,11 @@ absl::StatusOr<std::unique_ptr<LocalStore>> LocalStore::Open(std::string root,
 
 LocalStore::LocalStore(std::string root, std::shared_ptr<Runtime> runtime,
                        LocalStoreOptions options)
-    : root_(std::move(root)), runtime_(std::move(runtime)), options_(options) {}
+    : root_(std::move(root)),
+      runtime_(std::move(runtime)),
+      options_(options),
+      md5_batcher_(
+          runtime_->Shared<Md5Batcher>("", [] { return std::make_shared<Md5Batcher>(); })) {}
 
 std::string LocalStore::Uri(absl::string_view key) const {
   return root_ == "/" ? absl::StrCat("file:///", key) : absl::StrCat("file://", root_, "/", key);
@@ -448,11 +452,17 @@ absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord da
 
 absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord data,
                                            const PutOptions& put_options) {
+  return Put(key, std::move(data), put_options, nullptr);
+}
+
+absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord data,
+                                           const PutOptions& put_options, const Md5Digest* md5) {
   const std::string op = absl::StrCat("put ", Uri(key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), op));
   auto temp = TempObject::Create(PathOf(key));
   if (!temp.ok()) return Annotate(temp.status(), op);
+  if (md5 != nullptr) (*temp)->SetMd5(*md5);
   WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
   auto meta = (*temp)->Commit(put_options.mtime, options_.fsync, put_options.if_absent);
   if (!meta.ok()) return Annotate(meta.status(), op);
@@ -561,6 +571,19 @@ void LocalStore::PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta>
 
 void LocalStore::PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                           Callback<ObjectMeta> done) {
+  if (data.size() <= md5_batcher_->max_message()) {
+    // A stream of puts (a download of many objects): their MD5 ETags are computed many at a
+    // time, then each file is written on the blocking pool.
+    md5_batcher_->Hash(
+        std::move(data), [this, key = std::move(key), options, done = std::move(done)](
+                             absl::Cord data, const Md5Digest& md5) mutable {
+          runtime_->blocking_pool().Schedule([this, key = std::move(key), data = std::move(data),
+                                              options, md5, done = std::move(done)]() mutable {
+            std::move(done)(Put(key, std::move(data), options, &md5));
+          });
+        });
+    return;
+  }
   runtime_->blocking_pool().Schedule(
       [this, key = std::move(key), data = std::move(data), options,
        done = std::move(done)]() mutable { std::move(done)(Put(key, std::move(data), options)); });

@@ -27,6 +27,7 @@
 #include <string_view>
 
 #include "absl/strings/string_view.h"
+#include "base/md5_many.h"
 #include "base/runtime.h"
 #include "store/object_store.h"
 
@@ -81,6 +82,9 @@ class LocalStore : public ObjectStore {
  private:
   LocalStore(std::string root, std::shared_ptr<Runtime> runtime, LocalStoreOptions options);
 
+  // Put with the MD5 of `data` already computed (by the runtime's Md5Batcher), or null.
+  absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data, const PutOptions& options,
+                                 const Md5Digest* md5);
   std::string PathOf(absl::string_view key) const;
   // Removes now-empty directories from `key`'s parent up to (not including) the root.
   void PruneEmptyParents(absl::string_view key) const;
@@ -88,6 +92,8 @@ class LocalStore : public ObjectStore {
   const std::string root_;  // absolute, no trailing '/' (except the file system root "/")
   const std::shared_ptr<Runtime> runtime_;
   const LocalStoreOptions options_;
+  // Hashes PutAsync's objects many at a time (base/md5_many.h).
+  const std::shared_ptr<Md5Batcher> md5_batcher_;
 };
 
 }  // namespace wharf

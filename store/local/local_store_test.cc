@@ -11,10 +11,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/conformance/object_store_conformance.h"
+#include "store/local/temp_object.h"
 
 namespace wharf {
 namespace {
@@ -78,6 +80,35 @@ TEST_F(LocalStoreTest, EtagIsContentMd5AndCachedForForeignFiles) {
   EXPECT_EQ(store_->Head("foreign/f")->etag, Md5Hex("one"));
   { std::ofstream(fs::path(root_) / "foreign" / "f") << "three"; }
   EXPECT_EQ(store_->Head("foreign/f")->etag, Md5Hex("three"));
+}
+
+// Asynchronous puts are hashed many at a time (Md5Batcher); each keeps its own content's
+// MD5 as its ETag, in the result and in the attribute later listings read.
+TEST_F(LocalStoreTest, AsyncPutsHashedTogetherEachGetTheirOwnEtag) {
+  constexpr int kObjects = 30;
+  std::vector<absl::StatusOr<ObjectMeta>> results(kObjects, absl::UnknownError("pending"));
+  absl::Mutex mu;
+  int done = 0;
+  for (int i = 0; i < kObjects; ++i) {
+    store_->PutAsync(absl::StrCat("p/", i), absl::Cord(std::string(100 + 999 * i, 'a' + i % 26)),
+                     PutOptions{}, [&, i](absl::StatusOr<ObjectMeta> meta) {
+                       absl::MutexLock lock(&mu);
+                       results[i] = std::move(meta);
+                       ++done;
+                     });
+  }
+  absl::MutexLock lock(&mu);
+  auto all = [&] { return done == kObjects; };
+  mu.Await(absl::Condition(&all));
+  for (int i = 0; i < kObjects; ++i) {
+    const std::string want = Md5Hex(std::string(100 + 999 * i, 'a' + i % 26));
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_EQ(results[i]->etag, want) << i;
+    const std::string path = absl::StrCat(root_, "/p/", i);
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(CachedLocalEtag(-1, path, st), want) << i;
+  }
 }
 
 TEST_F(LocalStoreTest, TemporaryFilesArePrivateAndNeverListed) {

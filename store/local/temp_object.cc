@@ -135,7 +135,7 @@ TempObject::~TempObject() {
 
 absl::Status TempObject::Append(absl::string_view data) {
   if (kind_ == Checksum::kMd5) {
-    md5_.Update(data);
+    if (!known_md5_) md5_.Update(data);
   } else {
     crc32c_ = Crc32cExtend(crc32c_, data.data(), data.size());
   }
@@ -164,7 +164,7 @@ absl::StatusOr<ObjectMeta> TempObject::Seal(
   meta.size = st.st_size;
   meta.mtime = absl::TimeFromTimespec(st.st_mtim);
   if (kind_ == Checksum::kMd5) {
-    checksum_ = meta.etag = HexLower(md5_.Finish());
+    checksum_ = meta.etag = HexLower(known_md5_ ? *known_md5_ : md5_.Finish());
     StoreLocalEtag(fd_, st, meta.etag);
   } else {
     checksum_ = Crc32cHex(crc32c_);

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "base/file_io.h"
 #include "base/hash.h"
+#include "base/md5_many.h"
 #include "store/object_store.h"
 
 namespace wharf {
@@ -55,6 +56,9 @@ class TempObject {
 
   absl::Status Append(absl::string_view data);
   absl::Status Append(const absl::Cord& data);
+  // The MD5 of everything that will be appended, computed elsewhere (Md5Batcher hashes many
+  // objects at once): Append then only writes. Only for Checksum::kMd5, before any Append.
+  void SetMd5(const Md5Digest& md5) { known_md5_ = md5; }
 
   // Finishes the file (see above) and closes it. `before_close` may set more attributes on
   // the file descriptor; `fsync` flushes the data to disk before closing. Returns the
@@ -90,6 +94,7 @@ class TempObject {
   bool published_ = false;
   const Checksum kind_;
   Md5 md5_;
+  std::optional<Md5Digest> known_md5_;
   uint32_t crc32c_ = 0;
   std::string checksum_;
 };
