@@ -116,7 +116,13 @@ FetchStats SampleStream::stats() const { return batch_ ? batch_->stats() : Fetch
 
 size_t SampleStream::Prefetch() const {
   if (options_.prefetch != StreamOptions::kAutoPrefetch) return options_.prefetch;
-  return std::max<size_t>(64, 2 * static_cast<size_t>(scheduler_->max_in_flight()));
+  if (!remote_) return StreamOptions::kNearPrefetch;
+  return std::max(StreamOptions::kNearPrefetch,
+                  2 * static_cast<size_t>(scheduler_->max_in_flight()));
+}
+
+void SampleStream::Observe(const FetchResult& r) {
+  if (!remote_ && r.latency >= StreamOptions::kRemoteLatency) remote_ = true;
 }
 
 uint64_t SampleStream::SizeAt(uint64_t position) const {
@@ -158,6 +164,7 @@ absl::StatusOr<Sample> SampleStream::TakeOne() {
   if (auto it = early_.find(position); it != early_.end()) {
     FetchResult r = std::move(it->second);
     early_.erase(it);
+    Observe(r);
     return ToSample(*index_, sample, std::move(r));
   }
   // An ordered scheduler hands back exactly this one; an unordered one may hand back later
@@ -165,7 +172,10 @@ absl::StatusOr<Sample> SampleStream::TakeOne() {
   // the batch).
   while (auto r = batch_->Next()) {
     const uint64_t at = base_ + r->index;
-    if (at == position) return ToSample(*index_, sample, *std::move(r));
+    if (at == position) {
+      Observe(*r);
+      return ToSample(*index_, sample, *std::move(r));
+    }
     early_.emplace(at, *std::move(r));
   }
   return absl::InternalError(

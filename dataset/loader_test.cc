@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "store/testing/delayed_get_store.h"
 #include "store/testing/temp_store.h"
 
 namespace wharf {
@@ -84,7 +85,9 @@ TEST_F(LoaderTest, StreamYieldsTheShareInOrderWithReadAhead) {
 }
 
 // A worker resuming its own share passes over what it yielded without reading it.
-TEST_F(LoaderTest, AutoReadAheadFollowsTheEnginesDepth) {
+// Auto read-ahead: 64 samples while every sample comes back at once (a local store, the
+// tier's hits); once one's request takes kRemoteLatency or more, twice the engine's depth.
+TEST_F(LoaderTest, AutoReadAheadFollowsTheEnginesDepthOnceTheStoreIsFar) {
   // 600 samples: the fixture's objects, each ten times.
   std::vector<std::string> keys;
   for (int round = 0; round < 10; ++round) {
@@ -93,24 +96,34 @@ TEST_F(LoaderTest, AutoReadAheadFollowsTheEnginesDepth) {
   auto index = std::make_shared<const SampleIndex>(SampleIndex::FromKeys(keys));
   const Sampler sampler = *Sampler::Create(keys.size(), {.seed = 3});
   const SamplerState state = sampler.State(0, 0);
-  for (int depth : {4, 100}) {
-    auto stream = SampleStream::Create(index, sampler, state, Partition{},
-                                       Scheduler({.max_in_flight = depth, .ordered = true}),
-                                       {.prefetch = StreamOptions::kAutoPrefetch});
-    ASSERT_TRUE(stream.ok()) << stream.status();
-    auto first = (*stream)->Next();
-    ASSERT_TRUE(first.ok() && first->has_value()) << first.status();
-    // Twice the depth, at least 64.
-    const uint64_t ahead = std::max<uint64_t>(64, 2 * static_cast<uint64_t>(depth));
-    EXPECT_EQ((*stream)->stats().items, 1 + ahead) << depth;
-    uint64_t n = 1;
-    while (true) {
-      auto s = (*stream)->Next();
-      ASSERT_TRUE(s.ok()) << s.status();
-      if (!s->has_value()) break;
-      ++n;
+  auto far = std::make_shared<store_testing::DelayedGetStore>(store_, absl::Milliseconds(5));
+  for (bool remote : {false, true}) {
+    for (int depth : {4, 100}) {
+      FetchOptions engine{.max_in_flight = depth, .ordered = true};
+      auto stream = SampleStream::Create(
+          index, sampler, state, Partition{},
+          remote ? std::make_shared<FetchScheduler>(far, engine) : Scheduler(engine),
+          {.prefetch = StreamOptions::kAutoPrefetch});
+      ASSERT_TRUE(stream.ok()) << stream.status();
+      auto first = (*stream)->Next();
+      ASSERT_TRUE(first.ok() && first->has_value()) << first.status();
+      EXPECT_EQ((*stream)->stats().items, 1 + StreamOptions::kNearPrefetch) << depth;
+      auto second = (*stream)->Next();
+      ASSERT_TRUE(second.ok() && second->has_value()) << second.status();
+      // Twice the depth, at least 64, once the first sample showed the store is far. A window
+      // that stays 64 is topped up in chunks, not one sample at a time.
+      const bool deeper = remote && 2 * depth > 64;
+      EXPECT_EQ((*stream)->stats().items, deeper ? 2 + 2 * static_cast<uint64_t>(depth) : 65)
+          << depth << " remote=" << remote;
+      uint64_t n = 2;
+      while (true) {
+        auto s = (*stream)->Next();
+        ASSERT_TRUE(s.ok()) << s.status();
+        if (!s->has_value()) break;
+        ++n;
+      }
+      EXPECT_EQ(n, keys.size());
     }
-    EXPECT_EQ(n, keys.size());
   }
 }
 
