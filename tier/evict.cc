@@ -312,14 +312,22 @@ uint64_t EvictionTarget(const Tier& tier, uint64_t entry_bytes, std::string* war
   return target == std::numeric_limits<uint64_t>::max() ? entry_bytes : target;
 }
 
+std::optional<int64_t> FreeAboveMinFree(const Tier& tier) {
+  const TierConfig& c = tier.config();
+  struct statvfs vfs;
+  if (c.min_free <= 0 || statvfs(tier.root().c_str(), &vfs) != 0 || vfs.f_blocks == 0) {
+    return std::nullopt;
+  }
+  const double above =
+      static_cast<double>(vfs.f_bavail) - static_cast<double>(vfs.f_blocks) * c.min_free / 100;
+  return static_cast<int64_t>(above * static_cast<double>(vfs.f_frsize));
+}
+
 bool OverBounds(const Tier& tier, uint64_t entry_bytes) {
   const TierConfig& c = tier.config();
   if (c.max_size > 0 && entry_bytes > c.max_size) return true;
-  struct statvfs vfs;
-  if (c.min_free > 0 && statvfs(tier.root().c_str(), &vfs) == 0 && vfs.f_blocks > 0) {
-    return static_cast<double>(vfs.f_bavail) < static_cast<double>(vfs.f_blocks) * c.min_free / 100;
-  }
-  return false;
+  const std::optional<int64_t> free = FreeAboveMinFree(tier);
+  return free.has_value() && *free < 0;
 }
 
 }  // namespace wharf

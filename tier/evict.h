@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -84,5 +85,8 @@ uint64_t EvictionTarget(const Tier& tier, uint64_t entry_bytes, std::string* war
 std::string MinFreeIgnoredWarning(const Tier& tier);
 // True when the tier's entries, `entry_bytes` in all, exceed a bound.
 bool OverBounds(const Tier& tier, uint64_t entry_bytes);
+// Bytes the tier's file system has free above its min_free (negative: below it); nullopt
+// when min_free is 0 or the file system reports no capacity.
+std::optional<int64_t> FreeAboveMinFree(const Tier& tier);
 
 }  // namespace wharf

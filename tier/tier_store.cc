@@ -63,15 +63,17 @@ class FileSink : public ReadSink {
   uint64_t bytes_ = 0;
 };
 
-// Streams a whole object of unknown size into the tier: into the whole object's temporary
-// file up to `spill_at` (the first block boundary above the block threshold: an object that
-// ends before is one entry, or at most that many bytes to cut into blocks), then block by
-// block into temporary files of their own, so the bytes of a big object past that point are
-// written once, as the blocks they become (their names wait for the object's ETag).
+// Streams a whole object of unknown size into the tier. Up to `keep` bytes are only kept in
+// memory: an object that ends there is written to its file in one write (Finish) and the
+// read that filled it is answered from memory, not by reading the new file back. (Writing
+// each network chunk as it came cost a write per ~15 KiB, and ext4 zeroed the rest of every
+// new page-cache folio a chunk began.) Past `keep`, the bytes go to the whole object's
+// temporary file up to `spill_at` (the first block boundary above the block threshold: an
+// object that ends before is one entry, or at most that many bytes to cut into blocks), then
+// block by block into temporary files of their own, so the bytes of a big object past that
+// point are written once, as the blocks they become (their names wait for the object's ETag).
 class SpillSink : public ReadSink {
  public:
-  // `keep`: bytes kept in memory as well (while the object is no bigger), so the read that
-  // fills a small object is answered from them instead of reading the new file back.
   SpillSink(TempObject* whole, std::string temp_dir, std::string placeholder, uint64_t block,
             uint64_t threshold, uint64_t keep)
       : whole_(whole),
@@ -79,12 +81,17 @@ class SpillSink : public ReadSink {
         placeholder_(std::move(placeholder)),
         block_(block),
         spill_at_((threshold / block + 1) * block),
-        keep_(keep) {}
+        keep_(std::min(keep, spill_at_)) {}
   absl::Status Append(absl::string_view chunk) override {
     if (bytes_ + chunk.size() <= keep_) {
-      kept_.Append(chunk);
-    } else if (!kept_.empty()) {
-      kept_.Clear();
+      if (kept_.empty()) kept_.reserve(static_cast<size_t>(std::min<uint64_t>(keep_, 128 << 10)));
+      kept_.append(chunk.data(), chunk.size());
+      bytes_ += chunk.size();
+      return absl::OkStatus();
+    }
+    if (!kept_.empty()) {  // bigger than kept: to the file from here on
+      WHARF_RETURN_IF_ERROR(whole_->Append(kept_));
+      std::string().swap(kept_);
     }
     while (!chunk.empty()) {
       size_t n;
@@ -106,10 +113,15 @@ class SpillSink : public ReadSink {
     }
     return absl::OkStatus();
   }
+  // Writes what is only in memory to the whole object's file. Once, after the last Append.
+  absl::Status Finish() {
+    if (kept_.size() != bytes_ || kept_.empty()) return absl::OkStatus();
+    return whole_->Append(kept_);
+  }
   uint64_t bytes() const { return bytes_; }
   uint64_t spill_at() const { return spill_at_; }
   // All the bytes received, when they were few enough to keep (else null).
-  const absl::Cord* kept() const { return kept_.size() == bytes_ ? &kept_ : nullptr; }
+  const std::string* kept() const { return kept_.size() == bytes_ ? &kept_ : nullptr; }
   // The blocks from spill_at() / block on, in order.
   std::vector<std::unique_ptr<TempObject>>& spilled() { return spilled_; }
 
@@ -121,7 +133,7 @@ class SpillSink : public ReadSink {
   const uint64_t spill_at_;
   const uint64_t keep_;
   uint64_t bytes_ = 0;
-  absl::Cord kept_;
+  std::string kept_;
   std::vector<std::unique_ptr<TempObject>> spilled_;
 };
 
@@ -177,19 +189,14 @@ absl::Status CopyOut(int fd, uint64_t file_offset, uint64_t n, const GetRequest&
 }
 
 // Copies bytes [begin, begin + n) of `data` to the request's destination, as CopyOut does.
-absl::Status CopyOutCord(const absl::Cord& data, uint64_t begin, uint64_t n,
-                         const GetRequest& req) {
-  const absl::Cord part = data.Subcord(begin, n);
+absl::Status CopyOutBytes(absl::string_view data, uint64_t begin, uint64_t n,
+                          const GetRequest& req) {
+  const absl::string_view part = data.substr(begin, n);
   if (req.sink == nullptr) {
-    char* dst = req.buffer.data();
-    for (absl::string_view chunk : part.Chunks()) {
-      memcpy(dst, chunk.data(), chunk.size());
-      dst += chunk.size();
-    }
+    memcpy(req.buffer.data(), part.data(), part.size());
     return absl::OkStatus();
   }
-  for (absl::string_view chunk : part.Chunks()) WHARF_RETURN_IF_ERROR(req.sink->Append(chunk));
-  return absl::OkStatus();
+  return req.sink->Append(part);
 }
 
 // What a read of an entry (`size` bytes, `etag`) answers: not modified for a matching
@@ -973,6 +980,13 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
     // Sealing and publishing are syscalls: off the backing store's thread.
     ThreadPool& pool = self->runtime_->blocking_pool();
     pool.Schedule([self = std::move(self), read = std::move(read), got = std::move(got)]() mutable {
+      if (got.ok() && !got->not_modified) {
+        absl::Status written = read->sink->Finish();
+        if (!written.ok()) {
+          got = Annotate(written, absl::StrCat("get ", self->inner_->Uri(read->request.key),
+                                               ": filling the tier"));
+        }
+      }
       if (got.ok() && !got->not_modified && !got->meta.etag.empty() &&
           got->meta.size > self->tier_->config().block_threshold) {
         self->PublishAsBlocks(read, *got);
@@ -1030,7 +1044,7 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   // Otherwise the read is served from the new entry, under a reader's shared lock taken
   // before it is published: no eviction pass (this process's below, or another's) can take
   // it meanwhile.
-  const absl::Cord* kept = read.sink->kept();
+  const std::string* kept = read.sink->kept();
   const int held =
       sealed.ok() && kept == nullptr ? open(read.temp->path().c_str(), O_RDONLY | O_CLOEXEC) : -1;
   if (held >= 0) flock(held, LOCK_SH);
@@ -1054,7 +1068,7 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
 }
 
 void TierStore::ServeFilled(PendingRead& read, const TierEntry& entry, absl::Time mtime,
-                            const absl::Cord& data) {
+                            absl::string_view data) {
   const GetRequest& req = read.request;
   const std::string op = absl::StrCat("get ", inner_->Uri(req.key));
   const std::string etag = EntryEtag(entry);
@@ -1062,14 +1076,16 @@ void TierStore::ServeFilled(PendingRead& read, const TierEntry& entry, absl::Tim
     return read.Finish(absl::FailedPreconditionError(
         absl::StrCat(op, ": object changed (etag ", etag, ", expected ", req.if_match, ")")));
   }
-  read.Finish(Answer(req, op, entry.size, etag, mtime,
-                     [&](uint64_t begin, uint64_t n) { return CopyOutCord(data, begin, n, req); }));
+  read.Finish(Answer(req, op, entry.size, etag, mtime, [&](uint64_t begin, uint64_t n) {
+    return CopyOutBytes(data, begin, n, req);
+  }));
 }
 
 void TierStore::MaybeEvict(uint64_t filled) {
   const TierConfig& c = tier_->config();
   if (c.max_size == 0 && c.min_free <= 0) return;
   filled_since_pass_.fetch_add(filled, std::memory_order_relaxed);
+  filled_since_free_check_.fetch_add(filled, std::memory_order_relaxed);
   // What the tier holds: known after this process's first pass, plus what it filled since.
   // Before that, a tier bounded only by free space is checked with statvfs alone, so a
   // process does not walk the whole tier at its first fill when nothing asks it to.
@@ -1082,8 +1098,11 @@ void TierStore::MaybeEvict(uint64_t filled) {
   }
   auto over = [&] {
     const int64_t usage = usage_.load(std::memory_order_relaxed);
-    if (usage < 0) return c.max_size > 0 || OverBounds(*tier_, 0);
-    return OverBounds(*tier_, static_cast<uint64_t>(usage) + filled_since_pass_.load());
+    if (c.max_size > 0 &&
+        (usage < 0 || static_cast<uint64_t>(usage) + filled_since_pass_.load() > c.max_size)) {
+      return true;
+    }
+    return FreeSpaceLow();
   };
   // The pass runs here, in the read that found the tier over its bounds, before that read is
   // delivered: so the fills a program waited for are within bounds when it finishes. One
@@ -1100,8 +1119,26 @@ void TierStore::MaybeEvict(uint64_t filled) {
       evictions_.fetch_add(pass->evicted, std::memory_order_relaxed);
     }
     evicting_.store(false);
-    if (!ran) break;  // another process's pass holds the tier: it is seeing to it
+    free_check_skip_.store(0);  // look at the free space again after a pass
+    if (!ran) break;            // another process's pass holds the tier: it is seeing to it
   }
+}
+
+bool TierStore::FreeSpaceLow() {
+  if (tier_->config().min_free <= 0) return false;
+  // A statvfs per fill was a tenth of a small object's fill. The free space cannot fall
+  // below min_free before this process has written the room it last saw above it: it looks
+  // again after an eighth of that (other processes filling the same file system count too,
+  // hence the margin).
+  if (filled_since_free_check_.load(std::memory_order_relaxed) <
+      free_check_skip_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  filled_since_free_check_.store(0, std::memory_order_relaxed);
+  const std::optional<int64_t> free = FreeAboveMinFree(*tier_);
+  free_check_skip_.store(free.has_value() && *free > 0 ? static_cast<uint64_t>(*free) / 8 : 0,
+                         std::memory_order_relaxed);
+  return free.has_value() && *free < 0;
 }
 
 // ---- Blocks of big objects ----

@@ -145,7 +145,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
   // Answers a read that just filled `entry` from the bytes it kept in memory.
   void ServeFilled(PendingRead& read, const TierEntry& entry, absl::Time mtime,
-                   const absl::Cord& data);
+                   absl::string_view data);
   void Forget(const std::string& key);
   // The listing of the complete, fresh import whose source covers `prefix`, or null when
   // the bucket must answer. Walks the tree the first time (blocking I/O).
@@ -194,6 +194,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
                         uint64_t index) const;
   // After a fill: when the tier may be over its bounds, eviction passes until it is not.
   void MaybeEvict(uint64_t filled);
+  // True when the tier's file system has less free space than its min_free (statvfs, not at
+  // every fill: see the .cc).
+  bool FreeSpaceLow();
   // Counters: what was not yet written goes to the tier's stats (tier.h) when the store is
   // destroyed or the process exits, whichever comes first.
   void Register();
@@ -217,6 +220,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::atomic<bool> usage_read_{false};  // the tier's recorded usage was looked up
   std::atomic<bool> evicting_{false};
   std::atomic<uint64_t> filled_since_pass_{0};
+  // FreeSpaceLow's statvfs is skipped until this process has filled free_check_skip_ bytes.
+  std::atomic<uint64_t> filled_since_free_check_{0};
+  std::atomic<uint64_t> free_check_skip_{0};
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> revalidated_{0};
   std::atomic<uint64_t> listed_{0};
