@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,40 @@ absl::Status WriteAll(int fd, absl::string_view data) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoToStatus(errno, "write");
     data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, const absl::Cord& data) {
+  if (auto flat = data.TryFlat(); flat.has_value()) return WriteAll(fd, *flat);
+  constexpr int kMaxIov = 64;
+  struct iovec iov[kMaxIov];
+  auto it = data.chunk_begin();
+  const auto end = data.chunk_end();
+  while (it != end) {
+    int n = 0;
+    for (; n < kMaxIov && it != end; ++it) {
+      const absl::string_view chunk = *it;
+      if (!chunk.empty()) iov[n++] = {const_cast<char*>(chunk.data()), chunk.size()};
+    }
+    size_t want = 0;
+    for (int i = 0; i < n; ++i) want += iov[i].iov_len;
+    ssize_t got = writev(fd, iov, n);
+    if (got < 0 && errno == EINTR) got = 0;
+    if (got < 0) return ErrnoToStatus(errno, "write");
+    if (static_cast<size_t>(got) == want) continue;
+    // A short write (or EINTR): finish this group one chunk at a time.
+    size_t skip = static_cast<size_t>(got);
+    for (int i = 0; i < n; ++i) {
+      absl::string_view part(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
+      if (skip >= part.size()) {
+        skip -= part.size();
+        continue;
+      }
+      part.remove_prefix(skip);
+      skip = 0;
+      WHARF_RETURN_IF_ERROR(WriteAll(fd, part));
+    }
   }
   return absl::OkStatus();
 }

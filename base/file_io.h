@@ -9,12 +9,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 
 namespace wharf {
 
 // Writes all of `data` to `fd`, retrying short writes and EINTR. Errors name the errno.
 absl::Status WriteAll(int fd, absl::string_view data);
+// The same for every chunk of `data`, with writev (up to 64 chunks a call): a file written
+// in one call per Cord, not per chunk (each write that starts inside a new page-cache folio
+// makes ext4 zero the rest of it first).
+absl::Status WriteAll(int fd, const absl::Cord& data);
 
 // Writes `data` to `path` whole or not at all: a temp file beside it (mode 0600, named with
 // the pid), renamed over `path`. Errors name the path and the errno.

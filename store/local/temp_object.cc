@@ -143,8 +143,14 @@ absl::Status TempObject::Append(absl::string_view data) {
 }
 
 absl::Status TempObject::Append(const absl::Cord& data) {
-  for (absl::string_view chunk : data.Chunks()) WHARF_RETURN_IF_ERROR(Append(chunk));
-  return absl::OkStatus();
+  for (absl::string_view chunk : data.Chunks()) {
+    if (kind_ == Checksum::kMd5) {
+      if (!known_md5_) md5_.Update(chunk);
+    } else {
+      crc32c_ = Crc32cExtend(crc32c_, chunk.data(), chunk.size());
+    }
+  }
+  return WriteAll(fd_, data);
 }
 
 absl::StatusOr<ObjectMeta> TempObject::Seal(
