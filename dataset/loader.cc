@@ -122,7 +122,7 @@ size_t SampleStream::Prefetch() const {
 }
 
 void SampleStream::Observe(const FetchResult& r) {
-  if (!remote_ && r.latency >= StreamOptions::kRemoteLatency) remote_ = true;
+  if (!remote_ && r.time_to_first_byte >= StreamOptions::kRemoteFirstByte) remote_ = true;
 }
 
 uint64_t SampleStream::SizeAt(uint64_t position) const {

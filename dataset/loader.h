@@ -73,16 +73,18 @@ class SampleReader {
 };
 
 struct StreamOptions {
-  // prefetch: follow the store. While every sample's request completes within
-  // kRemoteLatency of being sent (the tier's hits, a local disk), kNearPrefetch ahead: 64
-  // keep tens of thousands of samples a second fed, and a deeper window only spreads the
-  // epoch over more fresh memory (a first epoch of 100 KiB samples with 768 ahead took
-  // ~20,000 page faults, 40% of its time). Once one takes longer (a bucket, a tier's miss, a
-  // big sample), the window follows the engine for the rest of the stream: twice the
-  // requests it keeps in flight now, so a depth the engine tunes up has samples to fill it.
+  // prefetch: follow the store. While no sample comes from across a network (the tier's
+  // hits and local files report no time to first byte), kNearPrefetch ahead: 64 keep tens of
+  // thousands of samples a second fed, and a deeper window only spreads the epoch over more
+  // fresh memory (a first epoch of 100 KiB samples with 768 ahead took ~19,000 more page
+  // faults, 40% of its time). Once a sample's first byte took kRemoteFirstByte or more (a
+  // bucket, a tier's miss), the window follows the engine for the rest of the stream: twice
+  // the requests it keeps in flight now, so a depth the engine tunes up has samples to fill
+  // it. (A request's whole latency is no such signal: local reads queue behind each other,
+  // so theirs grows with the window.)
   static constexpr size_t kAutoPrefetch = ~size_t{0};
   static constexpr size_t kNearPrefetch = 64;
-  static constexpr absl::Duration kRemoteLatency = absl::Milliseconds(2);
+  static constexpr absl::Duration kRemoteFirstByte = absl::Milliseconds(2);
   // Samples requested ahead of the one being consumed (0: none; NextBatch(n) still fetches
   // its n samples together). The scheduler's memory budget bounds the bytes; this bounds
   // the count, so small budgets and large samples are both safe.
@@ -163,7 +165,7 @@ class SampleStream {
   uint64_t added_ = 0;
   uint64_t yielded_ = 0;
   uint64_t window_bytes_ = 0;  // known sizes of samples added and not yet yielded
-  bool remote_ = false;        // a sample's request took kRemoteLatency or more
+  bool remote_ = false;        // a sample's first byte took kRemoteFirstByte or more
   // Results that arrived ahead of their turn (only with an unordered scheduler).
   std::map<uint64_t, FetchResult> early_;
 };

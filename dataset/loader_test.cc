@@ -86,7 +86,8 @@ TEST_F(LoaderTest, StreamYieldsTheShareInOrderWithReadAhead) {
 
 // A worker resuming its own share passes over what it yielded without reading it.
 // Auto read-ahead: 64 samples while every sample comes back at once (a local store, the
-// tier's hits); once one's request takes kRemoteLatency or more, twice the engine's depth.
+// tier's hits: no time to first byte); once one's first byte takes kRemoteFirstByte or more,
+// twice the engine's depth.
 TEST_F(LoaderTest, AutoReadAheadFollowsTheEnginesDepthOnceTheStoreIsFar) {
   // 600 samples: the fixture's objects, each ten times.
   std::vector<std::string> keys;
@@ -96,7 +97,8 @@ TEST_F(LoaderTest, AutoReadAheadFollowsTheEnginesDepthOnceTheStoreIsFar) {
   auto index = std::make_shared<const SampleIndex>(SampleIndex::FromKeys(keys));
   const Sampler sampler = *Sampler::Create(keys.size(), {.seed = 3});
   const SamplerState state = sampler.State(0, 0);
-  auto far = std::make_shared<store_testing::DelayedGetStore>(store_, absl::Milliseconds(5));
+  auto far = std::make_shared<store_testing::DelayedGetStore>(store_, absl::Milliseconds(5),
+                                                              /*report_first_byte=*/true);
   for (bool remote : {false, true}) {
     for (int depth : {4, 100}) {
       FetchOptions engine{.max_in_flight = depth, .ordered = true};

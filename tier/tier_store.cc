@@ -271,8 +271,15 @@ struct TierStore::PendingRead {
   // Records the outcome (delivered when the read is dropped).
   void Finish(absl::StatusOr<GetResult> r) {
     Unlock();
+    // A read that went to the backing store says how far it went, as a read of the store
+    // itself would (readers size their read-ahead by it).
+    if (r.ok() && r->time_to_first_byte == absl::ZeroDuration()) {
+      r->time_to_first_byte = fetched_first_byte;
+    }
     result = std::move(r);
   }
+  // The backing store's time to first byte when this read fetched from it.
+  absl::Duration fetched_first_byte = absl::ZeroDuration();
   bool counted = false;  // the read counted as a hit or a miss (by the step that decided)
   std::optional<absl::StatusOr<GetResult>> result;
 };
@@ -980,6 +987,7 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
     // Sealing and publishing are syscalls: off the backing store's thread.
     ThreadPool& pool = self->runtime_->blocking_pool();
     pool.Schedule([self = std::move(self), read = std::move(read), got = std::move(got)]() mutable {
+      if (got.ok()) read->fetched_first_byte = got->time_to_first_byte;
       if (got.ok() && !got->not_modified) {
         absl::Status written = read->sink->Finish();
         if (!written.ok()) {

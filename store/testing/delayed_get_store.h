@@ -58,8 +58,11 @@ class InFlightCounter {
 
 class DelayedGetStore : public ForwardingStore {
  public:
-  DelayedGetStore(std::shared_ptr<ObjectStore> inner, absl::Duration delay)
-      : ForwardingStore(std::move(inner)), delay_(delay) {}
+  // `report_first_byte`: results carry the delay as their time to first byte, as a network
+  // store's do (readers that size their work by it see a far store).
+  DelayedGetStore(std::shared_ptr<ObjectStore> inner, absl::Duration delay,
+                  bool report_first_byte = false)
+      : ForwardingStore(std::move(inner)), delay_(delay), report_first_byte_(report_first_byte) {}
 
   void GetAsync(GetRequest request, Callback<GetResult> done) override {
     OnGet(request);
@@ -68,6 +71,7 @@ class DelayedGetStore : public ForwardingStore {
       inner().GetAsync(std::move(r),
                        [this, d = std::move(d)](absl::StatusOr<GetResult> res) mutable {
                          gets_.Leave();
+                         if (res.ok() && report_first_byte_) res->time_to_first_byte = delay_;
                          std::move(d)(std::move(res));
                        });
     });
@@ -83,6 +87,7 @@ class DelayedGetStore : public ForwardingStore {
 
  private:
   const absl::Duration delay_;
+  const bool report_first_byte_;
   InFlightCounter gets_;
 };
 
