@@ -15,7 +15,8 @@
 //    interval's rate on a shared machine varies by more than the gains it looks for): up
 //    (x `up`) and, when that gained less than `gain`, down (/ `down`); a probe is kept when it
 //    gained (up) or cost less than `loss` (down), else the depth returns to where it was, and
-//    probes come half as often (up to 8 x `hold` intervals apart) until one is kept;
+//    probes come half as often (up to 8 x `hold` intervals apart) until one is kept; a
+//    descent speeds up while its steps are kept (each `down` times larger, up to down^2);
 //  - Little's law as a hint only: when the depth is about rate x smallest first byte (the
 //    requests wait on the link, not in a queue), deeper will help: it probes now;
 //  - a rate that falls below `drop` x the settled one (a farther or slower link) starts an
@@ -92,6 +93,7 @@ class InFlightController {
   double settled_rate_ ABSL_GUARDED_BY(mu_) = 0;  // bytes/s at the current depth
   int base_depth_ ABSL_GUARDED_BY(mu_) = 0;       // the depth a probe returns to
   double base_rate_ ABSL_GUARDED_BY(mu_) = 0;
+  double down_step_ ABSL_GUARDED_BY(mu_) = 1;  // the divisor of a descent's last step
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -18,9 +18,19 @@ struct Model {
   double rtt = 0.001;       // seconds
   double capacity = 150e6;  // bytes/s the server can serve
   double demand = 1e18;     // bytes/s the consumer takes (the engine fills the pipe)
+  // Above this depth the server serves less the deeper its queue (0: no such penalty):
+  // capacity x (1 - penalty x log2(depth / knee)), as RGW on two cores at 0 ms.
+  int knee = 0;
+  double penalty = 0.02;
 
+  double Capacity(int depth) const {
+    if (knee == 0 || depth <= knee) return capacity;
+    return capacity * (1 - penalty * std::log2(static_cast<double>(depth) / knee));
+  }
   // Steady throughput and first-byte time at `depth`.
-  double Rate(int depth) const { return std::min({depth * kObject / rtt, capacity, demand}); }
+  double Rate(int depth) const {
+    return std::min({depth * kObject / rtt, Capacity(depth), demand});
+  }
   double Ttfb(int depth) const {
     const double served = Rate(depth) / kObject;  // objects/s
     return std::max(rtt, depth / served);         // Little: depth / rate, at least the RTT
@@ -76,6 +86,21 @@ TEST(InFlightController, StaysShallowWhenTheServerIsTheBottleneck) {
   const double rate = Simulate(c, m, 20, clock, 5000);  // probes included
   EXPECT_GE(rate, 0.9 * m.capacity);
   EXPECT_LT(c.limit(), 150) << "it should have walked down from 380";
+}
+
+TEST(InFlightController, WalksDownQuicklyFromADepthFarAboveWhatTheLinkNeeds) {
+  // Loopback with a server that loses ~2% per doubling of its queue past 16 (ADAPT's first
+  // phase: the best fixed depth at 0 ms was 16, the engine starts at the prior's 380).
+  InFlightController c(Defaults(380));
+  Model m;
+  m.rtt = 0.0005;
+  m.knee = 16;
+  double clock = 0;
+  // Its first probe goes up (760, no gain), then it walks down: steps of 1.5, then 2.25
+  // while they are kept (253, 112, 49, 21, 9; eight steps of 1.5 were at 49 by now).
+  Simulate(c, m, 5.5, clock);
+  EXPECT_LE(c.limit(), 40) << "5.5 s in";
+  EXPECT_GE(Simulate(c, m, 5, clock, 5000), 0.95 * m.capacity) << "depth " << c.limit();
 }
 
 // Seconds (in whole 1 s windows) until a window reaches 90% of the capacity; 99 if none
