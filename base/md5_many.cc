@@ -376,11 +376,11 @@ Md5Batcher::~Md5Batcher() {
   if (thread.joinable()) thread.join();
 }
 
-void Md5Batcher::Hash(absl::Cord data, Done done) {
+void Md5Batcher::Hash(absl::Cord data, ThreadPool& pool, Done done) {
   absl::MutexLock lock(&mu_);
   queued_bytes_ += data.size();
   last_arrival_ = absl::Now();
-  queue_.push_back(Job{std::move(data), std::move(done), last_arrival_});
+  queue_.push_back(Job{std::move(data), &pool, std::move(done), last_arrival_});
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
 }
 
@@ -417,7 +417,9 @@ void Md5Batcher::Loop() {
     for (const Job& job : batch) messages.push_back(&job.data);
     const std::vector<Md5Digest> digests = Md5Many(messages);
     for (size_t i = 0; i < batch.size(); ++i) {
-      std::move(batch[i].done)(std::move(batch[i].data), digests[i]);
+      batch[i].pool->Schedule(
+          [done = std::move(batch[i].done), data = std::move(batch[i].data),
+           md5 = digests[i]]() mutable { std::move(done)(std::move(data), md5); });
     }
   }
 }

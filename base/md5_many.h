@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "base/thread_pool.h"
 
 namespace wharf {
 
@@ -31,8 +32,8 @@ std::vector<Md5Digest> Md5Many(absl::Span<const absl::Cord* const> messages);
 // Hashes whole messages handed over one at a time, many at once: a thread of its own (started
 // on first use) collects messages until it has `max_batch` of them (or `max_bytes`), none
 // has arrived for `gap`, or the oldest has waited `max_wait`; then it hashes them with
-// Md5Many and calls each message's `done` on that thread, in the order given (keep `done`
-// short: schedule the real work elsewhere). A stream of puts arriving a few hundred
+// Md5Many and runs each message's `done` on the pool the message came with (the file is
+// written there). A stream of puts arriving a few hundred
 // microseconds apart is thus hashed 16 at a time, at most `max_wait` later than alone; a
 // lone message waits `gap`. For asynchronous puts only: a caller that waits for each put
 // before the next should hash where it is. One per runtime (Runtime::Shared).
@@ -48,18 +49,21 @@ class Md5Batcher {
 
   Md5Batcher() : Md5Batcher(Options()) {}
   explicit Md5Batcher(Options options) : options_(options) {}
-  // Hashes what is queued (calling its `done`), then joins the thread.
+  // Hashes what is queued (scheduling its `done`), then joins the thread.
   ~Md5Batcher();
   Md5Batcher(const Md5Batcher&) = delete;
   Md5Batcher& operator=(const Md5Batcher&) = delete;
 
   // Messages bigger than this gain nothing from waiting for others: hash them where they are.
   uint64_t max_message() const { return options_.max_bytes / 4; }
-  void Hash(absl::Cord data, Done done);
+  // Hashes `data`, then runs `done` with it and its MD5 on `pool` (which must outlive the
+  // batcher's work: the runtime's blocking pool).
+  void Hash(absl::Cord data, ThreadPool& pool, Done done);
 
  private:
   struct Job {
     absl::Cord data;
+    ThreadPool* pool;
     Done done;
     absl::Time queued;
   };

@@ -37,6 +37,12 @@ Md5Digest Reference(const absl::Cord& data) {
   return md5.Finish();
 }
 
+std::vector<const absl::Cord*> Pointers(const std::vector<absl::Cord>& cords) {
+  std::vector<const absl::Cord*> out;
+  for (const absl::Cord& c : cords) out.push_back(&c);
+  return out;
+}
+
 std::vector<Md5Kernel> Kernels() {
   std::vector<Md5Kernel> out;
   for (Md5Kernel k : {Md5Kernel::kScalar, Md5Kernel::kAvx2, Md5Kernel::kAvx512}) {
@@ -60,8 +66,7 @@ TEST(Md5ManyTest, KnownAnswers) {
   };
   std::vector<absl::Cord> cords;
   for (const auto& c : cases) cords.emplace_back(c.first);
-  std::vector<const absl::Cord*> ptrs;
-  for (const auto& c : cords) ptrs.push_back(&c);
+  const std::vector<const absl::Cord*> ptrs = Pointers(cords);
   for (Md5Kernel kind : Kernels()) {
     const auto got = internal::Md5ManyWith(kind, ptrs);
     ASSERT_EQ(got.size(), cases.size());
@@ -97,8 +102,7 @@ TEST(Md5ManyTest, EveryKernelAgreesWithOpenSslAtEveryLengthAndFragmentation) {
         break;
     }
   }
-  std::vector<const absl::Cord*> ptrs;
-  for (const auto& c : cords) ptrs.push_back(&c);
+  const std::vector<const absl::Cord*> ptrs = Pointers(cords);
   for (Md5Kernel kind : Kernels()) {
     const auto got = internal::Md5ManyWith(kind, ptrs);
     ASSERT_EQ(got.size(), cords.size());
@@ -117,6 +121,7 @@ TEST(Md5BatcherTest, EveryMessageGetsItsOwnDigestInBatchesFromManyThreads) {
   Md5Batcher::Options options;
   options.max_batch = 16;
   options.max_wait = absl::Milliseconds(50);
+  ThreadPool pool(2);  // declared first: it outlives the batcher's scheduled work
   Md5Batcher batcher(options);
   constexpr int kThreads = 4, kEach = 100;
   absl::Mutex mu;
@@ -128,11 +133,12 @@ TEST(Md5BatcherTest, EveryMessageGetsItsOwnDigestInBatchesFromManyThreads) {
         std::string msg(static_cast<size_t>(100 + 37 * i + t), static_cast<char>('a' + t));
         absl::Cord data(msg);
         const Md5Digest want = Reference(data);
-        batcher.Hash(std::move(data), [&, want, msg](absl::Cord got_data, const Md5Digest& md5) {
-          absl::MutexLock lock(&mu);
-          ++done;
-          if (md5 != want || std::string(got_data) != msg) ++wrong;
-        });
+        batcher.Hash(std::move(data), pool,
+                     [&, want, msg](absl::Cord got_data, const Md5Digest& md5) {
+                       absl::MutexLock lock(&mu);
+                       ++done;
+                       if (md5 != want || std::string(got_data) != msg) ++wrong;
+                     });
       }
     });
   }
@@ -144,27 +150,34 @@ TEST(Md5BatcherTest, EveryMessageGetsItsOwnDigestInBatchesFromManyThreads) {
 }
 
 TEST(Md5BatcherTest, ALoneMessageIsHashedWithoutOthersAndDestructionHashesWhatIsQueued) {
+  ThreadPool pool(1);
   absl::Notification lone;
   Md5Digest got{};
   {
     Md5Batcher batcher;  // default gap: a lone message waits ~2 ms, not forever
-    batcher.Hash(absl::Cord("abc"), [&](absl::Cord, const Md5Digest& md5) {
+    batcher.Hash(absl::Cord("abc"), pool, [&](absl::Cord, const Md5Digest& md5) {
       got = md5;
       lone.Notify();
     });
     lone.WaitForNotification();
     EXPECT_EQ(HexLower(got), "900150983cd24fb0d6963f7d28e17f72");
   }
+  absl::Mutex mu;
   int called = 0;
   {
     Md5Batcher::Options options;
     options.gap = options.max_wait = absl::Hours(1);
     Md5Batcher batcher(options);
     for (int i = 0; i < 5; ++i) {
-      batcher.Hash(absl::Cord("x"), [&](absl::Cord, const Md5Digest&) { ++called; });
+      batcher.Hash(absl::Cord("x"), pool, [&](absl::Cord, const Md5Digest&) {
+        absl::MutexLock lock(&mu);
+        ++called;
+      });
     }
   }  // nothing fills the batch and no deadline passes: the destructor hashes the five
-  EXPECT_EQ(called, 5);
+  absl::MutexLock lock(&mu);
+  auto all = [&] { return called == 5; };
+  EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(30))) << called;
 }
 
 // Not a timing assertion: prints each kernel's rate over 64 objects of 100 KiB, so a
@@ -172,8 +185,7 @@ TEST(Md5BatcherTest, ALoneMessageIsHashedWithoutOthersAndDestructionHashesWhatIs
 TEST(Md5ManyTest, PrintsEachKernelsRate) {
   std::string data(100 * 1024, 'x');
   std::vector<absl::Cord> cords(64, absl::Cord(data));
-  std::vector<const absl::Cord*> ptrs;
-  for (const auto& c : cords) ptrs.push_back(&c);
+  const std::vector<const absl::Cord*> ptrs = Pointers(cords);
   for (Md5Kernel kind : Kernels()) {
     const auto start = std::chrono::steady_clock::now();
     const auto got = internal::Md5ManyWith(kind, ptrs);

@@ -16,6 +16,12 @@ InFlightController::Stats InFlightController::stats() const {
   return stats_;
 }
 
+void InFlightController::ProbeDown(int from, int64_t now_ns) {
+  phase_ = Phase::kProbeDown;
+  down_step_ = options_.down;
+  Set(static_cast<int>(from / down_step_), now_ns);
+}
+
 void InFlightController::Set(int depth, int64_t now_ns) {
   depth = std::clamp(depth, options_.min, options_.max);
   limit_.store(depth, std::memory_order_relaxed);
@@ -102,9 +108,7 @@ void InFlightController::EndInterval(int64_t now_ns) {
       base_depth_ = depth;
       base_rate_ = settled_rate_;
       if (depth >= options_.max) {
-        phase_ = Phase::kProbeDown;
-        down_step_ = options_.down;
-        Set(static_cast<int>(depth / options_.down), now_ns);
+        ProbeDown(depth, now_ns);
       } else {
         phase_ = Phase::kProbeUp;
         Set(static_cast<int>(std::ceil(depth * options_.up)), now_ns);
@@ -134,9 +138,7 @@ void InFlightController::EndInterval(int64_t now_ns) {
         return;
       }
       ++stats_.probes;
-      phase_ = Phase::kProbeDown;
-      down_step_ = options_.down;
-      Set(static_cast<int>(base_depth_ / options_.down), now_ns);
+      ProbeDown(base_depth_, now_ns);
       return;
     }
     case Phase::kProbeDown: {

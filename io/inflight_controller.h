@@ -75,6 +75,8 @@ class InFlightController {
  private:
   enum class Phase { kSteady, kProbeUp, kProbeDown };
   void EndInterval(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a descent from `from`: one step of `down` (later steps grow while kept).
+  void ProbeDown(int from, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the depth; the next interval starts once the old depth's requests drained.
   void Set(int depth, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -146,16 +146,20 @@ void ObjectReader::SetAsideCurrent() {
   ReleaseCurrent();
 }
 
+void ObjectReader::LeaveFor(uint64_t offset) {
+  SetAsideCurrent();
+  DropQueuedBefore(std::numeric_limits<uint64_t>::max());
+  pos_ = next_fetch_ = offset;
+}
+
 bool ObjectReader::ReturnToSetAside(uint64_t offset) {
   if (set_aside_ == nullptr || offset < set_aside_->offset ||
       offset >= set_aside_->offset + set_aside_->size) {
     return false;
   }
   std::shared_ptr<Chunk> back = std::move(set_aside_);
-  SetAsideCurrent();
-  DropQueuedBefore(std::numeric_limits<uint64_t>::max());
+  LeaveFor(offset);
   current_ = std::move(back);
-  pos_ = offset;
   next_fetch_ = current_->offset + current_->size;
   ++jumps_;
   // Reading goes on in bytes the reader already had (a file's start, after its footer): the
@@ -488,9 +492,7 @@ absl::Status ObjectReader::Seek(uint64_t offset) {
     const uint64_t requested_end = std::max(next_fetch_, pos_);
     if (options_.adaptive && offset > requested_end + kSequentialGap) {
       if (ReturnToSetAside(offset)) return absl::OkStatus();
-      SetAsideCurrent();
-      DropQueuedBefore(std::numeric_limits<uint64_t>::max());
-      pos_ = next_fetch_ = offset;
+      LeaveFor(offset);
       ++jumps_;
       Restart();
       return absl::OkStatus();
@@ -503,10 +505,8 @@ absl::Status ObjectReader::Seek(uint64_t offset) {
   }
   // Behind everything held: none of it is of use now. Chunks in flight are abandoned (their
   // completions return the bytes); read-ahead starts over at the new position.
-  if (options_.adaptive && ReturnToSetAside(offset)) return absl::OkStatus();
-  SetAsideCurrent();
-  DropQueuedBefore(std::numeric_limits<uint64_t>::max());
-  pos_ = next_fetch_ = offset;
+  if (ReturnToSetAside(offset)) return absl::OkStatus();  // only adaptive readers set aside
+  LeaveFor(offset);
   if (options_.adaptive) {
     ++jumps_;
     Restart();

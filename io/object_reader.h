@@ -211,6 +211,9 @@ class ObjectReader {
   // which readers of zip and Parquet files come back to), releasing the one set aside
   // before; otherwise released.
   void SetAsideCurrent();
+  // Leaves everything held for `offset` (current_ set aside or released, the queue
+  // abandoned); reading goes on from there.
+  void LeaveFor(uint64_t offset);
   // Adaptive: a jump to `offset` inside the chunk set aside brings it back (no request).
   bool ReturnToSetAside(uint64_t offset);
   // Adaptive: ramps the window and read-ahead to cover twice `bytes` in about 8 parallel

@@ -290,11 +290,10 @@ void TierTreeStore::PutAsync(std::string key, absl::Cord data, const PutOptions&
       data.size() <= md5_batcher_->max_message()) {
     // An import's stream of objects: their MD5s are computed many at a time, then each
     // file is written on the blocking pool as before.
-    md5_batcher_->Hash(std::move(data), [this, seal = std::move(seal)](
-                                            absl::Cord data, const Md5Digest& md5) mutable {
-      runtime_->blocking_pool().Schedule([seal = std::move(seal), data = std::move(data),
-                                          md5]() mutable { seal(std::move(data), &md5); });
-    });
+    md5_batcher_->Hash(std::move(data), runtime_->blocking_pool(),
+                       [seal = std::move(seal)](absl::Cord data, const Md5Digest& md5) mutable {
+                         seal(std::move(data), &md5);
+                       });
     return;
   }
   runtime_->blocking_pool().Schedule([seal = std::move(seal), data = std::move(data)]() mutable {

@@ -574,14 +574,11 @@ void LocalStore::PutAsync(std::string key, absl::Cord data, const PutOptions& op
   if (data.size() <= md5_batcher_->max_message()) {
     // A stream of puts (a download of many objects): their MD5 ETags are computed many at a
     // time, then each file is written on the blocking pool.
-    md5_batcher_->Hash(
-        std::move(data), [this, key = std::move(key), options, done = std::move(done)](
-                             absl::Cord data, const Md5Digest& md5) mutable {
-          runtime_->blocking_pool().Schedule([this, key = std::move(key), data = std::move(data),
-                                              options, md5, done = std::move(done)]() mutable {
-            std::move(done)(Put(key, std::move(data), options, &md5));
-          });
-        });
+    md5_batcher_->Hash(std::move(data), runtime_->blocking_pool(),
+                       [this, key = std::move(key), options, done = std::move(done)](
+                           absl::Cord data, const Md5Digest& md5) mutable {
+                         std::move(done)(Put(key, std::move(data), options, &md5));
+                       });
     return;
   }
   runtime_->blocking_pool().Schedule(

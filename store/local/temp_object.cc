@@ -133,23 +133,21 @@ TempObject::~TempObject() {
   if (!published_ && !path_.empty()) unlink(path_.c_str());
 }
 
-absl::Status TempObject::Append(absl::string_view data) {
-  if (kind_ == Checksum::kMd5) {
-    if (!known_md5_) md5_.Update(data);
-  } else {
+void TempObject::AddToChecksum(absl::string_view data) {
+  if (kind_ == Checksum::kCrc32c) {
     crc32c_ = Crc32cExtend(crc32c_, data.data(), data.size());
+  } else if (!known_md5_) {
+    md5_.Update(data);
   }
+}
+
+absl::Status TempObject::Append(absl::string_view data) {
+  AddToChecksum(data);
   return WriteAll(fd_, data);
 }
 
 absl::Status TempObject::Append(const absl::Cord& data) {
-  for (absl::string_view chunk : data.Chunks()) {
-    if (kind_ == Checksum::kMd5) {
-      if (!known_md5_) md5_.Update(chunk);
-    } else {
-      crc32c_ = Crc32cExtend(crc32c_, chunk.data(), chunk.size());
-    }
-  }
+  for (absl::string_view chunk : data.Chunks()) AddToChecksum(chunk);
   return WriteAll(fd_, data);
 }
 

@@ -87,6 +87,8 @@ class TempObject {
 
  private:
   TempObject(std::string target, Checksum kind) : target_(std::move(target)), kind_(kind) {}
+  // Adds appended bytes to the checksum (not to an MD5 given by SetMd5).
+  void AddToChecksum(absl::string_view data);
 
   const std::string target_;
   std::string path_;
