@@ -985,7 +985,7 @@ class Trash:
     directories are deleted at the end of the run, or earlier when free space runs low; then
     the run waits out ext4's window (synced, then 65 s: an inode freed by a clean inode table
     is skipped for 60 s) before the next client, which otherwise paid for the delete (the
-    runs of 2026-11-27 09:07 and 09:22: each round right after such a delete took 1.3-2.3x
+    runs of 2026-11-27 09:07 and 09:22: each round right after such a delete took 1.2-2.3x
     the CPU of the others for the same fills).
     """
 

@@ -1134,7 +1134,7 @@ void TierStore::MaybeEvict(uint64_t filled) {
 
 bool TierStore::FreeSpaceLow() {
   if (tier_->config().min_free <= 0) return false;
-  // A statvfs per fill was a tenth of a small object's fill. The free space cannot fall
+  // Not a statvfs per fill (strace: one per fill before). The free space cannot fall
   // below min_free before this process has written the room it last saw above it: it looks
   // again after an eighth of that (other processes filling the same file system count too,
   // hence the margin).
