@@ -25,11 +25,15 @@ TEST(Crc32cTest, KnownAnswers) {
 
 TEST(Crc32cTest, PortableAndHardwareAgreeAtEveryLengthAndAlignment) {
   std::mt19937 rng(1);
-  std::string data(4096 + 16, '\0');
+  std::string data(8192 + 16, '\0');
   for (auto& c : data) c = static_cast<char>(rng());
   const bool hw = internal::Crc32cHardwareAvailable();
   for (size_t offset = 0; offset < 8; ++offset) {
-    for (size_t n : {0ul, 1ul, 7ul, 8ul, 9ul, 15ul, 16ul, 63ul, 100ul, 1000ul, 4096ul}) {
+    // The hardware path hashes blocks of 3 x 512 bytes in three streams: lengths around
+    // one and several blocks, with tails of every kind.
+    for (size_t n :
+         {0ul,    1ul,    7ul,    8ul,    9ul,    15ul,   16ul,   63ul,   100ul,  1000ul, 1535ul,
+          1536ul, 1537ul, 1543ul, 1544ul, 3072ul, 3079ul, 4096ul, 4607ul, 4608ul, 8192ul}) {
       const char* p = data.data() + offset;
       const uint32_t portable = internal::Crc32cExtendPortable(0, p, n);
       // Byte-at-a-time reference: the portable tail loop alone.
@@ -49,6 +53,18 @@ TEST(Crc32cTest, PortableAndHardwareAgreeAtEveryLengthAndAlignment) {
 TEST(Crc32cTest, ExtendAndCordAndMask) {
   const std::string a = "hello, ", b = "world";
   EXPECT_EQ(Crc32cExtend(Crc32c(a), b.data(), b.size()), Crc32c(a + b));
+  // Long enough for the three-stream blocks on both sides of the split.
+  std::mt19937 rng(2);
+  std::string big(20000, '\0');
+  for (auto& c : big) c = static_cast<char>(rng());
+  const uint32_t whole = internal::Crc32cExtendPortable(0, big.data(), big.size());
+  EXPECT_EQ(Crc32c(big), whole);
+  for (size_t split : {1ul, 1536ul, 5000ul, 19999ul}) {
+    EXPECT_EQ(Crc32cExtend(Crc32c(absl::string_view(big).substr(0, split)), big.data() + split,
+                           big.size() - split),
+              whole)
+        << split;
+  }
   absl::Cord cord;
   cord.Append(std::string(3000, 'x'));
   cord.Append(std::string(5000, 'y'));

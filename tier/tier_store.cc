@@ -74,23 +74,34 @@ class FileSink : public ReadSink {
 // point are written once, as the blocks they become (their names wait for the object's ETag).
 class SpillSink : public ReadSink {
  public:
+  // `direct`: the reader's own buffer, when it asked for the whole object: the bytes are
+  // held there (no copy of ours, and the reader's answer needs none) as long as they fit.
   SpillSink(TempObject* whole, std::string temp_dir, std::string placeholder, uint64_t block,
-            uint64_t threshold, uint64_t keep)
+            uint64_t threshold, uint64_t keep, absl::Span<char> direct)
       : whole_(whole),
         temp_dir_(std::move(temp_dir)),
         placeholder_(std::move(placeholder)),
         block_(block),
         spill_at_((threshold / block + 1) * block),
-        keep_(std::min(keep, spill_at_)) {}
+        keep_(std::min(keep, spill_at_)),
+        direct_(
+            direct.subspan(0, static_cast<size_t>(std::min<uint64_t>(direct.size(), spill_at_)))) {}
   absl::Status Append(absl::string_view chunk) override {
-    if (bytes_ + chunk.size() <= keep_) {
-      if (kept_.empty()) kept_.reserve(static_cast<size_t>(std::min<uint64_t>(keep_, 128 << 10)));
-      kept_.append(chunk.data(), chunk.size());
-      bytes_ += chunk.size();
-      return absl::OkStatus();
-    }
-    if (!kept_.empty()) {  // bigger than kept: to the file from here on
-      WHARF_RETURN_IF_ERROR(whole_->Append(kept_));
+    if (holding_) {
+      if (bytes_ + chunk.size() <= direct_.size()) {
+        memcpy(direct_.data() + bytes_, chunk.data(), chunk.size());
+        bytes_ += chunk.size();
+        return absl::OkStatus();
+      }
+      if (direct_.empty() && bytes_ + chunk.size() <= keep_) {
+        if (kept_.empty()) kept_.reserve(static_cast<size_t>(std::min<uint64_t>(keep_, 128 << 10)));
+        kept_.append(chunk.data(), chunk.size());
+        bytes_ += chunk.size();
+        return absl::OkStatus();
+      }
+      // Bigger than what can be held: to the file from here on.
+      WHARF_RETURN_IF_ERROR(whole_->Append(*held()));
+      holding_ = false;
       std::string().swap(kept_);
     }
     while (!chunk.empty()) {
@@ -115,13 +126,18 @@ class SpillSink : public ReadSink {
   }
   // Writes what is only in memory to the whole object's file. Once, after the last Append.
   absl::Status Finish() {
-    if (kept_.size() != bytes_ || kept_.empty()) return absl::OkStatus();
-    return whole_->Append(kept_);
+    if (!holding_ || bytes_ == 0) return absl::OkStatus();
+    return whole_->Append(*held());
   }
   uint64_t bytes() const { return bytes_; }
   uint64_t spill_at() const { return spill_at_; }
-  // All the bytes received, when they were few enough to keep (else null).
-  const std::string* kept() const { return kept_.size() == bytes_ ? &kept_ : nullptr; }
+  // All the bytes received, when they were few enough to hold (in the reader's buffer or
+  // ours), else nullopt.
+  std::optional<absl::string_view> held() const {
+    if (!holding_) return std::nullopt;
+    if (!direct_.empty()) return absl::string_view(direct_.data(), bytes_);
+    return absl::string_view(kept_);
+  }
   // The blocks from spill_at() / block on, in order.
   std::vector<std::unique_ptr<TempObject>>& spilled() { return spilled_; }
 
@@ -132,6 +148,8 @@ class SpillSink : public ReadSink {
   const uint64_t block_;
   const uint64_t spill_at_;
   const uint64_t keep_;
+  const absl::Span<char> direct_;
+  bool holding_ = true;  // every byte so far is in direct_ or kept_, none in the file
   uint64_t bytes_ = 0;
   std::string kept_;
   std::vector<std::unique_ptr<TempObject>> spilled_;
@@ -193,7 +211,8 @@ absl::Status CopyOutBytes(absl::string_view data, uint64_t begin, uint64_t n,
                           const GetRequest& req) {
   const absl::string_view part = data.substr(begin, n);
   if (req.sink == nullptr) {
-    memcpy(req.buffer.data(), part.data(), part.size());
+    // A fill held the bytes in the reader's own buffer: they are in place.
+    if (part.data() != req.buffer.data()) memcpy(req.buffer.data(), part.data(), part.size());
     return absl::OkStatus();
   }
   return req.sink->Append(part);
@@ -965,9 +984,15 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   auto temp = TempObject::Create(read->fill_path, *temp_dir, Checksum::kCrc32c);
   if (!temp.ok()) return read->Finish(Annotate(temp.status(), op));
   read->temp = *std::move(temp);
+  // A reader of the whole object into a buffer gets the bytes there as they arrive, and the
+  // file is written from it. Not with an If-None-Match: a not-modified answer leaves the
+  // buffer untouched.
+  const GetRequest& req = read->request;
+  const bool direct = req.sink == nullptr && req.range.is_all() && req.if_none_match.empty();
   read->sink = std::make_unique<SpillSink>(
       read->temp.get(), *temp_dir, absl::StrCat(read->fill_path, kTierBlocksSuffix, "/spilled-"),
-      tier_->config().block_size, tier_->config().block_threshold, kKeepFilled);
+      tier_->config().block_size, tier_->config().block_threshold, kKeepFilled,
+      direct ? req.buffer : absl::Span<char>());
   GetRequest whole;
   whole.key = key;
   whole.sink = read->sink.get();
@@ -1052,9 +1077,9 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   // Otherwise the read is served from the new entry, under a reader's shared lock taken
   // before it is published: no eviction pass (this process's below, or another's) can take
   // it meanwhile.
-  const std::string* kept = read.sink->kept();
+  const std::optional<absl::string_view> kept = read.sink->held();
   const int held =
-      sealed.ok() && kept == nullptr ? open(read.temp->path().c_str(), O_RDONLY | O_CLOEXEC) : -1;
+      sealed.ok() && !kept.has_value() ? open(read.temp->path().c_str(), O_RDONLY | O_CLOEXEC) : -1;
   if (held >= 0) flock(held, LOCK_SH);
   absl::Status published = sealed.ok() ? read.temp->Publish() : sealed.status();
   if (!published.ok()) {
@@ -1066,7 +1091,7 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   fill_bytes_.fetch_add(got->meta.size, std::memory_order_relaxed);
   MaybeEvict(got->meta.size);
   read.Unlock();
-  if (kept != nullptr) return ServeFilled(read, entry, mtime, *kept);
+  if (kept.has_value()) return ServeFilled(read, entry, mtime, *kept);
   const bool served = ServeLocal(read, /*after_fill=*/true);
   if (held >= 0) close(held);
   if (!served) {

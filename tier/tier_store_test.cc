@@ -186,6 +186,58 @@ TEST_F(TierStoreTest, HitsHonourRangesSinksAndConditions) {
   EXPECT_GE(store->stats().hits, 4u);
 }
 
+// A cold read of a whole object into a buffer gets the bytes there as they arrive, and the
+// tier's copy is written from that buffer: the answer and the entry hold the same bytes, for
+// an object kept whole in memory and one above that size, and a buffer too small for the
+// object fails the read (OutOfRange) without damaging the entry it filled.
+TEST_F(TierStoreTest, AFillIntoTheReadersBufferAnswersAndFillsTheSameBytes) {
+  auto store = Cached(source_.store(), MakeTier());
+  for (const uint64_t size : {uint64_t{0}, uint64_t{300} << 10, uint64_t{3} << 20}) {
+    const std::string key = absl::StrCat("buf/", size);
+    const std::string data = RandomBytes(size, size + 1);
+    ASSERT_TRUE(source_.store()->Put(key, absl::Cord(data)).ok());
+    std::string buf(size, 'x');
+    GetRequest get;
+    get.key = key;
+    get.buffer = absl::MakeSpan(buf);
+    auto got = store->Get(get);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->bytes, size);
+    EXPECT_TRUE(buf == data) << size;
+    const std::string path = *store->FillPath(key);
+    auto file = ReadFileToString(path, "the entry");
+    ASSERT_TRUE(file.ok());
+    EXPECT_TRUE(*file == data) << size;
+    auto entry = ReadEntryAttr(path);
+    ASSERT_TRUE(entry.has_value());
+    EXPECT_EQ(entry->crc32c, Crc32cHex(Crc32c(data)));
+  }
+  const std::string data = RandomBytes(200 << 10, 7);
+  ASSERT_TRUE(source_.store()->Put("buf/big", absl::Cord(data)).ok());
+  std::string small(100 << 10, '\0');
+  GetRequest get;
+  get.key = "buf/big";
+  get.buffer = absl::MakeSpan(small);
+  EXPECT_EQ(store->Get(get).status().code(), absl::StatusCode::kOutOfRange);
+  const uint64_t fills = store->stats().fills;
+  auto again = store->Read("buf/big");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(*again == data);
+  EXPECT_EQ(store->stats().fills, fills);  // served by the entry the failed read filled
+
+  // A cold read with an If-None-Match that matches: not modified, the buffer untouched.
+  ASSERT_TRUE(source_.store()->Put("buf/same", absl::Cord(data)).ok());
+  std::string untouched(200 << 10, 'u');
+  GetRequest same;
+  same.key = "buf/same";
+  same.buffer = absl::MakeSpan(untouched);
+  same.if_none_match = source_.store()->Head("buf/same")->etag;
+  auto not_modified = store->Get(same);
+  ASSERT_TRUE(not_modified.ok()) << not_modified.status();
+  EXPECT_TRUE(not_modified->not_modified);
+  EXPECT_EQ(untouched, std::string(200 << 10, 'u'));
+}
+
 TEST_F(TierStoreTest, WritesThroughTheTierForgetItsCopy) {
   ASSERT_TRUE(source_.store()->Put("w", absl::Cord("old")).ok());
   auto store = Cached(source_.store(), MakeTier());
