@@ -18,7 +18,10 @@ N rounds (default 3), clients interleaved and their order rotated each round; me
     Only the import makes its files durable before it exits; for the others the time of a
     syncfs() on the directory's file system right after they exit is reported beside their
     wall time ("then syncfs s"). The disk's own rate is measured in the same run, once per
-    round: dd if=/dev/zero of=FILE bs=1M count=1024 conv=fsync in the same scratch directory.
+    round: dd if=/dev/zero of=FILE bs=1M count=1024 conv=fsync in the same scratch directory;
+    and the file system's own small-file rate: 2,000 files of the objects' size written by
+    one Python process as an importer writes them (create in a temporary directory, one
+    write, rename into a tree, one syncfs), with no network.
 (b) one epoch three ways, on a fresh tier each round: wharf fetch -r without a cache (the
     same loader with no tier), cold through the read-through tier (wharf --cache T fetch -r),
     warm from it (the same command again: every read a hit), and plain Python open() + read()
@@ -87,6 +90,46 @@ def disk_rate(scratch: Path) -> dict:
     secs = float(m.group(1).replace(",", "."))
     return {"seconds": secs, "mb_per_s": 1024**3 / secs / 1e6,
             "dd": r.stderr.strip().splitlines()[-1]}
+
+
+def small_file_rate(scratch: Path, discard, count: int, size: int) -> dict:
+    """What the file system itself takes to write small files the way an importer does,
+    with no network and no client: `count` files of `size` random bytes, each created in a
+    temporary directory (O_EXCL, mode 0600), written with one write, closed and renamed into
+    a tree, then one syncfs. One Python process (its own overhead is a few us per call);
+    the directory is set aside with the clients' (`discard`), not deleted mid-run."""
+    import resource
+    d = Path(tempfile.mkdtemp(prefix="wharf-bench-files-", dir=scratch))
+    tmp, tree = d / "tmp", d / "tree"
+    tmp.mkdir()
+    tree.mkdir()
+    data = os.urandom(size)
+    syncfs(scratch)
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    try:
+        for i in range(count):
+            p = os.path.join(tmp, f"t{i}")
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.rename(p, os.path.join(tree, f"f{i:06d}"))
+        written = time.perf_counter() - t0
+        syncfs(d)
+    except OSError as e:
+        discard(d)
+        return {"error": str(e)}
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    discard(d)
+    cpu_s = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return {"files": count, "size": size, "wall_s": wall, "written_s": written,
+            "files_per_s": count / wall, "cpu_ms_per_file": 1000 * cpu_s / count,
+            "sys_ms_per_file": 1000 * (r1.ru_stime - r0.ru_stime) / count}
 
 
 def sync_then_record(ctx, rec: dict) -> None:
@@ -277,6 +320,7 @@ def part_a(rb, a, sc, ctx_for, server, proxy, avail, results) -> str:
     clients = [c for c in clients if not avail[c.name]]
     per: dict[str, list[dict]] = {c.name: [] for c in clients}
     disk: list[dict] = []
+    files: list[dict] = []
     for rnd in range(a.repeat):
         rb.log(f"TIER (a) round {rnd + 1}/{a.repeat}")
         d = disk_rate(a._scratch)
@@ -284,11 +328,18 @@ def part_a(rb, a, sc, ctx_for, server, proxy, avail, results) -> str:
         disk.append(d)
         rb.log("  disk (dd 1 GiB conv=fsync): " + (f"{d['mb_per_s']:,.0f} MB/s" if
                                                      "mb_per_s" in d else d["error"]))
+        f = small_file_rate(a._scratch, rb.TRASH.discard, min(sc.count, 2000), sc.size)
+        f["round"] = rnd
+        files.append(f)
+        rb.log("  file system (small files, no network): " + (
+            f"{f['files_per_s']:,.0f} files/s, {f['cpu_ms_per_file']:.3f} ms CPU per file"
+            if "files_per_s" in f else f["error"]))
         k = rnd % max(1, len(clients))
         for c in clients[k:] + clients[:k]:
             ctx = ctx_for(before_cleanup=sync_then_record if c.writes_disk else None)
             per[c.name].append(measure(rb, c, ctx, server, proxy, results, rnd, "a"))
     results.append({"scenario": "TIER", "part": "a-disk", "runs": disk})
+    results.append({"scenario": "TIER", "part": "a-files", "runs": files})
 
     med = {n: {k: median(runs, k) for k in ("obj_per_s", "mb_per_s", "wall_s", "cpu_s",
                                             "cpu_ms_per_obj", "maxrss_mib", "server_cpu_s",
@@ -319,6 +370,15 @@ def part_a(rb, a, sc, ctx_for, server, proxy, avail, results) -> str:
                  f"per round): " + (", ".join(f"{x:,.0f}" for x in rates) + " MB/s, median "
                                     f"{statistics.median(rates):,.0f} MB/s" if rates else
                                     "failed"))
+    ok_files = [f for f in files if "files_per_s" in f]
+    if ok_files:
+        lines.append(
+            f"- file system alone ({ok_files[0]['files']:,} files of {sc.size // 1024} KiB "
+            "written by one Python process as an importer writes them: create in a temporary "
+            "directory, one write, rename into a tree, one syncfs; no network, once per round): "
+            + ", ".join(f"{f['files_per_s']:,.0f}" for f in ok_files) + " files/s, CPU "
+            + ", ".join(f"{f['cpu_ms_per_file']:.3f}" for f in ok_files) + " ms per file "
+            "(the import's CPU per object is this plus the fetch's)")
     lines.append("- rounds (obj/s): " + "; ".join(
         f"{n} " + "/".join(fmt(r.get("obj_per_s"), ",.0f") for r in runs)
         for n, runs in per.items()))
