@@ -241,10 +241,54 @@ std::optional<std::string> Utf8MidpointKey(absl::string_view lower, absl::string
   return out;
 }
 
+// Keys numbered with zero padding ("shard-000123.tar", "k/f00999") differ in one run of
+// decimal digits. Read as a number, the run extrapolates exactly where `stride` more pages
+// of the same density end: "k/f00000".."k/f00999" gives "k/f01998". Over the alphabet of
+// every character seen in the keys, 'f' and 'k' are digits above '9', so the same estimate
+// came out as "k/f00kkk", in the gap below "k/f01000" where no key is: the lower part of
+// every split was empty and the workers relayed one range instead of sharing it (ten pages
+// listed no faster than one after another). nullopt when the keys do not differ in such a
+// run of the same length (at most 18 digits) or the number would outgrow it.
+std::optional<std::string> ExtrapolateNumbered(absl::string_view from, absl::string_view lower,
+                                               uint64_t stride) {
+  if (stride == 0) return std::nullopt;
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  size_t c = 0;
+  while (c < from.size() && c < lower.size() && from[c] == lower[c]) ++c;
+  if (c == from.size() || c == lower.size() || !digit(from[c]) || !digit(lower[c])) {
+    return std::nullopt;
+  }
+  while (c > 0 && digit(lower[c - 1])) --c;
+  size_t e = c;
+  while (e < lower.size() && digit(lower[e])) ++e;
+  if (e - c > 18 || e > from.size()) return std::nullopt;
+  for (size_t i = c; i < e; ++i) {
+    if (!digit(from[i])) return std::nullopt;
+  }
+  if (e < from.size() && digit(from[e])) return std::nullopt;  // runs of different lengths
+  uint64_t f = 0, l = 0, limit = 1;
+  for (size_t i = c; i < e; ++i) {
+    f = f * 10 + static_cast<uint64_t>(from[i] - '0');
+    l = l * 10 + static_cast<uint64_t>(lower[i] - '0');
+    limit *= 10;
+  }
+  if (l <= f) return std::nullopt;
+  const uint64_t span = l - f;
+  if (span > (limit - 1 - l) / stride) return std::nullopt;  // past the run's last number
+  std::string digits = std::to_string(l + span * stride);
+  return absl::StrCat(lower.substr(0, c), std::string(e - c - digits.size(), '0'), digits);
+}
+
 std::optional<std::string> SplitKey(absl::string_view listed_from, absl::string_view lower,
                                     absl::string_view upper, uint64_t stride,
                                     absl::Span<const char32_t> alphabet) {
   stride = std::min<uint64_t>(stride, uint64_t{1} << 31);
+  if (auto numbered = ExtrapolateNumbered(listed_from, lower, stride);
+      numbered.has_value() && lower < *numbered && (upper.empty() || *numbered < upper)) {
+    // Unless the midpoint is nearer (a tight bound).
+    auto mid = SplitKey(absl::string_view(), lower, upper, 0, alphabet);
+    return mid.has_value() && *mid < *numbered ? mid : numbered;
+  }
   if (!IsValidUtf8(lower)) {
     const Digits p = BytesToDigits(listed_from), a = BytesToDigits(lower), b = BytesToDigits(upper);
     auto mid = SplitDigits(&p, a, upper.empty() ? nullptr : &b, 256, stride);
@@ -322,8 +366,8 @@ struct Task {
   // Set only after a full page that held no objects (never seen from flat listings of
   // S3 or file://): the next call must resume by token since `lower` cannot advance.
   std::string continuation;
-  // The last full page held every key in (listed_from, lower]: the density that
-  // SplitKey extrapolates from when the upper bound is loose.
+  // The last full page held its keys in [listed_from, lower]: the density that SplitKey
+  // extrapolates from when the upper bound is loose.
   std::string listed_from;
   // How many pages' worth a split keeps when it extrapolates; doubles with each split
   // along a chain of ranges, so a range of any size is covered in logarithmically many.
@@ -454,8 +498,11 @@ class Lister : public std::enable_shared_from_this<Lister> {
                            ": the store returned key ", Quote(last), " out of order")));
           return;
         }
-        // Keys under the prefix are >= it, so the page covered no more than this.
-        task.listed_from = std::max(task.lower, prefix_);
+        // The page's keys lie in [first, last]: the density to extrapolate from. Not from
+        // the range's start: the first page of a prefix begins at the prefix, and keys
+        // usually start far past it ("k/" then "f00000"), so a span measured from there put
+        // the first split past every key.
+        task.listed_from = std::max({task.lower, prefix_, page->objects.front().key});
         task.lower = std::move(last);
         task.continuation.clear();
         pages_.push_back(std::move(page->objects));

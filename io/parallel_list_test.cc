@@ -228,6 +228,26 @@ TEST(SplitKeyTest, ExtrapolatesFromThePageWhenTheBoundIsLoose) {
   EXPECT_EQ(SplitKey("a\x80\x10", "a\x80\x20", "", 2), "a\x80\x40");
 }
 
+TEST(SplitKeyTest, NumberedKeysExtrapolateAsNumbers) {
+  // Letters seen elsewhere in the keys sort above '9': as digits they put the estimate in
+  // the gap before "k10/f01000". Read as a number, the run gives the next page's end.
+  const std::vector<char32_t> seen = {'/', '0', '1', '9', 'f', 'k'};
+  EXPECT_EQ(SplitKey("k10/f00000", "k10/f00999", "k100", 1, seen), "k10/f01998");
+  EXPECT_EQ(SplitKey("k10/f01999", "k10/f02998", "k100", 2, seen), "k10/f04996");
+  EXPECT_EQ(SplitKey("s/shard-000000.tar", "s/shard-000099.tar", "", 3), "s/shard-000396");
+  // A nearer bound: the midpoint wins.
+  EXPECT_EQ(SplitKey("k10/f00000", "k10/f00999", "k10/f01500", 1, seen),
+            SplitKey("", "k10/f00999", "k10/f01500", 0, seen));
+  // Past the run's last number, or runs of different lengths: the other estimates, still
+  // strictly between.
+  for (const auto& [from, lower] : std::vector<std::pair<std::string, std::string>>{
+           {"k/f99000", "k/f99999"}, {"k/f9", "k/f10"}, {"k/f1", "k/f10x"}}) {
+    auto m = SplitKey(from, lower, "", 4, seen);
+    ASSERT_TRUE(m.has_value()) << from;
+    EXPECT_LT(lower, *m) << from;
+  }
+}
+
 TEST(SplitKeyTest, StrictlyBetweenOnRandomStrings) {
   std::mt19937_64 rng(3);
   int splits = 0;
@@ -646,6 +666,8 @@ class SlowListStore : public ForwardingStore {
   int peak_in_flight() { return lists_.peak(); }
   int in_flight() { return lists_.in_flight(); }
   int calls() { return lists_.calls(); }
+  // Calls that answered a page holding nothing.
+  int empty_pages() { return empty_pages_.load(); }
 
   void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override {
     const int call = lists_.Enter();
@@ -658,6 +680,9 @@ class SlowListStore : public ForwardingStore {
                       [this, fail_status = std::move(fail_status),
                        done = std::move(done)](absl::StatusOr<ListPage> page) mutable {
                         if (!fail_status.ok()) page = fail_status;
+                        if (page.ok() && page->objects.empty() && page->common_prefixes.empty()) {
+                          ++empty_pages_;
+                        }
                         Timer::Global().After(delay_, [this, page = std::move(page),
                                                        done = std::move(done)]() mutable {
                           lists_.Leave();
@@ -672,6 +697,7 @@ class SlowListStore : public ForwardingStore {
   absl::Mutex mu_;
   int fail_call_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fail_status_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> empty_pages_{0};
 };
 
 std::vector<std::string> NumberedKeys(int n) {
@@ -748,6 +774,54 @@ TEST_F(LocalListTest, SlowListingsRunInParallel) {
               << " calls, " << stats.splits << " splits, peak " << stats.peak_in_flight
               << " in flight, " << stats.wall << "\n";
   }
+}
+
+// A listing of a few pages under a prefix whose keys all start far past the prefix itself
+// ("train/shard-3/" then "sample-..."): the first split must extrapolate from where the first
+// page's keys lie, not from the prefix, or it lands past every key (an empty range for the
+// idle worker) and the next splits only halve towards the keys while the first worker lists
+// on alone, page after page.
+TEST_F(LocalListTest, AShortListingUnderAPrefixSpreadsOverWorkersFromItsFirstPage) {
+  const std::vector<std::string>& keys = *keys_;
+  std::vector<std::string> want;
+  for (const std::string& k : keys) {
+    if (absl::StartsWith(k, "train/shard-3/")) want.push_back(k);
+  }
+  SlowListStore slow(*store_, absl::Milliseconds(20));
+  ParallelListOptions options;
+  options.page_size = 60;  // 715 keys: 12 pages
+  ParallelListStats stats;
+  auto listed = ParallelListAll(slow, ListOptions{.prefix = "train/shard-3/"}, options, &stats);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(KeysOf(*listed), want);
+  EXPECT_LE(stats.list_calls, 12 + stats.splits + 1);  // no page listed twice
+  // By the time the first worker has listed its second page, others list beside it.
+  EXPECT_GE(slow.peak_in_flight(), 3);
+  std::cout << "12 pages: " << stats.list_calls << " calls, " << stats.splits << " splits, peak "
+            << stats.peak_in_flight << " in flight, " << stats.wall << "\n";
+}
+
+// Ten pages of numbered keys under a prefix ("k10/f00000".."k10/f09999"): each split lands
+// among the keys, so both halves hold some (the relay this replaced kept an empty lower half
+// at every split: one empty page per split, one worker listing at a time).
+TEST(ParallelListShapeTest, NumberedKeysSplitAmongTheKeys) {
+  store_testing::MemoryStore store;
+  std::vector<std::string> want;
+  for (int i = 0; i < 10000; ++i) {
+    want.push_back(absl::StrCat("k10/f", absl::Dec(i, absl::kZeroPad5)));
+    ASSERT_TRUE(store.Put(want.back(), absl::Cord("x")).ok());
+  }
+  SlowListStore slow(store, absl::Milliseconds(20));
+  ParallelListStats stats;
+  auto listed = ParallelListAll(slow, ListOptions{.prefix = "k10/"}, {}, &stats);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(KeysOf(*listed), want);
+  EXPECT_GE(stats.splits, 3);
+  EXPECT_LE(slow.empty_pages(), 1);
+  EXPECT_GE(slow.peak_in_flight(), 4);
+  std::cout << "10 pages: " << stats.list_calls << " calls, " << stats.splits << " splits, "
+            << slow.empty_pages() << " empty, peak " << stats.peak_in_flight << " in flight, "
+            << stats.wall << "\n";
 }
 
 // ---------------------------------------------------------------- contract and errors
