@@ -372,6 +372,9 @@ struct Task {
   // How many pages' worth a split keeps when it extrapolates; doubles with each split
   // along a chain of ranges, so a range of any size is covered in logarithmically many.
   uint64_t stride = 1;
+  // The range runs to the listing's end, whose distance is unknown: its pages fan out to
+  // several idle workers (ContinueLocked). Bounded ranges split in two.
+  bool tail = true;
 };
 
 // The shared state of one ParallelList call. Owned by a shared_ptr that every pending
@@ -527,19 +530,40 @@ class Lister : public std::enable_shared_from_this<Lister> {
     const int idle = options_.workers - in_flight_ - static_cast<int>(paused_.size()) - 1;
     if (idle > 0 && task.continuation.empty()) {
       AddToAlphabetLocked(task.lower);
-      std::optional<std::string> mid =
-          internal::SplitKey(task.listed_from, task.lower, task.upper, task.stride, alphabet_);
-      // Exactness: (lower, upper) = (lower, mid] + (mid, upper), and (lower, mid] is
-      // (lower, mid + '\0') since no string lies strictly between mid and mid + '\0'.
-      if (mid.has_value() && task.lower < *mid && (task.upper.empty() || *mid < task.upper)) {
-        std::string kept_upper = *mid + '\0';
-        if (kept_upper != task.upper) {  // else (mid, upper) is empty: not worth a call
-          task.stride *= 2;
-          tasks.push_back(
-              Task{.lower = *mid, .upper = std::move(task.upper), .stride = task.stride});
-          task.upper = std::move(kept_upper);
+      // A range that runs to the listing's end gives up to internal::kSplitsPerPage idle workers a
+      // range each, cut at p1 < p2 < ... < pk. Each point extrapolates from the page as the
+      // first does, from the point before it, so the ranges after the kept one hold about 2,
+      // 4, 8... times its pages, and the last runs on to the end: a listing of a few dozen
+      // pages is spread over the workers after its first page, where one split per page
+      // added one worker per round trip. A bounded range splits in two (its midpoint, or the
+      // extrapolation when nearer).
+      std::vector<std::string> points;
+      const int most = task.tail ? std::min(idle, internal::kSplitsPerPage) : 1;
+      while (static_cast<int>(points.size()) < most) {
+        const std::string& cut = points.empty() ? task.lower : points.back();
+        std::optional<std::string> mid =
+            internal::SplitKey(task.listed_from, cut, task.upper, task.stride, alphabet_);
+        if (!mid.has_value() || *mid <= cut || (!task.upper.empty() && *mid >= task.upper) ||
+            *mid + '\0' == task.upper) {  // the last: (mid, upper) would be empty
+          break;
+        }
+        points.push_back(*std::move(mid));
+      }
+      // Exactness: (lower, upper) = (lower, p1] + (p1, p2] + ... + (pk, upper), and (a, b] is
+      // (a, b + '\0') since no string lies strictly between b and b + '\0'.
+      if (!points.empty()) {
+        task.stride *= 2;
+        std::string upper = std::move(task.upper);
+        for (size_t i = points.size(); i-- > 0;) {
+          tasks.push_back(Task{.lower = points[i],
+                               .upper = std::move(upper),
+                               .stride = task.stride,
+                               .tail = task.tail && i + 1 == points.size()});
+          upper = points[i] + '\0';
           ++stats_.splits;
         }
+        task.upper = std::move(upper);
+        task.tail = false;
       }
     }
     tasks.push_back(std::move(task));
