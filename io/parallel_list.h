@@ -36,7 +36,8 @@ namespace wharf {
 
 struct ParallelListOptions {
   // The most list calls in flight at once: each worker keeps one, so a listing of many
-  // pages runs up to this many times faster than a sequential one (at up to ~2x the calls).
+  // pages runs up to this many times faster than a sequential one (at ~2x the calls over
+  // many pages).
   int workers = 16;
   // Entries per list call. 1000 is S3's maximum; backends clamp larger values.
   int page_size = 1000;
