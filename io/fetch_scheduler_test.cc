@@ -59,6 +59,12 @@ class FetchSchedulerTest : public testing::Test {
     }
     return local_->ListAll({.prefix = "o/"})->objects;
   }
+  // The listed objects as items with their sizes (no HEADs).
+  static std::vector<FetchItem> SizedItems(const std::vector<ObjectMeta>& listed) {
+    std::vector<FetchItem> items;
+    for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
+    return items;
+  }
 
   store_testing::TempStore temp_;
   const std::shared_ptr<ObjectStore> local_ = temp_.store();
@@ -104,9 +110,7 @@ TEST_F(FetchSchedulerTest, MemoryBudgetBoundsBytesHeld) {
   auto listed = PutObjects(40, 100000);
   auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(5));
   FetchScheduler scheduler(slow, {.max_in_flight = 64, .memory_budget = 350000});
-  std::vector<FetchItem> items;
-  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
-  auto batch = scheduler.Fetch(items);
+  auto batch = scheduler.Fetch(SizedItems(listed));
   int n = 0;
   while (auto r = batch->Next()) {
     ASSERT_TRUE(r->data.ok()) << r->data.status();
@@ -124,9 +128,7 @@ TEST_F(FetchSchedulerTest, ResultsWaitingForASlowConsumerStayBounded) {
   constexpr size_t kSize = 1 << 20;
   auto listed = PutObjects(160, kSize);  // 160 MiB, far below the runtime's budget
   FetchScheduler scheduler(local_, {.max_in_flight = 16});
-  std::vector<FetchItem> items;
-  for (const auto& o : listed) items.push_back({.key = o.key, .size = o.size});
-  auto batch = scheduler.Fetch(items);
+  auto batch = scheduler.Fetch(SizedItems(listed));
   int n = 0;
   while (auto r = batch->Next()) {
     ASSERT_TRUE(r->data.ok()) << r->data.status();
