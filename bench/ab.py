@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Compares two commands run in turn, pair by pair: A B A B ... (after one unmeasured run of
-each), each run timed from the outside: wall seconds (a monotonic clock around the child),
-user and system CPU seconds and the child's peak RSS (wait4; under GNU time when installed,
-since a child forked from this Python process would otherwise report this process's RSS as
-its own high-water mark). Prints the min, median and max of every figure for A and B, and of
-the ratio A/B taken within each pair, so a machine whose speed drifts during the call still
-gives a meaningful ratio. Quote the medians.
+each). Each run is timed from the outside as the benchmark harness times its clients
+(run_bench.run_measured: wall seconds around the child, user and system CPU from wait4, the
+child's own peak RSS under GNU time when installed). Prints the min, median and max of every
+figure for A and B, and of the ratio A/B taken within each pair, so a machine whose speed
+drifts during the call still gives a meaningful ratio. Quote the medians.
 
-    bench/ab.py -n 9 --a 'build/wharf fetch -r s3://b/p/' --b '/tmp/old/build/wharf fetch -r s3://b/p/'
+    bench/ab.py -n 9 --a 'build/wharf fetch -r s3://b/p/' --b '/tmp/old/wharf fetch -r s3://b/p/'
 
 Each command is split as a shell splits words and run without a shell (write `sh -c '...'`
-for pipes or redirections); its output is discarded. Exit status: 0 when every run exited 0,
-1 otherwise (the figures are printed either way).
+for pipes or redirections), in the current directory with this environment; its output is
+not shown. Exit status: 0 when every run exited 0, 1 otherwise (the figures are printed
+either way).
 """
 
 from __future__ import annotations
@@ -20,34 +20,18 @@ import argparse
 import os
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
+from pathlib import Path
 
-TIME_BIN = "/usr/bin/time"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run_bench as rb  # noqa: E402  (the harness's own measurement of one run)
 
 
 def run(argv: list[str]) -> dict:
-    tfile = None
-    if os.access(TIME_BIN, os.X_OK):
-        tfile = tempfile.NamedTemporaryFile(prefix="wharf-ab-time-", suffix=".txt")
-        argv = [TIME_BIN, "-q", "-o", tfile.name, "-f", "%M", *argv]
-    t0 = time.monotonic()
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.monotonic() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    rss_kib = ru.ru_maxrss
-    if tfile is not None:
-        try:
-            rss_kib = int(open(tfile.name).read().split()[-1])
-        except (OSError, ValueError, IndexError):
-            pass
-        tfile.close()
-    return {"rc": p.returncode, "wall s": wall, "user s": ru.ru_utime, "sys s": ru.ru_stime,
-            "cpu s": ru.ru_utime + ru.ru_stime, "peak MiB": rss_kib / 1024}
+    m = rb.run_measured(argv, dict(os.environ), timeout=3600, cwd=Path.cwd())
+    return {"rc": m.rc, "wall s": m.wall, "user s": m.cpu_user, "sys s": m.cpu_sys,
+            "cpu s": m.cpu_user + m.cpu_sys, "peak MiB": m.maxrss_kib / 1024,
+            "stderr": m.stderr}
 
 
 def main() -> int:
@@ -57,6 +41,8 @@ def main() -> int:
     ap.add_argument("--a", required=True, help="command A (the change)")
     ap.add_argument("--b", required=True, help="command B (the baseline)")
     args = ap.parse_args()
+    if args.n < 1 or args.warmup < 0:
+        ap.error("-n must be at least 1 and --warmup at least 0")
     a, b = shlex.split(args.a), shlex.split(args.b)
     for _ in range(args.warmup):
         run(a)
@@ -77,10 +63,14 @@ def main() -> int:
         r = [p[0][k] / p[1][k] for p in pairs if p[1][k] > 0]
         if r:
             print(f"A/B {k:<10}{min(r):10.3f}{statistics.median(r):10.3f}{max(r):10.3f}")
-    bad = sum(p[0]["rc"] != 0 for p in pairs) + sum(p[1]["rc"] != 0 for p in pairs)
-    if bad:
-        print(f"{bad} run(s) exited non-zero", file=sys.stderr)
-    return 1 if bad else 0
+    failed = [(side, r) for ra, rb_ in pairs for side, r in (("A", ra), ("B", rb_))
+              if r["rc"] != 0]
+    if failed:
+        side, r = failed[0]
+        last = (r["stderr"].strip().splitlines() or ["(no output)"])[-1]
+        print(f"{len(failed)} run(s) exited non-zero; the first, {side}, exited {r['rc']}: "
+              f"{last}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

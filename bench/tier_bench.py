@@ -45,6 +45,7 @@ import ctypes
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -103,7 +104,6 @@ def small_file_rate(scratch: Path, discard, count: int, size: int) -> dict:
     temporary directory (O_EXCL, mode 0600), written with one write, closed and renamed into
     a tree, then one syncfs. One Python process (its own overhead is a few us per call);
     the directory is set aside with the clients' (`discard`), not deleted mid-run."""
-    import resource
     d = Path(tempfile.mkdtemp(prefix="wharf-bench-files-", dir=scratch))
     tmp, tree = d / "tmp", d / "tree"
     tmp.mkdir()

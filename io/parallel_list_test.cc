@@ -777,10 +777,9 @@ TEST_F(LocalListTest, SlowListingsRunInParallel) {
 }
 
 // A listing of a few pages under a prefix whose keys all start far past the prefix itself
-// ("train/shard-3/" then "sample-..."): the first split must extrapolate from where the first
-// page's keys lie, not from the prefix, or it lands past every key (an empty range for the
-// idle worker) and the next splits only halve towards the keys while the first worker lists
-// on alone, page after page.
+// ("train/shard-3/" then "sample-..."): the splits must extrapolate from where the pages'
+// keys lie, not from the prefix, or they land past every key and hand out empty ranges (5
+// empty pages of 9 splits before; 2 of 10 now, the fan-out's ranges past the last key).
 TEST_F(LocalListTest, AShortListingUnderAPrefixSpreadsOverWorkersFromItsFirstPage) {
   const std::vector<std::string>& keys = *keys_;
   std::vector<std::string> want;
@@ -797,8 +796,10 @@ TEST_F(LocalListTest, AShortListingUnderAPrefixSpreadsOverWorkersFromItsFirstPag
   EXPECT_LE(stats.list_calls, 12 + stats.splits + 1);  // no page listed twice
   // By the time the first worker has listed its second page, others list beside it.
   EXPECT_GE(slow.peak_in_flight(), 3);
-  std::cout << "12 pages: " << stats.list_calls << " calls, " << stats.splits << " splits, peak "
-            << stats.peak_in_flight << " in flight, " << stats.wall << "\n";
+  EXPECT_LT(slow.empty_pages(), stats.splits / 2);
+  std::cout << "12 pages: " << slow.empty_pages() << " empty, " << stats.list_calls << " calls, "
+            << stats.splits << " splits, peak " << stats.peak_in_flight << " in flight, "
+            << stats.wall << "\n";
 }
 
 // Ten pages of numbered keys under a prefix ("k10/f00000".."k10/f09999"): the splits land

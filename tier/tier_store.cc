@@ -63,7 +63,8 @@ class FileSink : public ReadSink {
   uint64_t bytes_ = 0;
 };
 
-// Streams a whole object of unknown size into the tier. Up to `keep` bytes are only kept in
+// Streams a whole object of unknown size into the tier. Up to `keep` bytes (or up to the size
+// of the reader's own buffer, when it asked for the whole object into one) are only held in
 // memory: an object that ends there is written to its file in one write (Finish) and the
 // read that filled it is answered from memory, not by reading the new file back. (Writing
 // each network chunk as it came cost a write per ~15 KiB, and ext4 zeroed the rest of every
@@ -1072,14 +1073,15 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
     mtime = fstat(fd, &st) == 0 ? absl::TimeFromTimespec(st.st_mtim) : entry.filled;
     return WriteEntryAttr(fd, entry);
   });
-  // A small object's bytes are still in memory: the read is answered from them (the file
-  // holds the same bytes, checked by size), with the attributes a read of the entry gives.
-  // Otherwise the read is served from the new entry, under a reader's shared lock taken
-  // before it is published: no eviction pass (this process's below, or another's) can take
-  // it meanwhile.
-  const std::optional<absl::string_view> kept = read.sink->held();
-  const int held =
-      sealed.ok() && !kept.has_value() ? open(read.temp->path().c_str(), O_RDONLY | O_CLOEXEC) : -1;
+  // A small object's bytes are still in memory (ours, or already in the reader's buffer): the
+  // read is answered from them (the file holds the same bytes, checked by size), with the
+  // attributes a read of the entry gives. Otherwise the read is served from the new entry, under a
+  // reader's shared lock taken before it is published: no eviction pass (this process's below, or
+  // another's) can take it meanwhile.
+  const std::optional<absl::string_view> in_memory = read.sink->held();
+  const int held = sealed.ok() && !in_memory.has_value()
+                       ? open(read.temp->path().c_str(), O_RDONLY | O_CLOEXEC)
+                       : -1;
   if (held >= 0) flock(held, LOCK_SH);
   absl::Status published = sealed.ok() ? read.temp->Publish() : sealed.status();
   if (!published.ok()) {
@@ -1091,7 +1093,7 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   fill_bytes_.fetch_add(got->meta.size, std::memory_order_relaxed);
   MaybeEvict(got->meta.size);
   read.Unlock();
-  if (kept.has_value()) return ServeFilled(read, entry, mtime, *kept);
+  if (in_memory.has_value()) return ServeFilled(read, entry, mtime, *in_memory);
   const bool served = ServeLocal(read, /*after_fill=*/true);
   if (held >= 0) close(held);
   if (!served) {
