@@ -244,7 +244,8 @@ absl::Status RunExport(const TierArgs& args) {
 absl::Status RunStatus(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   const std::string path = AbsolutePath(args.path);
-  uint64_t entries = 0, bytes = 0, pinned = 0, local = 0, blocks = 0, other_files = 0;
+  uint64_t entries = 0, bytes = 0, disk_bytes = 0, pinned = 0, local = 0, blocks = 0,
+           other_files = 0;
   WHARF_RETURN_IF_ERROR(
       WalkTierFiles(*tier, path, [&](const std::string& p, const struct stat& st) {
         const auto entry = ReadEntryAttr(p);
@@ -254,6 +255,7 @@ absl::Status RunStatus(const TierArgs& args) {
         }
         ++entries;
         bytes += st.st_size;
+        disk_bytes += DiskBytes(st);
         if (IsPinned(p)) ++pinned;
         if (entry->local) ++local;
         if (entry->block) ++blocks;
@@ -272,6 +274,7 @@ absl::Status RunStatus(const TierArgs& args) {
     j["ttl_seconds"] = absl::ToDoubleSeconds(c.ttl);
     j["entries"] = entries;
     j["bytes"] = bytes;
+    j["disk_bytes"] = disk_bytes;  // what max_size bounds (allocated blocks)
     j["pinned"] = pinned;
     j["local"] = local;
     j["blocks"] = blocks;
@@ -297,8 +300,9 @@ absl::Status RunStatus(const TierArgs& args) {
   }
   Print(absl::StrFormat("tier      %s (mode %s)\n", tier->root(), TierModeName(c.mode)));
   if (path != tier->root()) Print(absl::StrFormat("path      %s\n", path));
-  Print(absl::StrFormat("entries   %d (%s MB), %d pinned, %d only here (not exported)\n", entries,
-                        Megabytes(bytes), pinned, local));
+  Print(absl::StrFormat(
+      "entries   %d (%s MB, %s MB on disk), %d pinned, %d only here (not exported)\n", entries,
+      Megabytes(bytes), Megabytes(disk_bytes), pinned, local));
   if (blocks > 0) Print(absl::StrFormat("blocks    %d of them blocks of big objects\n", blocks));
   if (other_files > 0)
     Print(absl::StrFormat("other     %d files that are not entries\n", other_files));
@@ -430,8 +434,10 @@ absl::Status RunEvict(const TierArgs& args) {
   if (args.json) {
     Print(JsonLine({{"entries", r.entries},
                     {"bytes", r.bytes},
+                    {"disk_bytes", r.disk_bytes},
                     {"evicted", r.evicted},
                     {"evicted_bytes", r.evicted_bytes},
+                    {"evicted_disk_bytes", r.evicted_disk_bytes},
                     {"kept_pinned", r.kept_pinned},
                     {"kept_local", r.kept_local},
                     {"kept_busy", r.kept_busy}}));
@@ -494,7 +500,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
             return absl::SimpleAtod(v, &d) && d > 0 ? "" : "must be a positive number of seconds";
           },
           "SECONDS"));
-  init->add_option("--max-size", args.max_size, "Bytes the tier may hold (e.g. 500G)");
+  init->add_option("--max-size", args.max_size,
+                   "Disk space the tier's entries may take (e.g. 500G; their allocated blocks, "
+                   "not only their bytes)");
   init->add_option("--min-free", args.min_free, "Percent of the file system to keep free")
       ->check(CLI::Range(0.0, 99.0));
   init->add_option("--block-size", args.block_size,
@@ -583,7 +591,7 @@ void AddTier(CLI::App& app, TierArgs& args) {
 
   CLI::App* evict = sub("evict", "Evict entries below PATH, least recently used first");
   evict->add_option("--to", args.to,
-                    "Evict until the entries below PATH hold at most SIZE (e.g. 100G); "
+                    "Evict until the entries below PATH take at most SIZE of disk (e.g. 100G); "
                     "default: evict every evictable entry");
   evict->add_flag("--json", args.json, "Print one JSON object");
   evict->add_flag("-q,--quiet", args.quiet, "Print nothing");

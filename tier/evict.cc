@@ -27,6 +27,7 @@ constexpr absl::Duration kTouchEvery = absl::Minutes(1);
 struct Candidate {
   std::string path;
   uint64_t size;
+  uint64_t disk_bytes;
   absl::Time last_access;
   bool pinned;
   bool local;
@@ -202,7 +203,8 @@ absl::StatusOr<EvictResult> EvictToBounds(const Tier& tier, bool wait, std::stri
       tier, tier.root(),
       [&](uint64_t entry_bytes) { return EvictionTarget(tier, entry_bytes, warning); }, wait);
   // What the whole tier holds now: the next process starts from it instead of a walk.
-  if (result.ok() && result->ran) (void)tier.RecordUsage(result->bytes - result->evicted_bytes);
+  if (result.ok() && result->ran)
+    (void)tier.RecordUsage(result->disk_bytes - result->evicted_disk_bytes);
   return result;
 }
 
@@ -225,8 +227,9 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
     if (!IsCompleteEntry(entry, st)) return;
     ++result.entries;
     result.bytes += st.st_size;
-    candidates.push_back(
-        {p, static_cast<uint64_t>(st.st_size), LastAccess(p, *entry), IsPinned(p), entry->local});
+    result.disk_bytes += DiskBytes(st);
+    candidates.push_back({p, static_cast<uint64_t>(st.st_size), DiskBytes(st),
+                          LastAccess(p, *entry), IsPinned(p), entry->local});
   });
   if (!walked.ok()) {
     close(lock);
@@ -234,8 +237,8 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
   }
   std::sort(candidates.begin(), candidates.end(),
             [](const Candidate& a, const Candidate& b) { return a.last_access < b.last_access; });
-  const uint64_t target_bytes = target_of(result.bytes);
-  uint64_t left = result.bytes;
+  const uint64_t target_bytes = target_of(result.disk_bytes);
+  uint64_t left = result.disk_bytes;
   for (const Candidate& c : candidates) {
     if (left <= target_bytes) break;
     if (c.pinned) {
@@ -248,7 +251,7 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
     }
     const int fd = open(c.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {  // gone meanwhile
-      left -= c.size;
+      left -= c.disk_bytes;
       continue;
     }
     // Readers hold a shared lock while they read: skip what is in use.
@@ -263,7 +266,8 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
         unlink(c.path.c_str()) == 0) {
       ++result.evicted;
       result.evicted_bytes += c.size;
-      left -= c.size;
+      result.evicted_disk_bytes += c.disk_bytes;
+      left -= c.disk_bytes;
     }
     close(fd);
   }
@@ -321,13 +325,6 @@ std::optional<int64_t> FreeAboveMinFree(const Tier& tier) {
   const double above =
       static_cast<double>(vfs.f_bavail) - static_cast<double>(vfs.f_blocks) * c.min_free / 100;
   return static_cast<int64_t>(above * static_cast<double>(vfs.f_frsize));
-}
-
-bool OverBounds(const Tier& tier, uint64_t entry_bytes) {
-  const TierConfig& c = tier.config();
-  if (c.max_size > 0 && entry_bytes > c.max_size) return true;
-  const std::optional<int64_t> free = FreeAboveMinFree(tier);
-  return free.has_value() && *free < 0;
 }
 
 }  // namespace wharf

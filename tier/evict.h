@@ -54,22 +54,33 @@ uint64_t RemoveBlockVersions(const std::string& blocks_dir, const std::string& k
 // blocks removed.
 absl::StatusOr<uint64_t> CollectOldBlockVersions(const Tier& tier);
 
+// The disk space a file takes: its allocated blocks (st_blocks), which include the file
+// system's rounding and an attribute block where the entry's attributes do not fit in the
+// inode (ext4 with 256-byte inodes: a 4 KiB object takes 8 KiB). What a tier's bounds count.
+inline uint64_t DiskBytes(const struct stat& st) { return uint64_t(st.st_blocks) * 512; }
+// The disk space a new entry of `size` bytes is estimated to take until the next pass
+// measures it: its size rounded up to 4 KiB blocks.
+inline uint64_t EstimatedDiskBytes(uint64_t size) { return (size + 4095) / 4096 * 4096; }
+
 struct EvictResult {
-  uint64_t entries = 0;  // complete entries found below the path
-  uint64_t bytes = 0;    // their size
+  uint64_t entries = 0;     // complete entries found below the path
+  uint64_t bytes = 0;       // their size
+  uint64_t disk_bytes = 0;  // the disk space they take (DiskBytes): what targets count
   uint64_t evicted = 0;
-  uint64_t evicted_bytes = 0;
+  uint64_t evicted_bytes = 0;       // the evicted entries' size
+  uint64_t evicted_disk_bytes = 0;  // and the disk space they took
   uint64_t kept_pinned = 0;
   uint64_t kept_local = 0;
   uint64_t kept_busy = 0;  // being read
   bool ran = true;         // false: another pass held the tier's eviction lock (wait = false)
 };
 
-// Evicts least recently used entries below `path` until at most `target_bytes` remain there.
+// Evicts least recently used entries below `path` until they take at most `target_bytes` of
+// disk (DiskBytes) there.
 // `wait`: wait for a pass in progress instead of returning with ran = false.
 absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
                                     uint64_t target_bytes, bool wait = true);
-// The same with the target computed from what the entries below `path` hold.
+// The same with the target computed from the disk space the entries below `path` take.
 absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
                                     const std::function<uint64_t(uint64_t entry_bytes)>& target_of,
                                     bool wait);
@@ -83,8 +94,6 @@ uint64_t EvictionTarget(const Tier& tier, uint64_t entry_bytes, std::string* war
 // The warning that min_free is ignored when the tier keeps some free space but its file system
 // reports no capacity (statfs: 0 blocks, as CephFS without a manager), else "".
 std::string MinFreeIgnoredWarning(const Tier& tier);
-// True when the tier's entries, `entry_bytes` in all, exceed a bound.
-bool OverBounds(const Tier& tier, uint64_t entry_bytes);
 // Bytes the tier's file system has free above its min_free (negative: below it); nullopt
 // when min_free is 0 or the file system reports no capacity.
 std::optional<int64_t> FreeAboveMinFree(const Tier& tier);

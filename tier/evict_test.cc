@@ -4,11 +4,13 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -53,21 +55,58 @@ class EvictTest : public ::testing::Test {
   std::shared_ptr<TierTreeStore> tree_;
 };
 
+// The disk space the file at `path` takes (what eviction targets count).
+uint64_t DiskBytesOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
+  return DiskBytes(st);
+}
+
 TEST_F(EvictTest, LeastRecentlyUsedGoesFirstDownToTheTarget) {
   const std::string oldest = Entry("a", 1000, 300);
   const std::string middle = Entry("b", 1000, 200);
   const std::string newest = Entry("c", 1000, 100);
-  auto r = EvictTo(*tier_, tier_->root(), 2000);
+  const uint64_t oldest_disk = DiskBytesOf(oldest);
+  auto r = EvictTo(*tier_, tier_->root(), DiskBytesOf(middle) + DiskBytesOf(newest));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->entries, 3u);
+  EXPECT_EQ(r->bytes, 3000u);
   EXPECT_EQ(r->evicted, 1u);
   EXPECT_EQ(r->evicted_bytes, 1000u);
+  EXPECT_EQ(r->evicted_disk_bytes, oldest_disk);
   EXPECT_FALSE(std::filesystem::exists(oldest));
   EXPECT_TRUE(std::filesystem::exists(middle));
   EXPECT_TRUE(std::filesystem::exists(newest));
   ASSERT_TRUE(EvictTo(*tier_, tier_->root(), 0).ok());
   EXPECT_FALSE(std::filesystem::exists(middle));
   EXPECT_FALSE(std::filesystem::exists(newest));
+}
+
+// A bound is disk space, not the entries' bytes: small objects take whole blocks (and, where
+// their attributes do not fit in the inode, an attribute block too), so 10 entries of 10
+// bytes are far over a bound of 5 blocks.
+TEST_F(EvictTest, TargetsCountTheDiskSpaceEntriesTake) {
+  std::vector<std::string> paths;
+  uint64_t disk = 0;
+  for (int i = 0; i < 10; ++i) {
+    paths.push_back(Entry(absl::StrCat("small", i), 10, 1000 - i));
+    disk += DiskBytesOf(paths.back());
+  }
+  ASSERT_GE(disk, 10u * 4096);  // at least a block each on any file system the tests use
+  auto r = EvictTo(*tier_, tier_->root(), 5 * 4096);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bytes, 100u);
+  EXPECT_EQ(r->disk_bytes, disk);
+  EXPECT_GE(r->evicted, 5u);
+  uint64_t left = 0;
+  for (const std::string& p : paths) {
+    if (std::filesystem::exists(p)) left += DiskBytesOf(p);
+  }
+  EXPECT_LE(left, 5u * 4096);
+  EXPECT_EQ(left, r->disk_bytes - r->evicted_disk_bytes);
+  // The least recently used went first: the survivors are the newest.
+  EXPECT_FALSE(std::filesystem::exists(paths.front()));
+  EXPECT_TRUE(std::filesystem::exists(paths.back()));
 }
 
 TEST_F(EvictTest, AnotherTierBelowIsNotThisOnesToEvict) {

@@ -178,8 +178,8 @@ class Tier : public std::enable_shared_from_this<Tier> {
   // how many owners' files it folded.
   absl::StatusOr<uint64_t> FoldStats();
 
-  // What the tier's entries held after the last eviction pass over the whole tier (a hint:
-  // processes filled or removed entries since), nullopt when no pass recorded it.
+  // The disk space the tier's entries took after the last eviction pass over the whole tier
+  // (a hint: processes filled or removed entries since), nullopt when no pass recorded it.
   std::optional<uint64_t> LastUsage() const;
   absl::Status RecordUsage(uint64_t bytes) const;
 

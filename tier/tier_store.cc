@@ -1119,6 +1119,8 @@ void TierStore::ServeFilled(PendingRead& read, const TierEntry& entry, absl::Tim
 void TierStore::MaybeEvict(uint64_t filled) {
   const TierConfig& c = tier_->config();
   if (c.max_size == 0 && c.min_free <= 0) return;
+  // Usage is disk space (evict.h): the new entry's until the next pass measures it.
+  filled = EstimatedDiskBytes(filled);
   filled_since_pass_.fetch_add(filled, std::memory_order_relaxed);
   filled_since_free_check_.fetch_add(filled, std::memory_order_relaxed);
   // What the tier holds: known after this process's first pass, plus what it filled since.
@@ -1150,7 +1152,7 @@ void TierStore::MaybeEvict(uint64_t filled) {
     if (!warning.empty()) std::fprintf(stderr, "wharf: %s\n", warning.c_str());
     const bool ran = pass.ok() && pass->ran;
     if (ran) {
-      usage_.store(static_cast<int64_t>(pass->bytes - pass->evicted_bytes));
+      usage_.store(static_cast<int64_t>(pass->disk_bytes - pass->evicted_disk_bytes));
       evictions_.fetch_add(pass->evicted, std::memory_order_relaxed);
     }
     evicting_.store(false);

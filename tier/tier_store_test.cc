@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -723,7 +724,10 @@ TEST_F(TierBlocksTest, EvictionTakesBlocksLeastRecentlyUsedFirstAndNeverOneBeing
   const int reader = open((blocks + "/" + version + "/1").c_str(), O_RDONLY);
   ASSERT_GE(reader, 0);
   ASSERT_EQ(flock(reader, LOCK_SH), 0);
-  auto pass = EvictTo(*tier, tier->root(), 4 * kBlock);
+  // Targets count disk space (evict.h): four blocks' worth of it.
+  struct stat block_st;
+  ASSERT_EQ(fstat(reader, &block_st), 0);
+  auto pass = EvictTo(*tier, tier->root(), 4 * DiskBytes(block_st));
   ASSERT_TRUE(pass.ok()) << pass.status();
   EXPECT_EQ(pass->entries, 6u);
   EXPECT_EQ(pass->kept_busy, 1u);

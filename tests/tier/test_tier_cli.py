@@ -1,7 +1,6 @@
 """`wharf tier` against the real Ceph RGW: import is resumable by the source's ETag (multipart
 objects included), verified, sharded across importers, and survives kill -9 at random points
 without ever presenting a partial file; verify finds and repairs damage."""
-import hashlib
 import json
 import os
 import random
@@ -9,8 +8,6 @@ import signal
 import stat
 import subprocess
 import time
-
-import pytest
 
 from conftest import run_wharf, wharf_bin
 
@@ -216,7 +213,7 @@ def test_a_complete_import_answers_listings_through_the_tier(tmp_path, bucket, s
     # A tree that holds every object its import listed is the source's listing (immutable
     # mode): `--cache` readers list from it and never ask the bucket; an import that has not
     # completed (here: one rank of two) leaves listings to the bucket.
-    objects = put_objects(s3_client, bucket, "ls/", 30)
+    put_objects(s3_client, bucket, "ls/", 30)
     tier = tmp_path / "tier"
     src = f"s3://{bucket}/ls/"
     run_wharf("tier", "init", tier, check=True)

@@ -230,7 +230,7 @@ def test_min_free_on_a_file_system_without_capacity_warns_once(shared_dir, bucke
     s = tier_json("status", tier_a)
     assert s["fills"] == len(objects)
     # The size bound evicted (passes ran, more than one); what remains is within reach of it.
-    assert 0 < s["entries"] < len(objects) and s["bytes"] <= 2 * 100000, s
+    assert 0 < s["entries"] < len(objects) and s["disk_bytes"] <= 2 * 100000, s
 
 
 def fs_base():
