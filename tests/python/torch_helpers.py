@@ -122,6 +122,15 @@ def run_ranks(fn, args, nprocs: int, timeout: float = 180):
             raise AssertionError(f"ranks did not finish within {timeout} s")
 
 
+def dump_stacks_if_stuck(worker_id: int, after_s: float = 45) -> None:
+    """worker_init_fn: a worker still alive after `after_s` seconds (these loaders' workers
+    finish within seconds) writes every thread's Python stack to stderr, so a DataLoader
+    timeout in the distributed test shows where its worker waited."""
+    import faulthandler
+    import sys
+    faulthandler.dump_traceback_later(after_s, exit=False, file=sys.stderr)
+
+
 def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, resume_steps: int,
               shards_uri: str):
     """One rank of the distributed test: DataLoaders with 2 workers over an IterableDataset,
@@ -140,7 +149,8 @@ def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, res
     def loader(ds, context="fork"):
         # A spawned process's default start method is spawn: fork is asked for explicitly.
         return DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=sample_keys,
-                          multiprocessing_context=context, timeout=60)
+                          multiprocessing_context=context, timeout=60,
+                          worker_init_fn=dump_stacks_if_stuck)
 
     def gather(obj):
         out = [None] * world_size
@@ -176,7 +186,7 @@ def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, res
     def shards_loader(state=None):
         ds = IterableDataset.from_shards(shards_uri, format="tar", seed=11, shuffle_buffer=5)
         out = StatefulDataLoader(ds, batch_size=batch, num_workers=2, timeout=60,
-                                 collate_fn=record_keys)
+                                 collate_fn=record_keys, worker_init_fn=dump_stacks_if_stuck)
         if state is not None:
             out.load_state_dict(state)
         return out
