@@ -3,21 +3,77 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
 
 namespace wharf {
 namespace {
 std::atomic<uint64_t> generation{0};
+
+// Debian's libabsl is built without NDEBUG, so absl::Mutex runs its debug deadlock detection:
+// every Lock and Unlock takes one process-wide spinlock (the lock graph's). A child forked while
+// any thread of the parent was inside a Mutex operation inherits that spinlock held, and its
+// first Mutex operation spins forever (seen: a forked child stuck in Mutex::Unlock ->
+// SpinLock::SlowLock). It also costs 56-68 ns per uncontended lock and unlock against 9-16 ns
+// without it, measured here, and serializes every thread's locking. Release builds of absl
+// have it off; so does wharf, before any thread exists (static initialization).
+const bool no_lock_graph = [] {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return true;
+}();
+
+// The registered mutexes. registry_mu guards the list and is taken first by fork(), so a
+// registration never races a fork.
+absl::Mutex registry_mu(absl::kConstInit);
+absl::Mutex* registered[kMaxForkMutexes] ABSL_GUARDED_BY(registry_mu) = {};
+int count ABSL_GUARDED_BY(registry_mu) = 0;
+
+void Prepare() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  registry_mu.Lock();
+  for (int i = 0; i < count; ++i) registered[i]->Lock();
+}
+
+void ReleaseInParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  for (int i = count - 1; i >= 0; --i) registered[i]->Unlock();
+  registry_mu.Unlock();
+}
+
+// In the child the mutexes are made anew instead of unlocked: threads of the parent may be
+// queued on them, and an Unlock would try to wake threads that do not exist here.
+void ReleaseInChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  for (int i = count - 1; i >= 0; --i) new (registered[i]) absl::Mutex;
+  new (&registry_mu) absl::Mutex;
+}
 }  // namespace
 
 uint64_t ForkGeneration() {
   // Registered on first use, which the singletons guarantee happens before any fork that
   // matters (they call this when they are created).
-  static const bool registered = [] {
+  static const bool registered_handler = [] {
     pthread_atfork(nullptr, nullptr, [] { generation.fetch_add(1); });
     return true;
   }();
-  (void)registered;
+  (void)registered_handler;
   return generation.load(std::memory_order_acquire);
+}
+
+void ReleaseAcrossFork(absl::Mutex* mu) {
+  static const bool registered_handlers = [] {
+    pthread_atfork(&Prepare, &ReleaseInParent, &ReleaseInChild);
+    return true;
+  }();
+  (void)registered_handlers;
+  absl::MutexLock lock(&registry_mu);
+  for (int i = 0; i < count; ++i) {
+    if (registered[i] == mu) return;
+  }
+  if (count == kMaxForkMutexes) {
+    std::fprintf(stderr, "wharf: more than %d mutexes registered with ReleaseAcrossFork\n",
+                 kMaxForkMutexes);
+    std::abort();
+  }
+  registered[count++] = mu;
 }
 
 }  // namespace wharf

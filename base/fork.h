@@ -3,14 +3,29 @@
 // that own threads compare ForkGeneration() with the value they were created under and build a
 // fresh instance in the child (the parent's copy is leaked there: it cannot be torn down
 // safely without its threads).
+//
+// A mutex that another thread held at the moment of fork() stays locked in the child forever.
+// The process-wide mutexes a child takes (the default runtime's, the registries of live tiers
+// and stores, the profiler's) are registered with ReleaseAcrossFork: fork() then waits until
+// no other thread holds them, and both sides continue with them released.
 // Thread-safety: thread-safe.
 #pragma once
 
 #include <cstdint>
 
+#include "absl/synchronization/mutex.h"
+
 namespace wharf {
 
 // 0 in the process that first called it; incremented in each child after fork().
 uint64_t ForkGeneration();
+
+// Makes fork() take `mu` before it forks (in registration order, after the mutexes registered
+// earlier) and release it in the parent and the child. For process-wide mutexes that live for
+// the rest of the process, held only briefly, and never held while waiting for another
+// registered mutex that was registered earlier (that would deadlock fork()). A mutex is
+// registered once, at most kMaxForkMutexes in all (more is a programming error: aborts).
+void ReleaseAcrossFork(absl::Mutex* mu);
+inline constexpr int kMaxForkMutexes = 16;
 
 }  // namespace wharf

@@ -1,6 +1,5 @@
 #include "base/profiler.h"
 
-#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -19,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/file_io.h"
+#include "base/fork.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 
@@ -207,8 +207,7 @@ Profiler& Profiler::Get() {
   static Profiler* const profiler = [] {
     auto* p = new Profiler();  // never destroyed: hooks may run during exit
     // A child forked while a store thread held the lock would never see it released.
-    pthread_atfork([] { Get().mu_.Lock(); }, [] { Get().mu_.Unlock(); },
-                   [] { Get().mu_.Unlock(); });
+    ReleaseAcrossFork(&p->mu_);
     return p;
   }();
   return *profiler;

@@ -118,6 +118,9 @@ std::optional<int>* configured_inflight ABSL_GUARDED_BY(default_mu) = nullptr;
 std::shared_ptr<Runtime> Runtime::Default() {
   static auto* runtime = new std::shared_ptr<Runtime>;
   static uint64_t generation = 0;
+  // A forked child's first wharf call comes here: default_mu must not be inherited locked.
+  static const bool fork_safe = (ReleaseAcrossFork(&default_mu), true);
+  (void)fork_safe;
   absl::MutexLock lock(&default_mu);
   if (*runtime == nullptr || generation != ForkGeneration()) {
     // A forked child's copy of the parent's runtime has no threads: leak it (base/fork.h).

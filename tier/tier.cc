@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/fork.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
@@ -299,7 +300,10 @@ std::vector<Tier*>* live_tiers ABSL_GUARDED_BY(tiers_mu) = nullptr;
 Tier::Tier(std::string root, TierConfig config) : root_(std::move(root)), config_(config) {
   // Registered before any cache store registers its own exit handler (a store needs a Tier),
   // so it runs after them: the stores' counters are written while the directory exists.
-  static const bool registered = [] { return std::atexit(&Tier::ReleaseAllAtExit) == 0; }();
+  static const bool registered = [] {
+    ReleaseAcrossFork(&tiers_mu);  // a Tier may be destroyed on a pool thread during fork()
+    return std::atexit(&Tier::ReleaseAllAtExit) == 0;
+  }();
   (void)registered;
   absl::MutexLock lock(&tiers_mu);
   if (live_tiers == nullptr) live_tiers = new std::vector<Tier*>;

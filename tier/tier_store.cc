@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "base/file_io.h"
+#include "base/fork.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
@@ -427,7 +428,10 @@ void TierStore::FlushStatsLocked() {
 }
 
 void TierStore::Register() {
-  static const bool registered = [] { return std::atexit(&TierStore::FlushStatsAtExit) == 0; }();
+  static const bool registered = [] {
+    ReleaseAcrossFork(&live_mu);  // a store may be destroyed on a pool thread during fork()
+    return std::atexit(&TierStore::FlushStatsAtExit) == 0;
+  }();
   (void)registered;
   absl::MutexLock lock(&live_mu);
   if (live == nullptr) live = new std::vector<TierStore*>;
