@@ -26,23 +26,23 @@ const bool no_lock_graph = [] {
 // The registered mutexes. registry_mu guards the list and is taken first by fork(), so a
 // registration never races a fork.
 absl::Mutex registry_mu(absl::kConstInit);
-absl::Mutex* registered[kMaxForkMutexes] ABSL_GUARDED_BY(registry_mu) = {};
+absl::Mutex* mutexes[kMaxForkMutexes] ABSL_GUARDED_BY(registry_mu) = {};
 int count ABSL_GUARDED_BY(registry_mu) = 0;
 
 void Prepare() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mu.Lock();
-  for (int i = 0; i < count; ++i) registered[i]->Lock();
+  for (int i = 0; i < count; ++i) mutexes[i]->Lock();
 }
 
 void ReleaseInParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  for (int i = count - 1; i >= 0; --i) registered[i]->Unlock();
+  for (int i = count - 1; i >= 0; --i) mutexes[i]->Unlock();
   registry_mu.Unlock();
 }
 
 // In the child the mutexes are made anew instead of unlocked: threads of the parent may be
 // queued on them, and an Unlock would try to wake threads that do not exist here.
 void ReleaseInChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  for (int i = count - 1; i >= 0; --i) new (registered[i]) absl::Mutex;
+  for (int i = count - 1; i >= 0; --i) new (mutexes[i]) absl::Mutex;
   new (&registry_mu) absl::Mutex;
 }
 }  // namespace
@@ -50,11 +50,11 @@ void ReleaseInChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 uint64_t ForkGeneration() {
   // Registered on first use, which the singletons guarantee happens before any fork that
   // matters (they call this when they are created).
-  static const bool registered_handler = [] {
+  static const bool registered = [] {
     pthread_atfork(nullptr, nullptr, [] { generation.fetch_add(1); });
     return true;
   }();
-  (void)registered_handler;
+  (void)registered;
   return generation.load(std::memory_order_acquire);
 }
 
@@ -66,14 +66,14 @@ void ReleaseAcrossFork(absl::Mutex* mu) {
   (void)registered_handlers;
   absl::MutexLock lock(&registry_mu);
   for (int i = 0; i < count; ++i) {
-    if (registered[i] == mu) return;
+    if (mutexes[i] == mu) return;
   }
   if (count == kMaxForkMutexes) {
     std::fprintf(stderr, "wharf: more than %d mutexes registered with ReleaseAcrossFork\n",
                  kMaxForkMutexes);
     std::abort();
   }
-  registered[count++] = mu;
+  mutexes[count++] = mu;
 }
 
 }  // namespace wharf
