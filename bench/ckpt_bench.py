@@ -19,12 +19,12 @@ process had once the state was built (what the operation added).
     wharf-torch-save       wharf.torch.save / wharf.torch.load (one object, streamed)
     torch-boto3            torch.save into BytesIO + boto3 upload_fileobj; download_fileobj
                            into BytesIO + torch.load
-    s3torch-dcp            s3torchconnector's DCP S3StorageReader
-    s3torch-ckpt           s3torchconnector's S3Checkpoint reader with torch.load
-                           (their writers cannot complete an upload to Ceph RGW 16.2: its
-                           CompleteMultipartUpload reply carries an empty <ETag>, which the CRT
-                           client requires; so their loads read files put the way their writers
-                           would lay them out, and their saves are not measured)
+    s3torch-dcp            s3torchconnector's DCP S3StorageWriter / S3StorageReader
+    s3torch-ckpt           s3torchconnector's S3Checkpoint writer + torch.save / reader +
+                           torch.load
+                           (Ceph RGW 16.2 answers CompleteMultipartUpload with an empty <ETag>,
+                           which their CRT client requires: they reach RGW through a proxy with
+                           --fill-empty-complete-etag, at 0 ms one of their own with no delay)
 (tier) the same state to a local disk: wharf-dcp to a path inside a tier (durable: the tier
   syncs its batches) vs DCP's own FileSystemWriter (sync_files=True, its default; thread_count
   1, its default, and 4) into a plain directory; loads from the page cache.
@@ -55,8 +55,8 @@ LABEL = {
     "wharf-dcp": "**wharf DCP StorageWriter/Reader**",
     "wharf-torch-save": "wharf.torch.save / load",
     "torch-boto3": "torch.save + boto3 upload_fileobj / download_fileobj + torch.load",
-    "s3torch-dcp": "s3torchconnector DCP S3StorageReader (its writer: n/a on RGW 16.2)",
-    "s3torch-ckpt": "s3torchconnector S3Checkpoint reader + torch.load (writer: n/a)",
+    "s3torch-dcp": "s3torchconnector DCP S3StorageWriter/Reader",
+    "s3torch-ckpt": "s3torchconnector S3Checkpoint + torch.save / torch.load",
     "wharf-dcp-tier": "**wharf DCP to a tier** (durable)",
     "fs-dcp-1": "DCP FileSystemWriter/Reader (thread_count=1, sync_files)",
     "fs-dcp-4": "DCP FileSystemWriter/Reader (thread_count=4, sync_files)",
@@ -101,29 +101,6 @@ def _boto3(endpoint: str, region: str):
                         config=Config(s3={"addressing_style": "path"}, max_pool_connections=50))
 
 
-def _prepare(client: str, uri: str, state, endpoint: str, region: str) -> None:
-    """Puts the checkpoint a load of `client` reads, without timing it: s3torchconnector's
-    writers cannot complete an upload to Ceph RGW 16.2 (its CompleteMultipartUpload reply has
-    an empty <ETag>, which the CRT client requires), so their files come from the code paths
-    they share: DCP's FileSystemWriter (S3StorageWriter subclasses it and writes the same
-    files) uploaded with boto3, and torch.save bytes for S3Checkpoint."""
-    import io
-    import torch
-    s3 = _boto3(endpoint, region)
-    bucket, key = uri[5:].split("/", 1)
-    if client == "s3torch-ckpt":
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        buf.seek(0)
-        s3.upload_fileobj(buf, bucket, key)
-        return
-    import torch.distributed.checkpoint as dcp
-    with tempfile.TemporaryDirectory() as d:
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(d, sync_files=False))
-        for name in os.listdir(d):
-            s3.upload_file(os.path.join(d, name), bucket, key.rstrip("/") + "/" + name)
-
-
 def worker(spec: dict) -> dict:
     import warnings
 
@@ -136,9 +113,6 @@ def worker(spec: dict) -> dict:
     client, op, uri = spec["client"], spec["op"], spec["uri"]
     endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
     region = os.environ.get("AWS_REGION", "us-east-1")
-    if op == "prepare":
-        _prepare(client, uri, state, endpoint, region)
-        return {"client": client, "op": op}
     # Everything a client needs is imported and set up before the clock starts.
     if client.startswith("wharf") or client == "async":
         import wharf.torch
@@ -150,7 +124,7 @@ def worker(spec: dict) -> dict:
     if client.startswith("s3torch"):
         from s3torchconnector import S3Checkpoint, S3ClientConfig
         from s3torchconnector._s3client import S3Client
-        from s3torchconnector.dcp import S3StorageReader
+        from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
         cfg = S3ClientConfig(force_path_style=True)
     dst = zeros_like(state) if op == "load" else None
     base_rss = rss_bytes()
@@ -185,14 +159,24 @@ def worker(spec: dict) -> dict:
             s3.download_fileobj(bucket, key, buf)
             buf.seek(0)
             dst = torch.load(buf, map_location="cpu", weights_only=True)
-    elif client == "s3torch-dcp" and op == "load":
-        r = S3StorageReader(region, uri, s3client_config=cfg)
-        r.fs._client = S3Client(region, endpoint=endpoint, s3client_config=cfg)
-        dcp.load(dst, storage_reader=r)
-    elif client == "s3torch-ckpt" and op == "load":
+    elif client == "s3torch-dcp":
+        # Its defaults (thread_count 1); the client given the endpoint, as for the reader.
+        if op == "save":
+            w = S3StorageWriter(region, uri, s3client_config=cfg)
+            w.fs._client = S3Client(region, endpoint=endpoint, s3client_config=cfg)
+            dcp.save(state, storage_writer=w)
+        else:
+            r = S3StorageReader(region, uri, s3client_config=cfg)
+            r.fs._client = S3Client(region, endpoint=endpoint, s3client_config=cfg)
+            dcp.load(dst, storage_reader=r)
+    elif client == "s3torch-ckpt":
         ck = S3Checkpoint(region, endpoint=endpoint, s3client_config=cfg)
-        with ck.reader(uri) as r:
-            dst = torch.load(r, map_location="cpu", weights_only=True)
+        if op == "save":
+            with ck.writer(uri) as w:
+                torch.save(state, w)
+        else:
+            with ck.reader(uri) as r:
+                dst = torch.load(r, map_location="cpu", weights_only=True)
     elif client == "async":
         from wharf.torch import CheckpointManager
         mgr = CheckpointManager(uri, async_save=True)
@@ -325,8 +309,11 @@ def run(rb, a, server, proxy_bin, avail: dict, results: list) -> list[str]:
     if "store" in parts:
         rows = {}
         for delay in delays:
-            with _endpoint(rb, a, server, proxy_bin, delay) as endpoint:
+            with _endpoint(rb, a, server, proxy_bin, delay) as endpoint, \
+                    (_endpoint(rb, a, server, proxy_bin, delay, crt=True) if delay <= 0
+                     else contextlib.nullcontext(endpoint)) as crt_endpoint:
                 env = _env(rb, server, endpoint)
+                crt_env = _env(rb, server, crt_endpoint)
                 per: dict = {}
                 for rnd in range(a.repeat):
                     clients = [c for c in STORE_ORDER[1:] if want(c)]
@@ -339,13 +326,10 @@ def run(rb, a, server, proxy_bin, avail: dict, results: list) -> list[str]:
                             ".pt" if c in ("wharf-torch-save", "torch-boto3", "s3torch-ckpt")
                             else "/")
                         for op in ("save", "load"):
-                            if op == "save" and c.startswith("s3torch"):
-                                r = _run_worker(rb, {"client": c, "op": "prepare", "uri": uri,
-                                                     "bytes": total}, env, a.timeout)
-                                if r["status"] == "ok":
-                                    continue  # see _prepare: not measurable against RGW 16.2
                             r = _run_worker(rb, {"client": c, "op": op, "uri": uri,
-                                                 "bytes": total}, env, a.timeout)
+                                                 "bytes": total},
+                                            crt_env if c.startswith("s3torch") else env,
+                                            a.timeout)
                             r.update(delay_ms=delay, round=rnd, scenario="CKPT")
                             results.append(r)
                             per.setdefault((c, op), []).append(r)
@@ -427,12 +411,15 @@ def run(rb, a, server, proxy_bin, avail: dict, results: list) -> list[str]:
 
 
 @contextlib.contextmanager
-def _endpoint(rb, a, server, proxy_bin, delay: float):
-    """The S3 endpoint at `delay` ms each way: RGW itself at 0, else a latency proxy."""
-    if delay <= 0:
+def _endpoint(rb, a, server, proxy_bin, delay: float, crt: bool = False):
+    """The S3 endpoint at `delay` ms each way: RGW itself at 0, else a latency proxy. The
+    proxies fill the empty ETag of RGW 16.2's CompleteMultipartUpload replies, which the AWS
+    CRT clients (`crt`: s3torchconnector) require; at 0 ms those get a proxy with no delay."""
+    if delay <= 0 and not crt:
         yield server.endpoint
         return
-    with rb.Proxy(proxy_bin, server.endpoint, delay, a.proxy_arg) as proxy:
+    with rb.Proxy(proxy_bin, server.endpoint, delay,
+                  [*a.proxy_arg, "--fill-empty-complete-etag"]) as proxy:
         yield proxy.url
 
 
@@ -445,8 +432,9 @@ def _store_table(rows: dict, delays, nbytes: int, repeat: int) -> str:
         ref_get = _med(per.get(("store-put", "load"), []), "gb_per_s")
         s3t_save = _med(per.get(("s3torch-dcp", "save"), []), "gb_per_s")
         s3t_load = _med(per.get(("s3torch-dcp", "load"), []), "gb_per_s")
-        out += [f"**{delay:g} ms each way**" + (" (straight to RGW)" if delay == 0 else
-                                               " (wharf-latency-proxy)"), "",
+        out += [f"**{delay:g} ms each way**" + (
+                    " (straight to RGW; s3torchconnector through a proxy with no delay)"
+                    if delay == 0 else " (wharf-latency-proxy)"), "",
                 "| client | save GB/s | load GB/s | save vs store | load vs store | "
                 "save vs s3torch DCP | load vs s3torch DCP | CPU s save/load | "
                 "peak RSS above start MiB save/load |",

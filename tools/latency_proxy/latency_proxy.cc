@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <queue>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -38,6 +40,8 @@ constexpr int kMaxEvents = 1024;
 // Reads per readiness event before other connections get a turn (fairness under bulk load).
 constexpr int kReadsPerTurn = 16;
 constexpr int kMaxIov = 64;
+// --fill-empty-complete-etag looks only at replies read whole in one read of up to this size.
+constexpr size_t kMaxFilledReply = 8192;
 
 int64_t NowNs() {
   timespec ts;
@@ -172,6 +176,11 @@ struct Conn {
   int client = -1;
   int upstream = -1;
   Direction dir[2];  // 0: client -> upstream, 1: upstream -> client
+  // --fill-empty-complete-etag: a CompleteMultipartUpload request (a POST with an uploadId)
+  // started a read from the client, and its reply has not passed yet; the start of that
+  // reply, held back until the rest of it arrives (RGW sends its header before its body).
+  bool awaiting_complete = false;
+  std::string held_reply;
 };
 
 struct Ref {
@@ -204,6 +213,65 @@ struct TokenBucket {
 
 uint64_t Tag(uint32_t slot, uint32_t gen, int side) {
   return (uint64_t{gen & kGenMask} << 33) | (uint64_t(side) << 32) | slot;
+}
+
+// --fill-empty-complete-etag (see LatencyProxyOptions).
+constexpr char kEmptyCompleteEtag[] = "<ETag></ETag></CompleteMultipartUploadResult>";
+constexpr char kFilledEtag[] = "&quot;filled-by-wharf-latency-proxy&quot;";
+
+// Where the value of the header `name` (lowercase, with its colon) starts in the header
+// `head` (up to its blank line), or npos. Header names match without regard to case.
+size_t HeaderValue(std::string_view head, std::string_view name) {
+  size_t line = head.find("\r\n");
+  while (line != std::string_view::npos && line + 2 < head.size()) {
+    line += 2;
+    const std::string_view text = head.substr(line, head.find("\r\n", line) - line);
+    if (text.size() >= name.size() &&
+        std::equal(name.begin(), name.end(), text.begin(), [](char a, char b) {
+          return a == std::tolower(static_cast<unsigned char>(b));
+        })) {
+      size_t value = line + name.size();
+      while (value < head.size() && head[value] == ' ') ++value;
+      return value;
+    }
+    line = head.find("\r\n", line);
+  }
+  return std::string_view::npos;
+}
+
+// When `data` starts with the whole header of a reply with an XML body of at most
+// kMaxFilledReply bytes: the size of header and body together; else 0.
+size_t SmallXmlReplySize(std::string_view data) {
+  if (!data.starts_with("HTTP/1.")) return 0;
+  const size_t header_end = data.find("\r\n\r\n");
+  if (header_end == std::string_view::npos) return 0;
+  const std::string_view head = data.substr(0, header_end + 2);
+  const size_t type = HeaderValue(head, "content-type:");
+  if (type == std::string_view::npos || head.substr(type, 15) != "application/xml") return 0;
+  const size_t value = HeaderValue(head, "content-length:");
+  if (value == std::string_view::npos) return 0;
+  size_t length = 0;
+  for (size_t i = value; i < head.size() && std::isdigit(static_cast<unsigned char>(head[i]));
+       ++i) {
+    length = length * 10 + static_cast<size_t>(head[i] - '0');
+    if (length > kMaxFilledReply) return 0;
+  }
+  return header_end + 4 + length;
+}
+
+// `reply`, one whole reply as SmallXmlReplySize measured it: with kFilledEtag in an empty
+// CompleteMultipartUpload <ETag> and its Content-Length raised to match; unchanged otherwise.
+std::string FillEmptyCompleteEtag(std::string reply) {
+  const size_t empty = reply.find(kEmptyCompleteEtag);
+  const size_t header_end = reply.find("\r\n\r\n");
+  if (empty == std::string::npos || empty < header_end) return reply;
+  reply.insert(empty + std::strlen("<ETag>"), kFilledEtag);
+  const size_t value =
+      HeaderValue(std::string_view(reply).substr(0, header_end + 2), "content-length:");
+  size_t end = value;
+  while (std::isdigit(static_cast<unsigned char>(reply[end]))) ++end;
+  reply.replace(value, end - value, std::to_string(reply.size() - (header_end + 4)));
+  return reply;
 }
 
 }  // namespace
@@ -583,7 +651,18 @@ class LatencyProxy::Impl {
         if (errno != EINTR) dir.src_readable = false;
         continue;
       }
-      // EOF (n == 0) or an error such as ECONNRESET: forward it after the data before it.
+      // EOF (n == 0) or an error such as ECONNRESET: forward it after the data before it
+      // (and after the start of a reply held for --fill-empty-complete-etag).
+      if (d == 1 && !conn.held_reply.empty()) {
+        std::string held = std::move(conn.held_reply);
+        conn.held_reply.clear();
+        if (!read_buffer_ || held.size() > options_.read_size) {
+          read_buffer_ = AllocateBuffer(std::max(held.size(), options_.read_size));
+        }
+        std::memcpy(read_buffer_.get(), held.data(), held.size());
+        Deliver(conn, d, held.size(), now, /*may_hold=*/false);
+        if (!conn.live) return;
+      }
       dir.src_done = true;
       dir.end = n == 0 ? End::kFin : End::kRst;
       dir.end_due_ns = std::max(now, dir.not_before_ns) + delay_ns_;
@@ -598,9 +677,55 @@ class LatencyProxy::Impl {
     }
   }
 
+  // --fill-empty-complete-etag on the `size` bytes just read from the upstream into
+  // read_buffer_ while a CompleteMultipartUpload reply is awaited: a small XML reply is
+  // completed from what was held of it, held whole if it is still incomplete (0 returned),
+  // and filled when it is whole. Returns the bytes of read_buffer_ to deliver.
+  size_t FillEtags(Conn& conn, size_t size) {
+    std::string_view data(read_buffer_.get(), size);
+    std::string joined;
+    if (!conn.held_reply.empty()) {
+      joined = std::move(conn.held_reply);
+      conn.held_reply.clear();
+      joined.append(data);
+      data = joined;
+    }
+    const size_t need = SmallXmlReplySize(data);
+    if (need > data.size()) {
+      conn.held_reply.assign(data);
+      return 0;
+    }
+    conn.awaiting_complete = false;  // the reply passes now (filled or not)
+    if (need == 0 && joined.empty()) return size;
+    std::string out(data);
+    if (need != 0) {
+      std::string reply = FillEmptyCompleteEtag(out.substr(0, need));
+      if (reply.size() != need) ++stats_.etags_filled;
+      out.replace(0, need, reply);
+    }
+    if (out.size() > options_.read_size) {
+      read_buffer_ = AllocateBuffer(out.size());
+    }
+    std::memcpy(read_buffer_.get(), out.data(), out.size());
+    return out.size();
+  }
+
   // Hands the `size` bytes just read into read_buffer_ to direction `d`.
-  void Deliver(Conn& conn, int d, size_t size, int64_t now) {
+  // `may_hold`: false for the last bytes before the upstream's end.
+  void Deliver(Conn& conn, int d, size_t size, int64_t now, bool may_hold = true) {
     Direction& dir = conn.dir[d];
+    if (options_.fill_empty_complete_etag) {
+      if (d == 0) {
+        const std::string_view data(read_buffer_.get(), size);
+        const std::string_view line = data.substr(0, data.find("\r\n"));
+        if (line.starts_with("POST ") && line.find("uploadId=") != std::string_view::npos) {
+          conn.awaiting_complete = true;
+        }
+      } else if (conn.awaiting_complete && may_hold) {
+        size = FillEtags(conn, size);
+        if (size == 0) return;  // held until the rest of the reply arrives
+      }
+    }
     int64_t due = std::max(now, dir.not_before_ns) + delay_ns_;
     size_t written = 0;
     if (due <= now && dir.chunks.empty() && dir.dst_writable && !throttled_ &&
@@ -810,7 +935,8 @@ class LatencyProxy::Impl {
         {"upstream_connect_failures", stats_.upstream_connect_failures},
         {"bytes_client_to_upstream", stats_.bytes_client_to_upstream},
         {"bytes_upstream_to_client", stats_.bytes_upstream_to_client},
-        {"wakeups", stats_.wakeups}};
+        {"wakeups", stats_.wakeups},
+        {"etags_filled", stats_.etags_filled}};
     std::fprintf(stderr,
                  "wharf-latency-proxy: %llu connections (peak %llu, %llu reset, %llu upstream "
                  "connect failures), %llu bytes to upstream, %llu bytes to clients, %llu "

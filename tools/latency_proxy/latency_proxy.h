@@ -49,6 +49,13 @@ struct LatencyProxyOptions {
   // kernel completes the real handshake at once, so without this a new connection is one round
   // trip cheaper than over a WAN.
   bool simulate_handshake = false;
+  // A workaround for Ceph RGW 16.2 (Ceph BZ 2266579): it answers CompleteMultipartUpload with
+  // an empty <ETag>, and clients built on the AWS CRT (s3torchconnector, mountpoint-s3) then
+  // fail the upload ("Header ETag not found"). With this set, such a reply (read whole in one
+  // read) gets a placeholder ETag, "filled-by-wharf-latency-proxy", and a Content-Length to
+  // match; every other byte passes unchanged. Only for benchmarking those clients against
+  // that server: the placeholder is not the object's ETag (a HEAD tells the real one).
+  bool fill_empty_complete_etag = false;
   // If set, a JSON object of counters is written here when Run() returns.
   std::string stats_file;
   // host:port of a control listener (port 0 picks one; loopback unless allowed): each
@@ -66,6 +73,7 @@ struct LatencyProxyStats {
   uint64_t bytes_client_to_upstream = 0;  // bytes written to the upstream
   uint64_t bytes_upstream_to_client = 0;  // bytes written to clients
   uint64_t wakeups = 0;                   // event loop iterations (a CPU cost indicator)
+  uint64_t etags_filled = 0;              // replies fill_empty_complete_etag changed
 };
 
 class LatencyProxy {

@@ -17,6 +17,7 @@ constexpr char kUsage[] =
     "usage: wharf-latency-proxy --listen 127.0.0.1:PORT --upstream 127.0.0.1:PORT --delay-ms D\n"
     "         [--bandwidth-mbps B] [--max-buffer-mib M] [--simulate-handshake]\n"
     "         [--stats-file PATH] [--control 127.0.0.1:PORT] [--allow-non-loopback]\n"
+    "         [--fill-empty-complete-etag]\n"
     "\n"
     "  --listen ADDR           address to accept on; port 0 picks one (printed on stdout)\n"
     "  --upstream ADDR         address every connection is relayed to\n"
@@ -29,7 +30,11 @@ constexpr char kUsage[] =
     "  --control ADDR          accept commands on ADDR (port 0 picks one, printed as\n"
     "                          'control on HOST:PORT'): a line 'delay MS' changes the\n"
     "                          delay while running, 'get' reports it\n"
-    "  --allow-non-loopback    permit addresses outside 127.0.0.0/8 and ::1\n";
+    "  --allow-non-loopback    permit addresses outside 127.0.0.0/8 and ::1\n"
+    "  --fill-empty-complete-etag\n"
+    "                          put a placeholder into the empty <ETag> of Ceph RGW 16.2's\n"
+    "                          CompleteMultipartUpload replies (Ceph BZ 2266579), which AWS CRT\n"
+    "                          clients (s3torchconnector) reject; for benchmarking them only\n";
 
 bool ParseDouble(const char* text, double* out) {
   char* end = nullptr;
@@ -94,6 +99,8 @@ int main(int argc, char** argv) {
       options.simulate_handshake = true;
     } else if (arg == "--allow-non-loopback" && !has_value) {
       options.allow_non_loopback = true;
+    } else if (arg == "--fill-empty-complete-etag" && !has_value) {
+      options.fill_empty_complete_etag = true;
     } else {
       std::fputs(kUsage, stderr);
       return Fail("unknown argument '" + std::string(argv[i]) + "'");
