@@ -61,8 +61,12 @@ absl::Status RunFetch(const FetchArgs& args) {
   auto take = [&](FetchResult& r) {
     if (!r.data.ok()) {
       if (errors++ == 0) first_error = r.data.status();
-      const std::string line = absl::StrCat("wharf: ", OneLine(r.data.status().message()), "\n");
-      std::fwrite(line.data(), 1, line.size(), stderr);
+      // Each failure of a prefix's fetch is one line as it happens; a single object's is the
+      // verb's own error.
+      if (args.recursive) {
+        const std::string line = absl::StrCat("wharf: ", OneLine(r.data.status().message()), "\n");
+        std::fwrite(line.data(), 1, line.size(), stderr);
+      }
       return;
     }
     ++objects;
@@ -89,6 +93,7 @@ absl::Status RunFetch(const FetchArgs& args) {
   }
   const absl::Duration elapsed = absl::Now() - start;
   WHARF_RETURN_IF_ERROR(Annotate(listing, absl::StrCat("fetch ", args.uri)));
+  if (!args.recursive && errors > 0) return first_error;
 
   std::sort(ttfb.begin(), ttfb.end());
   auto pct = [&](double p) {
@@ -125,9 +130,9 @@ absl::Status RunFetch(const FetchArgs& args) {
                         pct(0.5), pct(0.99), fetch_stats.peak_in_flight));
   }
   if (errors > 0) {
-    return absl::Status(first_error.code(),
-                        absl::StrCat("fetch ", args.uri, ": ", errors,
-                                     " objects failed; first: ", first_error.message()));
+    // The failures were printed as they happened; the code is the first one's.
+    return absl::Status(first_error.code(), absl::StrCat("fetch ", args.uri, ": ", errors, " of ",
+                                                         objects + errors, " objects failed"));
   }
   if (objects == 0 && args.recursive) {
     return absl::NotFoundError(absl::StrCat("fetch ", args.uri, ": no objects match"));

@@ -551,9 +551,7 @@ class Engine {
       return absl::OkStatus();
     }
     FetchScheduler parts(src_.store, PartFetchOptions(options_));
-    absl::Status s = CopyOne(parts, meta, dst_key);
-    if (!s.ok()) outcome_.Fail(s);
-    return s;
+    return CopyOne(parts, meta, dst_key);  // a failure is the transfer's status, not OnError
   }
 
   // The destination key for a listed source key, or nullopt (with the failure reported)

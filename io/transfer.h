@@ -103,7 +103,8 @@ class TransferObserver {
   // skipped object the source's, which the destination's equals). Called after OnObjectDone,
   // possibly on a transport thread: an observer that must block hands the work on.
   virtual void OnObjectAt(const ObjectMeta& /*src*/, const ObjectMeta& /*dst*/, bool /*copied*/) {}
-  // One object failed (or was refused); the transfer goes on with the others.
+  // One object of a recursive transfer failed (or was refused); the transfer goes on with the
+  // others. A single-object transfer returns its failure instead (reported once).
   virtual void OnError(const absl::Status& /*status*/) {}
   // kDryrun: an operation that would run: op is "copy", "upload", "download" or "delete".
   virtual void OnDryrun(absl::string_view /*op*/, const std::string& /*src_uri*/,

@@ -214,10 +214,11 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
   if (e.code.empty()) {  // HEAD responses have no body
     switch (response.status) {
       case 404:
+        // A bodyless 404 on an object cannot tell a missing key from a missing bucket.
         e.code = uri.find('/', uri.find("://") + 3) == absl::string_view::npos ||
                          absl::EndsWith(uri, "/")
                      ? "NoSuchBucket"
-                     : "NoSuchKey";
+                     : "NoSuchKey or NoSuchBucket";
         break;
       case 403:
         e.code = "AccessDenied";
@@ -239,6 +240,11 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
     code = absl::StatusCode::kNotFound;
     if (e.code == "NoSuchBucket") {
       hint = absl::StrCat("check the bucket name and the endpoint ", config.endpoint);
+    } else if (e.code == "NoSuchKey or NoSuchBucket") {
+      hint = absl::StrCat(
+          "a HEAD reply names no cause; check the key, the bucket name and the "
+          "endpoint ",
+          config.endpoint);
     }
   } else if (e.code == "SignatureDoesNotMatch") {
     code = absl::StatusCode::kPermissionDenied;

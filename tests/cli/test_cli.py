@@ -306,6 +306,13 @@ def test_cp_missing_source_is_an_error(tmp_path):
     run("cp", "-r", tmp_path / "nope", tmp_path / "dst", check=1)
 
 
+def test_fetch_of_a_missing_object_is_one_line(tmp_path):
+    proc = run("fetch", tmp_path / "nope", check=1)
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and "nope" in lines[0], lines
+    assert proc.stdout == b""  # no table of zero objects
+
+
 def test_cp_recursive_into_itself_is_refused(tmp_path):
     make_tree(tmp_path / "src", {"a": b"x"})
     proc = run("cp", "-r", tmp_path / "src", tmp_path / "src" / "sub", check=1)

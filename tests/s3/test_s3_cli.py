@@ -130,6 +130,20 @@ def test_missing_bucket_and_object(s3_env, bucket):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_failed_single_copy_is_one_line(tmp_path, s3_env):
+    """A one-object cp that fails says so once (it used to print the same line twice)."""
+    src = tmp_path / "f.txt"
+    src.write_text("data")
+    for args in (("cp", str(src), "s3://wharf-no-such-bucket-x/f.txt"),
+                 ("cp", "--quiet", str(src), "s3://wharf-no-such-bucket-x/f.txt"),
+                 ("cp", "s3://wharf-no-such-bucket-x/f.txt", str(tmp_path / "out.txt"))):
+        proc = run_wharf(*args, env=s3_env)
+        assert proc.returncode == 1, args
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "wharf-no-such-bucket-x" in lines[0], (args, proc.stderr)
+    assert not (tmp_path / "out.txt").exists()
+
+
 def test_gs_scheme_speaks_the_xml_api(s3_env, bucket, s3_client):
     """gs:// uses the same client with GCS's XML API settings; pointed at RGW here."""
     s3_client.put_object(Bucket=bucket, Key="g/obj", Body=b"through gs")
@@ -232,7 +246,7 @@ def test_fetch_reads_every_object(bucket, s3_env, s3_client):
     proc = run_wharf("fetch", "-r", "--json", f"s3://{bucket}/f/", env=s3_env, check=True)
     stats = json.loads(proc.stdout)
     assert stats["objects"] == 301 and stats["errors"] == 0
-    assert stats["bytes"] == 300 * 5000 + (20 << 20)
+    assert stats["bytes"] == sum(map(len, blobs.values())) + (20 << 20)
     assert stats["requests"] >= 301 + 2  # the big object was split into parts
     assert stats["peak_in_flight"] > 1
     # 1 MiB parts: the 20 MiB object alone takes a HEAD (its size) and 20 ranged GETs.
