@@ -106,6 +106,16 @@ absl::StatusOr<ObjectUri> ParseUri(absl::string_view uri) {
 
 absl::StatusOr<ObjectUri> ParseUriOrPath(absl::string_view uri_or_path) {
   if (LooksLikeUri(uri_or_path)) return ParseUri(uri_or_path);
+  // "s3:/b/k" or "gs:b/k" is a mistyped URI far more often than a local file so named (which
+  // stays reachable as ./s3:...).
+  for (absl::string_view scheme : {"s3:", "gs:", "file:"}) {
+    if (absl::StartsWith(uri_or_path, scheme)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("malformed URI '", uri_or_path, "': expected ", scheme,
+                       scheme == "file:" ? "///ABSOLUTE/PATH" : "//BUCKET/KEY",
+                       " (a local path: ./", uri_or_path, ")"));
+    }
+  }
   auto absolute = AbsoluteLocalPath(uri_or_path);
   if (!absolute.ok()) return absolute.status();
   ObjectUri out;

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace wharf {
@@ -49,6 +51,21 @@ TEST(UriTest, LocalPathsBecomeFileUris) {
   EXPECT_EQ("/" + rel->key, absl::StrCat(cwd, "/sub/dir/"));
   EXPECT_EQ(ParseUriOrPath("/abs/../x")->key, "x");
   EXPECT_EQ(ParseUriOrPath("s3://bkt/k")->scheme, "s3");
+}
+
+TEST(UriTest, MistypedUrisAreRefusedNotTakenForLocalPaths) {
+  for (const char* typo : {"s3:/bkt/k", "s3:bkt", "gs:/bkt/k", "file:/tmp/x"}) {
+    auto parsed = ParseUriOrPath(typo);
+    ASSERT_FALSE(parsed.ok()) << typo;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(parsed.status().message()), testing::HasSubstr("malformed URI"));
+    EXPECT_THAT(std::string(parsed.status().message()), testing::HasSubstr(typo));
+  }
+  // A local name with a colon stays reachable with ./
+  auto local = ParseUriOrPath("./s3:bkt");
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(local->scheme, "file");
+  EXPECT_TRUE(absl::EndsWith(local->key, "/s3:bkt"));
 }
 
 }  // namespace

@@ -221,6 +221,8 @@ absl::Status ErrorFromJsonResponse(const HttpResponse& response, absl::string_vi
   const int s = response.status;
   if (s == 404) {
     code = absl::StatusCode::kNotFound;
+    // GCS names the cause in its JSON error; a reply without one could mean either.
+    if (message.empty()) hint = "no such object, or no such bucket";
   } else if (s == 401 || s == 403) {
     code = absl::StatusCode::kPermissionDenied;
     hint = absl::StrCat("check the credentials and their permissions; credentials from ",
@@ -460,8 +462,7 @@ void GcsJsonStore::ListAsync(ListOptions options, std::string continuation,
   Execute(std::move(call), [options = std::move(options), uri, missing,
                             done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
     if (!r.ok() && r.status().code() == absl::StatusCode::kNotFound) {
-      return std::move(done)(
-          absl::NotFoundError(absl::StrCat(r.status().message(), " (", missing, ")")));
+      return std::move(done)(absl::NotFoundError(absl::StrCat("list ", uri, ": ", missing)));
     }
     if (!r.ok()) return std::move(done)(r.status());
     auto j = ParseJsonBody(*r, absl::StrCat("list ", uri));
