@@ -41,29 +41,30 @@ void ReleaseInParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 
 // In the child the mutexes are made anew instead of unlocked: threads of the parent may be
 // queued on them, and an Unlock would try to wake threads that do not exist here.
-void ReleaseInChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+void InChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  generation.fetch_add(1);
   for (int i = count - 1; i >= 0; --i) new (mutexes[i]) absl::Mutex;
   new (&registry_mu) absl::Mutex;
+}
+
+// One set of fork handlers for both services, installed on first use of either (the
+// singletons call them when they are created, before any fork that matters).
+void InstallHandlers() {
+  static const bool installed = [] {
+    pthread_atfork(&Prepare, &ReleaseInParent, &InChild);
+    return true;
+  }();
+  (void)installed;
 }
 }  // namespace
 
 uint64_t ForkGeneration() {
-  // Registered on first use, which the singletons guarantee happens before any fork that
-  // matters (they call this when they are created).
-  static const bool registered = [] {
-    pthread_atfork(nullptr, nullptr, [] { generation.fetch_add(1); });
-    return true;
-  }();
-  (void)registered;
+  InstallHandlers();
   return generation.load(std::memory_order_acquire);
 }
 
 void ReleaseAcrossFork(absl::Mutex* mu) {
-  static const bool registered_handlers = [] {
-    pthread_atfork(&Prepare, &ReleaseInParent, &ReleaseInChild);
-    return true;
-  }();
-  (void)registered_handlers;
+  InstallHandlers();
   absl::MutexLock lock(&registry_mu);
   for (int i = 0; i < count; ++i) {
     if (mutexes[i] == mu) return;

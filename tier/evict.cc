@@ -227,9 +227,10 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
     if (!IsCompleteEntry(entry, st)) return;
     ++result.entries;
     result.bytes += st.st_size;
-    result.disk_bytes += DiskBytes(st);
-    candidates.push_back({p, static_cast<uint64_t>(st.st_size), DiskBytes(st),
-                          LastAccess(p, *entry), IsPinned(p), entry->local});
+    const uint64_t disk = DiskBytes(st);
+    result.disk_bytes += disk;
+    candidates.push_back({p, static_cast<uint64_t>(st.st_size), disk, LastAccess(p, *entry),
+                          IsPinned(p), entry->local});
   });
   if (!walked.ok()) {
     close(lock);

@@ -211,7 +211,8 @@ bool IsRetryableResponse(const HttpResponse& response) {
 absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view op,
                                absl::string_view uri, const S3ClientConfig& config) {
   S3Error e = ParseError(response);
-  if (e.code.empty()) {  // HEAD responses have no body
+  const bool bodyless = e.code.empty();  // HEAD responses have no body
+  if (bodyless) {
     switch (response.status) {
       case 404:
         // A bodyless 404 on an object cannot tell a missing key from a missing bucket.
@@ -240,7 +241,7 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
     code = absl::StatusCode::kNotFound;
     if (e.code == "NoSuchBucket") {
       hint = absl::StrCat("check the bucket name and the endpoint ", config.endpoint);
-    } else if (e.code == "NoSuchKey or NoSuchBucket") {
+    } else if (bodyless) {
       hint = absl::StrCat(
           "a HEAD reply names no cause; check the key, the bucket name and the "
           "endpoint ",

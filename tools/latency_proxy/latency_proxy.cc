@@ -40,7 +40,7 @@ constexpr int kMaxEvents = 1024;
 // Reads per readiness event before other connections get a turn (fairness under bulk load).
 constexpr int kReadsPerTurn = 16;
 constexpr int kMaxIov = 64;
-// --fill-empty-complete-etag looks only at replies read whole in one read of up to this size.
+// --fill-empty-complete-etag holds back and rewrites only replies with an XML body this small.
 constexpr size_t kMaxFilledReply = 8192;
 
 int64_t NowNs() {

@@ -51,10 +51,12 @@ struct LatencyProxyOptions {
   bool simulate_handshake = false;
   // A workaround for Ceph RGW 16.2 (Ceph BZ 2266579): it answers CompleteMultipartUpload with
   // an empty <ETag>, and clients built on the AWS CRT (s3torchconnector, mountpoint-s3) then
-  // fail the upload ("Header ETag not found"). With this set, such a reply (read whole in one
-  // read) gets a placeholder ETag, "filled-by-wharf-latency-proxy", and a Content-Length to
-  // match; every other byte passes unchanged. Only for benchmarking those clients against
-  // that server: the placeholder is not the object's ETag (a HEAD tells the real one).
+  // fail the upload ("Header ETag not found"). With this set, the reply to a POST with an
+  // uploadId, when its XML body is small, is held until it is whole (RGW sends the header
+  // first) and, where its <ETag> is empty, gets a placeholder ETag,
+  // "filled-by-wharf-latency-proxy", and a Content-Length to match; every other byte passes
+  // unchanged. Only for benchmarking those clients against that server: the placeholder is not the
+  // object's ETag (a HEAD tells the real one).
   bool fill_empty_complete_etag = false;
   // If set, a JSON object of counters is written here when Run() returns.
   std::string stats_file;
