@@ -320,26 +320,8 @@ std::string GcsJsonStore::UploadUrl() const {
   return absl::StrCat(config_.endpoint, "/upload/storage/v1/b/", EncodeComponent(bucket_), "/o");
 }
 
-void GcsJsonStore::CountRetry(absl::string_view cause) {
-  Counter* counter;
-  {
-    absl::MutexLock lock(&retry_counters_mu_);
-    Counter*& slot = retry_counters_[std::string(cause)];
-    if (slot == nullptr) {
-      slot = Runtime::Default()->metrics().GetCounter(
-          "wharf_gcs_retries_total",
-          "Requests of GCS's JSON API (gs://) sent again, by cause: throttled, timeout, "
-          "server_error, connection, credentials",
-          {{"cause", std::string(cause)}});
-    }
-    counter = slot;
-  }
-  counter->Add();
-}
-
 absl::Duration GcsJsonStore::Backoff(int attempt) {
-  absl::MutexLock lock(&rng_mu_);
-  return config_.retry.Backoff(attempt, absl::Uniform<double>(rng_, 0.0, 1.0));
+  return config_.retry.Backoff(attempt, retries_.Uniform01());
 }
 
 void GcsJsonStore::Execute(std::shared_ptr<Call> call, ResponseCallback done) {
@@ -401,7 +383,7 @@ void GcsJsonStore::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done
           !call->refreshed_credentials) {
         // An expired or revoked token: fetch a fresh one and retry once.
         call->refreshed_credentials = true;
-        CountRetry("credentials");
+        retries_.Count("credentials");
         credentials_cache_->Invalidate();
         Attempt(std::move(call), std::move(done));
         return;
@@ -416,7 +398,7 @@ void GcsJsonStore::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done
     const bool in_budget = !call->no_retry && call->attempt < config_.retry.max_attempts &&
                            absl::Now() - call->first_attempt < config_.retry.max_total;
     if (retry && in_budget) {
-      CountRetry(RetryCause(response));
+      retries_.Count(RetryCause(response));
       const absl::Duration delay = Backoff(call->attempt);
       const CancelToken cancel = call->cancel;
       AfterDelayOrCancel(delay, cancel,
@@ -1068,7 +1050,7 @@ class GcsResumableWriter : public ObjectWriter {
       if (!retryable || attempt >= retry.max_attempts || absl::Now() - start > retry.max_total) {
         return attempt > 1 ? Annotate(s, absl::StrCat("gave up after ", attempt, " attempts")) : s;
       }
-      store_->CountRetry(r.ok() ? "server_error" : "connection");
+      store_->retries_.Count(r.ok() ? "server_error" : "connection");
       absl::SleepFor(store_->Backoff(attempt));
       // Ask the session what it holds, then resume from there.
       if (absl::Status q = QueryOffset(last ? target : 0); !q.ok()) {

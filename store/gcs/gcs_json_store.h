@@ -40,6 +40,7 @@
 #include "base/metrics.h"
 #include "http/transport.h"
 #include "store/object_store.h"
+#include "store/retry_meter.h"
 
 namespace wharf {
 class Runtime;
@@ -113,7 +114,6 @@ class GcsJsonStore : public ObjectStore {
 
   void Attempt(std::shared_ptr<Call> call, ResponseCallback done);
   void SendAttempt(std::shared_ptr<Call> call, ResponseCallback done, const std::string& token);
-  void CountRetry(absl::string_view cause);
   absl::Duration Backoff(int attempt);
   // One rewriteTo round; loops on rewriteToken.
   void RewriteRound(std::string src_key, std::string dst_key, std::string token, int rounds,
@@ -127,10 +127,9 @@ class GcsJsonStore : public ObjectStore {
   std::shared_ptr<Runtime> runtime_;
   std::shared_ptr<CredentialsCache> credentials_cache_;
 
-  absl::Mutex rng_mu_;
-  absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
-  absl::Mutex retry_counters_mu_;
-  std::map<std::string, Counter*> retry_counters_ ABSL_GUARDED_BY(retry_counters_mu_);
+  RetryMeter retries_{"wharf_gcs_retries_total",
+                      "Requests of GCS's JSON API (gs://) sent again, by cause: throttled, "
+                      "timeout, server_error, connection, credentials"};
 
   friend class GcsResumableWriter;
 };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <fstream>
 #include <memory>
@@ -23,6 +24,14 @@ constexpr char kEtagXattr[] = "user.wharf.etag";
 
 std::string EtagStamp(const struct stat& st) {
   return absl::StrCat(st.st_size, " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+}
+
+// `temp_dir`/<n>, n the calling thread's number modulo kTempSubdirs.
+constexpr int kTempSubdirs = 16;
+std::string TempSubdir(const std::string& temp_dir) {
+  static std::atomic<int> next_thread{0};
+  thread_local const int slot = next_thread.fetch_add(1, std::memory_order_relaxed) % kTempSubdirs;
+  return absl::StrCat(temp_dir, "/", slot);
 }
 
 }  // namespace
@@ -115,13 +124,24 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
   auto temp = std::unique_ptr<TempObject>(new TempObject(std::move(target), checksum));
   const std::string& t = temp->target_;
   const bool beside = temp_dir.empty();
-  const std::string dir = beside ? t.substr(0, t.rfind('/')) : temp_dir;
+  // In a private directory each thread creates its files in a subdirectory of its own:
+  // creating a file holds its directory's lock while the file system allocates the inode,
+  // and threads creating in one directory spin on that lock (perf of an import on ext4: a
+  // fifth of its CPU).
+  const std::string dir = beside ? t.substr(0, t.rfind('/')) : TempSubdir(temp_dir);
   // A concurrent delete may prune the directory between MakeDirs and open: retry.
   for (int attempt = 0;; ++attempt) {
     if (beside) WHARF_RETURN_IF_ERROR(MakeDirs(dir.empty() ? "/" : dir));
     temp->path_ = absl::StrCat(dir, "/", kLocalTempPrefix, RandomHex());
     temp->fd_ = open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (temp->fd_ >= 0) return temp;
+    if (errno == ENOENT && !beside && attempt == 0) {
+      // The thread's subdirectory is made on its first file (private: mode 0700).
+      if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        return ErrnoToStatus(errno, absl::StrCat("creating ", dir));
+      }
+      continue;
+    }
     if (errno != ENOENT || !beside || attempt == 3) {
       return ErrnoToStatus(errno, "creating temporary file");
     }

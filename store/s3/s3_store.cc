@@ -358,27 +358,8 @@ const Capabilities& S3Store::capabilities() const {
   return caps;
 }
 
-void S3Store::CountRetry(absl::string_view cause) {
-  // Looked up once per cause and store (a registry lookup takes a lock); retries are rare.
-  Counter* counter;
-  {
-    absl::MutexLock lock(&retry_counters_mu_);
-    Counter*& slot = retry_counters_[std::string(cause)];
-    if (slot == nullptr) {
-      slot = Runtime::Default()->metrics().GetCounter(
-          "wharf_s3_retries_total",
-          "Requests of the S3 protocol (s3://, gs:// XML) sent again, by cause: throttled, "
-          "timeout, server_error, connection, credentials, clock_skew",
-          {{"cause", std::string(cause)}});
-    }
-    counter = slot;
-  }
-  counter->Add();
-}
-
 absl::Duration S3Store::Backoff(int attempt) {
-  absl::MutexLock lock(&rng_mu_);
-  return options_.retry.Backoff(attempt, absl::Uniform<double>(rng_, 0.0, 1.0));
+  return options_.retry.Backoff(attempt, retries_.Uniform01());
 }
 
 void S3Store::Execute(std::shared_ptr<Call> call, ResponseCallback done) {
@@ -460,7 +441,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
         // Temporary credentials that expired early or were revoked: fetch fresh ones and
         // retry once (the fetch runs on the blocking pool, not on this transport thread).
         call->refreshed_credentials = true;
-        CountRetry("credentials");
+        retries_.Count("credentials");
         credentials_cache_->Invalidate();
         Attempt(std::move(call), std::move(done));
         return;
@@ -477,7 +458,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
     const bool in_budget = call->attempt < options_.retry.max_attempts &&
                            absl::Now() - call->first_attempt < options_.retry.max_total;
     if (retry && in_budget) {
-      CountRetry(RetryCause(response));
+      retries_.Count(RetryCause(response));
       const absl::Duration delay = Backoff(call->attempt);  // before `call` is moved below
       const CancelToken cancel = call->cancel;
       AfterDelayOrCancel(delay, cancel,

@@ -55,6 +55,7 @@
 #include "base/metrics.h"
 #include "http/transport.h"
 #include "store/object_store.h"
+#include "store/retry_meter.h"
 #include "store/s3/aws_config.h"
 #include "store/spec.h"
 
@@ -132,8 +133,6 @@ class S3Store : public ObjectStore {
 
   // Gets credentials for the attempt (static keys, or the credentials cache), then sends.
   void Attempt(std::shared_ptr<Call> call, ResponseCallback done);
-  // Counts a retry in the runtime's wharf_s3_retries_total{cause}.
-  void CountRetry(absl::string_view cause);
   // Signs the attempt with `credentials` (nullptr: unsigned) and sends it.
   void SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
                    const Credentials* credentials);
@@ -153,10 +152,9 @@ class S3Store : public ObjectStore {
   std::shared_ptr<Runtime> runtime_;
   std::shared_ptr<CredentialsCache> credentials_cache_;
 
-  absl::Mutex rng_mu_;
-  absl::BitGen rng_ ABSL_GUARDED_BY(rng_mu_);
-  absl::Mutex retry_counters_mu_;
-  std::map<std::string, Counter*> retry_counters_ ABSL_GUARDED_BY(retry_counters_mu_);
+  RetryMeter retries_{"wharf_s3_retries_total",
+                      "Requests of the S3 protocol (s3://, gs:// XML) sent again, by cause: "
+                      "throttled, timeout, server_error, connection, credentials, clock_skew"};
 
   friend class S3Writer;
 };
