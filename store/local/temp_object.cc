@@ -133,7 +133,12 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
   for (int attempt = 0;; ++attempt) {
     if (beside) WHARF_RETURN_IF_ERROR(MakeDirs(dir.empty() ? "/" : dir));
     temp->path_ = absl::StrCat(dir, "/", kLocalTempPrefix, RandomHex());
-    temp->fd_ = open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    // Beside its target a file is private (0600) until Seal gives it its final mode; in a
+    // private directory (0700) it is created with that mode (one metadata operation less:
+    // on CephFS each is a round trip to the metadata server).
+    temp->final_mode_ = !beside;
+    temp->fd_ =
+        open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, beside ? 0600 : 0666);
     if (temp->fd_ >= 0) return temp;
     if (errno == ENOENT && !beside && attempt == 0) {
       // The thread's subdirectory is made on its first file (private: mode 0700).
@@ -175,7 +180,9 @@ absl::StatusOr<ObjectMeta> TempObject::Seal(
     std::optional<absl::Time> mtime, bool fsync,
     absl::FunctionRef<absl::Status(int fd, const ObjectMeta& meta)> before_close) {
   if (fd_ < 0) return absl::FailedPreconditionError("sealing a temporary file twice");
-  if (fchmod(fd_, 0666 & ~ProcessUmask()) != 0) return ErrnoToStatus(errno, "chmod");
+  if (!final_mode_ && fchmod(fd_, 0666 & ~ProcessUmask()) != 0) {
+    return ErrnoToStatus(errno, "chmod");
+  }
   if (mtime.has_value()) {
     // atime stays as it is; only the modification time is the object's.
     const struct timespec times[2] = {{0, UTIME_OMIT}, absl::ToTimespec(*mtime)};

@@ -2,9 +2,10 @@
 // way every file-backed object in wharf appears (the file:// store's puts, the tier's
 // entries). Destroyed unpublished, it removes itself: a half-written object is never visible.
 //
-//  - The temporary file has mode 0600 while it is written (never world-readable) and is
-//    created in `temp_dir` (on the target's file system), or, when that is empty, next to the
-//    target as ".wharf-tmp-<random>" (a name the file:// store never lists).
+//  - The temporary file is never world-readable while it is written: created in a private
+//    `temp_dir` (mode 0700, on the target's file system) with its final mode, or, when that
+//    is empty, next to the target as ".wharf-tmp-<random>" (a name the file:// store never
+//    lists) with mode 0600.
 //  - Seal() finishes the content: the final mode (0666 & ~umask), the modification time when
 //    given, the checksum computed while writing (Checksum::kMd5, the default: the MD5 ETag,
 //    cached in the "user.wharf.etag" attribute so listings need not hash the file;
@@ -46,7 +47,9 @@ inline constexpr absl::string_view kLocalTempPrefix = ".wharf-tmp-";
 class TempObject {
  public:
   // A temporary file for `target` (an absolute path) in `temp_dir`, or next to the target
-  // when `temp_dir` is empty (its directories are created then).
+  // when `temp_dir` is empty (its directories are created then). `temp_dir` must be private
+  // (mode 0700: files in it are created with their final mode) and on the target's file
+  // system; each thread creates its files in a subdirectory of it, made on first use.
   static absl::StatusOr<std::unique_ptr<TempObject>> Create(std::string target,
                                                             const std::string& temp_dir = "",
                                                             Checksum checksum = Checksum::kMd5);
@@ -94,6 +97,8 @@ class TempObject {
   std::string path_;
   int fd_ = -1;
   bool published_ = false;
+  // Created with its final mode (in a private directory): Seal needs no chmod.
+  bool final_mode_ = false;
   const Checksum kind_;
   Md5 md5_;
   std::optional<Md5Digest> known_md5_;
