@@ -29,12 +29,10 @@
 // Thread-safety: thread-safe.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "base/credentials.h"
 #include "base/metrics.h"

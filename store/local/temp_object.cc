@@ -130,14 +130,14 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
   // a journal right after a mass delete, when each allocation scans past the freed inodes: a
   // fifth of its CPU).
   const std::string dir = beside ? t.substr(0, t.rfind('/')) : TempSubdir(temp_dir);
+  // Beside its target a file is private (0600) until Seal gives it its final mode; in a
+  // private directory (0700) it is created with that mode (one metadata operation less: on
+  // CephFS each is a round trip to the metadata server).
+  temp->final_mode_ = !beside;
   // A concurrent delete may prune the directory between MakeDirs and open: retry.
   for (int attempt = 0;; ++attempt) {
     if (beside) WHARF_RETURN_IF_ERROR(MakeDirs(dir.empty() ? "/" : dir));
     temp->path_ = absl::StrCat(dir, "/", kLocalTempPrefix, RandomHex());
-    // Beside its target a file is private (0600) until Seal gives it its final mode; in a
-    // private directory (0700) it is created with that mode (one metadata operation less:
-    // on CephFS each is a round trip to the metadata server).
-    temp->final_mode_ = !beside;
     temp->fd_ =
         open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, beside ? 0600 : 0666);
     if (temp->fd_ >= 0) return temp;

@@ -654,12 +654,9 @@ class LatencyProxy::Impl {
       // EOF (n == 0) or an error such as ECONNRESET: forward it after the data before it
       // (and after the start of a reply held for --fill-empty-complete-etag).
       if (d == 1 && !conn.held_reply.empty()) {
-        std::string held = std::move(conn.held_reply);
+        const std::string held = std::move(conn.held_reply);
         conn.held_reply.clear();
-        if (!read_buffer_ || held.size() > options_.read_size) {
-          read_buffer_ = AllocateBuffer(std::max(held.size(), options_.read_size));
-        }
-        std::memcpy(read_buffer_.get(), held.data(), held.size());
+        LoadReadBuffer(held);
         Deliver(conn, d, held.size(), now, /*may_hold=*/false);
         if (!conn.live) return;
       }
@@ -703,11 +700,17 @@ class LatencyProxy::Impl {
       if (reply.size() != need) ++stats_.etags_filled;
       out.replace(0, need, reply);
     }
-    if (out.size() > options_.read_size) {
-      read_buffer_ = AllocateBuffer(out.size());
-    }
-    std::memcpy(read_buffer_.get(), out.data(), out.size());
+    LoadReadBuffer(out);
     return out.size();
+  }
+
+  // Puts `bytes` at the start of read_buffer_ (made larger when they do not fit), so that
+  // Deliver hands them on as if just read.
+  void LoadReadBuffer(std::string_view bytes) {
+    if (!read_buffer_ || bytes.size() > options_.read_size) {
+      read_buffer_ = AllocateBuffer(std::max(bytes.size(), options_.read_size));
+    }
+    std::memcpy(read_buffer_.get(), bytes.data(), bytes.size());
   }
 
   // Hands the `size` bytes just read into read_buffer_ to direction `d`.
