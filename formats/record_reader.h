@@ -81,7 +81,8 @@ struct RecordReaderOptions {
 struct RecordObject {
   std::shared_ptr<ObjectStore> store;
   std::string key;
-  // Its size (and ETag, when not empty) if known, e.g. from a listing: opened without HEAD.
+  // Its size (and ETag, when not empty) if known, e.g. from a listing: opened without a
+  // request (by key, Open waits for the first chunk's GET, which tells them).
   std::optional<ObjectMeta> meta;
 
   // An ObjectReader over the object (with `meta` when given).

@@ -43,10 +43,15 @@ ObjectReaderOptions ObjectReaderOptions::Resolved(const LinkEstimator& link) con
 // completion and read by the consumer, both under Shared::mu.
 struct ObjectReader::Chunk {
   uint64_t offset = 0;
-  uint64_t size = 0;
-  Block block;  // charged to the runtime's budget until the last piece of it is dropped
+  uint64_t size = 0;     // the bytes asked for, then (Open by key's first chunk) delivered
+  uint64_t charged = 0;  // block.size(): what the reader's bound counts while it holds it
+  Block block;           // charged to the runtime's budget until the last piece of it is dropped
   bool done = false;
   bool abandoned = false;  // skipped while in flight: the completion returns its bytes
+  // The first chunk of an Open by key: it may end short, where the object ends, and its
+  // answer's meta is kept (size and ETag: what a HEAD would have said).
+  bool discover = false;
+  ObjectMeta meta;
   absl::Status status;
 };
 
@@ -63,6 +68,18 @@ struct ObjectReader::Shared {
 absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(std::shared_ptr<ObjectStore> store,
                                                                  std::string key,
                                                                  ObjectReaderOptions options) {
+  if (!options.length.has_value() || *options.length > 0) {
+    ObjectMeta unknown;
+    unknown.key = key;
+    WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader,
+                           Create(store, std::move(unknown), options, std::nullopt));
+    absl::Status found = reader->Discover();
+    if (found.ok()) return reader;
+    // Empty, or shorter than the offset (or no room for a chunk now): the HEAD below gives
+    // the answer an Open with the object's meta gives (an empty range, or OutOfRange naming
+    // the size).
+    if (found.code() != absl::StatusCode::kOutOfRange) return found;
+  }
   WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, store->Head(key));
   meta.key = std::move(key);
   return Open(std::move(store), std::move(meta), options);
@@ -71,6 +88,16 @@ absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(std::shared_ptr
 absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(std::shared_ptr<ObjectStore> store,
                                                                  ObjectMeta meta,
                                                                  ObjectReaderOptions options) {
+  const uint64_t size = meta.size;
+  WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader,
+                         Create(std::move(store), std::move(meta), options, size));
+  reader->Schedule();  // adaptive: nothing until the first read
+  return reader;
+}
+
+absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Create(
+    std::shared_ptr<ObjectStore> store, ObjectMeta meta, ObjectReaderOptions options,
+    std::optional<uint64_t> size) {
   std::string uri = store->Uri(meta.key);
   if (options.read_ahead < -1) {
     return absl::InvalidArgumentError(
@@ -84,18 +111,58 @@ absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(std::shared_ptr
   const bool derived = options.read_ahead < 0;
   options = options.Resolved(options.runtime->link(store->Uri("")));
   const int ramp_limit = derived && options.adaptive ? kMaxReadAhead : options.read_ahead;
-  const uint64_t size = meta.size;
-  if (options.offset > size) {
+  const uint64_t known = size.value_or(std::numeric_limits<uint64_t>::max());
+  if (options.offset > known) {
     return absl::OutOfRangeError(absl::StrCat("read ", uri, ": range starts at byte ",
-                                              options.offset, " of a ", size, "-byte object"));
+                                              options.offset, " of a ", known, "-byte object"));
   }
   const uint64_t begin = options.offset;
-  const uint64_t end = options.length.has_value() ? std::min(size, begin + *options.length) : size;
-  auto reader = std::unique_ptr<ObjectReader>(new ObjectReader(std::move(store), std::move(meta),
-                                                               std::move(uri), std::move(options),
-                                                               begin, end, ramp_limit));
-  reader->Schedule();  // adaptive: nothing until the first read
-  return reader;
+  const uint64_t end = options.length.has_value() && *options.length <= known - begin
+                           ? begin + *options.length
+                           : known;
+  return std::unique_ptr<ObjectReader>(new ObjectReader(std::move(store), std::move(meta),
+                                                        std::move(uri), std::move(options), begin,
+                                                        end, ramp_limit));
+}
+
+absl::Status ObjectReader::Discover() {
+  // The first chunk is min_chunk bytes, not chunk_size: its answer comes back sooner (and
+  // read-ahead starts from it at once), and an object much smaller than a chunk (a config, a
+  // small shard) does not get a whole chunk's block. Open never waits for the budget (its
+  // caller may hold what would free it): without room now, the object is asked about with a
+  // HEAD, as OutOfRange makes Open do.
+  Block block = TryAllocateChunk(std::min(MinChunk(), end_ - pos_));
+  if (!block) return absl::OutOfRangeError("no room in the memory budget for a first chunk");
+  std::shared_ptr<Chunk> chunk = StartChunk(std::move(block));
+  chunk->discover = true;
+  queue_.clear();
+  Issue(chunk);
+  {
+    ProfileSpan wait(ProfileStage::kIoWait);
+    absl::MutexLock lock(&shared_->mu);
+    shared_->mu.Await(absl::Condition(&chunk->done));
+  }
+  if (!chunk->status.ok()) {
+    absl::Status status = chunk->status;
+    Release(chunk);
+    return status;
+  }
+  std::string key = std::move(meta_.key);
+  meta_ = std::move(chunk->meta);
+  meta_.key = std::move(key);
+  if (options_.length.has_value() && *options_.length <= meta_.size - pos_) {
+    end_ = pos_ + *options_.length;
+  } else {
+    end_ = meta_.size;
+  }
+  next_fetch_ = chunk->offset + chunk->size;
+  current_ = std::move(chunk);
+  first_chunk_unread_ = true;
+  // Adaptive: bytes are here and none read yet, as after a return to the chunk set aside:
+  // reading on from them is sequential (the ramp starts), a seek away a jump.
+  jumped_ = false;
+  Schedule();
+  return absl::OkStatus();
 }
 
 ObjectReader::ObjectReader(std::shared_ptr<ObjectStore> store, ObjectMeta meta, std::string uri,
@@ -164,10 +231,13 @@ bool ObjectReader::ReturnToSetAside(uint64_t offset) {
   ++jumps_;
   // Reading goes on in bytes the reader already had (a file's start, after its footer): the
   // ramp starts over, as sequential reading (jumped_ stays false: the next read is not one
-  // of known size after a jump).
+  // of known size after a jump). Unless no byte of them was ever read: the first chunk of an
+  // Open by key, fetched only because its GET tells the size, is no evidence of sequential
+  // reading, and a Parquet reader's first column chunk, a few bytes after the file's magic,
+  // is one read of known size after a jump (fetched exactly past the bytes here).
   window_ = MinChunk();
   ahead_ = 0;
-  jumped_ = false;
+  jumped_ = current_->discover && first_chunk_unread_;
   return true;
 }
 
@@ -284,11 +354,11 @@ absl::StatusOr<Block> ObjectReader::AllocateWaiting(uint64_t len) {
 std::shared_ptr<ObjectReader::Chunk> ObjectReader::StartChunk(Block block) {
   auto chunk = std::make_shared<Chunk>();
   chunk->offset = next_fetch_;
-  chunk->size = block.size();
+  chunk->size = chunk->charged = block.size();
   chunk->block = std::move(block);
   {
     absl::MutexLock lock(&shared_->mu);
-    shared_->held += chunk->size;
+    shared_->held += chunk->charged;
     shared_->peak = std::max(shared_->peak, shared_->held);
     ++shared_->in_flight;
   }
@@ -323,25 +393,31 @@ void ObjectReader::Issue(std::shared_ptr<Chunk> chunk) {
   request.range = ByteRange::Of(chunk->offset, chunk->size);
   request.buffer = absl::Span<char>(chunk->block.data(), chunk->size);
   if (options_.pin_version) request.if_match = meta_.etag;
-  store_->GetAsync(
-      std::move(request), [shared = shared_, chunk, uri = uri_](absl::StatusOr<GetResult> result) {
-        absl::Status status = result.status();
-        if (status.ok() && result->bytes != chunk->size) {
-          status = absl::DataLossError(absl::StrCat(
-              "get ", uri, " bytes [", chunk->offset, ", ", chunk->offset + chunk->size,
-              "): short read of ", result->bytes, " bytes (object changed while reading?)"));
-        }
-        Block drop;  // declared before the lock: released after it is dropped
-        absl::MutexLock lock(&shared->mu);
-        chunk->status = std::move(status);
-        chunk->done = true;
-        --shared->in_flight;
-        if (chunk->status.ok()) shared->bytes_fetched += chunk->size;
-        if (chunk->abandoned) {
-          shared->held -= chunk->size;
-          drop = std::move(chunk->block);
-        }
-      });
+  store_->GetAsync(std::move(request), [shared = shared_, chunk,
+                                        uri = uri_](absl::StatusOr<GetResult> result) {
+    absl::Status status = result.status();
+    const bool at_end =
+        status.ok() && chunk->discover && result->offset + result->bytes == result->meta.size;
+    if (status.ok() && result->bytes != chunk->size && !(at_end && result->bytes < chunk->size)) {
+      status = absl::DataLossError(absl::StrCat(
+          "get ", uri, " bytes [", chunk->offset, ", ", chunk->offset + chunk->size,
+          "): short read of ", result->bytes, " bytes (object changed while reading?)"));
+    }
+    Block drop;  // declared before the lock: released after it is dropped
+    absl::MutexLock lock(&shared->mu);
+    if (status.ok() && chunk->discover) {
+      chunk->meta = std::move(result->meta);
+      chunk->size = result->bytes;
+    }
+    chunk->status = std::move(status);
+    chunk->done = true;
+    --shared->in_flight;
+    if (chunk->status.ok()) shared->bytes_fetched += chunk->size;
+    if (chunk->abandoned) {
+      shared->held -= chunk->charged;
+      drop = std::move(chunk->block);
+    }
+  });
 }
 
 // Releasing a chunk moves its block out: the completion of its GET shares the Chunk and may
@@ -352,10 +428,10 @@ void ObjectReader::ReleaseCurrent() { Release(current_); }
 void ObjectReader::Release(std::shared_ptr<Chunk>& chunk) {
   if (chunk == nullptr) return;
   Block drop = std::move(chunk->block);  // released after the lock
-  const uint64_t size = chunk->size;
+  const uint64_t charged = chunk->charged;
   chunk.reset();
   absl::MutexLock lock(&shared_->mu);
-  shared_->held -= size;
+  shared_->held -= charged;
 }
 
 void ObjectReader::DropQueuedBefore(uint64_t offset) {
@@ -364,7 +440,7 @@ void ObjectReader::DropQueuedBefore(uint64_t offset) {
   while (!queue_.empty() && queue_.front()->offset + queue_.front()->size <= offset) {
     Chunk& chunk = *queue_.front();
     if (chunk.done) {
-      shared_->held -= chunk.size;
+      shared_->held -= chunk.charged;
       drop.push_back(std::move(chunk.block));
     } else {
       chunk.abandoned = true;
@@ -428,7 +504,10 @@ absl::StatusOr<absl::string_view> ObjectReader::Peek() {
   return absl::string_view(current_->block.data() + skip, current_->size - skip);
 }
 
-void ObjectReader::Consume(size_t n) { pos_ += n; }
+void ObjectReader::Consume(size_t n) {
+  pos_ += n;
+  if (n > 0 && current_ != nullptr && current_->discover) first_chunk_unread_ = false;
+}
 
 absl::Status ObjectReader::NotEnough(uint64_t wanted) const {
   return absl::OutOfRangeError(absl::StrCat("read ", uri_, ": ", wanted, " bytes wanted at byte ",

@@ -77,7 +77,8 @@ struct ObjectReaderOptions {
   bool pin_version = true;
   // Size the read-ahead from the access pattern instead of always keeping read_ahead chunks
   // of chunk_size on the wire (file objects, whose callers seek: Parquet, zip, torch.load).
-  // Nothing is requested until the first read. After opening and after every seek out of the
+  // Nothing is requested until the first read (opened by key, only the first min_chunk bytes,
+  // whose GET tells the object's size). After opening and after every seek out of the
   // bytes held or requested (a jump), the next chunk is `min_chunk` bytes and nothing is read
   // ahead; each time the consumer moves on into the next chunk without a jump, the next
   // chunk is twice as large, up to chunk_size, and once chunks are chunk_size the read-ahead
@@ -95,7 +96,8 @@ struct ObjectReaderOptions {
   // log2(chunk_size / min_chunk) extra first bytes at the start; a random reader fetches what
   // it reads plus at most min_chunk per small read.
   bool adaptive = false;
-  // The first chunk after a jump (adaptive only). 0: chunk_size / 16, at least 64 KiB.
+  // The first chunk after a jump (adaptive), and the first chunk of an Open by key (any
+  // reader). 0: chunk_size / 16, at least 64 KiB.
   uint64_t min_chunk = 0;
   // The runtime whose memory budget and link estimates are used; null: Runtime::Default().
   std::shared_ptr<Runtime> runtime;
@@ -120,7 +122,11 @@ class ObjectReader {
   // Adaptive readers: a ReadDirect right after a jump at least this long is fetched exactly.
   static constexpr uint64_t kExactReadBytes = uint64_t{64} << 10;
 
-  // Opens `key`, asking the store for its size and ETag (one HEAD). Starts the first GETs.
+  // Opens `key` in one round trip: the GET of the first chunk (min_chunk bytes, adaptive or
+  // not) also answers the object's size and ETag, so no HEAD goes first, and Open returns once
+  // that chunk is here (read-ahead, if any, started). An object that GET cannot describe
+  // (empty, or shorter than options.offset) is asked about with a HEAD instead, as it is when
+  // the memory budget has no room for the chunk (Open never waits for the budget).
   // REQUIRES: store != nullptr, options.read_ahead >= -1.
   static absl::StatusOr<std::unique_ptr<ObjectReader>> Open(std::shared_ptr<ObjectStore> store,
                                                             std::string key,
@@ -185,6 +191,16 @@ class ObjectReader {
 
   ObjectReader(std::shared_ptr<ObjectStore> store, ObjectMeta meta, std::string uri,
                ObjectReaderOptions options, uint64_t begin, uint64_t end, int ramp_limit);
+  // Validates and resolves the options. `size`: the object's, or unknown (Open by key: the
+  // range is taken to end where options.length ends, or nowhere, until Discover()).
+  static absl::StatusOr<std::unique_ptr<ObjectReader>> Create(std::shared_ptr<ObjectStore> store,
+                                                              ObjectMeta meta,
+                                                              ObjectReaderOptions options,
+                                                              std::optional<uint64_t> size);
+  // Open by key: fetches the first chunk, learning the object's meta from its answer, and
+  // makes it the current chunk. Errors are the GET's; OutOfRange (also: no room in the
+  // budget for the chunk now) makes Open ask with a HEAD.
+  absl::Status Discover();
   // The bytes held by pieces this reader handed out that the caller still keeps.
   uint64_t KeptByCaller() const;
 
@@ -226,12 +242,12 @@ class ObjectReader {
   absl::Status NotEnough(uint64_t wanted) const;
 
   const std::shared_ptr<ObjectStore> store_;
-  const ObjectMeta meta_;
+  ObjectMeta meta_;  // set once: by Open, or by Discover() before Open returns
   const std::string uri_;
   const ObjectReaderOptions options_;  // resolved: chunk_size > 0, read_ahead >= 0
   const int ramp_limit_;               // the read-ahead the adaptive ramp may reach (see Open)
   const uint64_t max_buffered_;
-  const uint64_t end_;
+  uint64_t end_;  // set once, as meta_
   const std::shared_ptr<MemoryBudget> budget_;
 
   // Consumer-only state (the thread using the reader).
@@ -250,6 +266,9 @@ class ObjectReader {
   // Adaptive: opened or jumped, and nothing read since; Schedule() requests nothing.
   bool jumped_ = false;
   uint64_t jumps_ = 0;
+  // Opened by key, and no byte of the first chunk (Discover) consumed yet: a return to it
+  // after a jump is a jump too (see ReturnToSetAside).
+  bool first_chunk_unread_ = false;
   absl::Status status_;
   // The account chunks are charged to; replaced by a fresh one when only pieces the caller
   // keeps are left in it (see the class comment). Earlier ones live as long as those pieces.

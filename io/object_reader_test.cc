@@ -1,6 +1,7 @@
 #include "io/object_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <string>
 #include <thread>
@@ -12,6 +13,7 @@
 #include "base/runtime.h"
 #include "base/timer.h"
 #include "gtest/gtest.h"
+#include "store/forwarding_store.h"
 #include "store/testing/delayed_get_store.h"
 #include "store/testing/random_bytes.h"
 #include "store/testing/temp_store.h"
@@ -155,6 +157,122 @@ TEST(ObjectReaderTest, EmptyAndMissingObjects) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(absl::StrContains(missing.status().message(), tmp.store()->Uri("nope")))
       << missing.status();
+}
+
+// Counts the requests that reach the inner store.
+class CountingStore : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  void HeadAsync(std::string key, Callback<ObjectMeta> done) override {
+    ++heads;
+    ForwardingStore::HeadAsync(std::move(key), std::move(done));
+  }
+  void GetAsync(GetRequest request, Callback<GetResult> done) override {
+    ++gets;
+    if (!request.if_match.empty()) ++pinned;
+    ForwardingStore::GetAsync(std::move(request), std::move(done));
+  }
+  std::atomic<int> heads{0}, gets{0}, pinned{0};
+};
+
+TEST(ObjectReaderTest, OpeningByKeyIsOneGetThatTellsSizeAndEtag) {
+  TempStore tmp;
+  const std::string data = RandomBytes(5000, 21);
+  auto put = tmp.store()->Put("obj", absl::Cord(data));
+  ASSERT_TRUE(put.ok());
+  ASSERT_TRUE(tmp.store()->Put("empty", absl::Cord()).ok());
+  auto counting = std::make_shared<CountingStore>(tmp.store());
+  // Chunks smaller than the object: the first (min_chunk bytes) is here when Open returns,
+  // the rest pinned to its ETag.
+  for (bool adaptive : {false, true}) {
+    counting->heads = counting->gets = counting->pinned = 0;
+    auto reader = ObjectReader::Open(
+        counting, "obj",
+        {.chunk_size = 1000, .read_ahead = 0, .adaptive = adaptive, .min_chunk = 700});
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    EXPECT_EQ(counting->heads.load(), 0);
+    EXPECT_EQ(counting->gets.load(), 1);
+    EXPECT_EQ((*reader)->meta().size, data.size());
+    EXPECT_EQ((*reader)->meta().etag, put->etag);
+    EXPECT_EQ((*reader)->meta().key, "obj");
+    EXPECT_EQ((*reader)->end(), data.size());
+    EXPECT_EQ((*reader)->Buffered().size(), 700u);  // min_chunk, adaptive or not
+    EXPECT_EQ(ReadAllByPeek(**reader), data);
+    EXPECT_EQ(counting->heads.load(), 0);
+    EXPECT_EQ(counting->pinned.load(), counting->gets.load() - 1) << "every GET after the first";
+    EXPECT_EQ((*reader)->stats().bytes_fetched, data.size());
+  }
+  // A first chunk larger than the object ends where the object ends; a range's start and
+  // length are kept.
+  counting->heads = counting->gets = 0;
+  auto whole = ObjectReader::Open(counting, "obj", {.chunk_size = 1 << 20});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(counting->gets.load(), 1);
+  EXPECT_EQ((*whole)->Buffered(), data);
+  EXPECT_EQ(ReadAllByPeek(**whole), data);
+  EXPECT_EQ(counting->gets.load(), 1);
+  auto range = ObjectReader::Open(
+      counting, "obj", {.chunk_size = 300, .read_ahead = 2, .offset = 4000, .length = 500});
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ((*range)->end(), 4500u);
+  EXPECT_EQ(ReadAllByPeek(**range), data.substr(4000, 500));
+  auto tail =
+      ObjectReader::Open(counting, "obj", {.chunk_size = 300, .offset = 4900, .length = 1000});
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ((*tail)->end(), 5000u);
+  EXPECT_EQ(ReadAllByPeek(**tail), data.substr(4900));
+  EXPECT_EQ(counting->heads.load(), 0);
+  // What the first GET cannot describe is asked with a HEAD: an empty object, a range at its
+  // end (empty), and one past it (OutOfRange naming the size).
+  auto empty = ObjectReader::Open(counting, "empty");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ((*empty)->meta().size, 0u);
+  EXPECT_EQ(ReadAllByPeek(**empty), "");
+  EXPECT_EQ(counting->heads.load(), 1);
+  auto at_end = ObjectReader::Open(counting, "obj", {.offset = 5000});
+  ASSERT_TRUE(at_end.ok()) << at_end.status();
+  EXPECT_EQ((*at_end)->remaining(), 0u);
+  auto past = ObjectReader::Open(counting, "obj", {.offset = 5001});
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(absl::StrContains(past.status().message(), "5000-byte object")) << past.status();
+}
+
+TEST(ObjectReaderTest, TheFirstChunkOfAnOpenByKeyIsNoEvidenceOfSequentialReading) {
+  TempStore tmp;
+  const std::string data = RandomBytes(1 << 20, 23);
+  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  ObjectReaderOptions options{
+      .chunk_size = 256 << 10, .read_ahead = 4, .adaptive = true, .min_chunk = 16 << 10};
+  // Parquet: the footer first, then a column chunk a few bytes after the magic. The read
+  // takes what the first chunk holds and fetches exactly the rest (no read-ahead).
+  auto parquet = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(parquet.ok()) << parquet.status();
+  ASSERT_TRUE((*parquet)->Seek(data.size() - 8).ok());
+  std::string tail(8, '\0');
+  ASSERT_TRUE((*parquet)->ReadExact(absl::MakeSpan(tail)).ok());
+  ASSERT_TRUE((*parquet)->Seek(4).ok());
+  std::string column(200'000, '\0');
+  ASSERT_TRUE((*parquet)->ReadDirect(absl::MakeSpan(column)).ok());
+  EXPECT_EQ(column, data.substr(4, 200'000));
+  ObjectReaderStats stats = (*parquet)->stats();
+  EXPECT_EQ(stats.bytes_fetched, (16u << 10) + (16u << 10) + (4 + 200'000 - (16u << 10)));
+  EXPECT_EQ(stats.requests, 3u);
+  // torch.load: the magic is read (and the position moved back), then the footer, then the
+  // records from the start: sequential reading, so read-ahead ramps.
+  auto zip = ObjectReader::Open(tmp.store(), "obj", options);
+  ASSERT_TRUE(zip.ok()) << zip.status();
+  std::string magic(4, '\0');
+  ASSERT_TRUE((*zip)->ReadExact(absl::MakeSpan(magic)).ok());
+  ASSERT_TRUE((*zip)->Seek(0).ok());
+  ASSERT_TRUE((*zip)->Seek(data.size() - 8).ok());
+  ASSERT_TRUE((*zip)->ReadExact(absl::MakeSpan(tail)).ok());
+  ASSERT_TRUE((*zip)->Seek(64).ok());
+  std::string record(100'000, '\0');
+  ASSERT_TRUE((*zip)->ReadDirect(absl::MakeSpan(record)).ok());
+  EXPECT_EQ(record, data.substr(64, 100'000));
+  stats = (*zip)->stats();
+  EXPECT_GT(stats.bytes_fetched, (16u << 10) + (16u << 10) + (64 + 100'000 - (16u << 10)))
+      << "read ahead past the record";
 }
 
 TEST(ObjectReaderTest, AnObjectRewrittenWhileReadIsAnErrorNotAMix) {
@@ -351,7 +469,8 @@ TEST(ObjectReaderTest, SeekRestartsReadAheadAtTheNewPositionAndReusesTheCurrentC
   auto reader = ObjectReader::Open(tmp.store(), "obj", options);
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ((*reader)->stats().requests, 3u);  // chunks 0, 100, 200 at open
-  EXPECT_TRUE((*reader)->Buffered().empty());  // nothing consumed-ready before a read
+  // Opened by key: the first chunk, whose GET told the size, is here.
+  EXPECT_EQ((*reader)->Buffered(), absl::string_view(data).substr(0, 100));
   // Far forward: the chunks ahead are dropped, read-ahead starts at 5000.
   ASSERT_TRUE((*reader)->Seek(5000).ok());
   EXPECT_EQ((*reader)->stats().requests, 6u);
@@ -466,10 +585,12 @@ TEST(ObjectReaderTest, AdaptiveReadsTheSameBytesUnderRandomAndMixedAccess) {
 TEST(ObjectReaderTest, AdaptiveRequestsNothingBeforeTheFirstReadAndFetchesSmallAfterAJump) {
   TempStore tmp;
   const std::string data = RandomBytes(1 << 20, 22);
-  ASSERT_TRUE(tmp.store()->Put("obj", absl::Cord(data)).ok());
+  auto meta = tmp.store()->Put("obj", absl::Cord(data));
+  ASSERT_TRUE(meta.ok());
   ObjectReaderOptions options{
       .chunk_size = 256 << 10, .read_ahead = 4, .adaptive = true, .min_chunk = 16 << 10};
-  auto reader = ObjectReader::Open(tmp.store(), "obj", options);
+  // Opened with its meta (opened by key, the first min_chunk comes with the size).
+  auto reader = ObjectReader::Open(tmp.store(), *meta, options);
   ASSERT_TRUE(reader.ok());
   EXPECT_EQ((*reader)->stats().requests, 0u);
   // A footer read, as Parquet does: the last 8 bytes, then 20 KiB before them.

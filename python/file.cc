@@ -2,11 +2,12 @@
 // ObjectWriteFile ("wb"), the raw objects the Python io.BufferedIOBase class wraps.
 //
 // "rb" is an io/ObjectReader (chunked ranged GETs with read-ahead, charged to the runtime's
-// budget, every GET pinned to the ETag of the HEAD at open) moved by Seek(). Bytes already in
-// the current chunk are copied with the GIL held (no release per small read); a read that
-// needs a chunk not here yet waits with the GIL released. readinto() copies straight from the
-// chunk into the caller's buffer (one copy); read(n) allocates the bytes object and reads
-// into it. Positions past the end are allowed, as for files: reads there return nothing.
+// budget; opening is one GET, of the first chunk, whose ETag pins every later GET) moved by
+// Seek(). Bytes already in the current chunk are copied with the GIL held (no release per
+// small read); a read that needs a chunk not here yet waits with the GIL released. readinto()
+// copies straight from the chunk into the caller's buffer (one copy); read(n) allocates the bytes
+// object and reads into it. Positions past the end are allowed, as for files: reads there return
+// nothing.
 //
 // "wb" is the store's ObjectWriter (S3: a multipart upload whose parts go up in parallel).
 // io's contract lets write() touch the caller's buffer only during the call, while the

@@ -58,7 +58,7 @@ class ObjectFile(io.BufferedIOBase):
 
     @property
     def size(self):
-        """The object's size ("rb": as the HEAD at open saw it)."""
+        """The object's size ("rb": as the GET at open saw it)."""
         self._check_open()
         return self._raw.size if self._mode == "rb" else self._raw.tell()
 

@@ -4,29 +4,24 @@
 // (Content-Range, x-goog-generation, x-goog-hash), and a resumable upload's session replies
 // (Location, 308 with Range, the final resource).
 //
-// The input is a scripted server: its first byte picks which operations run (one bit each, in
-// the order below), the rest is a sequence of responses separated by "\n--\n". Each response
-// is a status letter (see kStatuses), then header lines "name: value" up to an empty line,
-// then the body; a piece that does not start with a status letter is a 200 whose whole piece
-// is the body. Requests take the responses in order; once they run out the server answers 404
-// with no body. Nothing is checked beyond the sanitizers and termination: a reply may be
-// refused, never crash or hang the client.
+// The input's first byte picks which operations run (one bit each, in the order below); the
+// rest is the script of a ScriptedServer (scripted_server.h) whose responses carry header
+// lines. Nothing is checked beyond the sanitizers and termination: a reply may be refused,
+// never crash or hang the client.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/strings/cord.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
 #include "http/canned_transport.h"
 #include "store/gcs/gcs_json_store.h"
+#include "tests/fuzz/scripted_server.h"
 
 namespace wharf::fuzz {
 namespace {
 
+// Status letters: 'A'.. in order (scripted_server.h).
 constexpr int kStatuses[] = {200, 201, 206, 304, 308, 400, 401, 403,
                              404, 409, 412, 416, 499, 500, 503};
 
@@ -40,59 +35,14 @@ enum Operation : uint8_t {
   kPutWriter = 64,    // a put, and a resumable upload of three chunks
 };
 
-class ScriptedServer {
- public:
-  void Load(absl::string_view script) {
-    absl::MutexLock lock(&mu_);
-    responses_.clear();
-    next_ = 0;
-    if (script.empty()) return;
-    for (absl::string_view piece : absl::StrSplit(script, "\n--\n")) {
-      CannedResponse r;
-      const unsigned letter = piece.empty() ? ~0u : static_cast<unsigned char>(piece[0]) - 'A';
-      if (letter < std::size(kStatuses)) {
-        r.status = kStatuses[letter];
-        piece.remove_prefix(1);
-        // Header lines up to an empty line.
-        while (true) {
-          const size_t eol = piece.find('\n');
-          if (eol == absl::string_view::npos) break;
-          absl::string_view line = piece.substr(0, eol);
-          piece.remove_prefix(eol + 1);
-          if (line.empty()) break;
-          const size_t colon = line.find(':');
-          if (colon == absl::string_view::npos || colon == 0) continue;
-          r.headers.emplace_back(std::string(absl::StripAsciiWhitespace(line.substr(0, colon))),
-                                 std::string(absl::StripAsciiWhitespace(line.substr(colon + 1))));
-        }
-      }
-      r.body = std::string(piece);
-      responses_.push_back(std::move(r));
-    }
-  }
-
-  absl::StatusOr<CannedResponse> Answer(const HttpRequest&) {
-    absl::MutexLock lock(&mu_);
-    if (next_ < responses_.size()) return responses_[next_++];
-    CannedResponse r;
-    r.status = 404;
-    return r;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<CannedResponse> responses_ ABSL_GUARDED_BY(mu_);
-  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 ScriptedServer& Server() {
-  static auto* server = new ScriptedServer;
+  static auto* server = new ScriptedServer(kStatuses, /*with_headers=*/true);
   return *server;
 }
 
 void Run(uint8_t operations) {
-  auto transport = std::make_shared<CannedTransport>(
-      [](const HttpRequest& request) { return Server().Answer(request); });
+  auto transport =
+      std::make_shared<CannedTransport>([](const HttpRequest&) { return Server().Next(); });
   gcs::GcsJsonConfig config;
   config.endpoint = "http://127.0.0.1:9";
   config.chunk_size = 256 << 10;

@@ -3,26 +3,24 @@
 // errors inside a 200), bucket listings, multipart initiate / complete replies and the
 // in-progress upload listing a retried create sweeps.
 //
-// The input is a scripted server: its first byte picks which operations run (one bit each,
-// in the order below), the rest is a sequence of responses separated by "\n--\n", each a
-// status letter (see kStatuses) followed by the body. The operations run one after another
-// against an S3Store over a CannedTransport, each request taking the next response; once the
-// responses run out the server answers 404 with no body. Nothing is checked beyond the
-// sanitizers and termination: a reply may be refused, never crash or hang the client.
+// The input's first byte picks which operations run (one bit each, in the order below); the
+// rest is the script of a ScriptedServer (scripted_server.h) whose responses are a status
+// letter and a body, and every reply gets an ETag and dates. The operations run one after
+// another against an S3Store over a CannedTransport. Nothing is checked beyond the sanitizers
+// and termination: a reply may be refused, never crash or hang the client.
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "base/hash.h"
 #include "http/canned_transport.h"
 #include "store/s3/s3_store.h"
+#include "tests/fuzz/scripted_server.h"
 
 namespace wharf::fuzz {
 namespace {
@@ -40,36 +38,14 @@ enum Operation : uint8_t {
   kMultipart = 64,    // a two-part upload: initiate, parts, complete, a retried create's sweep
 };
 
-class ScriptedServer {
+// Every reply carries an ETag (an upload's is its MD5, which the client checks against its
+// parts'; otherwise the body's) and dates.
+class EtagServer {
  public:
-  void Load(absl::string_view script) {
-    absl::MutexLock lock(&mu_);
-    responses_.clear();
-    next_ = 0;
-    if (script.empty()) return;
-    for (absl::string_view piece : absl::StrSplit(script, "\n--\n")) {
-      CannedResponse r;
-      const unsigned letter = piece.empty() ? ~0u : static_cast<unsigned char>(piece[0]) - 'A';
-      if (letter < std::size(kStatuses)) {
-        r.status = kStatuses[letter];
-        piece.remove_prefix(1);
-      }
-      r.body = std::string(piece);
-      responses_.push_back(std::move(r));
-    }
-  }
+  void Load(absl::string_view script) { responses_.Load(script); }
 
   absl::StatusOr<CannedResponse> Answer(const HttpRequest& request) {
-    CannedResponse r;
-    {
-      absl::MutexLock lock(&mu_);
-      if (next_ < responses_.size()) {
-        r = responses_[next_++];
-      } else {
-        r.status = 404;
-      }
-    }
-    // An upload's ETag is its MD5 (the client checks the parts'); otherwise the body's.
+    CannedResponse r = responses_.Next();
     const std::string md5 = request.body.empty() ? Md5Hex(r.body) : UploadMd5(request.body);
     r.headers = {{"etag", absl::StrCat("\"", md5, "\"")},
                  {"date", "Tue, 24 Nov 2026 10:00:00 GMT"},
@@ -87,14 +63,13 @@ class ScriptedServer {
     return md5;
   }
 
+  ScriptedServer responses_{kStatuses, /*with_headers=*/false};
   absl::Mutex mu_;
   std::map<size_t, std::string> large_md5_ ABSL_GUARDED_BY(mu_);
-  std::vector<CannedResponse> responses_ ABSL_GUARDED_BY(mu_);
-  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-ScriptedServer& Server() {
-  static auto* server = new ScriptedServer;
+EtagServer& Server() {
+  static auto* server = new EtagServer;
   return *server;
 }
 
