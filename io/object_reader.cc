@@ -73,13 +73,11 @@ absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Open(std::shared_ptr
     unknown.key = key;
     WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> reader,
                            Create(store, std::move(unknown), options, std::nullopt));
-    absl::Status found = reader->Discover();
-    if (found.ok()) return reader;
-    // Empty, or shorter than the offset (or no room for a chunk now): the HEAD below gives
-    // the answer an Open with the object's meta gives (an empty range, or OutOfRange naming
-    // the size).
-    if (found.code() != absl::StatusCode::kOutOfRange) return found;
+    WHARF_ASSIGN_OR_RETURN(const bool found, reader->Discover());
+    if (found) return reader;
   }
+  // What the first GET could not describe: the HEAD gives what an Open with the object's meta
+  // gives (an empty range, or OutOfRange naming the size).
   WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, store->Head(key));
   meta.key = std::move(key);
   return Open(std::move(store), std::move(meta), options);
@@ -125,14 +123,13 @@ absl::StatusOr<std::unique_ptr<ObjectReader>> ObjectReader::Create(
                                                         end, ramp_limit));
 }
 
-absl::Status ObjectReader::Discover() {
+absl::StatusOr<bool> ObjectReader::Discover() {
   // The first chunk is min_chunk bytes, not chunk_size: its answer comes back sooner (and
   // read-ahead starts from it at once), and an object much smaller than a chunk (a config, a
   // small shard) does not get a whole chunk's block. Open never waits for the budget (its
-  // caller may hold what would free it): without room now, the object is asked about with a
-  // HEAD, as OutOfRange makes Open do.
+  // caller may hold what would free it): without room now, Open asks with a HEAD.
   Block block = TryAllocateChunk(std::min(MinChunk(), end_ - pos_));
-  if (!block) return absl::OutOfRangeError("no room in the memory budget for a first chunk");
+  if (!block) return false;
   std::shared_ptr<Chunk> chunk = StartChunk(std::move(block));
   chunk->discover = true;
   queue_.clear();
@@ -142,9 +139,15 @@ absl::Status ObjectReader::Discover() {
     absl::MutexLock lock(&shared_->mu);
     shared_->mu.Await(absl::Condition(&chunk->done));
   }
-  if (!chunk->status.ok()) {
+  // The GET cannot describe an empty object or one shorter than the range's start
+  // (OutOfRange), and a store that does not say which version it served (the GCS emulator
+  // sends no generation on reads) gives no ETag to pin the later GETs to: the HEAD's answer
+  // decides then.
+  const bool described = chunk->status.ok() && (!options_.pin_version || !chunk->meta.etag.empty());
+  if (!described) {
     absl::Status status = chunk->status;
     Release(chunk);
+    if (status.ok() || status.code() == absl::StatusCode::kOutOfRange) return false;
     return status;
   }
   std::string key = std::move(meta_.key);
@@ -162,7 +165,7 @@ absl::Status ObjectReader::Discover() {
   // reading on from them is sequential (the ramp starts), a seek away a jump.
   jumped_ = false;
   Schedule();
-  return absl::OkStatus();
+  return true;
 }
 
 ObjectReader::ObjectReader(std::shared_ptr<ObjectStore> store, ObjectMeta meta, std::string uri,

@@ -125,8 +125,9 @@ class ObjectReader {
   // Opens `key` in one round trip: the GET of the first chunk (min_chunk bytes, adaptive or
   // not) also answers the object's size and ETag, so no HEAD goes first, and Open returns once
   // that chunk is here (read-ahead, if any, started). An object that GET cannot describe
-  // (empty, or shorter than options.offset) is asked about with a HEAD instead, as it is when
-  // the memory budget has no room for the chunk (Open never waits for the budget).
+  // (empty, shorter than options.offset, or served without an ETag to pin the later GETs to)
+  // is asked about with a HEAD instead, as it is when the memory budget has no room for the
+  // chunk (Open never waits for the budget).
   // REQUIRES: store != nullptr, options.read_ahead >= -1.
   static absl::StatusOr<std::unique_ptr<ObjectReader>> Open(std::shared_ptr<ObjectStore> store,
                                                             std::string key,
@@ -198,9 +199,10 @@ class ObjectReader {
                                                               ObjectReaderOptions options,
                                                               std::optional<uint64_t> size);
   // Open by key: fetches the first chunk, learning the object's meta from its answer, and
-  // makes it the current chunk. Errors are the GET's; OutOfRange (also: no room in the
-  // budget for the chunk now) makes Open ask with a HEAD.
-  absl::Status Discover();
+  // makes it the current chunk. False when that answer cannot describe the object (empty,
+  // shorter than the range's start, no ETag to pin to) or the budget has no room for the
+  // chunk now: Open asks with a HEAD. Other errors are the GET's.
+  absl::StatusOr<bool> Discover();
   // The bytes held by pieces this reader handed out that the caller still keeps.
   uint64_t KeptByCaller() const;
 

@@ -242,7 +242,11 @@ class Store {
   // bounds what is in flight however much the list holds (the list is the caller's memory).
   // Results are taken as they complete, not in order: an ordered batch would hold later
   // results while an earlier object waits for room they occupy.
-  std::vector<Buffer> GetMany(const std::vector<std::string>& keys, int inflight,
+  // `items`: keys, or entries of list() (mappings with "key" and, optionally, "size" and
+  // "etag"): with a size the engine reads each object without asking for its size first (a
+  // HEAD per key), and with an ETag every read is pinned to that version, so an object
+  // changed since the listing fails with the object's URI instead of passing off other bytes.
+  std::vector<Buffer> GetMany(const py::sequence& items_in, int inflight,
                               const py::object& memory_budget) {
     auto s = store();
     FetchOptions options;
@@ -252,8 +256,34 @@ class Store {
     // (or a release on its way): wait for room rather than fail.
     options.wait_for_release = true;
     std::vector<FetchItem> items;
-    items.reserve(keys.size());
-    for (const auto& k : keys) items.push_back({.key = Key(k)});
+    std::vector<std::string> keys;  // as given, for error messages' order
+    items.reserve(py::len(items_in));
+    keys.reserve(py::len(items_in));
+    for (const py::handle& entry : items_in) {
+      FetchItem item;
+      if (py::isinstance<py::str>(entry)) {
+        keys.push_back(entry.cast<std::string>());
+      } else if (PyMapping_Check(entry.ptr()) && !py::isinstance<py::bytes>(entry)) {
+        auto get = [&](const char* name) -> py::object {
+          return entry.attr("get")(name, py::none());
+        };
+        const py::object key = get("key");
+        if (!py::isinstance<py::str>(key)) {
+          throw py::type_error("get_many: an entry that is a mapping needs a str \"key\"");
+        }
+        keys.push_back(key.cast<std::string>());
+        if (const py::object size = get("size"); !size.is_none()) item.size = size.cast<uint64_t>();
+        if (const py::object etag = get("etag"); !etag.is_none())
+          item.etag = etag.cast<std::string>();
+      } else {
+        throw py::type_error(
+            absl::StrCat("get_many: each item is a key (str) or an entry of "
+                         "list() (a dict with \"key\"), not ",
+                         Py_TYPE(entry.ptr())->tp_name));
+      }
+      item.key = Key(keys.back());
+      items.push_back(std::move(item));
+    }
     std::vector<std::string> bytes(keys.size());
     absl::Status status = WithoutGil([&] {
       FetchScheduler scheduler(s, options);
@@ -419,7 +449,9 @@ PYBIND11_MODULE(_wharf, m) {
            py::arg("end") = py::none(), "The object's bytes [start, end) as a Buffer")
       .def("get_many", &Store::GetMany, py::arg("keys"), py::arg("inflight") = 0,
            py::arg("memory_budget") = 0,
-           "Many objects at once through the I/O engine, in the order given. inflight: "
+           "Many objects at once through the I/O engine, in the order given. keys: str keys, "
+           "or entries of list() (dicts with key, size, etag: no request for each object's "
+           "size, and each read pinned to the listed version). inflight: "
            "requests in flight (0: wharf.configure / WHARF_INFLIGHT, else derived); "
            "memory_budget: this call's cap inside the process's budget (int or \"64M\"; "
            "0: none of its own)")

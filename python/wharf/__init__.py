@@ -4,7 +4,7 @@
     store = wharf.Store("s3://bucket/train/")      # or gs://..., file:///path
     for obj in store.list():                        # key, size, etag, mtime
         buf = store.get(obj["key"])                 # zero-copy: memoryview(buf), numpy.frombuffer
-    bufs = store.get_many([o["key"] for o in store.list()])   # through the I/O engine
+    bufs = store.get_many(store.list())   # through the I/O engine (keys work too)
     with wharf.open("s3://bucket/out.bin", "wb") as f:   # a file object; "rb" seeks anywhere
         f.write(data)                                   # appears whole at close, never on error
 

@@ -54,6 +54,39 @@ def test_get_many_through_the_engine(store):
     assert [bytes(b) for b in bufs] == [bytes([i]) * (i + 1) for i in reversed(range(50))]
 
 
+def _requests(op):
+    return sum(v for k, v in wharf.metrics()["counters"].items()
+               if k.startswith("wharf_store_requests_total{") and f'op="{op}"' in k)
+
+
+def test_get_many_of_listed_entries_asks_no_sizes_and_pins_the_version(store):
+    keys = [f"m/{i:03d}" for i in range(30)]
+    for i, k in enumerate(keys):
+        store.put(k, bytes([i]) * (1000 + i))
+    heads, gets = _requests("head"), _requests("get")
+    by_key = store.get_many(keys)  # keys alone: the engine asks each object's size first
+    assert _requests("head") - heads == len(keys)
+    listed = store.list("m/")
+    heads, gets = _requests("head"), _requests("get")
+    bufs = store.get_many(listed)  # entries of list(): their size and ETag, no HEAD
+    assert _requests("head") == heads
+    assert _requests("get") - gets == len(keys)
+    assert [bytes(b) for b in bufs] == [bytes(b) for b in by_key]
+    assert [bytes(b) for b in bufs] == [bytes([i]) * (1000 + i) for i in range(30)]
+    # keys and entries mixed; an entry without size or ETag is a key
+    mixed = store.get_many([keys[0], {"key": keys[1]}, listed[2]])
+    assert [bytes(b) for b in mixed] == [bytes(b) for b in by_key[:3]]
+    # an object rewritten since it was listed fails, naming it, instead of other bytes
+    store.put(keys[5], b"rewritten")
+    with pytest.raises(wharf.WharfError) as e:
+        store.get_many(listed)
+    assert keys[5] in str(e.value)
+    with pytest.raises(TypeError, match="get_many"):
+        store.get_many([3])
+    with pytest.raises(TypeError, match="key"):
+        store.get_many([{"size": 3}])
+
+
 def test_errors_are_python_exceptions(store):
     with pytest.raises(wharf.NotFoundError) as e:
         store.get("missing")
