@@ -1,7 +1,8 @@
 """Latency of opening and reading small objects one at a time: `wharf.open(uri).read()`
 against one `Store.get` of the same object (the floor: one round trip), through an endpoint
-of the caller's (a latency proxy in front of the S3 server). Writes N objects of 100 KiB under
-URI first.
+of the caller's (a latency proxy in front of the S3 server); then `Store.get_many` of the
+same objects by key and by their listed entries (obj/s, and the store requests each took).
+Writes N objects of 100 KiB under URI first.
 
   build/tools/latency_proxy/wharf-latency-proxy --listen 127.0.0.1:17999 \\
       --upstream 127.0.0.1:17080 --delay-ms 25 &
@@ -43,6 +44,25 @@ def main() -> None:
     got = timed(store.get)
     print(f"{args.n} objects of {args.size:,} B, one at a time: wharf.open().read() median "
           f"{opened:.1f} ms, Store.get median {got:.1f} ms ({opened / got:.2f}x)")
+
+    def requests() -> dict:
+        out = {}
+        for k, v in wharf.metrics()["counters"].items():
+            if k.startswith("wharf_store_requests_total{"):
+                op = k.split('op="')[1].split('"')[0]
+                out[op] = out.get(op, 0) + v
+        return out
+
+    listed = store.list()
+    for name, items in (("keys", keys), ("listed entries", listed)):
+        before = requests()
+        t = time.perf_counter()
+        bufs = store.get_many(items)
+        seconds = time.perf_counter() - t
+        assert all(len(b) == args.size for b in bufs)
+        after = requests()
+        spent = {op: after[op] - before.get(op, 0) for op in after if after[op] != before.get(op, 0)}
+        print(f"get_many of {len(items)} {name}: {len(items) / seconds:,.0f} obj/s, requests {spent}")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,13 @@ struct Group {
   std::vector<Slice> slices;
   // Set when the size must be asked first (HEAD): the item, planned again from its answer.
   std::optional<FetchItem> head_item;
+  // Set for a whole object (or its tail from an offset) of unknown size: [begin, end) is the
+  // first kProbeBytes from the item's offset. The GET's answer tells the object's size and
+  // ETag; an object that ends inside it is delivered from it, a longer one is planned again
+  // (as after a HEAD), and one the GET cannot describe (empty; the offset past its end) gets
+  // the HEAD.
+  std::optional<FetchItem> probe_item;
+  std::string probe_etag;  // of the probe's answer
   // A composed group: these objects, composed on the server and read with one GET into the
   // group's buffer ([begin, end) = [0, their total size)), one slice each.
   std::vector<ComposedReads::Source> composed;
@@ -137,6 +144,10 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
   // fresh memory paged in). Ordered batches are left alone: their results wait for the head of the
   // line, and their consumers bound how far ahead they submit.
   static constexpr uint64_t kMaxReadyBytes = uint64_t{64} << 20;
+  // The GET that stands in for the HEAD of an object of unknown size reads this much: one
+  // round trip, not two, for objects up to it (most samples); a longer one costs that much
+  // more transfer and the round trip the HEAD cost. A block of it is reserved per request.
+  static constexpr uint64_t kProbeBytes = uint64_t{256} << 10;
 
   BatchImpl(std::shared_ptr<ObjectStore> store, const FetchOptions& options,
             std::shared_ptr<FetchScheduler::Common> common)
@@ -229,8 +240,16 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
         Group g;
         g.key = item.key;
         g.first_item = i;
-        g.slices.push_back({i, 0, 0});
-        g.head_item = std::move(item);
+        if (item.range.suffix) {
+          g.slices.push_back({i, 0, 0});
+          g.head_item = std::move(item);
+        } else {
+          g.etag = item.etag;
+          g.begin = item.range.offset;
+          g.end = g.begin + kProbeBytes;
+          g.slices.push_back({i, g.begin, g.end});
+          g.probe_item = std::move(item);
+        }
         queue_.push_back(std::move(g));
         continue;
       }
@@ -502,7 +521,10 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       }
       front.block = std::move(block);
       peak_held_ = std::max(peak_held_, common_->account->held());
-      const uint64_t part = bytes > options_.split_threshold ? options_.part_size : bytes;
+      // A probe is one GET whatever its size: its answer is what tells the object's size.
+      const uint64_t part = bytes > options_.split_threshold && !front.probe_item.has_value()
+                                ? options_.part_size
+                                : bytes;
       front.parts = static_cast<int>((bytes + part - 1) / part);
       front.started = absl::Now();
       running_.push_back(std::make_shared<Group>(std::move(front)));
@@ -613,6 +635,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       stats_.retries += r->attempts - 1;
       g->bytes_received += r->bytes;
       g->object_size = r->meta.size;
+      if (g->probe_item.has_value()) g->probe_etag = r->meta.etag;
     }
     if (++g->parts_done < g->parts) {
       PumpLocked(deferred);
@@ -629,8 +652,26 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
                                                      " bytes from byte ", g->begin));
       }
     }
-    if (!g->status.ok() && !g->composed.empty() && !cancelled_ &&
-        g->status.code() != absl::StatusCode::kCancelled) {
+    if (g->probe_item.has_value() && !cancelled_ &&
+        (g->status.ok() ? *g->object_size > g->end
+                        : g->status.code() == absl::StatusCode::kOutOfRange)) {
+      // Longer than the probe: read it as a HEAD's answer would have it read. Not described
+      // by the probe (empty; the offset at or past the end): the HEAD decides.
+      if (g->status.ok()) {
+        ObjectMeta meta;
+        meta.size = *g->object_size;
+        meta.etag = g->etag.empty() ? g->probe_etag : g->etag;
+        PlanLocked(g->first_item, *std::move(g->probe_item), meta, deferred);
+      } else {
+        Group head;
+        head.key = g->key;
+        head.first_item = g->first_item;
+        head.slices.push_back({g->first_item, 0, 0});
+        head.head_item = *std::move(g->probe_item);
+        queue_.push_front(std::move(head));
+      }
+    } else if (!g->status.ok() && !g->composed.empty() && !cancelled_ &&
+               g->status.code() != absl::StatusCode::kCancelled) {
       RequeueComposedLocked(*g);
     } else if (!g->status.ok()) {
       // Stop the other parts' buffer from pinning budget, then report.
@@ -697,31 +738,37 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
     if (!m.ok()) {
       Deliver(ErrorResult(index, item.key, m.status()), deferred);
     } else {
-      // Now that the size is known, plan the item again at the front of the queue.
-      auto extent = item.range.Resolve(m->size);
-      if (!extent.ok()) {
-        Deliver(ErrorResult(index, item.key,
-                            Annotate(extent.status(), absl::StrCat("get ", store_->Uri(item.key)))),
-                deferred);
-      } else if (extent->first == extent->second) {
-        FetchResult r;
-        r.index = index;
-        r.key = item.key;
-        r.data = FetchBuffer();
-        Deliver(std::move(r), deferred);
-      } else {
-        Group g;
-        g.key = item.key;
-        g.etag = m->etag;
-        g.object_size = m->size;
-        g.begin = extent->first;
-        g.end = extent->second;
-        g.first_item = index;
-        g.slices.push_back({index, extent->first, extent->second});
-        queue_.push_front(std::move(g));
-      }
+      PlanLocked(index, std::move(item), *m, deferred);
     }
     PumpLocked(deferred);
+  }
+
+  // Now that the size is known (a HEAD, or a probe's answer), plans the item again at the
+  // front of the queue. The caller pumps.
+  void PlanLocked(size_t index, FetchItem item, const ObjectMeta& m, Deferred& deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto extent = item.range.Resolve(m.size);
+    if (!extent.ok()) {
+      Deliver(ErrorResult(index, item.key,
+                          Annotate(extent.status(), absl::StrCat("get ", store_->Uri(item.key)))),
+              deferred);
+    } else if (extent->first == extent->second) {
+      FetchResult r;
+      r.index = index;
+      r.key = item.key;
+      r.data = FetchBuffer();
+      Deliver(std::move(r), deferred);
+    } else {
+      Group g;
+      g.key = item.key;
+      g.etag = m.etag;
+      g.object_size = m.size;
+      g.begin = extent->first;
+      g.end = extent->second;
+      g.first_item = index;
+      g.slices.push_back({index, extent->first, extent->second});
+      queue_.push_front(std::move(g));
+    }
   }
 
   const std::shared_ptr<ObjectStore> store_;

@@ -91,8 +91,9 @@ struct FetchOptions {
 struct FetchItem {
   std::string key;
   ByteRange range;  // default: the whole object
-  // From a listing: saves a HEAD before whole-object reads, enables splitting, and pins the
-  // version (If-Match) across parts. Leave unset when unknown.
+  // From a listing: the read is planned at once (without it, the first GET, of 256 KiB,
+  // tells the size, and a longer object takes a second, sized read), split into parts when
+  // large, and pinned to the version (If-Match). Leave unset when unknown.
   std::optional<uint64_t> size;
   std::string etag;
 };

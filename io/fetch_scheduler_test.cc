@@ -4,6 +4,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -103,7 +104,62 @@ TEST_F(FetchSchedulerTest, OrderedDeliveryFollowsSubmissionOrder) {
     ASSERT_TRUE(r->data.ok());
   }
   EXPECT_EQ(expect, 50u);
-  EXPECT_EQ(slow->heads_.load(), 50);  // no sizes given: one HEAD each
+  // No sizes given: each object's first GET tells its size (no HEAD), and these end in it.
+  EXPECT_EQ(slow->heads_.load(), 0);
+  EXPECT_EQ(slow->gets().size(), 50u);
+}
+
+TEST_F(FetchSchedulerTest, ObjectsOfUnknownSizeCostOneGetUnlessLongerThanTheFirst) {
+  const std::string small = RandomBytes(1000, 1);
+  const std::string large = RandomBytes(600 << 10, 2);  // longer than the first GET reads
+  auto put_small = local_->Put("u/small", absl::Cord(small));
+  ASSERT_TRUE(put_small.ok());
+  ASSERT_TRUE(local_->Put("u/large", absl::Cord(large)).ok());
+  ASSERT_TRUE(local_->Put("u/empty", absl::Cord()).ok());
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(1));
+  FetchScheduler scheduler(slow, {.max_in_flight = 8, .ordered = true});
+  std::vector<FetchItem> items = {
+      {.key = "u/small"},
+      {.key = "u/large"},
+      {.key = "u/empty"},
+      {.key = "u/large", .range = ByteRange::From(500 << 10)},
+      {.key = "u/small", .range = ByteRange::From(999)},
+      {.key = "u/small", .range = ByteRange::From(1000)},  // at the end
+      {.key = "u/small", .range = ByteRange::From(1001)},  // past it
+      {.key = "u/missing"},
+      {.key = "u/small", .etag = put_small->etag},
+      {.key = "u/small", .etag = "0123456789abcdef0123456789abcdef"},  // another version
+  };
+  auto batch = scheduler.Fetch(items);
+  std::vector<absl::StatusOr<std::string>> got;
+  while (auto r = batch->Next()) {
+    if (r->data.ok()) {
+      got.push_back(std::string(r->data->view()));
+    } else {
+      got.push_back(r->data.status());
+    }
+  }
+  ASSERT_EQ(got.size(), items.size());
+  EXPECT_EQ(*got[0], small);
+  EXPECT_EQ(*got[1], large);
+  EXPECT_EQ(*got[2], "");
+  EXPECT_EQ(*got[3], large.substr(500 << 10));
+  EXPECT_EQ(*got[4], small.substr(999));
+  EXPECT_EQ(got[5].status().code(), absl::StatusCode::kOutOfRange);  // as ByteRange::Resolve
+  EXPECT_EQ(got[6].status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(got[7].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(got[7].status().message(), local_->Uri("u/missing")))
+      << got[7].status();
+  EXPECT_EQ(*got[8], small);
+  EXPECT_EQ(got[9].status().code(), absl::StatusCode::kFailedPrecondition);
+  // HEADs only where the first GET could not describe the object: the empty one, and the
+  // ranges that start at or past the small one's end.
+  EXPECT_EQ(slow->heads_.load(), 3);
+  // The large object's whole read took a second GET after the first; its last 100 KiB ended
+  // inside the first.
+  int large_gets = 0;
+  for (const auto& g : slow->gets()) large_gets += g.key == "u/large";
+  EXPECT_EQ(large_gets, 3);
 }
 
 TEST_F(FetchSchedulerTest, MemoryBudgetBoundsBytesHeld) {

@@ -243,9 +243,10 @@ class Store {
   // Results are taken as they complete, not in order: an ordered batch would hold later
   // results while an earlier object waits for room they occupy.
   // `items`: keys, or entries of list() (mappings with "key" and, optionally, "size" and
-  // "etag"): with a size the engine reads each object without asking for its size first (a
-  // HEAD per key), and with an ETag every read is pinned to that version, so an object
-  // changed since the listing fails with the object's URI instead of passing off other bytes.
+  // "etag"): with a size the engine plans each read at once (a key alone costs a first GET
+  // whose answer tells the size; a second one for an object longer than it), and with an ETag
+  // every read is pinned to that version, so an object changed since the listing fails with
+  // the object's URI instead of passing off other bytes.
   std::vector<Buffer> GetMany(const py::sequence& items_in, int inflight,
                               const py::object& memory_budget) {
     auto s = store();
@@ -450,8 +451,8 @@ PYBIND11_MODULE(_wharf, m) {
       .def("get_many", &Store::GetMany, py::arg("keys"), py::arg("inflight") = 0,
            py::arg("memory_budget") = 0,
            "Many objects at once through the I/O engine, in the order given. keys: str keys, "
-           "or entries of list() (dicts with key, size, etag: no request for each object's "
-           "size, and each read pinned to the listed version). inflight: "
+           "or entries of list() (dicts with key, size, etag: reads planned from the listed "
+           "size and pinned to the listed version). inflight: "
            "requests in flight (0: wharf.configure / WHARF_INFLIGHT, else derived); "
            "memory_budget: this call's cap inside the process's budget (int or \"64M\"; "
            "0: none of its own)")

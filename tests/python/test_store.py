@@ -59,16 +59,18 @@ def _requests(op):
                if k.startswith("wharf_store_requests_total{") and f'op="{op}"' in k)
 
 
-def test_get_many_of_listed_entries_asks_no_sizes_and_pins_the_version(store):
+def test_get_many_asks_no_sizes_and_pins_listed_versions(store):
     keys = [f"m/{i:03d}" for i in range(30)]
     for i, k in enumerate(keys):
         store.put(k, bytes([i]) * (1000 + i))
     heads, gets = _requests("head"), _requests("get")
-    by_key = store.get_many(keys)  # keys alone: the engine asks each object's size first
-    assert _requests("head") - heads == len(keys)
+    # keys alone: one GET each, whose answer tells the size (the objects end inside it)
+    by_key = store.get_many(keys)
+    assert _requests("head") == heads
+    assert _requests("get") - gets == len(keys)
     listed = store.list("m/")
     heads, gets = _requests("head"), _requests("get")
-    bufs = store.get_many(listed)  # entries of list(): their size and ETag, no HEAD
+    bufs = store.get_many(listed)  # entries of list(): their size and ETag
     assert _requests("head") == heads
     assert _requests("get") - gets == len(keys)
     assert [bytes(b) for b in bufs] == [bytes(b) for b in by_key]
