@@ -142,8 +142,10 @@ absl::StatusOr<bool> ObjectReader::Discover() {
   // The GET cannot describe an empty object or one shorter than the range's start
   // (OutOfRange), and a store that does not say which version it served (the GCS emulator
   // sends no generation on reads) gives no ETag to pin the later GETs to: the HEAD's answer
-  // decides then.
-  const bool described = chunk->status.ok() && (!options_.pin_version || !chunk->meta.etag.empty());
+  // decides then (as it does for an answer whose size contradicts its own bytes).
+  const bool described = chunk->status.ok() &&
+                         (!options_.pin_version || !chunk->meta.etag.empty()) &&
+                         chunk->meta.size >= chunk->offset + chunk->size;
   if (!described) {
     absl::Status status = chunk->status;
     Release(chunk);
