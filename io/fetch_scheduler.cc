@@ -100,7 +100,6 @@ struct Group {
   // (as after a HEAD), and one the GET cannot describe (empty; the offset past its end) gets
   // the HEAD.
   std::optional<FetchItem> probe_item;
-  std::string probe_etag;  // of the probe's answer
   // A composed group: these objects, composed on the server and read with one GET into the
   // group's buffer ([begin, end) = [0, their total size)), one slice each.
   std::vector<ComposedReads::Source> composed;
@@ -635,7 +634,8 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       stats_.retries += r->attempts - 1;
       g->bytes_received += r->bytes;
       g->object_size = r->meta.size;
-      if (g->probe_item.has_value()) g->probe_etag = r->meta.etag;
+      // A probe's one GET has gone: the version it saw pins the reads planned from it.
+      if (g->probe_item.has_value() && g->etag.empty()) g->etag = r->meta.etag;
     }
     if (++g->parts_done < g->parts) {
       PumpLocked(deferred);
@@ -660,7 +660,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       if (g->status.ok()) {
         ObjectMeta meta;
         meta.size = *g->object_size;
-        meta.etag = g->etag.empty() ? g->probe_etag : g->etag;
+        meta.etag = g->etag;
         PlanLocked(g->first_item, *std::move(g->probe_item), meta, deferred);
       } else {
         Group head;

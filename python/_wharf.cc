@@ -257,40 +257,38 @@ class Store {
     // (or a release on its way): wait for room rather than fail.
     options.wait_for_release = true;
     std::vector<FetchItem> items;
-    std::vector<std::string> keys;  // as given, for error messages' order
     items.reserve(py::len(items_in));
-    keys.reserve(py::len(items_in));
     for (const py::handle& entry : items_in) {
       FetchItem item;
-      if (py::isinstance<py::str>(entry)) {
-        keys.push_back(entry.cast<std::string>());
-      } else if (PyMapping_Check(entry.ptr()) && !py::isinstance<py::bytes>(entry)) {
-        auto get = [&](const char* name) -> py::object {
-          return entry.attr("get")(name, py::none());
-        };
-        const py::object key = get("key");
+      py::object key = py::reinterpret_borrow<py::object>(entry);
+      if (!py::isinstance<py::str>(entry)) {
+        if (!py::hasattr(entry, "get")) {
+          throw py::type_error(absl::StrCat(
+              "get_many: each item is a key (str) or an entry of list() (a dict with \"key\"), "
+              "not ",
+              Py_TYPE(entry.ptr())->tp_name));
+        }
+        key = entry.attr("get")("key", py::none());
         if (!py::isinstance<py::str>(key)) {
           throw py::type_error("get_many: an entry that is a mapping needs a str \"key\"");
         }
-        keys.push_back(key.cast<std::string>());
-        if (const py::object size = get("size"); !size.is_none()) item.size = size.cast<uint64_t>();
-        if (const py::object etag = get("etag"); !etag.is_none())
+        if (py::object size = entry.attr("get")("size", py::none()); !size.is_none()) {
+          item.size = size.cast<uint64_t>();
+        }
+        if (py::object etag = entry.attr("get")("etag", py::none()); !etag.is_none()) {
           item.etag = etag.cast<std::string>();
-      } else {
-        throw py::type_error(
-            absl::StrCat("get_many: each item is a key (str) or an entry of "
-                         "list() (a dict with \"key\"), not ",
-                         Py_TYPE(entry.ptr())->tp_name));
+        }
       }
-      item.key = Key(keys.back());
+      item.key = Key(key.cast<std::string>());
       items.push_back(std::move(item));
     }
-    std::vector<std::string> bytes(keys.size());
+    const size_t n = items.size();
+    std::vector<std::string> bytes(n);
     absl::Status status = WithoutGil([&] {
       FetchScheduler scheduler(s, options);
       auto batch = scheduler.Fetch(std::move(items));
       absl::Status first;  // the failure of the first key in order
-      size_t first_index = keys.size();
+      size_t first_index = n;
       while (auto r = batch->Next()) {
         if (!r->data.ok()) {
           if (r->index < first_index) {
