@@ -14,9 +14,8 @@ namespace wharf {
 namespace {
 
 // Forks `n` children while `busy` runs on another thread; each child runs `child` (which must
-// return within 10 s: a child stuck on a mutex inherited locked dies of SIGALRM) and exits 0.
-// Returns how many children exited 0. (3 s was once too little for a child that starts a
-// whole runtime's threads on a 2-core machine at a load average above 10: one of 50 died.)
+// return within 3 s: a child stuck on a mutex inherited locked dies of SIGALRM) and exits 0.
+// Returns how many children exited 0.
 template <typename Busy, typename Child>
 int ForkWhileBusy(int n, Busy busy, Child child) {
   std::atomic<bool> stop{false};
@@ -27,7 +26,7 @@ int ForkWhileBusy(int n, Busy busy, Child child) {
   for (int i = 0; i < n; ++i) {
     const pid_t pid = fork();
     if (pid == 0) {
-      alarm(10);
+      alarm(3);
       child();
       _exit(0);
     }
