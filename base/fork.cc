@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <new>
 
+#include "absl/base/internal/low_level_scheduling.h"
+#include "absl/synchronization/internal/create_thread_identity.h"
+
 namespace wharf {
 namespace {
 std::atomic<uint64_t> generation{0};
@@ -29,12 +32,25 @@ absl::Mutex registry_mu(absl::kConstInit);
 absl::Mutex* mutexes[kMaxForkMutexes] ABSL_GUARDED_BY(registry_mu) = {};
 int count ABSL_GUARDED_BY(registry_mu) = 0;
 
+// Held while a thread makes its absl identity (EnsureThreadIdentity) and across fork(). A
+// pthread mutex, not an absl one: waiting on it needs no identity. Taken by fork() after the
+// registered mutexes, and its holders wait for nothing else, so the order cannot deadlock.
+pthread_mutex_t identity_gate = PTHREAD_MUTEX_INITIALIZER;
+thread_local bool has_identity = false;
+
 void Prepare() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mu.Lock();
   for (int i = 0; i < count; ++i) mutexes[i]->Lock();
+  pthread_mutex_lock(&identity_gate);
+  // absl::Mutex sets its spin limits once per process, on the first contended Lock of any
+  // thread (a once-flag; a child forked while another thread runs it waits on it forever at its
+  // own first contended Lock). Asking for them here returns at once when that is done and
+  // otherwise waits until the running initialization completes.
+  (void)absl::synchronization_internal::MutexDelay(0, /*GENTLE=*/1);
 }
 
 void ReleaseInParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  pthread_mutex_unlock(&identity_gate);
   for (int i = count - 1; i >= 0; --i) mutexes[i]->Unlock();
   registry_mu.Unlock();
 }
@@ -43,6 +59,7 @@ void ReleaseInParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 // queued on them, and an Unlock would try to wake threads that do not exist here.
 void InChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   generation.fetch_add(1);
+  pthread_mutex_init(&identity_gate, nullptr);
   for (int i = count - 1; i >= 0; --i) new (mutexes[i]) absl::Mutex;
   new (&registry_mu) absl::Mutex;
 }
@@ -61,6 +78,15 @@ void InstallHandlers() {
 uint64_t ForkGeneration() {
   InstallHandlers();
   return generation.load(std::memory_order_acquire);
+}
+
+void EnsureThreadIdentity() {
+  if (has_identity) return;
+  InstallHandlers();
+  pthread_mutex_lock(&identity_gate);
+  absl::synchronization_internal::GetOrCreateCurrentThreadIdentity();
+  pthread_mutex_unlock(&identity_gate);
+  has_identity = true;
 }
 
 void ReleaseAcrossFork(absl::Mutex* mu) {

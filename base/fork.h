@@ -8,10 +8,21 @@
 // The process-wide mutexes a child takes (the default runtime's, the registries of live tiers
 // and stores, the profiler's) are registered with ReleaseAcrossFork: fork() then waits until
 // no other thread holds them, and both sides continue with them released.
+//
+// absl gives a thread its per-thread identity on the thread's first wait (a contended Mutex, a
+// CondVar), allocated under a process-wide spinlock of absl's own allocator. A fork() while
+// another thread is inside that allocation leaves the spinlock held in the child, and every
+// thread of the child then spins on it at its first wait, forever (seen: a DataLoader-like child
+// whose new pool threads all hung there, because the parent's thread had its first wait on the
+// default runtime's mutex, which fork() itself held). So identities are made behind a gate
+// that fork() waits for: every thread wharf starts (StartThread) and every thread that enters
+// the default runtime makes its identity first, through EnsureThreadIdentity.
 // Thread-safety: thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <thread>
+#include <utility>
 
 #include "absl/synchronization/mutex.h"
 
@@ -27,5 +38,19 @@ uint64_t ForkGeneration();
 // registered once, at most kMaxForkMutexes in all (more is a programming error: aborts).
 void ReleaseAcrossFork(absl::Mutex* mu);
 inline constexpr int kMaxForkMutexes = 16;
+
+// Gives the calling thread its absl identity now, unless it has one, while fork() cannot
+// happen. Cheap after the first call on a thread (a thread-local flag).
+void EnsureThreadIdentity();
+
+// std::thread running `fn` on a thread that has its absl identity before anything else runs.
+// Every thread wharf starts is started through it.
+template <typename F>
+std::thread StartThread(F&& fn) {
+  return std::thread([fn = std::forward<F>(fn)]() mutable {
+    EnsureThreadIdentity();
+    std::move(fn)();
+  });
+}
 
 }  // namespace wharf

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "base/runtime.h"
 #include "gtest/gtest.h"
@@ -97,6 +98,41 @@ TEST(ForkTest, AChildGetsItsOwnDefaultRuntimeWhileOtherThreadsUseTheParents) {
         own->blocking_pool().Schedule([&] { ran.store(true); });
         while (!ran.load()) absl::SleepFor(absl::Milliseconds(1));
       });
+  EXPECT_EQ(ok, 50);
+}
+
+// Threads that enter wharf for the first time (a user's threads: Python's, a DataLoader's pin
+// thread) while the process forks: absl makes each one's identity at its first wait, under a
+// spinlock of its allocator that a child inheriting it held would spin on forever at its own
+// threads' first waits. Such threads are made to take their identity while fork() cannot run.
+TEST(ForkTest, ThreadsEnteringTheRuntimeAsItForksLeaveTheChildAbleToStartThreads) {
+  std::shared_ptr<Runtime> parent = Runtime::Default();
+  absl::Mutex mu;
+  bool done = false;
+  std::vector<std::thread> entered;
+  const int ok = ForkWhileBusy(
+      50,
+      [&] {
+        if (entered.size() >= 400) return absl::SleepFor(absl::Microseconds(100));
+        // A plain std::thread, as a user's would be; it stays until the end, so no thread's exit
+        // races the fork.
+        entered.emplace_back([&] {
+          (void)Runtime::Default();
+          absl::MutexLock lock(&mu);
+          mu.Await(absl::Condition(&done));
+        });
+      },
+      [&] {
+        std::shared_ptr<Runtime> own = Runtime::Default();
+        std::atomic<bool> ran{false};
+        own->blocking_pool().Schedule([&] { ran.store(true); });
+        while (!ran.load()) absl::SleepFor(absl::Milliseconds(1));
+      });
+  {
+    absl::MutexLock lock(&mu);
+    done = true;
+  }
+  for (std::thread& t : entered) t.join();
   EXPECT_EQ(ok, 50);
 }
 

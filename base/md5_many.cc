@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 
+#include "base/fork.h"
 #include "base/hash.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -381,7 +382,7 @@ void Md5Batcher::Hash(absl::Cord data, ThreadPool& pool, Done done) {
   queued_bytes_ += data.size();
   last_arrival_ = absl::Now();
   queue_.push_back(Job{std::move(data), &pool, std::move(done), last_arrival_});
-  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  if (!thread_.joinable()) thread_ = StartThread([this] { Loop(); });
 }
 
 void Md5Batcher::Loop() {

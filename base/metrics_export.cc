@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/file_io.h"
+#include "base/fork.h"
 #include "base/runtime.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/collectable.h"
@@ -249,7 +250,7 @@ class Reporter : public MetricsExporter {
       }
       reporters->push_back(this);
     }
-    thread_ = std::thread([this] { Loop(); });
+    thread_ = StartThread([this] { Loop(); });
   }
   ~Reporter() override {
     {

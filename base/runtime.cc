@@ -121,6 +121,8 @@ std::shared_ptr<Runtime> Runtime::Default() {
   // A forked child's first wharf call comes here: default_mu must not be inherited locked.
   static const bool fork_safe = (ReleaseAcrossFork(&default_mu), true);
   (void)fork_safe;
+  // A thread's first wait may be on default_mu, which fork() holds (base/fork.h).
+  EnsureThreadIdentity();
   absl::MutexLock lock(&default_mu);
   if (*runtime == nullptr || generation != ForkGeneration()) {
     // A forked child's copy of the parent's runtime has no threads: leak it (base/fork.h).

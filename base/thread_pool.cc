@@ -2,11 +2,13 @@
 
 #include <utility>
 
+#include "base/fork.h"
+
 namespace wharf {
 
 ThreadPool::ThreadPool(int num_threads) {
   threads_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { WorkLoop(); });
+  for (int i = 0; i < num_threads; ++i) threads_.push_back(StartThread([this] { WorkLoop(); }));
 }
 
 ThreadPool::~ThreadPool() {

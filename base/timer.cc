@@ -2,11 +2,12 @@
 
 #include <utility>
 
+#include "base/fork.h"
 #include "base/runtime.h"
 
 namespace wharf {
 
-Timer::Timer() : thread_([this] { Loop(); }) {}
+Timer::Timer() : thread_(StartThread([this] { Loop(); })) {}
 
 Timer::~Timer() {
   {

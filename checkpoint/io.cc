@@ -9,6 +9,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/fork.h"
 #include "base/status.h"
 #include "io/get_all.h"
 
@@ -90,7 +91,7 @@ absl::StatusOr<std::vector<WrittenFile>> WriteFiles(ObjectStore& store,
     }
   };
   std::vector<std::thread> threads;
-  for (int t = 1; t < workers; ++t) threads.emplace_back(work);
+  for (int t = 1; t < workers; ++t) threads.push_back(StartThread(work));
   work();
   for (std::thread& t : threads) t.join();
 

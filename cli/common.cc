@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "base/fork.h"
 #include "base/status.h"
 
 namespace wharf::cli {
@@ -179,7 +180,7 @@ absl::Status FlushStdout() {
 bool Progress::ShouldShow(bool quiet) { return !quiet && isatty(STDERR_FILENO) == 1; }
 
 Progress::Progress(bool enabled) : enabled_(enabled), start_(absl::Now()) {
-  if (enabled_) thread_ = std::thread([this] { Loop(); });
+  if (enabled_) thread_ = StartThread([this] { Loop(); });
 }
 
 Progress::~Progress() { Stop(); }

@@ -8,6 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/runtime.h"
 #include "base/status.h"
 #include "cli/common.h"
 #include "cli/store_flags.h"
@@ -117,6 +118,8 @@ absl::Status RunFetch(const FetchArgs& args) {
     j["retries"] = fetch_stats.retries;
     j["peak_in_flight"] = fetch_stats.peak_in_flight;
     j["peak_bytes_held"] = fetch_stats.peak_bytes_held;
+    // The settings in force (flags over WHARF_MEMORY_BUDGET/WHARF_INFLIGHT over defaults).
+    j["memory_budget"] = Runtime::Default()->budget().limit();
     j["ttfb_p50_ms"] = pct(0.5);
     j["ttfb_p99_ms"] = pct(0.99);
     Print(JsonLine(j));

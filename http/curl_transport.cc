@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/fork.h"
 #include "base/runtime.h"
 #include "http/response_builder.h"
 
@@ -225,7 +226,7 @@ CurlTransport::CurlTransport(CurlTransportOptions options)
   // handle unless shared; sharing them lets any slot resume any session. Only the loop
   // thread uses the share, so it needs no lock callbacks.
   curl_share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = StartThread([this] { Loop(); });
 }
 
 CurlTransport::~CurlTransport() {

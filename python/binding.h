@@ -39,6 +39,16 @@ namespace py = pybind11;
 // REQUIRES: the GIL is held.
 [[noreturn]] void Raise(const absl::Status& status);
 
+// Releases the GIL for the scope, for a call into wharf. The thread takes its absl identity
+// first (once per thread), so its first wait cannot race a fork (base/fork.h).
+class ReleaseGil {
+ public:
+  ReleaseGil() { EnsureThreadIdentity(); }
+
+ private:
+  py::gil_scoped_release release_;
+};
+
 // Runs `fn` with the GIL released and returns its result; convert it with Check() afterwards
 // (the GIL is held again by then).
 template <typename Fn>
@@ -46,7 +56,7 @@ auto WithoutGil(Fn&& fn) {
   using R = decltype(fn());
   std::optional<R> result;
   {
-    py::gil_scoped_release release;
+    ReleaseGil release;
     result.emplace(fn());
   }
   return std::move(*result);
@@ -156,7 +166,7 @@ void LeakOrDestroy(std::unique_ptr<T>& p, uint64_t generation) {
     (void)p.release();
     return;
   }
-  py::gil_scoped_release release;
+  ReleaseGil release;
   p.reset();
 }
 template <typename T>
@@ -166,7 +176,7 @@ void LeakOrDestroy(std::shared_ptr<T>& p, uint64_t generation) {
     new std::shared_ptr<T>(std::move(p));  // never deleted, on purpose
     return;
   }
-  py::gil_scoped_release release;
+  ReleaseGil release;
   p.reset();
 }
 

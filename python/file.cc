@@ -334,7 +334,7 @@ class ObjectWriteFile {
       return;
     }
     {
-      py::gil_scoped_release release;
+      ReleaseGil release;
       writer_->Abort();
       staging_.reset();
     }

@@ -47,7 +47,7 @@ class PySafetensorsLoad {
       (void)model_.release();
       return;
     }
-    py::gil_scoped_release release;
+    ReleaseGil release;
     Stop();
   }
 
@@ -84,7 +84,7 @@ class PySafetensorsLoad {
     dsts_.reserve(addresses.size());
     for (uintptr_t a : addresses) dsts_.push_back(reinterpret_cast<char*>(a));
     cancel_ = NewCancelToken();
-    thread_ = std::make_unique<std::thread>([this] {
+    thread_ = std::make_unique<std::thread>(StartThread([this] {
       absl::StatusOr<ReadRangesStats> read = model_->Read(
           dsts_,
           [this](size_t i) {
@@ -95,7 +95,7 @@ class PySafetensorsLoad {
       absl::MutexLock lock(&mu_);
       status_ = read.status();
       finished_ = true;
-    });
+    }));
   }
 
   // The next complete tensor's index; None when all were handed out. Raises the load's error.
@@ -104,7 +104,7 @@ class PySafetensorsLoad {
     std::optional<size_t> index;
     absl::Status status;
     {
-      py::gil_scoped_release release;
+      ReleaseGil release;
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](PySafetensorsLoad* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
@@ -124,7 +124,7 @@ class PySafetensorsLoad {
   }
 
   void Close() {
-    py::gil_scoped_release release;
+    ReleaseGil release;
     Stop();
   }
 

@@ -49,9 +49,14 @@ def test_the_budget_flags_bound_the_bytes_held(tree, flags):
 
 
 def test_the_environment_sets_the_budget_and_a_flag_wins(tree):
-    assert fetch_json(path=tree, env={"WHARF_MEMORY_BUDGET": "4M"})["peak_bytes_held"] <= 4 * MiB
+    env_only = fetch_json(path=tree, env={"WHARF_MEMORY_BUDGET": "4M"})
+    assert env_only["memory_budget"] == 4 * MiB
+    assert 0 < env_only["peak_bytes_held"] <= 4 * MiB
     both = fetch_json("--memory-budget", "7M", path=tree, env={"WHARF_MEMORY_BUDGET": "4M"})
-    assert 4 * MiB < both["peak_bytes_held"] <= 7 * MiB
+    assert both["memory_budget"] == 7 * MiB
+    assert 0 < both["peak_bytes_held"] <= 7 * MiB
+    # How much the engine holds at once under 7M depends on timing (a fast consumer keeps it
+    # low), so the flag's effect is read from the setting in force, not from a lower bound.
 
 
 @pytest.mark.parametrize("flag", ["--inflight", "-j", "--jobs"])
