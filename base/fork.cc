@@ -8,6 +8,7 @@
 #include <new>
 
 #include "absl/base/internal/low_level_scheduling.h"
+#include "absl/base/internal/sysinfo.h"
 #include "absl/synchronization/internal/create_thread_identity.h"
 
 namespace wharf {
@@ -42,11 +43,16 @@ void Prepare() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   registry_mu.Lock();
   for (int i = 0; i < count; ++i) mutexes[i]->Lock();
   pthread_mutex_lock(&identity_gate);
-  // absl::Mutex sets its spin limits once per process, on the first contended Lock of any
-  // thread (a once-flag; a child forked while another thread runs it waits on it forever at its
-  // own first contended Lock). Asking for them here returns at once when that is done and
-  // otherwise waits until the running initialization completes.
+  // absl's process-wide one-time initializations on the paths of a thread's first waits (each
+  // behind a once-flag: a child forked while another thread runs one waits on it forever at
+  // its own first wait). Each call returns at once when its initialization is done, runs it
+  // when it has not started, and waits for it when another thread is running it, so none is
+  // inherited half-done: the thread-identity key and absl's allocator (a first identity),
+  // Mutex's spin limits and the CPU count (a first contended Lock), and the cycle clock's
+  // frequency (a first Await or CondVar wait, for contention profiling; seen in gdb).
+  absl::synchronization_internal::GetOrCreateCurrentThreadIdentity();
   (void)absl::synchronization_internal::MutexDelay(0, /*GENTLE=*/1);
+  (void)absl::base_internal::NominalCPUFrequency();
 }
 
 void ReleaseInParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {

@@ -10,13 +10,15 @@
 // no other thread holds them, and both sides continue with them released.
 //
 // absl gives a thread its per-thread identity on the thread's first wait (a contended Mutex, a
-// CondVar), allocated under a process-wide spinlock of absl's own allocator. A fork() while
-// another thread is inside that allocation leaves the spinlock held in the child, and every
-// thread of the child then spins on it at its first wait, forever (seen: a DataLoader-like child
-// whose new pool threads all hung there, because the parent's thread had its first wait on the
-// default runtime's mutex, which fork() itself held). So identities are made behind a gate
-// that fork() waits for: every thread wharf starts (StartThread) and every thread that enters
-// the default runtime makes its identity first, through EnsureThreadIdentity.
+// CondVar), allocated under a process-wide spinlock of absl's own allocator, and sets some
+// process-wide values once, behind once-flags, on the first waits of the process (Mutex spin
+// limits, the cycle clock's frequency). A fork() while another thread is inside either leaves
+// the child's threads spinning forever at their first wait (seen in gdb: a DataLoader-like
+// child whose new pool threads all hung there). So identities are made behind a gate that
+// fork() waits for: every thread wharf starts (StartThread) and every thread that enters the
+// default runtime or releases the GIL in a binding makes its identity first, through
+// EnsureThreadIdentity; and fork() asks for each once-set value first, which waits for one
+// being set.
 // Thread-safety: thread-safe.
 #pragma once
 

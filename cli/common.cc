@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -179,8 +180,24 @@ absl::Status FlushStdout() {
 
 bool Progress::ShouldShow(bool quiet) { return !quiet && isatty(STDERR_FILENO) == 1; }
 
-Progress::Progress(bool enabled) : enabled_(enabled), start_(absl::Now()) {
-  if (enabled_) thread_ = StartThread([this] { Loop(); });
+namespace {
+absl::Duration StallWarnAfter() {
+  double seconds = 60;
+  if (const char* v = std::getenv("WHARF_STALL_WARN_SECONDS"); v != nullptr && *v != '\0') {
+    double parsed = 0;
+    if (absl::SimpleAtod(v, &parsed) && parsed > 0) seconds = parsed;
+  }
+  return absl::Seconds(seconds);
+}
+}  // namespace
+
+Progress::Progress(bool enabled)
+    : enabled_(enabled),
+      start_(absl::Now()),
+      stall_warn_(StallWarnAfter()),
+      moved_(start_),
+      next_warn_(stall_warn_) {
+  thread_ = StartThread([this] { Loop(); });
 }
 
 Progress::~Progress() { Stop(); }
@@ -206,10 +223,32 @@ void Progress::PrintLine(absl::string_view line) {
 void Progress::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    DrawLocked();
+    if (enabled_) DrawLocked();
+    CheckStallLocked(absl::Now());
     // Wakes early when Stop() sets stopping_.
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));
   }
+}
+
+void Progress::CheckStallLocked(absl::Time now) {
+  const uint64_t counters = total_.load(std::memory_order_relaxed) + bytes() + objects_done();
+  if (counters != seen_) {
+    seen_ = counters;
+    moved_ = now;
+    next_warn_ = stall_warn_;
+    return;
+  }
+  const absl::Duration stalled = now - moved_;
+  if (stalled < next_warn_) return;
+  next_warn_ = next_warn_ * 2;
+  EraseLocked();
+  const std::string line = absl::StrFormat(
+      "wharf: no progress for %.0f s (%d objects, %s MB done so far): still waiting for the store "
+      "or for writes to the destination (a full file system, e.g. a CephFS whose pool is full, "
+      "blocks writes)\n",
+      absl::ToDoubleSeconds(stalled), objects_done(), Megabytes(bytes()));
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
 }
 
 void Progress::DrawLocked() {

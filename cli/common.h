@@ -102,6 +102,12 @@ absl::Status FlushStdout();
 // when enabled (stderr is a terminal and the user did not ask for quiet); the counters work
 // either way, so the caller's summary line uses them.
 // Thread-safety: every method may be called from any thread.
+//
+// Whether shown or not, it watches for a stall: when nothing moves (no object listed, no byte
+// moved, no object done) for WHARF_STALL_WARN_SECONDS (default 60), it prints one line saying
+// so and what commonly causes it, and again each time the stall doubles. A transfer that waits
+// on a destination that blocks writes (a CephFS whose pool is full blocks them instead of
+// failing) is then no longer silent.
 class Progress {
  public:
   explicit Progress(bool enabled);
@@ -134,6 +140,8 @@ class Progress {
  private:
   void Loop();
   void DrawLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Prints the stall line when nothing moved for long enough (see the class comment).
+  void CheckStallLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const bool enabled_;
@@ -146,8 +154,12 @@ class Progress {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool drawn_ ABSL_GUARDED_BY(mu_) = false;  // a progress line is on screen
-  int ticks_ ABSL_GUARDED_BY(mu_) = 0;       // redraws so far, to animate an open total
+  bool drawn_ ABSL_GUARDED_BY(mu_) = false;        // a progress line is on screen
+  int ticks_ ABSL_GUARDED_BY(mu_) = 0;             // redraws so far, to animate an open total
+  const absl::Duration stall_warn_;                // first warning after this long without a move
+  uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;         // the sum of the counters at the last move
+  absl::Time moved_ ABSL_GUARDED_BY(mu_);          // when they last moved
+  absl::Duration next_warn_ ABSL_GUARDED_BY(mu_);  // the stall length of the next warning
   std::thread thread_;
 };
 

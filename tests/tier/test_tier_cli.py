@@ -209,6 +209,23 @@ def test_clear_errors(tmp_path, bucket, s3_env):
         ("ttl", 30.0, 2 << 30, 10.0)
 
 
+def test_an_import_that_stops_moving_says_so_and_a_moving_one_does_not(tmp_path, bucket, s3_env,
+                                                                        s3_client, slow_link):
+    put_objects(s3_client, bucket, "s/", 3)
+    env = dict(s3_env, WHARF_STALL_WARN_SECONDS="1")
+    env["WHARF_S3_ENDPOINT"] = env["AWS_ENDPOINT_URL"] = slow_link(delay_ms=1500)  # 3 s a request
+    slow = run_wharf("tier", "import", "--quiet", f"s3://{bucket}/s/", tmp_path / "a", env=env,
+                     check=True)
+    warnings = [line for line in slow.stderr.splitlines() if "no progress for" in line]
+    assert warnings, slow.stderr
+    assert all(line.startswith("wharf: no progress for ") and "0 objects" in line
+               and "full file system" in line for line in warnings), warnings
+    assert len(tree_files(tmp_path / "a")) == 3  # a warning, not a failure
+    fast = run_wharf("tier", "import", "--quiet", f"s3://{bucket}/s/", tmp_path / "b", env=s3_env,
+                     check=True)
+    assert "no progress" not in fast.stderr
+
+
 def test_a_complete_import_answers_listings_through_the_tier(tmp_path, bucket, s3_env, s3_client):
     # A tree that holds every object its import listed is the source's listing (immutable
     # mode): `--cache` readers list from it and never ask the bucket; an import that has not
