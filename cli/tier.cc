@@ -9,6 +9,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -110,7 +111,15 @@ absl::Status RunImport(const TierArgs& args) {
     options.shard_count = args.world_size;
   }
   Progress progress(Progress::ShouldShow(args.quiet || args.json));
-  ProgressObserver observer(progress);
+  // Also sums the bytes of the whole imported tree (copied and already current).
+  class ImportObserver : public ProgressObserver {
+   public:
+    using ProgressObserver::ProgressObserver;
+    void OnObjectAt(const ObjectMeta& src, const ObjectMeta&, bool) override {
+      tree_bytes.fetch_add(src.size, std::memory_order_relaxed);
+    }
+    std::atomic<uint64_t> tree_bytes{0};
+  } observer(progress);
   absl::StatusOr<TransferSummary> summary;
   std::string source_uri;
   {
@@ -152,6 +161,17 @@ absl::Status RunImport(const TierArgs& args) {
     WHARF_RETURN_IF_ERROR(recorded);
   }
   if (!summary.ok()) return summary.status();
+  // Imported files are evictable entries: a tree larger than the tier's bound cannot stay whole.
+  const uint64_t tree_bytes = observer.tree_bytes.load();
+  const uint64_t max_size = tier->config().max_size;
+  if (max_size > 0 && tree_bytes > max_size) {
+    const std::string warning = absl::StrFormat(
+        "wharf: tier import: the imported tree (%s MB) is larger than the tier's max size (%s "
+        "MB): eviction will remove its least recently used files unless they are pinned (wharf "
+        "tier pin %s) or the bound is raised (wharf tier init %s --max-size SIZE)\n",
+        Megabytes(tree_bytes), Megabytes(max_size), dest, tier->root());
+    std::fwrite(warning.data(), 1, warning.size(), stderr);
+  }
   const double seconds = absl::ToDoubleSeconds(summary->elapsed);
   if (args.json) {
     json j;
@@ -165,6 +185,7 @@ absl::Status RunImport(const TierArgs& args) {
     j["failed"] = summary->failed;
     j["seconds"] = seconds;
     j["garbage_removed"] = garbage.files;
+    j["tree_bytes"] = tree_bytes;
     if (args.world_size > 0) {
       j["rank"] = args.rank;
       j["world_size"] = args.world_size;

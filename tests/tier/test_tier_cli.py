@@ -226,6 +226,27 @@ def test_an_import_that_stops_moving_says_so_and_a_moving_one_does_not(tmp_path,
     assert "no progress" not in fast.stderr
 
 
+def test_an_import_larger_than_the_tiers_bound_warns_once_and_keeps_every_file(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.bin").write_bytes(os.urandom(512 * 1024))
+    run_wharf("tier", "init", "--max-size", "1M", tmp_path / "t", check=True)
+    big = run_wharf("tier", "import", "--json", src, tmp_path / "t" / "all", check=True)
+    assert json.loads(big.stdout)["tree_bytes"] == 3 * 512 * 1024
+    warnings = big.stderr.splitlines()
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("wharf: tier import: the imported tree") and \
+        "larger than the tier's max size" in warnings[0] and "tier pin" in warnings[0]
+    assert len(tree_files(tmp_path / "t" / "all")) == 3  # a warning: nothing was refused
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "a.bin").write_bytes(os.urandom(512 * 1024))
+    fits = run_wharf("tier", "import", tmp_path / "one", tmp_path / "t" / "one", check=True)
+    assert fits.stderr == ""
+    unbounded = run_wharf("tier", "import", src, tmp_path / "u", check=True)
+    assert unbounded.stderr == ""
+
+
 def test_a_complete_import_answers_listings_through_the_tier(tmp_path, bucket, s3_env, s3_client):
     # A tree that holds every object its import listed is the source's listing (immutable
     # mode): `--cache` readers list from it and never ask the bucket; an import that has not
