@@ -236,19 +236,18 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
         extent = {item.range.offset, item.range.offset + *item.range.length};
       }
       if (!extent.has_value()) {  // size needed first
+        if (item.range.suffix) {
+          queue_.push_back(HeadGroup(i, std::move(item)));
+          continue;
+        }
         Group g;
         g.key = item.key;
         g.first_item = i;
-        if (item.range.suffix) {
-          g.slices.push_back({i, 0, 0});
-          g.head_item = std::move(item);
-        } else {
-          g.etag = item.etag;
-          g.begin = item.range.offset;
-          g.end = g.begin + kProbeBytes;
-          g.slices.push_back({i, g.begin, g.end});
-          g.probe_item = std::move(item);
-        }
+        g.etag = item.etag;
+        g.begin = item.range.offset;
+        g.end = g.begin + kProbeBytes;
+        g.slices.push_back({i, g.begin, g.end});
+        g.probe_item = std::move(item);
         queue_.push_back(std::move(g));
         continue;
       }
@@ -663,12 +662,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
         meta.etag = g->etag;
         PlanLocked(g->first_item, *std::move(g->probe_item), meta, deferred);
       } else {
-        Group head;
-        head.key = g->key;
-        head.first_item = g->first_item;
-        head.slices.push_back({g->first_item, 0, 0});
-        head.head_item = *std::move(g->probe_item);
-        queue_.push_front(std::move(head));
+        queue_.push_front(HeadGroup(g->first_item, *std::move(g->probe_item)));
       }
     } else if (!g->status.ok() && !g->composed.empty() && !cancelled_ &&
                g->status.code() != absl::StatusCode::kCancelled) {
@@ -741,6 +735,16 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       PlanLocked(index, std::move(item), *m, deferred);
     }
     PumpLocked(deferred);
+  }
+
+  // A group that asks the object's size with a HEAD, then plans `item` from the answer.
+  static Group HeadGroup(size_t index, FetchItem item) {
+    Group g;
+    g.key = item.key;
+    g.first_item = index;
+    g.slices.push_back({index, 0, 0});
+    g.head_item = std::move(item);
+    return g;
   }
 
   // Now that the size is known (a HEAD, or a probe's answer), plans the item again at the
