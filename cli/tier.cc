@@ -552,8 +552,10 @@ void AddTier(CLI::App& app, TierArgs& args) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   import->add_flag("--json", args.json,
-                   "Print a JSON summary: objects, bytes, fetched, skipped, failed, seconds");
-  import->add_flag("-q,--quiet", args.quiet, "No progress line and no summary");
+                   "Print a JSON summary: objects, bytes, fetched, skipped, failed, seconds, "
+                   "tree_bytes");
+  import->add_flag("-q,--quiet", args.quiet,
+                   "No progress line and no summary (warnings still go to stderr)");
   import->add_option("SRC_URI", args.src, "The source prefix (s3://, gs://, file://)")->required();
   import
       ->add_option("DEST_DIR", args.path,
@@ -563,7 +565,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
       "Each object becomes DEST_DIR/<key relative to SRC_URI>, verified (size, and the MD5\n"
       "where the ETag is one) and published by rename, in batches made durable with one\n"
       "syncfs. A rerun fetches only what is missing or changed (by ETag) and removes the\n"
-      "temporary files of interrupted runs.");
+      "temporary files of interrupted runs. Warns when the imported tree alone is larger\n"
+      "than the tier's max size (its files are evictable unless pinned), and when nothing\n"
+      "has moved for WHARF_STALL_WARN_SECONDS (default 60; a full CephFS blocks writes).");
 
   CLI::App* exp = sub("export", "Upload the files below TIER_PATH to DST_URI");
   exp->add_option("-j,--jobs,--inflight", args.jobs,
