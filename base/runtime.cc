@@ -23,7 +23,21 @@ absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid size '", text, "': expected an integer with an optional K, M, G or T suffix"));
   }
-  std::string suffix = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(s.substr(digits)));
+  // A decimal fraction of a unit ("1.5G"): its bytes are added below, rounded down.
+  absl::string_view fraction;
+  size_t end = digits;
+  if (end < s.size() && s[end] == '.') {
+    ++end;
+    while (end < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[end]))) ++end;
+    fraction = s.substr(digits + 1, end - digits - 1);
+    if (fraction.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid size '", text,
+                       "': expected digits after the decimal point (a "
+                       "number with an optional K, M, G or T suffix)"));
+    }
+  }
+  std::string suffix = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(s.substr(end)));
   // "K", "KB", "KIB", "B", "" are accepted; every multiple is a power of 1024.
   if (absl::EndsWith(suffix, "IB"))
     suffix.resize(suffix.size() - 2);
@@ -43,13 +57,35 @@ absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
   else if (suffix == "T")
     shift = 40;
   else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid size '", text, "': the suffix must be K, M, G or T (powers of 1024)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid size '", text,
+                     "': expected a number with an optional K, M, G or T suffix "
+                     "(powers of 1024), not '",
+                     s.substr(end), "'"));
+  }
+  if (!fraction.empty() && shift == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid size '", text,
+                     "': a fraction of a byte (a fraction needs a K, M, G or T suffix)"));
   }
   if (shift > 0 && n > (~uint64_t{0} >> shift)) {
     return absl::InvalidArgumentError(absl::StrCat("invalid size '", text, "': too large"));
   }
-  return n << shift;
+  uint64_t bytes = n << shift;
+  if (!fraction.empty()) {
+    // At most 12 digits count (finer than a byte of a terabyte).
+    uint64_t num = 0, den = 1;
+    for (char c : fraction.substr(0, 12)) {
+      num = num * 10 + static_cast<uint64_t>(c - '0');
+      den *= 10;
+    }
+    const unsigned __int128 part = (static_cast<unsigned __int128>(num) << shift) / den;
+    if (bytes > ~uint64_t{0} - part) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid size '", text, "': too large"));
+    }
+    bytes += static_cast<uint64_t>(part);
+  }
+  return bytes;
 }
 
 std::string FormatSize(uint64_t bytes) {

@@ -47,8 +47,9 @@ struct RuntimeOptions {
   static absl::StatusOr<RuntimeOptions> FromEnvironment();
 };
 
-// Parses a byte size: an integer with an optional K, M, G or T suffix in powers of 1024
-// ("256M", "2G", "4096"; "KiB"/"MB"-style spellings and lower case accepted, all binary).
+// Parses a byte size: a number with an optional K, M, G or T suffix in powers of 1024
+// ("256M", "2G", "1.5G", "4096"; "KiB"/"MB"-style spellings and lower case accepted, all
+// binary). A fraction needs a suffix and is rounded down to whole bytes.
 absl::StatusOr<uint64_t> ParseSize(absl::string_view text);
 // "1 GiB", "256 MiB", "12345 B": for messages.
 std::string FormatSize(uint64_t bytes);

@@ -296,10 +296,18 @@ absl::StatusOr<CheckpointRoot::Listing> CheckpointRoot::List() const {
     const std::string what = StepUri(steps[i]) + kManifestName;
     if (!status.ok()) return Annotate(status, "reading " + what);
     auto m = Manifest::FromJson(sinks[i].text, what);
-    if (!m.ok()) return m.status();
+    // A manifest newer than this wharf stops the listing: skipping it could make an older
+    // checkpoint "latest".
+    if (absl::IsFailedPrecondition(m.status())) return m.status();
+    if (!m.ok()) {
+      out.damaged.emplace_back(steps[i], m.status());
+      continue;
+    }
     if (m->step != steps[i]) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": says step ", m->step, " in the directory of step ", steps[i]));
+      out.damaged.emplace_back(
+          steps[i], absl::DataLossError(absl::StrCat(what, ": says step ", m->step,
+                                                     " in the directory of step ", steps[i])));
+      continue;
     }
     out.complete.push_back(*std::move(m));
   }
@@ -508,7 +516,7 @@ absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const Che
     eo.put = options.put;
     auto exported = ExportTierPath(
         from.tier(), absl::StrCat(from.local_dir(), "/", StepDirName(step), "/", kManifestName),
-        {to.store(), dst_dir + kManifestName}, eo, nullptr);
+        {to.store(), dst_dir + kManifestName}, eo);
     if (!exported.ok()) return Annotate(exported.status(), what);
   } else {
     auto text = from.store()->Read(manifest_key);

@@ -117,6 +117,9 @@ class CheckpointRoot {
   struct Listing {
     std::vector<Manifest> complete;   // by step
     std::vector<int64_t> incomplete;  // step directories without a manifest
+    // Step directories whose manifest is not one (malformed, or naming another step), with
+    // why: neither listed nor restorable, and never removed except by an explicit Delete.
+    std::vector<std::pair<int64_t, absl::Status>> damaged;
   };
   // The checkpoints below the root (a missing root lists nothing).
   absl::StatusOr<Listing> List() const;

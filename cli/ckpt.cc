@@ -52,21 +52,49 @@ struct Candidates {
   }
 };
 
+void Warn(absl::string_view message) {
+  const std::string line = absl::StrCat("wharf: ", message, "\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+// One line per step directory whose manifest is not one (the others are still listed).
+void WarnDamaged(const CheckpointRoot::Listing& listing) {
+  for (const auto& [step, why] : listing.damaged) {
+    Warn(absl::StrCat("step ", step, " is left out: ", OneLine(why.message()),
+                      " (wharf ckpt rm --step ", step, " removes it)"));
+  }
+}
+
 // The root's complete checkpoints, and for a local root that exports, the destination's.
 absl::StatusOr<Candidates> Collect(const std::string& uri) {
   Candidates c;
   WHARF_ASSIGN_OR_RETURN(c.root, OpenRoot(uri));
   WHARF_ASSIGN_OR_RETURN(c.config, c.root->ReadConfig());
   WHARF_ASSIGN_OR_RETURN(CheckpointRoot::Listing here, c.root->List());
+  WarnDamaged(here);
   for (Manifest& m : here.complete) {
     Found& f = c.by_step[m.step];
     f.manifest = std::move(m);
     f.here = true;
   }
   if (c.root->is_local() && !c.config.export_to.empty()) {
-    WHARF_ASSIGN_OR_RETURN(c.exported, OpenRoot(c.config.export_to));
-    WHARF_ASSIGN_OR_RETURN(CheckpointRoot::Listing there, c.exported->List());
-    for (Manifest& m : there.complete) {
+    // The tier's own checkpoints stay usable when the bucket it exports to cannot be read.
+    absl::StatusOr<CheckpointRoot::Listing> there;
+    auto exported = OpenRoot(c.config.export_to);
+    if (exported.ok()) {
+      c.exported = *std::move(exported);
+      there = c.exported->List();
+    } else {
+      there = exported.status();
+    }
+    if (!there.ok()) {
+      Warn(absl::StrCat("the checkpoints exported to ", OneLine(c.config.export_to),
+                        " are left out: ", OneLine(there.status().message())));
+      c.exported = nullptr;
+      return c;
+    }
+    WarnDamaged(*there);
+    for (Manifest& m : there->complete) {
       Found& f = c.by_step[m.step];
       if (!f.here) f.manifest = std::move(m);
       f.there = true;
@@ -196,6 +224,7 @@ absl::Status RunCkptRm(const CkptArgs& args) {
   bool known = false;
   for (const Manifest& m : listing->complete) known |= m.step == args.step;
   for (int64_t s : listing->incomplete) known |= s == args.step;
+  for (const auto& [s, why] : listing->damaged) known |= s == args.step;
   if (!known) {
     return absl::NotFoundError(
         absl::StrCat("ckpt rm: no checkpoint of step ", args.step, " in ", root->uri()));

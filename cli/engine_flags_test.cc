@@ -67,10 +67,13 @@ TEST(ParseSizeTest, SuffixesArePowersOf1024) {
   EXPECT_EQ(*ParseSize("64MiB"), 64 * kMiB);
   EXPECT_EQ(*ParseSize("64MB"), 64 * kMiB);
   EXPECT_EQ(*ParseSize(" 8 K "), 8192u);
+  EXPECT_EQ(*ParseSize("1.5G"), 1536 * kMiB);
+  EXPECT_EQ(*ParseSize("0.5GiB"), 512 * kMiB);
+  EXPECT_EQ(*ParseSize("1.001K"), 1025u);  // rounded down
 }
 
 TEST(ParseSizeTest, BadInputIsOneClearError) {
-  for (const char* bad : {"", "M", "abc", "-1", "1.5G", "12X", "1P", "1GG"}) {
+  for (const char* bad : {"", "M", "abc", "-1", "1.5", "1.G", "1e3", "12X", "1P", "1GG"}) {
     absl::StatusOr<uint64_t> size = ParseSize(bad);
     ASSERT_FALSE(size.ok()) << bad;
     EXPECT_EQ(size.status().code(), absl::StatusCode::kInvalidArgument) << bad;

@@ -86,6 +86,16 @@ absl::Status RunInit(const TierArgs& args) {
   return absl::OkStatus();
 }
 
+// Whether the tree already holds `object` (imported under its base name, the place a
+// one-object transfer puts it) with the same size and ETag.
+bool OneObjectIsCurrent(ObjectStore& tree, const ObjectMeta& object) {
+  const size_t slash = object.key.rfind('/');
+  const std::string name = slash == std::string::npos ? object.key : object.key.substr(slash + 1);
+  absl::StatusOr<ObjectMeta> have = tree.Head(name);
+  return have.ok() && !object.etag.empty() && have->size == object.size &&
+         have->etag == object.etag;
+}
+
 absl::Status RunImport(const TierArgs& args) {
   if ((args.rank >= 0) != (args.world_size > 0)) {
     return absl::InvalidArgumentError("tier import: give --rank and --world-size together");
@@ -120,6 +130,7 @@ absl::Status RunImport(const TierArgs& args) {
     }
     std::atomic<uint64_t> tree_bytes{0};
   } observer(progress);
+  TransferSummary counts;  // also when the import fails
   absl::StatusOr<TransferSummary> summary;
   std::string source_uri;
   {
@@ -130,27 +141,51 @@ absl::Status RunImport(const TierArgs& args) {
     tree_options.complete_before_publish = true;
     WHARF_ASSIGN_OR_RETURN(std::shared_ptr<TierTreeStore> tree,
                            TierTreeStore::Open(tier, dest, Runtime::Default(), tree_options));
-    if (target.is_object) {
-      source_uri = src.store->Uri(target.object.key);
-      summary = Transfer({src.store, target.object.key}, {tree, ""}, options, &observer);
+    const std::string& key = target.is_object ? target.object.key : target.prefix;
+    source_uri = src.store->Uri(key);
+    absl::Status transferred;
+    if (target.is_object && OneObjectIsCurrent(*tree, target.object)) {
+      // Transfer copies one object unconditionally: a rerun keeps what is current.
+      counts = TransferSummary{.listed = 1, .skipped = 1};
+      observer.OnObjectAt(target.object, target.object, /*copied=*/false);
     } else {
-      source_uri = src.store->Uri(target.prefix);
-      summary = Transfer({src.store, target.prefix}, {tree, ""}, options, &observer);
+      transferred = TransferWithSummary({src.store, key}, {tree, ""}, options, &counts, &observer);
     }
     absl::Status published = tree->Flush();
-    if (!published.ok() && summary.ok()) {
-      summary = Annotate(published, absl::StrCat("tier import ", src.store->Uri(src.uri.key)));
+    if (!published.ok() && transferred.ok()) {
+      transferred = Annotate(published, absl::StrCat("tier import ", src.store->Uri(src.uri.key)));
     }
-    if (summary.ok()) summary->elapsed = absl::Now() - started;  // the last batch included
+    counts.elapsed = absl::Now() - started;  // the last batch included
+    if (transferred.ok()) {
+      summary = counts;
+    } else {
+      summary = transferred;
+    }
   }  // the tree store publishes what it still holds
   progress.Stop();
+  if (!summary.ok() && args.json && counts.listed > 0) {
+    // What a partly failed import did, for scripts; the error follows on stderr.
+    Print(JsonLine({{"source", source_uri},
+                    {"dest", dest},
+                    {"tier", tier->root()},
+                    {"objects", counts.objects + counts.skipped + counts.failed},
+                    {"bytes", counts.bytes},
+                    {"fetched", counts.objects},
+                    {"skipped", counts.skipped},
+                    {"failed", counts.failed},
+                    {"seconds", absl::ToDoubleSeconds(counts.elapsed)},
+                    {"garbage_removed", garbage.files},
+                    {"error", OneLine(summary.status().message())}}));
+  }
   if (!target.is_object) {
     // A run that copied or kept every object it listed makes the tree a complete listing
     // of the source (the tier answers listings from it); any other run says it is not.
     TierImport record{.source = source_uri, .dir = tier->Relative(dest)};
     if (summary.ok() && summary->failed == 0) {
       record.completed = absl::Now();
-      record.objects = summary->listed;
+      // The files the tree holds: the listing less directory markers ("dir/"), which a
+      // file tree has no place for.
+      record.objects = summary->objects + summary->skipped;
     }
     if (args.world_size > 0) {
       record.rank = args.rank;
@@ -178,7 +213,7 @@ absl::Status RunImport(const TierArgs& args) {
     j["source"] = source_uri;
     j["dest"] = dest;
     j["tier"] = tier->root();
-    j["objects"] = summary->listed;
+    j["objects"] = summary->objects + summary->skipped + summary->failed;
     j["bytes"] = summary->bytes;
     j["fetched"] = summary->objects;
     j["skipped"] = summary->skipped;
@@ -193,7 +228,8 @@ absl::Status RunImport(const TierArgs& args) {
     Print(JsonLine(j));
   } else if (!args.quiet) {
     Print(absl::StrFormat("imported %d of %d objects (%s MB) in %.2f s (%s MB/s) into %s\n",
-                          summary->objects, summary->listed, Megabytes(summary->bytes), seconds,
+                          summary->objects, summary->objects + summary->skipped,
+                          Megabytes(summary->bytes), seconds,
                           MegabytesPerSecond(summary->bytes, summary->elapsed), dest));
     if (summary->skipped > 0) {
       Print(absl::StrFormat("skipped %d already current (same size and ETag)\n", summary->skipped));
@@ -225,18 +261,35 @@ absl::Status RunExport(const TierArgs& args) {
   options.on_warning = [&progress](const absl::Status& s) {
     progress.PrintLine(absl::StrCat("wharf: ", OneLine(s.message())));
   };
-  absl::StatusOr<TierExportSummary> exported =
-      ExportTierPath(tier, path, {dst.store, dst.uri.key}, options, &observer);
+  TierExportSummary exported;
+  const absl::Status status =
+      ExportTierPath(tier, path, {dst.store, dst.uri.key}, options, &exported, &observer);
   progress.Stop();
-  if (!exported.ok()) return exported.status();
-  const TransferSummary& summary = exported->transfer;
+  const TransferSummary& summary = exported.transfer;
+  if (!status.ok()) {
+    if (args.json && summary.listed > 0) {
+      // What a partly failed export did, for scripts; the error follows on stderr.
+      Print(JsonLine({{"source", path},
+                      {"dest", exported.dst_uri},
+                      {"tier", tier->root()},
+                      {"objects", summary.objects + summary.skipped + summary.failed},
+                      {"bytes", summary.bytes},
+                      {"uploaded", summary.objects},
+                      {"skipped", summary.skipped},
+                      {"failed", summary.failed},
+                      {"seconds", absl::ToDoubleSeconds(summary.elapsed)},
+                      {"aborted_uploads", exported.aborted_uploads},
+                      {"error", OneLine(status.message())}}));
+    }
+    return status;
+  }
   // The objects the filters selected (listed minus filtered out).
   const uint64_t selected = summary.objects + summary.skipped + summary.failed;
   const double seconds = absl::ToDoubleSeconds(summary.elapsed);
   if (args.json) {
     json j;
     j["source"] = path;
-    j["dest"] = exported->dst_uri;
+    j["dest"] = exported.dst_uri;
     j["tier"] = tier->root();
     j["objects"] = selected;
     j["bytes"] = summary.bytes;
@@ -244,19 +297,19 @@ absl::Status RunExport(const TierArgs& args) {
     j["skipped"] = summary.skipped;
     j["failed"] = summary.failed;
     j["seconds"] = seconds;
-    j["aborted_uploads"] = exported->aborted_uploads;
+    j["aborted_uploads"] = exported.aborted_uploads;
     Print(JsonLine(j));
   } else if (!args.quiet) {
     Print(absl::StrFormat("exported %d of %d objects (%s MB) in %.2f s (%s MB/s) to %s\n",
                           summary.objects, selected, Megabytes(summary.bytes), seconds,
                           MegabytesPerSecond(summary.bytes, summary.elapsed),
-                          OneLine(exported->dst_uri)));
+                          OneLine(exported.dst_uri)));
     if (summary.skipped > 0) {
       Print(absl::StrFormat("skipped %d already there (same size and ETag)\n", summary.skipped));
     }
-    if (exported->aborted_uploads > 0) {
+    if (exported.aborted_uploads > 0) {
       Print(absl::StrFormat("aborted %d multipart uploads that interrupted exports left\n",
-                            exported->aborted_uploads));
+                            exported.aborted_uploads));
     }
   }
   return absl::OkStatus();
@@ -386,14 +439,31 @@ absl::Status Repair(const std::shared_ptr<Tier>& tier, const std::string& path,
   const size_t slash = path.rfind('/');
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<TierTreeStore> tree,
                          TierTreeStore::Open(tier, path.substr(0, slash), Runtime::Default()));
-  if (unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "removing");
-  return Transfer({src.store, src.uri.key}, {tree, path.substr(slash + 1)}, TransferOptions{})
-      .status();
+  // The fresh copy replaces the damaged file by a rename, so a repair that fails (the source
+  // unreachable or gone) leaves the file as it was; a pin carries over to the new file.
+  const bool pinned = IsPinned(path);
+  {
+    TransferOptions options;
+    options.mode = TransferMode::kCopy;
+    WHARF_RETURN_IF_ERROR(
+        Transfer({src.store, src.uri.key}, {tree, path.substr(slash + 1)}, options).status());
+  }
+  tree.reset();  // publishes the new file
+  if (pinned) WHARF_RETURN_IF_ERROR(SetPinned(path, true));
+  return absl::OkStatus();
 }
 
 absl::Status RunVerify(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   uint64_t checked = 0, damaged = 0, repaired = 0;
+  // One line per damaged entry: on stdout, or on stderr under --json (stdout is one object).
+  auto report = [&args](const std::string& line) {
+    if (args.json) {
+      std::fwrite(line.data(), 1, line.size(), stderr);
+    } else {
+      Print(line);
+    }
+  };
   absl::Status walk = WalkTierFiles(
       *tier, AbsolutePath(args.path), [&](const std::string& p, const struct stat& st) {
         const auto entry = ReadEntryAttr(p);
@@ -419,12 +489,12 @@ absl::Status RunVerify(const TierArgs& args) {
           absl::Status fixed = Repair(tier, p, *entry);
           if (fixed.ok()) {
             ++repaired;
-            Print(absl::StrCat("repaired ", OneLine(p), " (", problem, ")\n"));
+            report(absl::StrCat("repaired ", OneLine(p), " (", problem, ")\n"));
             return;
           }
           problem = absl::StrCat(problem, "; repair failed: ", fixed.message());
         }
-        Print(absl::StrCat("damaged ", OneLine(p), ": ", OneLine(problem), "\n"));
+        report(absl::StrCat("damaged ", OneLine(p), ": ", OneLine(problem), "\n"));
       });
   WHARF_RETURN_IF_ERROR(walk);
   const uint64_t remaining = damaged - repaired;

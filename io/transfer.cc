@@ -468,16 +468,15 @@ class Engine {
     inflight_ = options_.inflight > 0 ? options_.inflight : options_.runtime->inflight();
   }
 
-  absl::StatusOr<TransferSummary> Run() {
+  absl::Status Run(TransferSummary& summary) {
     const absl::Time start = absl::Now();
-    TransferSummary summary;
+    summary = TransferSummary{};
     absl::Status status = options_.recursive ? RunPrefix(summary) : RunOne(summary);
     summary.objects = outcome_.objects();
     summary.bytes = outcome_.bytes();
     summary.failed = outcome_.failed();
     summary.elapsed = absl::Now() - start;
-    if (!status.ok()) return status;
-    return summary;
+    return status;
   }
 
  private:
@@ -803,9 +802,10 @@ class Engine {
 
 }  // namespace
 
-absl::StatusOr<TransferSummary> Transfer(const TransferEndpoint& src, const TransferEndpoint& dst,
-                                         const TransferOptions& options,
-                                         TransferObserver* observer) {
+absl::Status TransferWithSummary(const TransferEndpoint& src, const TransferEndpoint& dst,
+                                 const TransferOptions& options, TransferSummary* summary,
+                                 TransferObserver* observer) {
+  *summary = TransferSummary{};
   if (options.shard_count < 1 || options.shard_index < 0 ||
       options.shard_index >= options.shard_count) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", options.shard_index, " of ",
@@ -813,7 +813,15 @@ absl::StatusOr<TransferSummary> Transfer(const TransferEndpoint& src, const Tran
                                                    ": the index must be in [0, count)"));
   }
   Engine engine(src, dst, options, observer);
-  return engine.Run();
+  return engine.Run(*summary);
+}
+
+absl::StatusOr<TransferSummary> Transfer(const TransferEndpoint& src, const TransferEndpoint& dst,
+                                         const TransferOptions& options,
+                                         TransferObserver* observer) {
+  TransferSummary summary;
+  WHARF_RETURN_IF_ERROR(TransferWithSummary(src, dst, options, &summary, observer));
+  return summary;
 }
 
 absl::Status TransferToFd(const TransferEndpoint& src, int fd, const TransferOptions& options,

@@ -134,6 +134,12 @@ struct TransferEndpoint {
 absl::StatusOr<TransferSummary> Transfer(const TransferEndpoint& src, const TransferEndpoint& dst,
                                          const TransferOptions& options,
                                          TransferObserver* observer = nullptr);
+// The same, and what it did also when it fails: *summary holds the counts (listed, copied,
+// skipped, failed) whether or not the status is OK, so a caller can report a partial
+// transfer (a --json summary with `failed` > 0). REQUIRES: summary != nullptr.
+absl::Status TransferWithSummary(const TransferEndpoint& src, const TransferEndpoint& dst,
+                                 const TransferOptions& options, TransferSummary* summary,
+                                 TransferObserver* observer = nullptr);
 
 // Streams one object into `fd` (stdout) in order, through the engine (parts in parallel).
 absl::Status TransferToFd(const TransferEndpoint& src, int fd, const TransferOptions& options,

@@ -81,6 +81,11 @@ class PyCheckpointRoot {
     py::dict d;
     d["complete"] = complete;
     d["incomplete"] = py::cast(listing.incomplete);
+    py::list damaged;  // [(step, why)]: manifests that are not one
+    for (const auto& [step, why] : listing.damaged) {
+      damaged.append(py::make_tuple(step, std::string(why.message())));
+    }
+    d["damaged"] = damaged;
     return d;
   }
 

@@ -73,10 +73,23 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view text,
   if (text.empty() || text.front() != '{') {
     return Malformed(uri, "the header is not a JSON object");
   }
-  const json header = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  // A name given twice would silently keep its last entry (the JSON parser's way): refused,
+  // as safetensors refuses it.
+  std::set<std::string> names;
+  std::string twice;
+  const json::parser_callback_t note_names = [&](int depth, json::parse_event_t event,
+                                                 json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && twice.empty() &&
+        !names.insert(parsed.get<std::string>()).second) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
+  const json header = json::parse(text.begin(), text.end(), note_names, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return Malformed(uri, "the header is not valid JSON");
   }
+  if (!twice.empty()) return BadTensor(uri, twice, "the header names it twice");
   SafetensorsHeader out;
   out.data_start = 8 + text.size();
   const uint64_t data_size = file_size - out.data_start;

@@ -151,6 +151,15 @@ absl::StatusOr<TierExportSummary> ExportTierPath(std::shared_ptr<Tier> tier,
                                                  const TransferEndpoint& dst,
                                                  const TierExportOptions& options,
                                                  TransferObserver* observer) {
+  TierExportSummary summary;
+  WHARF_RETURN_IF_ERROR(ExportTierPath(std::move(tier), path, dst, options, &summary, observer));
+  return summary;
+}
+
+absl::Status ExportTierPath(std::shared_ptr<Tier> tier, const std::string& path,
+                            const TransferEndpoint& dst, const TierExportOptions& options,
+                            TierExportSummary* out, TransferObserver* observer) {
+  *out = TierExportSummary{.dst_uri = dst.store->Uri(dst.key)};
   // Normalized: `dir` is compared with the tier root and joined with relative keys.
   const std::string target = AbsolutePath(path);
   if (target != tier->root() && !absl::StartsWith(target, absl::StrCat(tier->root(), "/"))) {
@@ -208,12 +217,16 @@ absl::StatusOr<TierExportSummary> ExportTierPath(std::shared_ptr<Tier> tier,
   }
   absl::StatusOr<uint64_t> aborted = AbortLeftoverUploads(*dst.store, dst_prefix, ours);
   if (!aborted.ok()) return Annotate(aborted.status(), absl::StrCat("tier export ", target));
+  out->aborted_uploads = *aborted;
 
   ExportMarker marker(dir, dst.store, observer, options.on_warning);
-  absl::StatusOr<TransferSummary> summary;
+  TransferSummary& summary = out->transfer;
+  absl::Status transferred;
   {
+    TierTreeOptions tree_options;
+    tree_options.plain_file_etags = true;  // so a rerun skips the user's files already there
     WHARF_ASSIGN_OR_RETURN(std::shared_ptr<TierTreeStore> tree,
-                           TierTreeStore::Open(tier, dir, runtime));
+                           TierTreeStore::Open(tier, dir, runtime, tree_options));
     if (one_file) {
       const std::string name = target.substr(dir.size() + 1);
       // kCopy checks the destination only for prefixes: the same check for the one file.
@@ -226,18 +239,19 @@ absl::StatusOr<TierExportSummary> ExportTierPath(std::shared_ptr<Tier> tier,
         summary = TransferSummary{.listed = 1, .skipped = 1};
         marker.OnObjectAt(*mine, *have, /*copied=*/false);
       } else {
-        summary = Transfer({tree, name}, {dst.store, dst_prefix}, transfer, &marker);
+        transferred =
+            TransferWithSummary({tree, name}, {dst.store, dst_prefix}, transfer, &summary, &marker);
       }
     } else {
-      summary = Transfer({tree, ""}, {dst.store, dst.key}, transfer, &marker);
+      transferred =
+          TransferWithSummary({tree, ""}, {dst.store, dst.key}, transfer, &summary, &marker);
+      // A folder that exists and holds no file exports nothing, successfully.
+      if (absl::IsNotFound(transferred) && summary.listed == 0) transferred = absl::OkStatus();
     }
   }
   absl::Status marked = marker.Finish();
-  if (!summary.ok()) return summary.status();
-  WHARF_RETURN_IF_ERROR(marked);
-  return TierExportSummary{.transfer = *std::move(summary),
-                           .aborted_uploads = *aborted,
-                           .dst_uri = dst.store->Uri(dst.key)};
+  WHARF_RETURN_IF_ERROR(transferred);
+  return marked;
 }
 
 }  // namespace wharf

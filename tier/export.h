@@ -80,5 +80,10 @@ absl::StatusOr<TierExportSummary> ExportTierPath(std::shared_ptr<Tier> tier,
                                                  const TransferEndpoint& dst,
                                                  const TierExportOptions& options,
                                                  TransferObserver* observer = nullptr);
+// The same, and what it did also when it fails: *summary holds the counts of the transfer
+// (and the aborted uploads) whether or not the status is OK. REQUIRES: summary != nullptr.
+absl::Status ExportTierPath(std::shared_ptr<Tier> tier, const std::string& path,
+                            const TransferEndpoint& dst, const TierExportOptions& options,
+                            TierExportSummary* summary, TransferObserver* observer = nullptr);
 
 }  // namespace wharf

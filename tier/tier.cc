@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/fork.h"
 #include "base/hash.h"
 #include "base/status.h"
@@ -270,6 +271,15 @@ absl::Status WriteEntryAttr(const std::string& path, const TierEntry& entry) {
   return absl::OkStatus();
 }
 
+bool MakesATier(absl::string_view rel) {
+  bool after_meta = false;
+  for (absl::string_view part : absl::StrSplit(rel, '/')) {
+    if (after_meta && part == kConfigFile) return true;
+    after_meta = part == Tier::kMetaDir;
+  }
+  return false;
+}
+
 bool IsPinned(const std::string& path) {
   char c;
   return getxattr(path.c_str(), kTierPinXattr, &c, 1) >= 0;
@@ -450,6 +460,10 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir, const T
                        " is inside it (a tier holds no other tier: use that one, or a "
                        "directory beside it)"));
     }
+  }
+  if (struct stat st; stat(root.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tier init ", root, ": not a directory (a tier is a directory)"));
   }
   const std::string temp_root = absl::StrCat(root, "/", kMetaDir, "/", kTempDir);
   WHARF_RETURN_IF_ERROR(Annotate(MakeDirs(temp_root), absl::StrCat("tier init ", root)));

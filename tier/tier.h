@@ -98,6 +98,10 @@ bool IsCompleteEntry(const std::optional<TierEntry>& entry, const struct stat& s
 absl::Status WriteEntryAttr(int fd, const TierEntry& entry);
 absl::Status WriteEntryAttr(const std::string& path, const TierEntry& entry);
 bool IsPinned(const std::string& path);
+// Whether a relative path (a key below a tree, or a read-through copy's path) holds a
+// ".wharf/tier.json" pair of segments: written, it would make its folder a tier of its own
+// inside the tier (Tier::Find would stop there, and walks skip it).
+bool MakesATier(absl::string_view rel);
 absl::Status SetPinned(const std::string& path, bool pinned);
 
 // One import: a source prefix whose objects are files below `dir` (relative to the tier).

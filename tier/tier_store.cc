@@ -474,6 +474,7 @@ std::optional<std::string> TierStore::FillPathOfUri(const std::string& uri) cons
   for (absl::string_view part : absl::StrSplit(rest, '/')) {
     if (absl::EndsWith(part, kTierBlocksSuffix)) return std::nullopt;
   }
+  if (MakesATier(rest)) return std::nullopt;
   return absl::StrCat(tier_->MetaPath("objects"), "/", uri.substr(0, sep), "/", rest);
 }
 
@@ -983,11 +984,11 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   const std::string& key = read->request.key;
   const std::string op = absl::StrCat("get ", inner_->Uri(key));
   auto temp_dir = tier_->TempDir();
-  if (!temp_dir.ok()) return read->Finish(Annotate(temp_dir.status(), op));
+  if (!temp_dir.ok()) return ReadAround(*read, Annotate(temp_dir.status(), op));
   // A CRC32C, not an MD5: the entry's ETag is the source's, so the checksum only has to let
   // `verify` find damage, and an MD5 of every filled byte was a fifth of a fill's CPU.
   auto temp = TempObject::Create(read->fill_path, *temp_dir, Checksum::kCrc32c);
-  if (!temp.ok()) return read->Finish(Annotate(temp.status(), op));
+  if (!temp.ok()) return ReadAround(*read, Annotate(temp.status(), op));
   read->temp = *std::move(temp);
   // A reader of the whole object into a buffer gets the bytes there as they arrive, and the
   // file is written from it. Not with an If-None-Match: a not-modified answer leaves the
@@ -1021,8 +1022,10 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
       if (got.ok() && !got->not_modified) {
         absl::Status written = read->sink->Finish();
         if (!written.ok()) {
-          got = Annotate(written, absl::StrCat("get ", self->inner_->Uri(read->request.key),
-                                               ": filling the tier"));
+          return self->FillFailed(
+              *read, *got,
+              Annotate(written, absl::StrCat("get ", self->inner_->Uri(read->request.key),
+                                             ": filling the tier")));
         }
       }
       if (got.ok() && !got->not_modified && !got->meta.etag.empty() &&
@@ -1090,7 +1093,8 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   absl::Status published = sealed.ok() ? read.temp->Publish() : sealed.status();
   if (!published.ok()) {
     if (held >= 0) close(held);
-    return read.Finish(Annotate(published, absl::StrCat("get ", uri, ": filling the tier")));
+    return FillFailed(read, *got,
+                      Annotate(published, absl::StrCat("get ", uri, ": filling the tier")));
   }
   read.temp.reset();
   fills_.fetch_add(1, std::memory_order_relaxed);
@@ -1104,6 +1108,41 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
     read.Finish(absl::UnavailableError(
         absl::StrCat("get ", uri, ": the tier's copy vanished right after it was filled")));
   }
+}
+
+void TierStore::FillFailed(PendingRead& read, const GetResult& got, const absl::Status& why) {
+  // The object was fetched whole: a small one's bytes are still in memory and answer the
+  // read; otherwise it is read again, around the tier.
+  const std::optional<absl::string_view> in_memory = read.sink->held();
+  if (!in_memory.has_value() || in_memory->size() != got.meta.size) {
+    return ReadAround(read, why);
+  }
+  WarnReadAround(why);
+  bypassed_.fetch_add(1, std::memory_order_relaxed);
+  read.temp.reset();
+  read.Unlock();
+  TierEntry entry;
+  entry.source = inner_->Uri(read.request.key);
+  entry.etag = got.meta.etag;
+  entry.size = got.meta.size;
+  ServeFilled(read, entry, got.meta.mtime, *in_memory);
+}
+
+void TierStore::ReadAround(PendingRead& read, const absl::Status& why) {
+  WarnReadAround(why);
+  bypassed_.fetch_add(1, std::memory_order_relaxed);
+  read.temp.reset();
+  read.Unlock();
+  Callback<GetResult> done = std::exchange(read.done, nullptr);
+  inner_->GetAsync(read.request, std::move(done));
+}
+
+void TierStore::WarnReadAround(const absl::Status& why) {
+  if (warned_read_around_.exchange(true)) return;
+  std::fprintf(stderr,
+               "wharf: %s; reading around the tier %s (this process warns once; other "
+               "objects it cannot hold are read from the store the same way)\n",
+               std::string(why.message()).c_str(), tier_->root().c_str());
 }
 
 void TierStore::ServeFilled(PendingRead& read, const TierEntry& entry, absl::Time mtime,

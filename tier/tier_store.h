@@ -143,6 +143,13 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   void Fill(std::shared_ptr<PendingRead> read);
   // Seals and publishes a filled object, then serves the read from it.
   void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
+  // A fill that fetched the object but could not keep it (a file where the key needs a
+  // folder, or the reverse; a full disk): the read is answered all the same, from the bytes
+  // in memory or by ReadAround.
+  void FillFailed(PendingRead& read, const GetResult& got, const absl::Status& why);
+  // Sends the read to the backing store as it was asked (the tier cannot hold the object).
+  void ReadAround(PendingRead& read, const absl::Status& why);
+  void WarnReadAround(const absl::Status& why);  // one line per process and tier
   // Answers a read that just filled `entry` from the bytes it kept in memory.
   void ServeFilled(PendingRead& read, const TierEntry& entry, absl::Time mtime,
                    absl::string_view data);
@@ -219,6 +226,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::atomic<int64_t> usage_{-1};       // bytes of entries after this process's last pass
   std::atomic<bool> usage_read_{false};  // the tier's recorded usage was looked up
   std::atomic<bool> evicting_{false};
+  std::atomic<bool> warned_read_around_{false};
   std::atomic<uint64_t> filled_since_pass_{0};
   // FreeSpaceLow's statvfs is skipped until this process has filled free_check_skip_ bytes.
   std::atomic<uint64_t> filled_since_free_check_{0};

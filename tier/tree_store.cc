@@ -160,7 +160,11 @@ void TierTreeStore::Describe(ListPage& page) const {
     const std::string path = absl::StrCat(dir_, "/", meta.key);
     struct stat st;
     const auto entry = ReadEntryAttr(path);
-    meta.etag = stat(path.c_str(), &st) == 0 && IsCompleteEntry(entry, st) ? EntryEtag(*entry) : "";
+    if (stat(path.c_str(), &st) == 0 && IsCompleteEntry(entry, st)) {
+      meta.etag = EntryEtag(*entry);
+    } else if (!options_.plain_file_etags) {
+      meta.etag.clear();
+    }
   }
 }
 
@@ -239,6 +243,10 @@ absl::StatusOr<std::unique_ptr<TempObject>> TierTreeStore::NewTemp(const std::st
   const std::string op = absl::StrCat("put ", Uri(key));
   if (at_root_ && InMetaDir(key)) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": '.wharf' is the tier's own folder"));
+  }
+  if (MakesATier(key)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": a .wharf/tier.json below the tier would make a tier of its own"));
   }
   WHARF_RETURN_IF_ERROR(Annotate(LocalStore::ValidateKey(key), op));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(options), op));

@@ -62,6 +62,12 @@ struct TierTreeOptions {
   // as checkpoints) lists them with "crc32c-<crc>-<fill time in ns, hex>", an ETag of their
   // own that the file store's ETag cache also carries, so reads never hash the file.
   Checksum written_checksum = Checksum::kMd5;
+
+  // Files that are not entries (the user's own) list with the file store's ETag, the MD5 of
+  // their content, instead of none: an export compares them with the destination and skips
+  // what is there. An import keeps none, so a user's file that happens to hold the source's
+  // bytes is written again and becomes an entry.
+  bool plain_file_etags = false;
 };
 
 class TierTreeStore : public ForwardingStore {

@@ -25,6 +25,7 @@ import argparse
 import array
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -82,12 +83,28 @@ def build_model(state_dict):
 
 def derive_model_version(uri, **store_options):
     """A version string that changes when the model's bytes do: the file's name and a hash of
-    its URI, ETag and size (read with a HEAD, through the tier when store_options has cache=)."""
+    the URI, ETag and size of each file (read with HEADs, through the tier when store_options
+    has cache=): the file itself, or for a sharded model's index JSON the index and every
+    shard it names, so replacing a shard under an unchanged index is a new version."""
     uri = _as_uri(uri)
     parent, _, name = uri.rpartition("/")
-    info = wharf.Store(parent + "/", **store_options).head(name)
-    digest = hashlib.sha256(f"{uri}\0{info['etag']}\0{info['size']}".encode()).hexdigest()
-    return f"{name}@{digest[:16]}"
+    store = wharf.Store(parent + "/", **store_options)
+    files = [name]
+    if name.endswith(".json"):
+        index = json.loads(bytes(store.get(name)))
+        files += sorted(set((index.get("weight_map") or {}).values()))
+    h = hashlib.sha256()
+    for f in files:
+        info = store.head(f)
+        h.update(f"{parent}/{f}\0{info['etag']}\0{info['size']}\0".encode())
+    return f"{name}@{h.hexdigest()[:16]}"
+
+
+def _finite(x):
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond float range
+        return False
 
 
 def _as_uri(path_or_uri):
@@ -120,6 +137,10 @@ class Predictor:
                     or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                for x in row)):
                 raise ValueError(f"inputs: expected {self.in_features} numbers per example")
+            # NaN, Infinity and numbers beyond float range (1e400) parse in Python's JSON, but
+            # their outputs would not be JSON.
+            if not all(_finite(x) for x in row):
+                raise ValueError("inputs: every number must be finite")
         return rows
 
     def _compute(self, rows, batched):
@@ -152,9 +173,12 @@ class Predictor:
 
 
 def load_predictor(model_uri, cache="memory", *, ttl=None, max_bytes=None, model_version=None,
-                   **store_options):
-    """Loads the model with wharf.serve.load_safetensors (store_options: cache=TIER to read
-    through a tier, endpoint=, ...) and opens the prediction cache."""
+                   tier=None, **store_options):
+    """Loads the model with wharf.serve.load_safetensors (through the tier `tier` when given;
+    store_options: endpoint=, ...) and opens the prediction cache `cache` (a backend name:
+    "memory", a directory, redis://...)."""
+    if tier is not None:
+        store_options = dict(store_options, cache=os.fspath(tier))  # wharf's name for it
     uri = _as_uri(model_uri)
     t0 = time.perf_counter()
     state = load_safetensors(uri, **store_options)
@@ -204,6 +228,10 @@ def make_handler(predictor, verbose=False):
                 length = int(self.headers.get("Content-Length", ""))
             except ValueError:
                 self._error(411, "Content-Length required")
+                return
+            if length < 0:
+                self.close_connection = True
+                self._error(400, "Content-Length must not be negative")
                 return
             if length > MAX_BODY:
                 self.close_connection = True
@@ -259,10 +287,11 @@ class Service:
 
 
 def serve_in_thread(model_uri, cache="memory", *, ttl=None, max_bytes=None, model_version=None,
-                    host="127.0.0.1", port=0, **store_options):
-    """Loads the model, starts the service in a thread on host:port (0: a free port)."""
+                    tier=None, host="127.0.0.1", port=0, **store_options):
+    """Loads the model (through `tier` when given), starts the service in a thread on
+    host:port (0: a free port)."""
     predictor = load_predictor(model_uri, cache, ttl=ttl, max_bytes=max_bytes,
-                               model_version=model_version, **store_options)
+                               model_version=model_version, tier=tier, **store_options)
     return Service(make_server(predictor, host, port), predictor)
 
 
@@ -281,10 +310,9 @@ def main(argv=None):
     p.add_argument("--port", type=int, default=8080, help="0: a free port")
     p.add_argument("--verbose", action="store_true", help="log each request")
     args = p.parse_args(argv)
-    store_options = {"cache": args.tier} if args.tier else {}
     try:
         predictor = load_predictor(args.model, args.cache, ttl=args.ttl, max_bytes=args.max_bytes,
-                                   model_version=args.model_version, **store_options)
+                                   model_version=args.model_version, tier=args.tier)
     except (OSError, ValueError) as e:  # wharf.WharfError is an OSError
         print(f"server: {e}", file=sys.stderr)
         return 1

@@ -6,7 +6,7 @@ with parallel read-ahead, pinned to the ETag seen at open), "wb" streams the sto
 that takes a binary file (torch.save / torch.load, io.TextIOWrapper, zipfile, tarfile, pickle)
 takes them.
 
-A "wb" file commits on close() only: leaving its `with` block by an exception, abort(), or
+A "wb" or "xb" file commits on close() only: leaving its `with` block by an exception, abort(), or
 being garbage-collected unclosed drops the upload, and nothing appears.
 """
 import io
@@ -130,10 +130,10 @@ class ObjectFile(io.BufferedIOBase):
         self._raw.close()  # a writer's failure aborts the upload and raises
 
     def abort(self):
-        """"wb": drops the upload; nothing appears. "rb": the same as close()."""
+        """"wb", "xb": drops the upload; nothing appears. "rb": the same as close()."""
         if self._raw is None or self._raw.closed:
             return
-        if self._mode == "wb":
+        if self._mode != "rb":
             self._raw.abort()
         else:
             self._raw.close()
@@ -147,8 +147,8 @@ class ObjectFile(io.BufferedIOBase):
     def __del__(self):
         if self._raw is None or self._raw.closed:
             return
-        if self._mode == "wb":
-            warnings.warn(f"wharf.open({self._uri!r}, 'wb') was garbage-collected without "
+        if self._mode != "rb":
+            warnings.warn(f"wharf.open({self._uri!r}, {self._mode!r}) was garbage-collected without "
                           "close(): the upload is aborted, nothing was written",
                           ResourceWarning, stacklevel=2)
         self.abort()

@@ -11,6 +11,7 @@ import pathlib
 import pytest
 import torch
 
+import wharf
 from conftest import make_tier, run_wharf
 from wharf.torch import CheckpointManager
 
@@ -240,3 +241,44 @@ def test_only_complete_checkpoints_are_listed(tmp_path, bucket, aws, s3_client):
     assert ckpt("rm", remote, "--step", "7", "-q", env=aws).returncode == 0
     assert s3_client.list_objects_v2(Bucket=bucket,
                                      Prefix=f"ckpts/{step_dir(7)}/").get("KeyCount", 0) == 0
+
+
+def test_a_damaged_manifest_leaves_the_other_checkpoints_usable(tmp_path, bucket, aws, s3_client):
+    remote = f"s3://{bucket}/dmg"
+    mgr = CheckpointManager(remote, async_save=False)
+    for step in (1, 2):
+        mgr.save(step, state_of(step))
+    mgr.close()
+    s3_client.put_object(Bucket=bucket, Key=f"dmg/{step_dir(3)}/manifest.json", Body=b"{not json")
+    s3_client.put_object(Bucket=bucket, Key=f"dmg/{step_dir(4)}/manifest.json",
+                         Body=b'{"step": 4, "files": []}')
+    out = ckpt("ls", "--json", remote, env=aws)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line)["step"] for line in out.stdout.decode().splitlines()] == [1, 2]
+    assert "step 3 is left out" in out.stderr and "step 4 is left out" in out.stderr
+    out = ckpt("export", remote, "--latest", f"s3://{bucket}/dmg-copy", env=aws)
+    assert out.returncode == 0, out.stderr
+    with pytest.warns(RuntimeWarning, match="step 3 is left out"):
+        mgr = CheckpointManager(remote)
+        assert [m["step"] for m in mgr.list()] == [1, 2]
+    same(mgr.restore("latest"), state_of(2))
+    mgr.close()
+    # rm removes a damaged step too.
+    assert ckpt("rm", remote, "--step", "3", "-q", env=aws).returncode == 0
+    assert "step 3" not in ckpt("ls", remote, env=aws).stderr
+
+
+def test_the_tier_restores_when_its_export_destination_is_unreachable(tmp_path, aws):
+    tier = make_tier(tmp_path / "tier", aws)
+    root = tier / "run"
+    mgr = CheckpointManager(root, export_to="s3://wharf-no-such-bucket-for-tests/run",
+                            async_save=False)
+    mgr.save(1, state_of(1))
+    with pytest.raises(wharf.WharfError):
+        mgr.wait()  # the export failed
+    with pytest.warns(RuntimeWarning, match="left out"):
+        same(mgr.restore("latest"), state_of(1))
+    mgr.close()
+    out = ckpt("ls", "--json", root, env=aws)
+    assert out.returncode == 0 and "left out" in out.stderr, out.stderr
+    assert [json.loads(line)["where"] for line in out.stdout.decode().splitlines()] == ["tier"]

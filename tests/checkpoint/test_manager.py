@@ -484,3 +484,51 @@ def test_wrong_credentials_fail_the_save_and_keep_the_previous_checkpoint(bucket
     assert again.restore("latest")["x"].tolist() == [1.0] * 4
     good.close()
     again.close()
+
+
+def test_async_saves_of_a_state_that_changes_shape_dtype_or_structure(tmp_path):
+    # The staging copy is reused only for a state of the same layout: otherwise copying into
+    # it would broadcast a new shape into the old one, or convert a new dtype to the old one.
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    model = small_model(1)
+    opt = torch.optim.Adam(model.parameters())
+    states = [
+        {"x": torch.zeros(4), "n": 3},
+        {"x": torch.tensor([7.0]), "n": torch.ones(2)},                   # shape; value -> tensor
+        {"x": torch.tensor([[1.0, 2.0, 3.0]]), "n": torch.ones(2)},       # rank
+        {"x": torch.tensor([1, 2, 3]), "n": torch.ones(2)},               # dtype
+        {"x": torch.tensor([1.5], dtype=torch.bfloat16), "l": [torch.zeros(1), torch.ones(1)]},
+        {"x": torch.tensor([1.5], dtype=torch.bfloat16), "l": [torch.zeros(1)]},  # length
+        {"model": model, "optim": opt},                                    # empty Adam state
+    ]
+    for step, state in enumerate(states):
+        mgr.save(step, state)
+    model(torch.randn(3, 32)).sum().backward()
+    opt.step()
+    mgr.save(len(states), {"model": model, "optim": opt})  # the optimizer state now exists
+    mgr.wait()
+    for step, state in enumerate(states[:-1]):
+        got = mgr.restore(step)
+        for key, want in state.items():
+            if isinstance(want, torch.Tensor):
+                assert got[key].dtype == want.dtype and torch.equal(got[key], want), (step, key)
+            elif isinstance(want, list):
+                assert len(got[key]) == len(want) and all(map(torch.equal, got[key], want))
+            else:
+                assert got[key] == want
+    assert_same(mgr.restore(len(states))["optim"]["state"], opt.state_dict()["state"])
+    mgr.close()
+
+
+def test_a_step_saved_again_while_its_export_runs(tier, bucket, aws):
+    mgr = CheckpointManager(tier / "again", export_to=f"s3://{bucket}/again")
+    mgr.save(7, {"x": torch.ones(2)})
+    mgr.save(7, {"x": torch.ones(2) * 2})
+    mgr.wait()  # no error: the second save waited for the first one's export
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(7, "both")]
+    assert mgr.restore(7)["x"].tolist() == [2.0, 2.0]
+    shutil.rmtree(tier / "again")
+    mgr.close()
+    mgr = CheckpointManager(tier / "again", export_to=f"s3://{bucket}/again")
+    assert mgr.restore(7)["x"].tolist() == [2.0, 2.0]  # the bucket's copy is the second save
+    mgr.close()

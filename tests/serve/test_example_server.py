@@ -116,10 +116,18 @@ def test_bad_requests_are_400_and_not_cached(model_file, servers):
     _, path = model_file
     srv = servers("--model", path)
     for body in (b"not json", {"inputs": [1, 2]}, {"inputs": "abcd"}, {"x": [1, 2, 3, 4]},
-                 {"inputs": [1, 2, 3, True]}, [1, 2, 3, 4]):
+                 {"inputs": [1, 2, 3, True]}, [1, 2, 3, 4], b'{"inputs": [1, 2, 3, NaN]}',
+                 b'{"inputs": [1, 2, 3, 1e400]}', b'{"inputs": [1, 2, 3, %d]}' % 10**400):
         status, _, data = srv.request("POST", "/predict", body)
         assert status == 400, (body, data)
         assert "error" in json.loads(data)
+    # A negative Content-Length is refused at once (no read that waits for the client).
+    conn = http.client.HTTPConnection(srv.host, srv.port, timeout=10)
+    conn.putrequest("POST", "/predict")
+    conn.putheader("Content-Length", "-1")
+    conn.endheaders()
+    assert conn.getresponse().status == 400
+    conn.close()
     assert srv.request("GET", "/nope")[0] == 404
     assert srv.request("POST", "/nope", b"{}")[0] == 404
     status, headers, data = srv.request("GET", "/metrics")
@@ -200,3 +208,36 @@ def test_serve_in_thread(model_file):
             r.read()
             conn.close()
         assert service.predictor.cache.stats()["hits"] == 1
+
+
+def test_the_model_through_a_tier_and_a_sharded_models_version(tmp_path, servers):
+    # --tier reads the model through a tier (wharf's cache=): its file is kept there.
+    model = make_model(2)
+    state = model.state_dict()
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[:3],
+              "model-00002-of-00002.safetensors": names[3:]}
+    src = tmp_path / "src"
+    src.mkdir()
+
+    def write(seed):
+        s = make_model(seed).state_dict()
+        for shard, keys in shards.items():
+            save_file({k: s[k] for k in keys}, str(src / shard))
+
+    write(2)
+    index = src / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {k: shard for shard, keys in
+                                                               shards.items() for k in keys}}))
+    tier = tmp_path / "tier"
+    srv = servers("--model", index, "--tier", tier)
+    outcome, body = srv.predict({"inputs": [1, 2, 3, 4]})
+    with torch.no_grad():
+        assert body["outputs"] == pytest.approx(model(torch.tensor([[1.0, 2, 3, 4]])).tolist()[0],
+                                                rel=1e-6, abs=1e-6)
+    kept = [f for _, _, files in os.walk(tier / ".wharf" / "objects") for f in files]
+    assert sorted(kept) == sorted([*shards, index.name]), kept
+    version = body["model_version"]
+    # New weights in the shards, the index unchanged: a new version, never an old prediction.
+    write(3)
+    assert example.derive_model_version(index) != version

@@ -39,6 +39,9 @@ def all_dtypes_state():
         "empty_bf16": torch.empty(3, 0, dtype=torch.bfloat16),
         "scalar": torch.tensor(2.5),
     }
+    if hasattr(torch, "float4_e2m1fn_x2"):  # safetensors' F4: two values per element
+        state["f4"] = torch.randint(0, 255, (3, 4), generator=g,
+                                    dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
     return state
 
 
@@ -171,6 +174,10 @@ def header_file(header: dict, data: bytes) -> bytes:
                                                    "data_offsets": [0, 16]}}, bytes(16)),
      "tensor 'w': shape and dtype give 18 bytes"),
     ("not json", struct.pack("<Q", 5) + b"{abc}", "not valid JSON"),
+    ("a name twice", (lambda text: struct.pack("<Q", len(text)) + text + bytes(8))(
+        b'{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+        b'"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}'),
+     "tensor 'a': the header names it twice"),
     ("empty", b"", "empty"),
 ])
 def test_malformed_files_are_refused_naming_file_and_tensor(aws, bucket, s3_client, case, raw,

@@ -24,7 +24,7 @@ _DTYPES = {
 for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
                      ("F8_E5M2", "float8_e5m2"), ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
                      ("F8_E8M0", "float8_e8m0fnu"), ("U64", "uint64"), ("U32", "uint32"),
-                     ("U16", "uint16")):
+                     ("U16", "uint16"), ("F4", "float4_e2m1fn_x2")):
     if hasattr(torch, _attr):
         _DTYPES[_name] = getattr(torch, _attr)
 
@@ -54,6 +54,14 @@ def _stream(load, device) -> Iterator[Tuple[str, torch.Tensor]]:
         if tdtype is None:
             raise ValueError(f"{files[file]['uri']}: tensor '{name}': dtype {dtype} has no torch "
                              f"dtype in torch {torch.__version__}")
+        if dtype == "F4":
+            # Two 4-bit values per element of torch's float4_e2m1fn_x2: the last dimension
+            # halves (as safetensors.torch gives it).
+            shape = list(shape)
+            if not shape or shape[-1] % 2:
+                raise ValueError(f"{files[file]['uri']}: tensor '{name}': an F4 tensor needs an "
+                                 f"even last dimension for torch's float4_e2m1fn_x2, not {shape}")
+            shape[-1] //= 2
         tensors.append(torch.empty(shape, dtype=tdtype, pin_memory=pin))
         names.append(name)
     # The tensors stay referenced here until the reads have ended (close() waits for them).

@@ -15,6 +15,7 @@ latest / step / best / time (docs/design/checkpoint.md).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import json
@@ -35,7 +36,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from wharf import _wharf
-from wharf.torch.checkpoint import StorageReader, StorageWriter
+from wharf.torch.checkpoint import StorageReader, StorageWriter, _StagingCache
 
 __all__ = ["CheckpointManager", "SaveHandle"]
 
@@ -199,25 +200,17 @@ class _Stager:
     it, or the earlier checkpoint would get the later state's values."""
 
     def __init__(self):
-        self._cache = None
+        self._cache = _StagingCache()
         self._lock = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
 
     def stage(self, state_dict: dict) -> dict:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
         with self._lock:
             self._idle.wait()  # the previous save may still be writing from the cache
             self._idle.clear()
             try:
-                if self._cache is not None:
-                    try:
-                        return _copy_state_dict(state_dict, self._cache, type_check=False)
-                    except (ValueError, RuntimeError, KeyError):
-                        self._cache = None  # another structure: stage afresh
-                self._cache = _create_cpu_state_dict(state_dict,
-                                                     pin_memory=torch.cuda.is_available())
-                return _copy_state_dict(state_dict, self._cache, type_check=False)
+                return self._cache.stage(state_dict)
             except BaseException:
                 self._idle.set()
                 raise
@@ -302,10 +295,12 @@ class CheckpointManager:
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wharf-ckpt-save")
         self._exporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wharf-ckpt-export")
         self._stager = _Stager()
+        self._warned_damaged = set()
         self._lock = threading.Lock()
         self._pending: list[Future] = []
         self._to_export: set[int] = set()  # selected, export not completed: kept on the tier
         self._queued: set[int] = set()  # exports submitted and not finished
+        self._export_futures: dict[int, Future] = {}  # by step, while submitted
         self._saves = 0
         self.last_restored: Optional[dict] = None  # the manifest restore() loaded
         if self.rank == 0:
@@ -362,6 +357,11 @@ class CheckpointManager:
 
     def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
         uri = self.root.step_uri(step)
+        with self._lock:
+            exporting = self._export_futures.get(step)
+        if exporting is not None:
+            # The same step saved again: its export reads the files this save replaces.
+            concurrent.futures.wait([exporting])
 
         def clear():  # on the coordinator, between planning and writing
             self.root.delete(step)
@@ -410,7 +410,9 @@ class CheckpointManager:
             # Each selected step once; one whose export failed is submitted again now.
             for s in sorted(self._to_export - self._queued):
                 self._queued.add(s)
-                self._pending.append(self._exporter.submit(self._export, s))
+                future = self._exporter.submit(self._export, s)
+                self._export_futures[s] = future
+                self._pending.append(future)
 
     def _exporting(self) -> set:
         with self._lock:
@@ -423,6 +425,7 @@ class CheckpointManager:
         finally:
             with self._lock:
                 self._queued.discard(step)
+                self._export_futures.pop(step, None)
         with self._lock:
             self._to_export.discard(step)
         self._retain(self.export_root, protect=set())
@@ -485,16 +488,37 @@ class CheckpointManager:
     def _listing(self) -> tuple[list, set]:
         """(list(), the steps complete in the root itself). `where` alone does not say the
         latter when the root is a bucket too ("bucket" for both roots)."""
-        in_root = {m["step"]: m for m in self.root.list()["complete"]}
+        listing = self.root.list()
+        self._warn_damaged(self.root, listing)
+        in_root = {m["step"]: m for m in listing["complete"]}
         here = {s: dict(m, where="tier" if self.root.is_local else "bucket")
                 for s, m in in_root.items()}
         if self.export_root is not None:
-            for m in self.export_root.list()["complete"]:
+            try:
+                exported = self.export_root.list()
+            except _wharf.WharfError as e:
+                if not self.root.is_local:
+                    raise
+                # The tier's own checkpoints stay usable when the bucket cannot be read.
+                warnings.warn(f"wharf: the checkpoints exported to {self.export_root.uri} are left "
+                              f"out: {e}", RuntimeWarning, stacklevel=3)
+                exported = {"complete": [], "damaged": []}
+            self._warn_damaged(self.export_root, exported)
+            for m in exported["complete"]:
                 if m["step"] in here:
                     here[m["step"]]["where"] = "both"
                 else:
                     here[m["step"]] = dict(m, where="bucket")
         return [here[s] for s in sorted(here)], set(in_root)
+
+    def _warn_damaged(self, root, listing: dict) -> None:
+        """One warning per step directory whose manifest is not one (once per manager)."""
+        for step, why in listing.get("damaged", ()):
+            if (root.uri, step) in self._warned_damaged:
+                continue
+            self._warned_damaged.add((root.uri, step))
+            warnings.warn(f"wharf: step {step} is left out: {why}", RuntimeWarning,
+                          stacklevel=4)
 
     def restore(self, which: Union[str, int, datetime.datetime] = "latest",
                 state: Optional[dict] = None, *, restore_rng: bool = True) -> Any:

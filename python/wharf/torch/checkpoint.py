@@ -132,6 +132,58 @@ class _Located:
         return state
 
 
+def _layout(obj) -> Any:
+    """What a staged copy of `obj` must share with it to be reused for it: the structure
+    (container types, keys in order, lengths) and each tensor's type, shape and dtype (a
+    DTensor's placements and local shape too). None for what cannot be compared (a
+    ShardedTensor): such a state is staged afresh every time."""
+    if isinstance(obj, torch.Tensor):
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # pragma: no cover - torch without DTensor
+            DTensor = ()
+        if DTensor and isinstance(obj, DTensor):
+            return ("dtensor", tuple(obj.shape), obj.dtype, tuple(obj.placements),
+                    tuple(obj.to_local().shape))
+        if type(obj).__name__ == "ShardedTensor":
+            return None
+        return ("tensor", type(obj), tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        items = []
+        for key, value in obj.items():
+            inner = _layout(value)
+            if inner is None:
+                return None
+            items.append((key, inner))
+        return ("dict", tuple(items))
+    if isinstance(obj, (list, tuple)):
+        inner = tuple(_layout(v) for v in obj)
+        if any(v is None for v in inner):
+            return None
+        return (type(obj).__name__, inner)
+    return "value"  # not a tensor: staged as the object itself, never copied into
+
+
+class _StagingCache:
+    """The CPU copy an async save stages into, reused while the state keeps its layout
+    (_layout); a state whose structure, shapes or dtypes changed gets a fresh copy, so a
+    staged state is always exactly what was passed (copying into the old buffers would
+    broadcast a new shape into the old one, or convert a new dtype to the old one)."""
+
+    def __init__(self):
+        self._cache = None
+        self._layout = None
+
+    def stage(self, state_dict: dict) -> dict:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        layout = _layout(state_dict)
+        if self._cache is None or layout is None or layout != self._layout:
+            self._cache = None  # freed before the new copy is made
+            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self._layout = layout
+        return _copy_state_dict(state_dict, self._cache, type_check=False)
+
+
 class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
     """DCP StorageWriter on any wharf URI (the checkpoint's directory).
 
@@ -236,14 +288,11 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
     # ---- staging for dcp.async_save ----
     def stage(self, state_dict):
         """A CPU copy of state_dict (dcp.async_save writes it while training goes on)."""
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-        pin = torch.cuda.is_available()
         if not self.cache_staged_state_dict:
-            staged = _create_cpu_state_dict(state_dict, pin_memory=pin)
-            return _copy_state_dict(state_dict, staged, type_check=False)
+            return _StagingCache().stage(state_dict)
         if self.state_dict_cache is None:
-            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=pin)
-        return _copy_state_dict(state_dict, self.state_dict_cache, type_check=False)
+            self.state_dict_cache = _StagingCache()
+        return self.state_dict_cache.stage(state_dict)
 
     def _metadata_name(self) -> str:
         if not self.use_collectives and self.rank is not None:

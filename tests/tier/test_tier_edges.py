@@ -1,0 +1,149 @@
+"""`wharf tier` on the awkward inputs a bucket can hold and the failures a run can meet, against
+the real Ceph RGW: keys that would plant a tier inside the tier, a key that is both an object
+and a prefix, directory markers, partly failed runs under --json, repairs that fail, and the
+resumability of one-object imports and of exports of a user's own files."""
+import json
+import os
+
+from conftest import run_wharf
+
+
+def wharf_json(*args, env, ok=True):
+    proc = run_wharf(*args, "--json", env=env)
+    assert (proc.returncode == 0) == ok, proc.stderr
+    return json.loads(proc.stdout), proc
+
+
+def test_a_key_below_a_folder_named_wharf_plants_no_tier(tmp_path, bucket, s3_env, s3_client):
+    settings = b'{"version":1,"mode":"ttl","ttl_seconds":1,"max_size":1}'
+    s3_client.put_object(Bucket=bucket, Key="q/sub/.wharf/tier.json", Body=settings)
+    s3_client.put_object(Bucket=bucket, Key="q/sub/file.txt", Body=b"file")
+    s3_client.put_object(Bucket=bucket, Key="q/top.txt", Body=b"top")
+    dest = tmp_path / "t"
+    summary, proc = wharf_json("tier", "import", f"s3://{bucket}/q/", dest, env=s3_env, ok=False)
+    assert (summary["fetched"], summary["failed"]) == (2, 1), summary
+    assert "sub/.wharf/tier.json" in proc.stderr and "tier of its own" in proc.stderr
+    assert not (dest / "sub" / ".wharf").exists()
+    status, _ = wharf_json("tier", "status", dest / "sub" / "file.txt", env=s3_env)
+    assert status["tier"] == str(dest)
+    status, _ = wharf_json("tier", "status", dest, env=s3_env)
+    assert status["entries"] == 2
+
+    # Read through the cache, the same key is served, and never kept.
+    cache = tmp_path / "cache"
+    got = run_wharf("cat", "--cache", cache, f"s3://{bucket}/q/sub/.wharf/tier.json",
+                    env=s3_env, check=True)
+    assert got.stdout == settings
+    assert not any(".wharf" in d for d, _, _ in os.walk(cache / ".wharf" / "objects"))
+
+
+def test_a_key_that_is_also_a_prefix_is_read_around_the_tier(tmp_path, bucket, s3_env, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="d/a", Body=b"file a")
+    s3_client.put_object(Bucket=bucket, Key="d/a/b", Body=b"file a/b")
+    for order in (["d/a", "d/a/b"], ["d/a/b", "d/a"]):
+        cache = tmp_path / f"cache-{len(order[0])}"
+        for i, key in enumerate(order):
+            got = run_wharf("cat", "--cache", cache, f"s3://{bucket}/{key}", env=s3_env)
+            assert got.returncode == 0, got.stderr
+            assert got.stdout == (b"file a" if key == "d/a" else b"file a/b")
+            if i == 1:  # the second cannot be kept: one warning, the read is answered
+                assert "reading around the tier" in got.stderr, got.stderr
+
+
+def test_directory_markers_are_not_objects_of_the_tree(tmp_path, bucket, s3_env, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="dm/folder/", Body=b"")
+    s3_client.put_object(Bucket=bucket, Key="dm/empty/", Body=b"")
+    s3_client.put_object(Bucket=bucket, Key="dm/folder/file", Body=b"x")
+    dest = tmp_path / "dm"
+    summary, _ = wharf_json("tier", "import", f"s3://{bucket}/dm/", dest, env=s3_env)
+    assert (summary["objects"], summary["fetched"], summary["skipped"]) == (1, 1, 0), summary
+    status, _ = wharf_json("tier", "status", dest, env=s3_env)
+    assert status["imports"][0]["complete"] and status["imports"][0]["objects"] == 1
+    # The complete import answers the listing (no "holds 1 of its 3 objects" warning).
+    listed = run_wharf("ls", "-r", "--cache", dest, f"s3://{bucket}/dm/", env=s3_env, check=True)
+    assert "holds" not in listed.stderr, listed.stderr
+    assert b"folder/file" in listed.stdout
+
+
+def test_a_partly_failed_import_and_export_still_print_their_summary(tmp_path, bucket, s3_env,
+                                                                      s3_client):
+    s3_client.put_object(Bucket=bucket, Key="p/ok.txt", Body=b"ok")
+    s3_client.put_object(Bucket=bucket, Key="p/a/../../escape.txt", Body=b"no")
+    dest = tmp_path / "t" / "p"
+    summary, proc = wharf_json("tier", "import", f"s3://{bucket}/p/", dest, env=s3_env, ok=False)
+    assert (summary["objects"], summary["fetched"], summary["failed"]) == (2, 1, 1), summary
+    assert "1 of 2 objects failed" in summary["error"]
+    assert "escape the destination" in proc.stderr
+    assert not (tmp_path / "escape.txt").exists()
+
+    # An export with one damaged entry: the others go, the summary says what failed.
+    s3_client.put_object(Bucket=bucket, Key="e/one.txt", Body=b"one")
+    s3_client.put_object(Bucket=bucket, Key="e/two.txt", Body=b"two")
+    tree = tmp_path / "t" / "e"
+    run_wharf("tier", "import", f"s3://{bucket}/e/", tree, env=s3_env, check=True)
+    with open(tree / "two.txt", "r+b") as f:
+        f.write(b"TWO")  # same size, other bytes
+    summary, _ = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env, ok=False)
+    assert (summary["uploaded"], summary["failed"]) == (1, 1), summary
+
+
+def test_verify_json_is_one_object_and_a_failed_repair_keeps_the_file(tmp_path, bucket, s3_env,
+                                                                       s3_client):
+    for i in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"v/f{i}", Body=bytes([65 + i]) * 1000)
+    dest = tmp_path / "t"
+    run_wharf("tier", "import", f"s3://{bucket}/v/", dest, env=s3_env, check=True)
+    run_wharf("tier", "pin", dest / "f1", env=s3_env, check=True)
+    for name in ("f1", "f2"):
+        os.truncate(dest / name, 10)
+
+    # Wrong credentials: the repair fails, the damaged file stays where it was.
+    bad = dict(s3_env, AWS_SECRET_ACCESS_KEY="wrong-secret")
+    failed, proc = wharf_json("tier", "verify", dest / "f2", "--repair", env=bad, ok=False)
+    assert (failed["damaged"], failed["repaired"], failed["remaining"]) == (1, 0, 1)
+    assert "repair failed" in proc.stderr and "damaged" in proc.stderr
+    assert os.path.getsize(dest / "f2") == 10
+
+    report, proc = wharf_json("tier", "verify", dest, "--repair", env=s3_env)
+    assert (report["checked"], report["damaged"], report["repaired"]) == (3, 2, 2), report
+    assert proc.stderr.count("repaired ") == 2
+    assert (dest / "f2").read_bytes() == b"C" * 1000
+    # The repaired pinned entry is still pinned: eviction keeps it.
+    evicted, _ = wharf_json("tier", "evict", dest / "f1", env=s3_env)
+    assert (evicted["evicted"], evicted["kept_pinned"]) == (0, 1), evicted
+    assert (dest / "f1").read_bytes() == b"B" * 1000
+
+
+def test_one_object_imports_and_exports_of_own_files_resume(tmp_path, bucket, s3_env, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="one/f.bin", Body=b"0123456789" * 100)
+    run_wharf("tier", "init", tmp_path / "t", check=True)
+    dest = tmp_path / "t" / "one"
+    first, _ = wharf_json("tier", "import", f"s3://{bucket}/one/f.bin", dest, env=s3_env)
+    again, _ = wharf_json("tier", "import", f"s3://{bucket}/one/f.bin", dest, env=s3_env)
+    assert (first["fetched"], again["fetched"], again["skipped"]) == (1, 0, 1)
+    s3_client.put_object(Bucket=bucket, Key="one/f.bin", Body=b"changed")
+    changed, _ = wharf_json("tier", "import", f"s3://{bucket}/one/f.bin", dest, env=s3_env)
+    assert changed["fetched"] == 1 and (dest / "f.bin").read_bytes() == b"changed"
+
+    mine = tmp_path / "t" / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_bytes(b"written by the user")
+    (mine / "empty").mkdir()
+    out, _ = wharf_json("tier", "export", mine, f"s3://{bucket}/mine/", env=s3_env)
+    rerun, _ = wharf_json("tier", "export", mine, f"s3://{bucket}/mine/", env=s3_env)
+    assert (out["uploaded"], rerun["uploaded"], rerun["skipped"]) == (1, 0, 1)
+    nothing, _ = wharf_json("tier", "export", mine / "empty", f"s3://{bucket}/none/", env=s3_env)
+    assert (nothing["objects"], nothing["uploaded"]) == (0, 0)
+
+
+def test_sizes_take_fractions_and_a_file_is_no_tier(tmp_path):
+    tier = tmp_path / "t"
+    run_wharf("tier", "init", tier, "--max-size", "1.5G", check=True)
+    status = json.loads(run_wharf("tier", "status", tier, "--json", check=True).stdout)
+    assert status["max_size"] == 1536 << 20
+    bad = run_wharf("tier", "init", tier, "--max-size", "1e3")
+    assert bad.returncode != 0 and "invalid size '1e3'" in bad.stderr
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    proc = run_wharf("tier", "init", afile)
+    assert proc.returncode != 0 and "not a directory" in proc.stderr, proc.stderr
