@@ -91,7 +91,9 @@ absl::StatusOr<Manifest> Manifest::FromJson(absl::string_view text, absl::string
         absl::StrCat(what, ": not a wharf checkpoint manifest (", why, ")"));
   };
   if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
-  if (j.value("format", "") != kManifestFormat) return bad("format is not wharf-checkpoint");
+  if (!j.contains("format") || j["format"] != kManifestFormat) {
+    return bad("format is not wharf-checkpoint");
+  }
   if (!j.contains("version") || !j["version"].is_number_integer()) return bad("no version");
   if (j["version"].get<int>() > kManifestVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -294,6 +296,10 @@ absl::StatusOr<CheckpointRoot::Listing> CheckpointRoot::List() const {
       continue;
     }
     const std::string what = StepUri(steps[i]) + kManifestName;
+    if (absl::IsResourceExhausted(status)) {  // larger than any manifest: not one
+      out.damaged.emplace_back(steps[i], Annotate(status, what));
+      continue;
+    }
     if (!status.ok()) return Annotate(status, "reading " + what);
     auto m = Manifest::FromJson(sinks[i].text, what);
     // A manifest newer than this wharf stops the listing: skipping it could make an older

@@ -87,6 +87,8 @@ absl::StatusOr<Candidates> Collect(const std::string& uri) {
     } else {
       there = exported.status();
     }
+    // A manifest newer than this wharf still stops the listing (see CheckpointRoot::List).
+    if (absl::IsFailedPrecondition(there.status())) return there.status();
     if (!there.ok()) {
       Warn(absl::StrCat("the checkpoints exported to ", OneLine(c.config.export_to),
                         " are left out: ", OneLine(there.status().message())));

@@ -152,6 +152,10 @@ absl::Status RunImport(const TierArgs& args) {
       transferred = TransferWithSummary({src.store, key}, {tree, ""}, options, &counts, &observer);
     }
     absl::Status published = tree->Flush();
+    // Files written but not published were counted as copied: they failed.
+    const uint64_t unpublished = std::min<uint64_t>(tree->FailedToPublish(), counts.objects);
+    counts.objects -= unpublished;
+    counts.failed += unpublished;
     if (!published.ok() && transferred.ok()) {
       transferred = Annotate(published, absl::StrCat("tier import ", src.store->Uri(src.uri.key)));
     }

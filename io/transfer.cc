@@ -475,6 +475,11 @@ class Engine {
     summary.objects = outcome_.objects();
     summary.bytes = outcome_.bytes();
     summary.failed = outcome_.failed();
+    // One object: its failure is the status (not counted as it happened).
+    if (!status.ok() && !options_.recursive && summary.listed == 1 && summary.objects == 0 &&
+        summary.skipped == 0) {
+      summary.failed = 1;
+    }
     summary.elapsed = absl::Now() - start;
     return status;
   }

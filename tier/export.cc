@@ -245,8 +245,16 @@ absl::Status ExportTierPath(std::shared_ptr<Tier> tier, const std::string& path,
     } else {
       transferred =
           TransferWithSummary({tree, ""}, {dst.store, dst.key}, transfer, &summary, &marker);
-      // A folder that exists and holds no file exports nothing, successfully.
-      if (absl::IsNotFound(transferred) && summary.listed == 0) transferred = absl::OkStatus();
+      // A folder that exists and holds no file exports nothing, successfully (a NotFound
+      // from the destination, a missing bucket, stays an error).
+      if (absl::IsNotFound(transferred) && summary.listed == 0) {
+        ListOptions top;
+        top.delimiter = "/";  // the folder's first level is enough to tell
+        absl::StatusOr<ListPage> page = tree->ListAll(top);
+        if (page.ok() && page->objects.empty() && page->common_prefixes.empty()) {
+          transferred = absl::OkStatus();
+        }
+      }
     }
   }
   absl::Status marked = marker.Finish();

@@ -89,6 +89,15 @@ class SpillSink : public ReadSink {
         direct_(
             direct.subspan(0, static_cast<size_t>(std::min<uint64_t>(direct.size(), spill_at_)))) {}
   absl::Status Append(absl::string_view chunk) override {
+    absl::Status s = Write(chunk);
+    if (!s.ok()) failed_ = true;  // the tier's file system, not the fetch
+    return s;
+  }
+  // Whether an Append failed writing the tier's files (the GET then fails with its error).
+  bool failed() const { return failed_; }
+
+ private:
+  absl::Status Write(absl::string_view chunk) {
     if (holding_) {
       if (bytes_ + chunk.size() <= direct_.size()) {
         memcpy(direct_.data() + bytes_, chunk.data(), chunk.size());
@@ -126,6 +135,8 @@ class SpillSink : public ReadSink {
     }
     return absl::OkStatus();
   }
+
+ public:
   // Writes what is only in memory to the whole object's file. Once, after the last Append.
   absl::Status Finish() {
     if (!holding_ || bytes_ == 0) return absl::OkStatus();
@@ -144,6 +155,7 @@ class SpillSink : public ReadSink {
   std::vector<std::unique_ptr<TempObject>>& spilled() { return spilled_; }
 
  private:
+  bool failed_ = false;
   TempObject* const whole_;
   const std::string temp_dir_;
   const std::string placeholder_;
@@ -984,11 +996,11 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   const std::string& key = read->request.key;
   const std::string op = absl::StrCat("get ", inner_->Uri(key));
   auto temp_dir = tier_->TempDir();
-  if (!temp_dir.ok()) return ReadAround(*read, Annotate(temp_dir.status(), op));
+  if (!temp_dir.ok()) return ReadAround(read, Annotate(temp_dir.status(), op));
   // A CRC32C, not an MD5: the entry's ETag is the source's, so the checksum only has to let
   // `verify` find damage, and an MD5 of every filled byte was a fifth of a fill's CPU.
   auto temp = TempObject::Create(read->fill_path, *temp_dir, Checksum::kCrc32c);
-  if (!temp.ok()) return ReadAround(*read, Annotate(temp.status(), op));
+  if (!temp.ok()) return ReadAround(read, Annotate(temp.status(), op));
   read->temp = *std::move(temp);
   // A reader of the whole object into a buffer gets the bytes there as they arrive, and the
   // file is written from it. Not with an If-None-Match: a not-modified answer leaves the
@@ -1019,28 +1031,32 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
     ThreadPool& pool = self->runtime_->blocking_pool();
     pool.Schedule([self = std::move(self), read = std::move(read), got = std::move(got)]() mutable {
       if (got.ok()) read->fetched_first_byte = got->time_to_first_byte;
-      if (got.ok() && !got->not_modified) {
-        absl::Status written = read->sink->Finish();
-        if (!written.ok()) {
-          return self->FillFailed(
-              *read, *got,
-              Annotate(written, absl::StrCat("get ", self->inner_->Uri(read->request.key),
-                                             ": filling the tier")));
-        }
-      }
-      if (got.ok() && !got->not_modified && !got->meta.etag.empty() &&
-          got->meta.size > self->tier_->config().block_threshold) {
+      const std::string what =
+          absl::StrCat("get ", self->inner_->Uri(read->request.key), ": filling the tier");
+      absl::Status written;
+      if (got.ok() && !got->not_modified) written = read->sink->Finish();
+      if (!got.ok() && read->sink->failed()) {
+        // The GET stopped because the tier could not take its bytes (a full disk).
+        self->ReadAround(read, got.status());
+      } else if (!written.ok()) {
+        self->FillFailed(read, *got, Annotate(written, what));
+      } else if (got.ok() && !got->not_modified && !got->meta.etag.empty() &&
+                 got->meta.size > self->tier_->config().block_threshold) {
         self->PublishAsBlocks(read, *got);
       } else {
-        self->Publish(*read, got);
+        self->Publish(read, got);
       }
+      // The store first: the read (and the caller's callback with it) may be delivered when
+      // `read` goes, and the caller may drop its last reference to the store there.
       self.reset();
       read.reset();
     });
   });
 }
 
-void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got) {
+void TierStore::Publish(const std::shared_ptr<PendingRead>& pending,
+                        const absl::StatusOr<GetResult>& got) {
+  PendingRead& read = *pending;
   const std::string uri = inner_->Uri(read.request.key);
   if (!got.ok()) return read.Finish(got.status());
   if (got->not_modified && read.stale.has_value()) {
@@ -1093,7 +1109,7 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   absl::Status published = sealed.ok() ? read.temp->Publish() : sealed.status();
   if (!published.ok()) {
     if (held >= 0) close(held);
-    return FillFailed(read, *got,
+    return FillFailed(pending, *got,
                       Annotate(published, absl::StrCat("get ", uri, ": filling the tier")));
   }
   read.temp.reset();
@@ -1110,12 +1126,14 @@ void TierStore::Publish(PendingRead& read, const absl::StatusOr<GetResult>& got)
   }
 }
 
-void TierStore::FillFailed(PendingRead& read, const GetResult& got, const absl::Status& why) {
+void TierStore::FillFailed(const std::shared_ptr<PendingRead>& pending, const GetResult& got,
+                           const absl::Status& why) {
+  PendingRead& read = *pending;
   // The object was fetched whole: a small one's bytes are still in memory and answer the
   // read; otherwise it is read again, around the tier.
   const std::optional<absl::string_view> in_memory = read.sink->held();
   if (!in_memory.has_value() || in_memory->size() != got.meta.size) {
-    return ReadAround(read, why);
+    return ReadAround(pending, why);
   }
   WarnReadAround(why);
   bypassed_.fetch_add(1, std::memory_order_relaxed);
@@ -1128,13 +1146,14 @@ void TierStore::FillFailed(PendingRead& read, const GetResult& got, const absl::
   ServeFilled(read, entry, got.meta.mtime, *in_memory);
 }
 
-void TierStore::ReadAround(PendingRead& read, const absl::Status& why) {
+void TierStore::ReadAround(const std::shared_ptr<PendingRead>& read, const absl::Status& why) {
   WarnReadAround(why);
   bypassed_.fetch_add(1, std::memory_order_relaxed);
-  read.temp.reset();
-  read.Unlock();
-  Callback<GetResult> done = std::exchange(read.done, nullptr);
-  inner_->GetAsync(read.request, std::move(done));
+  read->temp.reset();
+  read->Unlock();
+  // Delivered through the read (when its last reference goes), as every other outcome.
+  inner_->GetAsync(read->request,
+                   [read](absl::StatusOr<GetResult> r) { read->Finish(std::move(r)); });
 }
 
 void TierStore::WarnReadAround(const absl::Status& why) {
@@ -1609,9 +1628,9 @@ void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResu
         "get ", uri, ": received ", read->sink->bytes(), " of ", got.meta.size, " bytes")));
   }
   auto temp_dir = tier_->TempDir();
-  if (!temp_dir.ok()) return read->Finish(Annotate(temp_dir.status(), op));
+  if (!temp_dir.ok()) return ReadAround(read, Annotate(temp_dir.status(), op));
   const int src = open(read->temp->path().c_str(), O_RDONLY | O_CLOEXEC);
-  if (src < 0) return read->Finish(ErrnoToStatus(errno, op));
+  if (src < 0) return ReadAround(read, ErrnoToStatus(errno, op));
   const std::string blocks_dir = absl::StrCat(read->fill_path, kTierBlocksSuffix);
   const bool pinned = IsPinned(blocks_dir);
   const uint64_t block = tier_->config().block_size;
@@ -1673,7 +1692,7 @@ void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResu
   read->temp.reset();
   read->sink.reset();
   read->Unlock();
-  if (!status.ok()) return read->Finish(Annotate(status, op));
+  if (!status.ok()) return ReadAround(read, Annotate(status, op));
   fills_.fetch_add(blocks, std::memory_order_relaxed);
   block_fills_.fetch_add(blocks, std::memory_order_relaxed);
   fill_bytes_.fetch_add(got.meta.size, std::memory_order_relaxed);

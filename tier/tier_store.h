@@ -100,7 +100,8 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
     uint64_t fills = 0;   // objects (or blocks) this process fetched into the tier
     uint64_t fill_bytes = 0;
     uint64_t block_fills = 0;  // of which blocks of big objects
-    uint64_t bypassed = 0;     // reads of keys that cannot be paths
+    uint64_t bypassed = 0;     // reads around the tier: keys that cannot be paths, and fills
+                               // the file system could not keep (those also count as misses)
     uint64_t evicted = 0;      // entries this process's eviction passes removed
     uint64_t revalidated = 0;  // stale copies the source confirmed unchanged (304)
     uint64_t listed = 0;       // listing pages answered from imported trees
@@ -142,14 +143,15 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   void ReleaseFill(uint64_t stripe, const std::string& fill_path);
   void Fill(std::shared_ptr<PendingRead> read);
   // Seals and publishes a filled object, then serves the read from it.
-  void Publish(PendingRead& read, const absl::StatusOr<GetResult>& got);
+  void Publish(const std::shared_ptr<PendingRead>& read, const absl::StatusOr<GetResult>& got);
   // A fill that fetched the object but could not keep it (a file where the key needs a
   // folder, or the reverse; a full disk): the read is answered all the same, from the bytes
   // in memory or by ReadAround.
-  void FillFailed(PendingRead& read, const GetResult& got, const absl::Status& why);
+  void FillFailed(const std::shared_ptr<PendingRead>& read, const GetResult& got,
+                  const absl::Status& why);
   // Sends the read to the backing store as it was asked (the tier cannot hold the object).
-  void ReadAround(PendingRead& read, const absl::Status& why);
-  void WarnReadAround(const absl::Status& why);  // one line per process and tier
+  void ReadAround(const std::shared_ptr<PendingRead>& read, const absl::Status& why);
+  void WarnReadAround(const absl::Status& why);  // one line per TierStore
   // Answers a read that just filled `entry` from the bytes it kept in memory.
   void ServeFilled(PendingRead& read, const TierEntry& entry, absl::Time mtime,
                    absl::string_view data);

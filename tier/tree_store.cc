@@ -388,6 +388,11 @@ absl::Status TierTreeStore::Flush() {
       absl::StrCat(unpublished_failures_, " files were written but not published: ", s.message()));
 }
 
+uint64_t TierTreeStore::FailedToPublish() {
+  absl::MutexLock lock(&mu_);
+  return unpublished_failures_;
+}
+
 void TierTreeStore::CommitLoop() {
   while (true) {
     std::vector<Sealed> batch;

@@ -101,6 +101,8 @@ class TierTreeStore : public ForwardingStore {
   // error of the puts that completed before their publishing failed (how many, the first
   // one's cause); OK otherwise.
   absl::Status Flush();
+  // How many puts completed before their publishing failed (so far).
+  uint64_t FailedToPublish();
 
   // Not for callers: a sealed file queued for publishing (used by the writer).
   struct Sealed;

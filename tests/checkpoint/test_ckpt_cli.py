@@ -252,10 +252,12 @@ def test_a_damaged_manifest_leaves_the_other_checkpoints_usable(tmp_path, bucket
     s3_client.put_object(Bucket=bucket, Key=f"dmg/{step_dir(3)}/manifest.json", Body=b"{not json")
     s3_client.put_object(Bucket=bucket, Key=f"dmg/{step_dir(4)}/manifest.json",
                          Body=b'{"step": 4, "files": []}')
+    s3_client.put_object(Bucket=bucket, Key=f"dmg/{step_dir(5)}/manifest.json",
+                         Body=b'{"format": 5, "version": 1}')
     out = ckpt("ls", "--json", remote, env=aws)
     assert out.returncode == 0, out.stderr
     assert [json.loads(line)["step"] for line in out.stdout.decode().splitlines()] == [1, 2]
-    assert "step 3 is left out" in out.stderr and "step 4 is left out" in out.stderr
+    assert all(f"step {s} is left out" in out.stderr for s in (3, 4, 5)), out.stderr
     out = ckpt("export", remote, "--latest", f"s3://{bucket}/dmg-copy", env=aws)
     assert out.returncode == 0, out.stderr
     with pytest.warns(RuntimeWarning, match="step 3 is left out"):
@@ -282,3 +284,18 @@ def test_the_tier_restores_when_its_export_destination_is_unreachable(tmp_path, 
     out = ckpt("ls", "--json", root, env=aws)
     assert out.returncode == 0 and "left out" in out.stderr, out.stderr
     assert [json.loads(line)["where"] for line in out.stdout.decode().splitlines()] == ["tier"]
+
+
+def test_a_newer_manifest_at_the_export_destination_stops_the_listing(tmp_path, bucket, aws,
+                                                                        s3_client):
+    # Skipping it could make an older checkpoint "latest": the listing fails, naming it.
+    tier = make_tier(tmp_path / "tier", aws)
+    mgr = CheckpointManager(tier / "run", export_to=f"s3://{bucket}/run", async_save=False)
+    mgr.save(1, state_of(1))
+    mgr.close()
+    newer = json.dumps({"format": "wharf-checkpoint", "version": 999, "step": 2}).encode()
+    s3_client.put_object(Bucket=bucket, Key=f"run/{step_dir(2)}/manifest.json", Body=newer)
+    out = ckpt("ls", tier / "run", env=aws)
+    assert out.returncode == 1 and "newer than this wharf" in out.stderr, out.stderr
+    with pytest.raises(wharf.WharfError, match="newer than this wharf"):
+        CheckpointManager(tier / "run", export_to=f"s3://{bucket}/run").list()

@@ -38,14 +38,18 @@ def test_a_key_below_a_folder_named_wharf_plants_no_tier(tmp_path, bucket, s3_en
 
 
 def test_a_key_that_is_also_a_prefix_is_read_around_the_tier(tmp_path, bucket, s3_env, s3_client):
-    s3_client.put_object(Bucket=bucket, Key="d/a", Body=b"file a")
-    s3_client.put_object(Bucket=bucket, Key="d/a/b", Body=b"file a/b")
-    for order in (["d/a", "d/a/b"], ["d/a/b", "d/a"]):
-        cache = tmp_path / f"cache-{len(order[0])}"
+    # Small objects are answered from the bytes in memory, a big one (over 1 MiB) by one more
+    # GET around the tier.
+    big = os.urandom(3 << 20)
+    bodies = {"d/a": b"file a", "d/a/b": b"file a/b", "e/a": b"file e/a", "e/a/b": big}
+    for key, body in bodies.items():
+        s3_client.put_object(Bucket=bucket, Key=key, Body=body)
+    for n, order in enumerate((["d/a", "d/a/b"], ["d/a/b", "d/a"], ["e/a", "e/a/b"])):
+        cache = tmp_path / f"cache-{n}"
         for i, key in enumerate(order):
             got = run_wharf("cat", "--cache", cache, f"s3://{bucket}/{key}", env=s3_env)
             assert got.returncode == 0, got.stderr
-            assert got.stdout == (b"file a" if key == "d/a" else b"file a/b")
+            assert got.stdout == bodies[key]
             if i == 1:  # the second cannot be kept: one warning, the read is answered
                 assert "reading around the tier" in got.stderr, got.stderr
 
@@ -124,6 +128,11 @@ def test_one_object_imports_and_exports_of_own_files_resume(tmp_path, bucket, s3
     s3_client.put_object(Bucket=bucket, Key="one/f.bin", Body=b"changed")
     changed, _ = wharf_json("tier", "import", f"s3://{bucket}/one/f.bin", dest, env=s3_env)
     assert changed["fetched"] == 1 and (dest / "f.bin").read_bytes() == b"changed"
+    # A one-object import that fails (a folder where the file goes) says so under --json.
+    (tmp_path / "t" / "two" / "f.bin").mkdir(parents=True)
+    failed, _ = wharf_json("tier", "import", f"s3://{bucket}/one/f.bin", tmp_path / "t" / "two",
+                           env=s3_env, ok=False)
+    assert (failed["objects"], failed["fetched"], failed["failed"]) == (1, 0, 1), failed
 
     mine = tmp_path / "t" / "mine"
     mine.mkdir()

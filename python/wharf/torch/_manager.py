@@ -497,7 +497,8 @@ class CheckpointManager:
             try:
                 exported = self.export_root.list()
             except _wharf.WharfError as e:
-                if not self.root.is_local:
+                # A manifest newer than this wharf stops the listing, as in the root itself.
+                if not self.root.is_local or "newer than this wharf" in str(e):
                     raise
                 # The tier's own checkpoints stay usable when the bucket cannot be read.
                 warnings.warn(f"wharf: the checkpoints exported to {self.export_root.uri} are left "

@@ -132,22 +132,32 @@ class _Located:
         return state
 
 
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor  # torch >= 2.5
+    except ImportError:
+        try:
+            from torch.distributed._tensor import DTensor
+        except ImportError:  # pragma: no cover - torch without DTensor
+            return None
+    return DTensor
+
+
+_DTENSOR = _dtensor_type()
+
+
 def _layout(obj) -> Any:
     """What a staged copy of `obj` must share with it to be reused for it: the structure
-    (container types, keys in order, lengths) and each tensor's type, shape and dtype (a
-    DTensor's placements and local shape too). None for what cannot be compared (a
+    (container types, keys in order, lengths) and each tensor's type, shape, dtype and layout
+    (a DTensor's mesh, placements and local shape too). None for what cannot be compared (a
     ShardedTensor): such a state is staged afresh every time."""
     if isinstance(obj, torch.Tensor):
-        try:
-            from torch.distributed.tensor import DTensor
-        except ImportError:  # pragma: no cover - torch without DTensor
-            DTensor = ()
-        if DTensor and isinstance(obj, DTensor):
-            return ("dtensor", tuple(obj.shape), obj.dtype, tuple(obj.placements),
-                    tuple(obj.to_local().shape))
+        if _DTENSOR is not None and isinstance(obj, _DTENSOR):
+            return ("dtensor", tuple(obj.shape), obj.dtype, id(obj.device_mesh),
+                    tuple(obj.placements), tuple(obj.to_local().shape))
         if type(obj).__name__ == "ShardedTensor":
             return None
-        return ("tensor", type(obj), tuple(obj.shape), obj.dtype)
+        return ("tensor", type(obj), tuple(obj.shape), obj.dtype, obj.layout)
     if isinstance(obj, dict):
         items = []
         for key, value in obj.items():
@@ -175,13 +185,22 @@ class _StagingCache:
         self._layout = None
 
     def stage(self, state_dict: dict) -> dict:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        from torch.distributed._state_dict_utils import _copy_state_dict
         layout = _layout(state_dict)
-        if self._cache is None or layout is None or layout != self._layout:
-            self._cache = None  # freed before the new copy is made
-            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
-            self._layout = layout
+        if self._cache is not None and layout is not None and layout == self._layout:
+            try:
+                return _copy_state_dict(state_dict, self._cache, type_check=False)
+            except (ValueError, RuntimeError, KeyError, TypeError, AttributeError):
+                pass  # something the layout does not capture: staged afresh below
+        self._cache = None  # freed before the new copy is made
+        self._cache = _fresh_copy(state_dict)
+        self._layout = layout
         return _copy_state_dict(state_dict, self._cache, type_check=False)
+
+
+def _fresh_copy(state_dict: dict) -> dict:
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+    return _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
 
 
 class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
@@ -289,7 +308,8 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
     def stage(self, state_dict):
         """A CPU copy of state_dict (dcp.async_save writes it while training goes on)."""
         if not self.cache_staged_state_dict:
-            return _StagingCache().stage(state_dict)
+            from torch.distributed._state_dict_utils import _copy_state_dict
+            return _copy_state_dict(state_dict, _fresh_copy(state_dict), type_check=False)
         if self.state_dict_cache is None:
             self.state_dict_cache = _StagingCache()
         return self.state_dict_cache.stage(state_dict)
