@@ -700,7 +700,16 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
         Deliver(std::move(out), deferred);
       }
     }
-    deferred.garbage.push_back(std::move(g->block));
+    if (g->block.owner().use_count() > 1) {
+      // The results hold the buffer (none can be taken before this lock goes): the group lets
+      // go of it now, so the budget is released the moment the consumer drops the last one.
+      // Left to `deferred`, a consumer woken by its short wait could take and drop them all
+      // before this thread ran it, find the budget held by that last reference with nothing
+      // in flight, and fail the next object as if its own results blocked it.
+      g->block = Block();
+    } else {
+      deferred.garbage.push_back(std::move(g->block));  // released outside the lock
+    }
     PumpLocked(deferred);
   }
 
