@@ -167,19 +167,25 @@ absl::Status RunImport(const TierArgs& args) {
     }
   }  // the tree store publishes what it still holds
   progress.Stop();
+  // The --json summary, also of a partly failed import (its error then follows on stderr).
+  auto summary_json = [&] {
+    json j;
+    j["source"] = source_uri;
+    j["dest"] = dest;
+    j["tier"] = tier->root();
+    j["objects"] = counts.objects + counts.skipped + counts.failed;
+    j["bytes"] = counts.bytes;
+    j["fetched"] = counts.objects;
+    j["skipped"] = counts.skipped;
+    j["failed"] = counts.failed;
+    j["seconds"] = absl::ToDoubleSeconds(counts.elapsed);
+    j["garbage_removed"] = garbage.files;
+    return j;
+  };
   if (!summary.ok() && args.json && counts.listed > 0) {
-    // What a partly failed import did, for scripts; the error follows on stderr.
-    Print(JsonLine({{"source", source_uri},
-                    {"dest", dest},
-                    {"tier", tier->root()},
-                    {"objects", counts.objects + counts.skipped + counts.failed},
-                    {"bytes", counts.bytes},
-                    {"fetched", counts.objects},
-                    {"skipped", counts.skipped},
-                    {"failed", counts.failed},
-                    {"seconds", absl::ToDoubleSeconds(counts.elapsed)},
-                    {"garbage_removed", garbage.files},
-                    {"error", OneLine(summary.status().message())}}));
+    json j = summary_json();
+    j["error"] = OneLine(summary.status().message());
+    Print(JsonLine(j));
   }
   if (!target.is_object) {
     // A run that copied or kept every object it listed makes the tree a complete listing
@@ -213,17 +219,7 @@ absl::Status RunImport(const TierArgs& args) {
   }
   const double seconds = absl::ToDoubleSeconds(summary->elapsed);
   if (args.json) {
-    json j;
-    j["source"] = source_uri;
-    j["dest"] = dest;
-    j["tier"] = tier->root();
-    j["objects"] = summary->objects + summary->skipped + summary->failed;
-    j["bytes"] = summary->bytes;
-    j["fetched"] = summary->objects;
-    j["skipped"] = summary->skipped;
-    j["failed"] = summary->failed;
-    j["seconds"] = seconds;
-    j["garbage_removed"] = garbage.files;
+    json j = summary_json();
     j["tree_bytes"] = tree_bytes;
     if (args.world_size > 0) {
       j["rank"] = args.rank;
@@ -270,27 +266,11 @@ absl::Status RunExport(const TierArgs& args) {
       ExportTierPath(tier, path, {dst.store, dst.uri.key}, options, &exported, &observer);
   progress.Stop();
   const TransferSummary& summary = exported.transfer;
-  if (!status.ok()) {
-    if (args.json && summary.listed > 0) {
-      // What a partly failed export did, for scripts; the error follows on stderr.
-      Print(JsonLine({{"source", path},
-                      {"dest", exported.dst_uri},
-                      {"tier", tier->root()},
-                      {"objects", summary.objects + summary.skipped + summary.failed},
-                      {"bytes", summary.bytes},
-                      {"uploaded", summary.objects},
-                      {"skipped", summary.skipped},
-                      {"failed", summary.failed},
-                      {"seconds", absl::ToDoubleSeconds(summary.elapsed)},
-                      {"aborted_uploads", exported.aborted_uploads},
-                      {"error", OneLine(status.message())}}));
-    }
-    return status;
-  }
   // The objects the filters selected (listed minus filtered out).
   const uint64_t selected = summary.objects + summary.skipped + summary.failed;
   const double seconds = absl::ToDoubleSeconds(summary.elapsed);
-  if (args.json) {
+  // The --json summary, also of a partly failed export (its error then follows on stderr).
+  auto summary_json = [&] {
     json j;
     j["source"] = path;
     j["dest"] = exported.dst_uri;
@@ -302,6 +282,18 @@ absl::Status RunExport(const TierArgs& args) {
     j["failed"] = summary.failed;
     j["seconds"] = seconds;
     j["aborted_uploads"] = exported.aborted_uploads;
+    return j;
+  };
+  if (!status.ok()) {
+    if (args.json && summary.listed > 0) {
+      json j = summary_json();
+      j["error"] = OneLine(status.message());
+      Print(JsonLine(j));
+    }
+    return status;
+  }
+  if (args.json) {
+    json j = summary_json();
     Print(JsonLine(j));
   } else if (!args.quiet) {
     Print(absl::StrFormat("exported %d of %d objects (%s MB) in %.2f s (%s MB/s) to %s\n",
