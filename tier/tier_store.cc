@@ -55,13 +55,18 @@ class FileSink : public ReadSink {
   explicit FileSink(TempObject* temp) : temp_(temp) {}
   absl::Status Append(absl::string_view chunk) override {
     bytes_ += chunk.size();
-    return temp_->Append(chunk);
+    absl::Status s = temp_->Append(chunk);
+    if (!s.ok()) failed_ = true;  // the tier's file system, not the fetch
+    return s;
   }
   uint64_t bytes() const { return bytes_; }
+  // Whether an Append failed writing the tier's file (the GET then fails with its error).
+  bool failed() const { return failed_; }
 
  private:
   TempObject* const temp_;
   uint64_t bytes_ = 0;
+  bool failed_ = false;
 };
 
 // Streams a whole object of unknown size into the tier. Up to `keep` bytes (or up to the size
@@ -328,6 +333,9 @@ struct TierStore::BlockSlot {
   std::unique_ptr<TempObject> temp;
   std::unique_ptr<FileSink> sink;
   absl::Status status;
+  // The tier could not keep the block (its file system refused a lock, a temporary file, a
+  // write or the publish; `status` says why): the read goes around the tier from here.
+  bool around = false;
 
   ~BlockSlot() { Release(); }
   void Unlock() {
@@ -1454,6 +1462,7 @@ void TierStore::StepBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot)
     auto fd = OpenStripe(*tier_, slot.path, op);
     if (!fd.ok()) {
       slot.status = fd.status();
+      slot.around = true;
       return SlotDone(br);
     }
     slot.lock_fd = *fd;
@@ -1487,6 +1496,7 @@ void TierStore::FillBlock(std::shared_ptr<BlockRead> br, BlockSlot* slot) {
                             : absl::StatusOr<std::unique_ptr<TempObject>>(temp_dir.status());
   if (!temp.ok()) {
     slot->status = Annotate(temp.status(), op);
+    slot->around = true;
     slot->Unlock();
     return SlotDone(br);
   }
@@ -1527,7 +1537,10 @@ void TierStore::PublishBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& sl
         op, ": object changed (size ", got->meta.size, ", expected ", br->version.size, ")"));
   }
   int held = -1;
+  // What went wrong from here on (or in writing what was fetched) is the tier's.
+  bool tier_failed = !got.ok() && slot.sink->failed();
   if (status.ok()) {
+    tier_failed = true;
     auto sealed = slot.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
       TierEntry entry;
       entry.source = br->uri;
@@ -1554,6 +1567,7 @@ void TierStore::PublishBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& sl
   if (!status.ok()) {
     if (held >= 0) close(held);
     slot.status = status;
+    slot.around = tier_failed;
     return SlotDone(br);
   }
   slot.fd = held;
@@ -1574,6 +1588,7 @@ void TierStore::ServeWindow(const std::shared_ptr<BlockRead>& br) {
   const GetRequest& req = read.request;
   absl::Status status;
   for (const auto& slot : br->window) {
+    if (slot->around) break;  // the bytes before it are served, then the rest goes around
     if (!slot->status.ok()) {
       status = slot->status;
       break;
@@ -1583,6 +1598,13 @@ void TierStore::ServeWindow(const std::shared_ptr<BlockRead>& br) {
   for (const auto& slot : br->window) {
     if (!status.ok()) break;
     const uint64_t start = slot->index * block;
+    if (slot->around) {
+      // Bytes up to here were served from blocks; the rest of the read goes around the
+      // tier (in order: a sink takes them after what it has).
+      const absl::Status why = slot->status;
+      br->window.clear();
+      return ReadRestAround(br, std::max(br->begin, start), why);
+    }
     const uint64_t from = std::max(br->begin, start);
     const uint64_t to = std::min(br->end, start + slot->length);
     if (br->result.meta.mtime == absl::InfinitePast()) {
@@ -1618,6 +1640,43 @@ void TierStore::ServeWindow(const std::shared_ptr<BlockRead>& br) {
   }
   if (br->filled) RemoveBlockVersions(br->blocks_dir, TierBlockVersionDir(br->version.etag));
   read.Finish(std::move(br->result));
+}
+
+void TierStore::ReadRestAround(const std::shared_ptr<BlockRead>& br, uint64_t from,
+                               const absl::Status& why) {
+  WarnReadAround(why);
+  bypassed_.fetch_add(1, std::memory_order_relaxed);
+  PendingRead& read = *br->read;
+  if (!read.counted) {
+    read.counted = true;
+    misses_.fetch_add(1, std::memory_order_relaxed);
+  }
+  GetRequest rest = read.request;
+  rest.range = ByteRange::Of(from, br->end - from);
+  rest.if_match = br->version.etag;  // the same version as the blocks served before
+  rest.if_none_match.clear();
+  if (rest.sink == nullptr) rest.buffer = rest.buffer.subspan(from - br->begin);
+  inner_->GetAsync(std::move(rest),
+                   [self = shared_from_this(), br, from](absl::StatusOr<GetResult> got) mutable {
+                     PendingRead& read = *br->read;
+                     if (!got.ok()) return read.Finish(got.status());
+                     if (got->offset != from || got->bytes != br->end - from) {
+                       return read.Finish(absl::DataLossError(
+                           absl::StrCat("get ", br->uri, ": received ", got->bytes, " bytes at ",
+                                        got->offset, ", expected ", br->end - from, " at ", from)));
+                     }
+                     if (br->result.meta.mtime == absl::InfinitePast())
+                       br->result.meta.mtime = got->meta.mtime;
+                     if (!br->filled) return read.Finish(std::move(br->result));
+                     // Older versions' blocks go (as after a read served from blocks): syscalls,
+                     // off the backing store's thread.
+                     self->runtime_->blocking_pool().Schedule([br = std::move(br)]() mutable {
+                       RemoveBlockVersions(br->blocks_dir, TierBlockVersionDir(br->version.etag));
+                       br->read->Finish(std::move(br->result));
+                       br.reset();
+                     });
+                     self.reset();
+                   });
 }
 
 void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResult& got) {

@@ -189,6 +189,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
                     const absl::StatusOr<GetResult>& got);
   void SlotDone(const std::shared_ptr<BlockRead>& br);
   void ServeWindow(const std::shared_ptr<BlockRead>& br);
+  // A block the tier could not keep (`why`): bytes [from, end) of the read are fetched around
+  // the tier, into the read's sink after what it has or into its buffer at their place.
+  void ReadRestAround(const std::shared_ptr<BlockRead>& br, uint64_t from, const absl::Status& why);
   // Cuts a whole object just fetched (a big one) into blocks and serves the read from them.
   void PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResult& got);
   // Sizes and ETags the source just reported to HEADs through this store, kept for

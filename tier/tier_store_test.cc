@@ -608,6 +608,55 @@ TEST_F(TierBlocksTest, ARangedReadOfABigObjectFetchesAndKeepsOnlyItsBlocks) {
   EXPECT_EQ(bucket_->gets(), 2);
 }
 
+TEST_F(TierBlocksTest, ABlockTheTierCannotKeepSendsTheRestOfTheReadAroundIt) {
+  const std::string data = RandomBytes(kBig, 5);
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());
+  auto store = Cached(bucket_, MakeTier(SmallBlocks()));
+  // A folder where block 2's file goes: its publish fails (as on a full disk, a lock or a
+  // temporary file the file system refuses).
+  const std::string version = TierBlockVersionDir(memory_->Head("big.bin")->etag);
+  const std::string blocks = BlocksDir(*store, "big.bin") + "/" + version;
+  std::filesystem::create_directories(blocks + "/2");
+
+  // Blocks 0 and 1 are served from the tier, the rest of the read from one GET around it.
+  auto part = store->Read("big.bin", ByteRange::Of(kBlock / 2, 5 * kBlock));
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_TRUE(*part == data.substr(kBlock / 2, 5 * kBlock));
+  EXPECT_EQ(store->stats().bypassed, 1u);
+  EXPECT_THAT(bucket_->ranges(), ::testing::Contains("524288-1441791"));  // [2 blocks, 5.5 blocks)
+  EXPECT_TRUE(std::filesystem::is_regular_file(blocks + "/1"));
+  EXPECT_TRUE(std::filesystem::is_directory(blocks + "/2"));
+
+  // Into a buffer: the rest lands at its place.
+  std::string buf(3 * kBlock, '\0');
+  GetRequest into;
+  into.key = "big.bin";
+  into.range = ByteRange::Of(kBlock + 10, 3 * kBlock);
+  into.buffer = absl::MakeSpan(buf);
+  auto got = store->Get(into);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->bytes, 3 * kBlock);
+  EXPECT_EQ(got->offset, kBlock + 10);
+  EXPECT_EQ(got->meta.size, kBig);
+  EXPECT_TRUE(buf == data.substr(kBlock + 10, 3 * kBlock));
+  EXPECT_EQ(store->stats().bypassed, 2u);
+
+  // A whole read; and one that starts past the block is served from the tier's blocks.
+  auto whole = store->Read("big.bin");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == data);
+  EXPECT_EQ(store->stats().bypassed, 3u);
+  bucket_->Reset();
+  EXPECT_TRUE(*store->Read("big.bin", ByteRange::Of(3 * kBlock, kBlock)) ==
+              data.substr(3 * kBlock, kBlock));
+  EXPECT_EQ(bucket_->gets(), 0);
+  // A failure of the source itself is not read around: it fails the read.
+  ASSERT_TRUE(memory_->Delete("big.bin").ok());
+  std::filesystem::remove_all(BlocksDir(*store, "big.bin"));
+  EXPECT_EQ(store->Read("big.bin", ByteRange::Of(0, 10)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(TierBlocksTest, AWholeReadOfAnUnknownBigObjectIsCutIntoBlocks) {
   const std::string data = RandomBytes(kBig + 1000, 2);  // a short last block
   ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());

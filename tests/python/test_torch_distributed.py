@@ -42,7 +42,8 @@ def test_two_ranks_with_two_workers_each(target, tmp_path):
         store.put(f"shards/{s:02d}.tar", tar_bytes(
             [(f"t{s}/x{i}.bin", b"%d-%d" % (s, i)) for i in range(PER_SHARD)]))
     h.run_ranks(h.rank_main, (2, h.free_port(), uri, str(tmp_path), RESUME_STEPS,
-                              uri[:-len("s/")] + "shards/"), nprocs=2)
+                              uri[:-len("s/")] + "shards/"), nprocs=2,
+                stacks_dir=str(tmp_path / "stacks"))
     r = json.loads((tmp_path / "results.json").read_text())
     all_keys = sorted(k[2:] for k in keys)
 

@@ -2,6 +2,7 @@
 writer, the rank process of the distributed test (imported by spawned processes, so it lives
 outside the test modules). Not a conftest.py: tests elsewhere import tests/conftest.py as
 `conftest`, which a second conftest module would shadow."""
+import functools
 import json
 import os
 import socket
@@ -110,25 +111,71 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(fn, args, nprocs: int, timeout: float = 180):
-    """torch.multiprocessing.spawn with a deadline: a hung rank fails the test, never the run."""
+def run_ranks(fn, args, nprocs: int, timeout: float = 180, stacks_dir: str = None):
+    """torch.multiprocessing.spawn with a deadline: a hung rank fails the test, never the run.
+    On failure, the native stacks that stuck DataLoader workers left in `stacks_dir`
+    (dump_stacks_if_stuck) come first in the message, short enough for a CI summary."""
     import torch.multiprocessing as tmp
     ctx = tmp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise AssertionError(f"ranks did not finish within {timeout} s")
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise AssertionError(f"ranks did not finish within {timeout} s")
+    except Exception as e:
+        stacks = _stuck_stacks(stacks_dir)
+        if not stacks:
+            raise
+        last = "\n".join(str(e).strip().splitlines()[-3:])
+        raise AssertionError(f"{last}\n{stacks}") from None
 
 
-def dump_stacks_if_stuck(worker_id: int, after_s: float = 45) -> None:
+def _stuck_stacks(folder) -> str:
+    """Each stuck worker's dump in `folder`, one short line per native frame ("func
+    file:line"), the interpreter's own frames left out."""
+    import re
+    if not folder or not os.path.isdir(folder):
+        return ""
+    frame = re.compile(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(\S+) .*?(?: at (\S+)| from (\S+))?$")
+    out = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), errors="replace") as f:
+            lines = f.read().splitlines()
+        out.append(f"stuck DataLoader worker {name}:")
+        for line in lines:
+            if line.startswith("Thread "):
+                out.append("  " + line.split("(most")[0][:100])
+            m = frame.match(line)
+            if m and not re.match(r"_?Py|cfunction_|method_vectorcall|slot_tp|"
+                                  r"builtin_|call_function|object_vectorcall", m.group(1)):
+                where = os.path.basename(m.group(2) or m.group(3) or "")
+                out.append(f"    {m.group(1)} {where}")
+    return "\n".join(out)
+
+
+def dump_stacks_if_stuck(worker_id: int, after_s: float = 40, stacks_dir: str = None) -> None:
     """worker_init_fn: a worker still alive after `after_s` seconds (these loaders' workers
-    finish within seconds) writes every thread's Python stack to stderr, so a DataLoader
-    timeout in the distributed test shows where its worker waited."""
+    finish within seconds) writes every thread's Python stack to stderr, and, where gdb is
+    installed and `stacks_dir` given, a watchdog writes its native stacks to
+    stacks_dir/<pid>.txt (run_ranks reports them), so a DataLoader timeout in the
+    distributed test shows where its worker waited."""
     import faulthandler
+    import shutil
+    import subprocess
     import sys
     faulthandler.dump_traceback_later(after_s, exit=False, file=sys.stderr)
+    if stacks_dir and shutil.which("gdb"):
+        os.makedirs(stacks_dir, exist_ok=True)
+        pid = os.getpid()
+        # Ends within a second of the worker; never waited for (its own session).
+        script = (f"for i in $(seq {int(after_s)}); do kill -0 {pid} 2>/dev/null || exit 0; "
+                  f"sleep 1; done; gdb -p {pid} -batch -ex 'thread apply all bt' "
+                  f"> {stacks_dir}/{pid}.txt 2>&1")
+        subprocess.Popen(["sh", "-c", script], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
 
 
 def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, resume_steps: int,
@@ -145,12 +192,13 @@ def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, res
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
     batch = 4
+    stuck = functools.partial(dump_stacks_if_stuck, stacks_dir=os.path.join(out_dir, "stacks"))
 
     def loader(ds, context="fork"):
         # A spawned process's default start method is spawn: fork is asked for explicitly.
         return DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=sample_keys,
                           multiprocessing_context=context, timeout=60,
-                          worker_init_fn=dump_stacks_if_stuck)
+                          worker_init_fn=stuck)
 
     def gather(obj):
         out = [None] * world_size
@@ -186,7 +234,7 @@ def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, res
     def shards_loader(state=None):
         ds = IterableDataset.from_shards(shards_uri, format="tar", seed=11, shuffle_buffer=5)
         out = StatefulDataLoader(ds, batch_size=batch, num_workers=2, timeout=60,
-                                 collate_fn=record_keys, worker_init_fn=dump_stacks_if_stuck)
+                                 collate_fn=record_keys, worker_init_fn=stuck)
         if state is not None:
             out.load_state_dict(state)
         return out
