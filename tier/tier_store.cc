@@ -917,6 +917,14 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   if (IsCancelled(read->request.cancel)) {
     return read->Finish(absl::CancelledError(absl::StrCat(op, ": cancelled")));
   }
+  if (Unkeepable(read->fill_path)) {
+    // Its fill just failed here: around the tier at once (warned then).
+    bypassed_.fetch_add(1, std::memory_order_relaxed);
+    read->Unlock();
+    inner_->GetAsync(read->request,
+                     [read](absl::StatusOr<GetResult> r) { read->Finish(std::move(r)); });
+    return;
+  }
   const uint64_t stripe = std::hash<std::string>{}(tier_->Relative(read->fill_path)) % kLockStripes;
   // This process's own fills: a read of an object it is filling waits for that fill, and a
   // stripe it already holds (for another object) is shared, not fought over: flock excludes
@@ -1145,6 +1153,7 @@ void TierStore::FillFailed(const std::shared_ptr<PendingRead>& pending, const Ge
   }
   WarnReadAround(why);
   bypassed_.fetch_add(1, std::memory_order_relaxed);
+  RememberUnkeepable(read.fill_path);
   read.temp.reset();
   read.Unlock();
   TierEntry entry;
@@ -1157,11 +1166,31 @@ void TierStore::FillFailed(const std::shared_ptr<PendingRead>& pending, const Ge
 void TierStore::ReadAround(const std::shared_ptr<PendingRead>& read, const absl::Status& why) {
   WarnReadAround(why);
   bypassed_.fetch_add(1, std::memory_order_relaxed);
+  RememberUnkeepable(read->fill_path);
   read->temp.reset();
   read->Unlock();
   // Delivered through the read (when its last reference goes), as every other outcome.
   inner_->GetAsync(read->request,
                    [read](absl::StatusOr<GetResult> r) { read->Finish(std::move(r)); });
+}
+
+void TierStore::RememberUnkeepable(const std::string& fill_path) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&fill_mu_);
+  if (unkeepable_.size() >= kMaxUnkeepable) {
+    std::erase_if(unkeepable_, [&](const auto& e) { return e.second <= now; });
+    if (unkeepable_.size() >= kMaxUnkeepable) unkeepable_.clear();
+  }
+  unkeepable_[fill_path] = now + kUnkeepableFor;
+}
+
+bool TierStore::Unkeepable(const std::string& fill_path) {
+  absl::MutexLock lock(&fill_mu_);
+  auto it = unkeepable_.find(fill_path);
+  if (it == unkeepable_.end()) return false;
+  if (it->second > absl::Now()) return true;
+  unkeepable_.erase(it);
+  return false;
 }
 
 void TierStore::WarnReadAround(const absl::Status& why) {

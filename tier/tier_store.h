@@ -249,6 +249,15 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::map<uint64_t, StripeLock> stripes_ ABSL_GUARDED_BY(fill_mu_);
   std::map<std::string, std::vector<std::shared_ptr<PendingRead>>> filling_
       ABSL_GUARDED_BY(fill_mu_);
+  // Objects this process could not keep (their fill failed on the tier's side), by fill path,
+  // until when their reads go straight around the tier instead of filling again: readers
+  // that waited for the failed fill, and later reads, fetch once each instead of twice. At
+  // most kMaxUnkeepable, for kUnkeepableFor (a full disk may have room again by then).
+  std::map<std::string, absl::Time> unkeepable_ ABSL_GUARDED_BY(fill_mu_);
+  static constexpr size_t kMaxUnkeepable = 4096;
+  static constexpr absl::Duration kUnkeepableFor = absl::Seconds(60);
+  void RememberUnkeepable(const std::string& fill_path);
+  bool Unkeepable(const std::string& fill_path);
   absl::Mutex listings_mu_;
   // By import source; null once a tree was found not to serve.
   std::map<std::string, std::shared_ptr<const TreeListing>> listings_ ABSL_GUARDED_BY(listings_mu_);

@@ -657,6 +657,36 @@ TEST_F(TierBlocksTest, ABlockTheTierCannotKeepSendsTheRestOfTheReadAroundIt) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(TierBlocksTest, AnObjectTheTierCannotKeepIsReadAroundItWithoutFillingAgain) {
+  // "e/a" is a file in the tier, so "e/a/b" cannot be (one path cannot be both); 2 MiB, over
+  // what a fill keeps in memory, so its failed fill costs a second GET around the tier.
+  const std::string big = RandomBytes(2 << 20, 7);
+  ASSERT_TRUE(memory_->Put("e/a", absl::Cord("file e/a")).ok());
+  ASSERT_TRUE(memory_->Put("e/a/b", absl::Cord(big)).ok());
+  auto store = Cached(bucket_, MakeTier());
+  ASSERT_EQ(*store->Read("e/a"), "file e/a");
+  bucket_->Reset();
+  auto first = store->Read("e/a/b");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(*first == big);
+  EXPECT_EQ(bucket_->gets(), 2);  // the fill, then the read around the tier
+  EXPECT_EQ(store->stats().bypassed, 1u);
+  // Later reads (whole and ranged) go around at once: one GET each, no fill.
+  bucket_->Reset();
+  for (int i = 0; i < 3; ++i) {
+    auto again = store->Read("e/a/b");
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(*again == big);
+  }
+  EXPECT_EQ(*store->Read("e/a/b", ByteRange::Of(10, 5)), big.substr(10, 5));
+  EXPECT_EQ(bucket_->gets(), 4);
+  EXPECT_EQ(store->stats().bypassed, 5u);
+  // Other objects still fill.
+  ASSERT_TRUE(memory_->Put("f", absl::Cord("file f")).ok());
+  ASSERT_EQ(*store->Read("f"), "file f");
+  EXPECT_TRUE(std::filesystem::exists(*store->FillPath("f")));
+}
+
 TEST_F(TierBlocksTest, AWholeReadOfAnUnknownBigObjectIsCutIntoBlocks) {
   const std::string data = RandomBytes(kBig + 1000, 2);  // a short last block
   ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());
