@@ -1244,6 +1244,10 @@ void TierStore::MaybeEvict(uint64_t filled) {
   // delivered: so the fills a program waited for are within bounds when it finishes. One
   // pass at a time per process (a concurrent over-bound fill leaves it to the running pass,
   // which looks again when it ends) and per tier (the pass's flock).
+  if (filled_since_pass_.load(std::memory_order_relaxed) <
+      fruitless_skip_.load(std::memory_order_relaxed)) {
+    return;  // the last pass found nothing it could evict: not yet worth another walk
+  }
   while (over() && !evicting_.exchange(true)) {
     filled_since_pass_.store(0);
     std::string warning;
@@ -1254,9 +1258,23 @@ void TierStore::MaybeEvict(uint64_t filled) {
       usage_.store(static_cast<int64_t>(pass->disk_bytes - pass->evicted_disk_bytes));
       evictions_.fetch_add(pass->evicted, std::memory_order_relaxed);
     }
-    evicting_.store(false);
     free_check_skip_.store(0);  // look at the free space again after a pass
-    if (!ran) break;            // another process's pass holds the tier: it is seeing to it
+    // Still over its bounds with nothing evicted: all that is left is in use.
+    const bool fruitless = ran && pass->evicted == 0 && over();
+    fruitless_skip_.store(fruitless ? std::max<uint64_t>(c.block_size, c.max_size / 100) : 0);
+    evicting_.store(false);
+    if (fruitless && !warned_over_bound_.exchange(true)) {
+      std::fprintf(stderr,
+                   "wharf: the tier %s is over its bounds and nothing more can be evicted now "
+                   "(%llu entries being read, %llu pinned, %llu not yet exported); reads go "
+                   "on and it is evicted again as they end (this process warns once)\n",
+                   tier_->root().c_str(), static_cast<unsigned long long>(pass->kept_busy),
+                   static_cast<unsigned long long>(pass->kept_pinned),
+                   static_cast<unsigned long long>(pass->kept_local));
+    }
+    // Another process's pass holds the tier (it is seeing to it), or this one could not
+    // get closer: what is left is in use until reads end.
+    if (!ran || fruitless) break;
   }
 }
 

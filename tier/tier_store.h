@@ -231,6 +231,11 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::atomic<int64_t> usage_{-1};       // bytes of entries after this process's last pass
   std::atomic<bool> usage_read_{false};  // the tier's recorded usage was looked up
   std::atomic<bool> evicting_{false};
+  // After a pass that could evict nothing (all that is left is being read, pinned or local),
+  // the next one waits until this process filled this many more bytes: else every fill
+  // would walk the whole tier again, and a read holding more than the bound would never end.
+  std::atomic<uint64_t> fruitless_skip_{0};
+  std::atomic<bool> warned_over_bound_{false};
   std::atomic<bool> warned_read_around_{false};
   std::atomic<uint64_t> filled_since_pass_{0};
   // FreeSpaceLow's statvfs is skipped until this process has filled free_check_skip_ bytes.

@@ -687,6 +687,72 @@ TEST_F(TierBlocksTest, AnObjectTheTierCannotKeepIsReadAroundItWithoutFillingAgai
   EXPECT_TRUE(std::filesystem::exists(*store->FillPath("f")));
 }
 
+class AppendingSink : public ReadSink {
+ public:
+  explicit AppendingSink(std::string* out) : out_(out) {}
+  absl::Status Append(absl::string_view chunk) override {
+    out_->append(chunk.data(), chunk.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string* const out_;
+};
+
+// A read through a store, failed after `seconds` instead of hanging the test.
+absl::StatusOr<std::string> ReadWithin(ObjectStore& store, const std::string& key, ByteRange range,
+                                       int seconds) {
+  struct Outcome {
+    absl::Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<GetResult> got ABSL_GUARDED_BY(mu);
+    std::string buf;
+  };
+  auto o = std::make_shared<Outcome>();
+  auto sink = std::make_shared<AppendingSink>(&o->buf);
+  GetRequest req;
+  req.key = key;
+  req.range = range;
+  req.sink = sink.get();
+  store.GetAsync(std::move(req), [o, sink](absl::StatusOr<GetResult> got) {
+    absl::MutexLock lock(&o->mu);
+    o->got = std::move(got);
+    o->done = true;
+  });
+  absl::MutexLock lock(&o->mu);
+  if (!o->mu.AwaitWithTimeout(absl::Condition(&o->done), absl::Seconds(seconds))) {
+    return absl::DeadlineExceededError(absl::StrCat("read of ", key, " did not end"));
+  }
+  if (!o->got.ok()) return o->got.status();
+  return o->buf;
+}
+
+TEST_F(TierBlocksTest, AReadBiggerThanTheTiersBoundEndsAndIsEvictedAfter) {
+  const std::string data = RandomBytes(kBig, 8);
+  const std::string whole = RandomBytes(1 << 20, 9);  // one whole entry, at the threshold
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());
+  ASSERT_TRUE(memory_->Put("whole.bin", absl::Cord(whole)).ok());
+  TierConfig config = SmallBlocks();
+  config.max_size = 2 * kBlock;  // less than one read's window of blocks, or one entry
+  auto tier = MakeTier(config);
+  auto store = Cached(bucket_, tier);
+  // Eviction cannot take what the read itself holds: the read still ends, over the bound.
+  auto got = ReadWithin(*store, "big.bin", ByteRange::All(), 60);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == data);
+  got = ReadWithin(*store, "whole.bin", ByteRange::All(), 60);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == whole);
+  got = ReadWithin(*store, "big.bin", ByteRange::Of(5 * kBlock, 3 * kBlock), 60);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == data.substr(5 * kBlock, 3 * kBlock));
+  // Once nothing is being read, a pass brings the tier within its bound.
+  std::string warning;
+  auto pass = EvictToBounds(*tier, /*wait=*/true, &warning);
+  ASSERT_TRUE(pass.ok()) << pass.status();
+  EXPECT_LE(pass->disk_bytes - pass->evicted_disk_bytes, config.max_size);
+}
+
 TEST_F(TierBlocksTest, AWholeReadOfAnUnknownBigObjectIsCutIntoBlocks) {
   const std::string data = RandomBytes(kBig + 1000, 2);  // a short last block
   ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());
