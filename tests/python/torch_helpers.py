@@ -2,7 +2,6 @@
 writer, the rank process of the distributed test (imported by spawned processes, so it lives
 outside the test modules). Not a conftest.py: tests elsewhere import tests/conftest.py as
 `conftest`, which a second conftest module would shadow."""
-import functools
 import json
 import os
 import socket
@@ -113,8 +112,8 @@ def free_port() -> int:
 
 def run_ranks(fn, args, nprocs: int, timeout: float = 180, stacks_dir: str = None):
     """torch.multiprocessing.spawn with a deadline: a hung rank fails the test, never the run.
-    On failure, the native stacks that stuck DataLoader workers left in `stacks_dir`
-    (dump_stacks_if_stuck) come first in the message, short enough for a CI summary."""
+    On failure, the native stacks a failed rank's DataLoader workers left in `stacks_dir`
+    (dump_children_stacks) come first in the message, short enough for a CI summary."""
     import torch.multiprocessing as tmp
     ctx = tmp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
@@ -155,31 +154,51 @@ def _stuck_stacks(folder) -> str:
     return "\n".join(out)
 
 
-def dump_stacks_if_stuck(worker_id: int, after_s: float = 40, stacks_dir: str = None) -> None:
+def dump_stacks_if_stuck(worker_id: int, after_s: float = 45) -> None:
     """worker_init_fn: a worker still alive after `after_s` seconds (these loaders' workers
-    finish within seconds) writes every thread's Python stack to stderr, and, where gdb is
-    installed and `stacks_dir` given, a watchdog writes its native stacks to
-    stacks_dir/<pid>.txt (run_ranks reports them), so a DataLoader timeout in the
-    distributed test shows where its worker waited."""
+    finish within seconds) writes every thread's Python stack to stderr."""
     import faulthandler
-    import shutil
-    import subprocess
     import sys
     faulthandler.dump_traceback_later(after_s, exit=False, file=sys.stderr)
-    if stacks_dir and shutil.which("gdb"):
+
+
+def dump_children_stacks(stacks_dir: str) -> None:
+    """Writes the native stacks of this process's live children (its DataLoader workers,
+    wherever they wait: also before worker_init_fn ran) to stacks_dir/<pid>.txt, where gdb is
+    installed; run_ranks reports them."""
+    import shutil
+    import subprocess
+    if not shutil.which("gdb"):
+        return
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = f.read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            continue
+        if ppid != me:
+            continue
         os.makedirs(stacks_dir, exist_ok=True)
-        pid = os.getpid()
-        # Ends within a second of the worker; never waited for (its own session).
-        script = (f"for i in $(seq {int(after_s)}); do kill -0 {pid} 2>/dev/null || exit 0; "
-                  f"sleep 1; done; gdb -p {pid} -batch -ex 'thread apply all bt' "
-                  f"> {stacks_dir}/{pid}.txt 2>&1")
-        subprocess.Popen(["sh", "-c", script], start_new_session=True,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        with open(os.path.join(stacks_dir, f"{pid}.txt"), "w") as out:
+            subprocess.run(["gdb", "-p", pid, "-batch", "-ex", "thread apply all bt"],
+                           stdout=out, stderr=subprocess.STDOUT, timeout=120, check=False)
 
 
 def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, resume_steps: int,
               shards_uri: str):
+    """The rank; when it fails (a DataLoader timeout), its workers' native stacks are kept."""
+    try:
+        _rank_main(rank, world_size, port, uri, out_dir, resume_steps, shards_uri)
+    except Exception:
+        dump_children_stacks(os.path.join(out_dir, "stacks"))
+        raise
+
+
+def _rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, resume_steps: int,
+               shards_uri: str):
     """One rank of the distributed test: DataLoaders with 2 workers over an IterableDataset,
     then a StatefulDataLoader with 2 workers over tar shards (stopped and resumed). Gathers
     every rank's keys with all_gather_object; rank 0 writes them to out_dir."""
@@ -192,13 +211,12 @@ def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, res
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)
     batch = 4
-    stuck = functools.partial(dump_stacks_if_stuck, stacks_dir=os.path.join(out_dir, "stacks"))
 
     def loader(ds, context="fork"):
         # A spawned process's default start method is spawn: fork is asked for explicitly.
         return DataLoader(ds, batch_size=batch, num_workers=2, collate_fn=sample_keys,
                           multiprocessing_context=context, timeout=60,
-                          worker_init_fn=stuck)
+                          worker_init_fn=dump_stacks_if_stuck)
 
     def gather(obj):
         out = [None] * world_size
@@ -234,7 +252,7 @@ def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, res
     def shards_loader(state=None):
         ds = IterableDataset.from_shards(shards_uri, format="tar", seed=11, shuffle_buffer=5)
         out = StatefulDataLoader(ds, batch_size=batch, num_workers=2, timeout=60,
-                                 collate_fn=record_keys, worker_init_fn=stuck)
+                                 collate_fn=record_keys, worker_init_fn=dump_stacks_if_stuck)
         if state is not None:
             out.load_state_dict(state)
         return out
