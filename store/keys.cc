@@ -38,4 +38,10 @@ absl::string_view Basename(absl::string_view key) {
   return slash == absl::string_view::npos ? key : key.substr(slash + 1);
 }
 
+absl::Status RequireObjectKey(absl::string_view op, absl::string_view uri, absl::string_view key) {
+  if (!key.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, " ", uri, ": no object key (a bucket or a prefix ending in '/' is not an object)"));
+}
+
 }  // namespace wharf

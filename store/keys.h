@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace wharf {
@@ -24,5 +25,9 @@ std::string JoinKey(absl::string_view prefix, absl::string_view rel);
 
 // The last path component of `key` (the part after the last '/').
 absl::string_view Basename(absl::string_view key);
+
+// InvalidArgument "<op> <uri>: no object key (...)" when `key` is empty: a request for the
+// empty key addresses the bucket itself (an S3 GET of it is a listing), never an object.
+absl::Status RequireObjectKey(absl::string_view op, absl::string_view uri, absl::string_view key);
 
 }  // namespace wharf

@@ -946,7 +946,8 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   if (!owned) {
     if (read->lock_fd < 0) {
       auto fd = OpenStripe(*tier_, read->fill_path, op);
-      if (!fd.ok()) return read->Finish(fd.status());
+      // A tier this process may read but not write (another user's): around it.
+      if (!fd.ok()) return ReadAround(read, fd.status());
       read->lock_fd = *fd;
     }
     if (flock(read->lock_fd, LOCK_EX | LOCK_NB) != 0) {

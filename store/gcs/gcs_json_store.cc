@@ -20,6 +20,7 @@
 #include "base/timer.h"
 #include "http/bearer_signer.h"
 #include "nlohmann/json.hpp"
+#include "store/keys.h"
 
 namespace wharf::gcs {
 
@@ -489,6 +490,9 @@ void GcsJsonStore::ListAsync(ListOptions options, std::string continuation,
 }
 
 void GcsJsonStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
+  if (absl::Status s = RequireObjectKey("head", Uri(key), key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
   auto call = std::make_shared<Call>();
   call->op = "head";
   call->key = key;
@@ -542,6 +546,9 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   if (!request.if_match.empty() && !IsGeneration(request.if_match)) {
     return std::move(done)(absl::FailedPreconditionError(
         absl::StrCat("get ", uri, ": the object is not at generation '", request.if_match, "'")));
+  }
+  if (absl::Status s = RequireObjectKey("get", uri, request.key); !s.ok()) {
+    return std::move(done)(std::move(s));
   }
   auto state = std::make_shared<GetState>();
   state->request = std::move(request);
@@ -760,6 +767,9 @@ void GcsJsonStore::PutAsync(std::string key, absl::Cord data, const PutOptions& 
   if (absl::Status valid = ValidatePutOptions(options); !valid.ok()) {
     return std::move(done)(Annotate(valid, absl::StrCat("put ", uri)));
   }
+  if (absl::Status s = RequireObjectKey("put", uri, key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
   Md5 md5;
   md5.Update(data);
   const auto digest = md5.Finish();
@@ -804,6 +814,9 @@ void GcsJsonStore::PutAsync(std::string key, absl::Cord data, const PutOptions& 
 }
 
 void GcsJsonStore::DeleteAsync(std::string key, StatusCallback done) {
+  if (absl::Status s = RequireObjectKey("delete", Uri(key), key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
   auto call = std::make_shared<Call>();
   call->op = "delete";
   call->key = key;
@@ -857,6 +870,11 @@ void GcsJsonStore::DeleteManyAsync(std::vector<std::string> keys, StatusCallback
 }
 
 void GcsJsonStore::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
+  for (const std::string* key : {&src_key, &dst_key}) {
+    if (absl::Status s = RequireObjectKey("copy", Uri(*key), *key); !s.ok()) {
+      return std::move(done)(std::move(s));
+    }
+  }
   RewriteRound(std::move(src_key), std::move(dst_key), "", 0, std::move(done));
 }
 
@@ -1141,6 +1159,7 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> GcsJsonStore::NewWriter(std::strin
   if (absl::Status valid = ValidatePutOptions(options); !valid.ok()) {
     return Annotate(valid, absl::StrCat("write ", Uri(key)));
   }
+  WHARF_RETURN_IF_ERROR(RequireObjectKey("write", Uri(key), key));
   return std::unique_ptr<ObjectWriter>(new GcsResumableWriter(this, std::move(key), options));
 }
 

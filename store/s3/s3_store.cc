@@ -21,6 +21,7 @@
 #include "base/timer.h"
 #include "http/curl_transport.h"
 #include "pugixml.hpp"
+#include "store/keys.h"
 #include "store/s3/sigv4.h"
 
 namespace wharf::s3 {
@@ -533,6 +534,9 @@ void S3Store::ListAsync(ListOptions options, std::string continuation, Callback<
 }
 
 void S3Store::HeadAsync(std::string key, Callback<ObjectMeta> done) {
+  if (absl::Status s = RequireObjectKey("head", Uri(key), key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
   auto call = std::make_shared<Call>();
   call->op = "head";
   call->method = "HEAD";
@@ -570,6 +574,9 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     std::move(done)(absl::InvalidArgumentError(
         absl::StrCat("get ", uri, ": set exactly one of buffer and sink")));
     return;
+  }
+  if (absl::Status s = RequireObjectKey("get", uri, request.key); !s.ok()) {
+    return std::move(done)(std::move(s));
   }
   auto state = std::make_shared<GetState>();
   state->request = std::move(request);
@@ -691,6 +698,9 @@ void S3Store::PutAsync(std::string key, absl::Cord data, const PutOptions& optio
   if (absl::Status valid = ValidatePutOptions(options); !valid.ok()) {
     return std::move(done)(Annotate(valid, absl::StrCat("put ", Uri(key))));
   }
+  if (absl::Status s = RequireObjectKey("put", Uri(key), key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
   auto call = std::make_shared<Call>();
   call->op = "put";
   call->method = "PUT";
@@ -738,6 +748,9 @@ void S3Store::PutAsync(std::string key, absl::Cord data, const PutOptions& optio
 }
 
 void S3Store::DeleteAsync(std::string key, StatusCallback done) {
+  if (absl::Status s = RequireObjectKey("delete", Uri(key), key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
   auto call = std::make_shared<Call>();
   call->op = "delete";
   call->method = "DELETE";
@@ -823,6 +836,11 @@ void S3Store::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done
 }
 
 void S3Store::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
+  for (const std::string* key : {&src_key, &dst_key}) {
+    if (absl::Status s = RequireObjectKey("copy", Uri(*key), *key); !s.ok()) {
+      return std::move(done)(std::move(s));
+    }
+  }
   auto call = std::make_shared<Call>();
   call->op = absl::StrCat("copy ", Uri(src_key), " to");
   call->method = "PUT";
@@ -1296,6 +1314,7 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> S3Store::NewWriter(std::string key
 absl::StatusOr<std::unique_ptr<ObjectWriter>> S3Store::NewWriter(std::string key,
                                                                  const PutOptions& options) {
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(options), absl::StrCat("put ", Uri(key))));
+  WHARF_RETURN_IF_ERROR(RequireObjectKey("put", Uri(key), key));
   return std::make_unique<S3Writer>(this, std::move(key), options);
 }
 

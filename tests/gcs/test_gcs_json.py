@@ -116,6 +116,13 @@ def test_bucket_listing_and_missing_bucket(gcs_emulator, gcs_bucket):
     assert len(missing.stderr.strip().splitlines()) == 1
 
 
+def test_the_bucket_itself_is_not_an_object(gcs_emulator, gcs_bucket):
+    env = gcs_env(gcs_emulator)
+    proc = run_wharf("cat", f"gs://{gcs_bucket}/", env=env)
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert "no object key" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_api_choice(gcs_emulator, gcs_bucket):
     env = gcs_env(gcs_emulator)
     bad = run_wharf("ls", f"gs://{gcs_bucket}/?api=soap", env=env)

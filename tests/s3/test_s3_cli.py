@@ -130,6 +130,28 @@ def test_missing_bucket_and_object(s3_env, bucket):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_the_bucket_itself_is_not_an_object(tmp_path, s3_env, bucket, s3_client):
+    # A GET of the empty key is S3's listing of the bucket: never served as an object's bytes.
+    s3_client.put_object(Bucket=bucket, Key="k", Body=b"x")
+    for args in (("cat", f"s3://{bucket}/"), ("cp", f"s3://{bucket}/", tmp_path / "out")):
+        proc = run_wharf(*args, env=s3_env)
+        assert proc.returncode != 0, args
+        assert b"ListBucketResult" not in proc.stdout
+    assert not (tmp_path / "out").exists()
+    proc = run_wharf("cat", f"s3://{bucket}/", env=s3_env)
+    assert "no object key" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    import wharf
+    store = wharf.Store(f"s3://{bucket}/")
+    for call in (lambda: store.get(""), lambda: store.head(""), lambda: store.put("", b"y")):
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - the type is wharf's; the message is checked
+            assert "no object key" in str(e)
+        else:
+            raise AssertionError("the empty key was accepted")
+    assert [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"]] == ["k"]
+
+
 def test_failed_single_copy_is_one_line(tmp_path, s3_env):
     """A one-object cp that fails says so once (it used to print the same line twice)."""
     src = tmp_path / "f.txt"

@@ -156,3 +156,50 @@ def test_sizes_take_fractions_and_a_file_is_no_tier(tmp_path):
     afile.write_bytes(b"x")
     proc = run_wharf("tier", "init", afile)
     assert proc.returncode != 0 and "not a directory" in proc.stderr, proc.stderr
+
+
+def test_a_tier_this_user_cannot_write_is_read_around(tmp_path, bucket, s3_env, s3_client):
+    # A shared tier another user made: hits are served from it; misses (whole objects and big
+    # ones) are read around it with one warning, never failed. As root the reads run as
+    # nobody; otherwise the tier's own folder is made read-only.
+    import shutil
+    import stat
+    import subprocess
+    import tempfile
+    from conftest import wharf_bin
+    big = os.urandom(3 << 20)
+    for key, body in (("ro/a", b"object a"), ("ro/b", b"object b"), ("ro/big", big)):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=body)
+    shared = tempfile.mkdtemp(prefix="wharf-ro-")  # outside the 0700 pytest folder
+    try:
+        os.chmod(shared, 0o755)
+        tier = os.path.join(shared, "t")
+        run_wharf("tier", "init", tier, "--block-size", "1M", "--block-threshold", "1M",
+                  env=s3_env, check=True)
+        run_wharf("cat", "--cache", tier, f"s3://{bucket}/ro/a", env=s3_env, check=True)
+        binary = os.path.join(shared, "wharf")
+        shutil.copy(wharf_bin(), binary)
+        for d, dirs, files in os.walk(shared):
+            for name in dirs + files:
+                p = os.path.join(d, name)
+                mode = os.stat(p).st_mode
+                os.chmod(p, (mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+                             | (stat.S_IXGRP | stat.S_IXOTH if mode & stat.S_IXUSR else 0))
+                         & ~(stat.S_IWGRP | stat.S_IWOTH) & (~stat.S_IWUSR if os.geteuid() else ~0))
+        as_user = (["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+                   if os.geteuid() == 0 else [])
+        env = dict(s3_env, HOME=shared)
+        for key, body in (("ro/a", b"object a"), ("ro/b", b"object b"), ("ro/big", big)):
+            got = subprocess.run(as_user + [binary, "cat", "--cache", tier, f"s3://{bucket}/{key}"],
+                                 capture_output=True, env=env, timeout=120)
+            assert got.returncode == 0, got.stderr.decode()
+            assert got.stdout == body
+            if key == "ro/a":
+                assert b"around the tier" not in got.stderr  # a hit
+            else:
+                assert b"reading around the tier" in got.stderr, got.stderr.decode()
+    finally:
+        for d, dirs, _ in os.walk(shared):
+            for name in dirs:
+                os.chmod(os.path.join(d, name), 0o755)
+        shutil.rmtree(shared, ignore_errors=True)
