@@ -1,10 +1,12 @@
 """A process that test_manager.py kills with -9 in the middle of a save.
 
-    ckpt_worker.py ROOT [--endpoint URL] [--mib N]
+    ckpt_worker.py ROOT [--endpoint URL] [--mib N] [--export-to URI]
 
 Saves step 1 (small: tensors from seed 1, see step1_state) synchronously, prints "SAVED 1",
 then prints "SAVING 2" and saves a big step 2 (N MiB in two tensors, so two files, each a
 multipart upload on s3://); prints "SAVED 2" if it ever finishes, then waits to be killed.
+With --export-to, the manager exports each step there (through --endpoint): step 1's export
+completes before "SAVED 1"; step 2's runs in the background after "SAVED 2" (to be killed in).
 """
 import argparse
 import pathlib
@@ -29,10 +31,12 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("--endpoint", default=None)
     p.add_argument("--mib", type=int, default=64)
+    p.add_argument("--export-to", default=None)
     args = p.parse_args()
     options = {"endpoint": args.endpoint} if args.endpoint else {}
-    mgr = CheckpointManager(args.root, async_save=False, **options)
+    mgr = CheckpointManager(args.root, export_to=args.export_to, async_save=False, **options)
     mgr.save(1, step1_state())
+    mgr.wait()
     print("SAVED 1", flush=True)
     half = (args.mib << 20) // 2 // 4  # float32 elements per tensor
     big = {"a": torch.full((half,), 2.0), "b": torch.full((half,), 3.0), "meta": {"step": 2}}

@@ -287,6 +287,15 @@ def test_loading_where_there_is_no_checkpoint_names_the_uri(kind, request, tmp_p
     assert f"{at.uri}/.metadata" in str(info.value)
 
 
+def test_loading_from_a_bucket_that_does_not_exist_says_so(aws):
+    missing = f"wharf-missing-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(wharf.NotFoundError) as info:
+        StorageReader(f"s3://{missing}/x").read_metadata()
+    message = str(info.value)
+    assert f"s3://{missing}/x/.metadata" in message and "NoSuchBucket" in message
+    assert "no such checkpoint" not in message
+
+
 @pytest.mark.parametrize("kind", ["s3", "local"])
 def test_a_missing_data_file_is_an_error_naming_it(kind, request, tmp_path):
     at = where(kind, request, tmp_path)

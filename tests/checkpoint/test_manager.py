@@ -7,6 +7,7 @@ the errors it raises.
 Kill delays are random; the seed is printed (WHARF_CRASH_SEED replays a run)."""
 import datetime
 import json
+import math
 import os
 import pathlib
 import random
@@ -531,4 +532,136 @@ def test_a_step_saved_again_while_its_export_runs(tier, bucket, aws):
     mgr.close()
     mgr = CheckpointManager(tier / "again", export_to=f"s3://{bucket}/again")
     assert mgr.restore(7)["x"].tolist() == [2.0, 2.0]  # the bucket's copy is the second save
+    mgr.close()
+
+
+# ---- 7. restore in place on more ranks than saved ----
+
+def _run_ranks(mode, root, world_size, tmp_path, env):
+    """Runs manager_worker.py on `world_size` gloo ranks; returns each rank's results."""
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1] / "python"), str(HERE),
+                                         env.get("PYTHONPATH", "")])
+    tag = f"{mode}{world_size}"
+    rdzv = tmp_path / f"rdzv-{tag}"
+    procs = [subprocess.Popen([sys.executable, str(HERE / "manager_worker.py"), mode, str(root),
+                               str(rdzv), str(r), str(world_size), str(tmp_path / f"{tag}-{r}.json")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(world_size)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    failed = [f"{mode} rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
+              for r, p in enumerate(procs) if p.returncode != 0]
+    assert not failed, "\n".join(failed)
+    return [json.loads((tmp_path / f"{tag}-{r}.json").read_text()) for r in range(world_size)]
+
+
+# (2, 3) passes as well (checked by hand) but takes ~25 s of process starts on 2 cores.
+@pytest.mark.parametrize("saved_on,restored_on", [(1, 2)])
+def test_restore_in_place_on_more_ranks_keeps_the_rng_of_ranks_without_a_saved_one(
+        saved_on, restored_on, tmp_path, s3_env):
+    root = tmp_path / "ckpt"
+    saved = _run_ranks("save", root, saved_on, tmp_path, s3_env)
+    restored = _run_ranks("restore", root, restored_on, tmp_path, s3_env)
+    for r, got in enumerate(restored):
+        assert got["model_equal"], r
+        if r < saved_on:  # its saved RNG states are back: it draws what the saver drew next
+            assert got["draws"] == saved[r]["draws"], r
+            assert got["draws"] != got["own_draws"], r
+        else:  # no saved state: it keeps its own
+            assert got["draws"] == got["own_draws"], r
+
+
+# ---- 8. a tier copy partly evicted ----
+
+def test_a_partly_evicted_tier_copy_is_imported_again_from_the_bucket(tier, bucket, aws,
+                                                                      s3_env):
+    root = tier / "ev"
+    mgr = CheckpointManager(root, export_to=f"s3://{bucket}/ev")
+    g = torch.Generator().manual_seed(3)
+    state = {f"t{i}": torch.randn(10 << 18, generator=g) for i in range(4)}  # 4 x 10 MiB
+    mgr.save(1, state)
+    mgr.wait()
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(1, "both")]
+    step = root / step_dir(1)
+    before = sorted(os.listdir(step))
+    run_wharf("tier", "evict", root, "--to", "20M", "-q", env=s3_env, check=True)
+    after = sorted(os.listdir(step))
+    assert "manifest.json" in after and len(after) < len(before), (before, after)
+    mgr.close()
+
+    mgr = CheckpointManager(root, export_to=f"s3://{bucket}/ev")
+    # Not complete on the tier any more: listed where it is whole.
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(1, "bucket")]
+    assert_same(mgr.restore("latest"), state)
+    assert sorted(os.listdir(step)) == before  # imported again
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(1, "both")]
+    # In place too, after another eviction.
+    run_wharf("tier", "evict", root, "--to", "20M", "-q", env=s3_env, check=True)
+    fresh = {k: torch.zeros_like(v) for k, v in state.items()}
+    assert_same(mgr.restore(1, state=fresh), state)
+    mgr.close()
+
+
+# ---- 9. kill -9 in the middle of an export ----
+
+def test_an_export_killed_midway_is_cleaned_up_by_the_next_export(tier, bucket, s3_env, aws,
+                                                                  s3_client, slow_link):
+    # 48 MiB at 200 Mbit/s: about 2 s of multipart uploads to the bucket to be killed in.
+    endpoint = slow_link(delay_ms=2, bandwidth_mbps=200)
+    root, dest = tier / "kexp", f"s3://{bucket}/kexp"
+    proc = _start_worker(root, s3_env, "--endpoint", endpoint, "--mib", "48", "--export-to", dest)
+    line = proc.stdout.readline().strip()
+    if line != "SAVED 2":
+        proc.kill()
+        raise AssertionError(f"worker said {line!r}: {proc.communicate()[1]}")
+    prefix = f"kexp/{step_dir(2)}/"
+    _poll(lambda: uploads(s3_client, bucket, prefix), "the step-2 export's multipart uploads")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert uploads(s3_client, bucket, prefix), "the export was not killed in the middle"
+    assert not _exists(s3_client, bucket, prefix + "manifest.json")
+    assert sorted(bucket_steps(s3_client, bucket, "kexp")) == [1, 2]  # what it left
+
+    mgr = CheckpointManager(root, export_to=dest)
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(1, "both"), (2, "tier")]
+    mgr.save(3, {"x": torch.arange(10)})
+    mgr.wait()
+    # The export of step 3 removed what the killed export of step 2 left in the bucket.
+    assert uploads(s3_client, bucket) == []
+    assert sorted(bucket_steps(s3_client, bucket, "kexp")) == [1, 3]
+    assert [(m["step"], m["where"]) for m in mgr.list()] == \
+        [(1, "both"), (2, "tier"), (3, "both")]
+    mgr.close()
+
+
+# ---- 10. metrics that are not finite ----
+
+def test_nan_and_infinite_metrics_are_recorded_and_never_ranked(tmp_path, s3_env):
+    root = tmp_path / "nan"
+    mgr = CheckpointManager(root, keep_last=1, keep_best=1, metric="loss", mode="max",
+                            async_save=False)
+    mgr.save(1, {"x": torch.ones(1)}, metrics={"loss": 2.0})
+    with pytest.warns(RuntimeWarning, match=r"loss=inf.*not finite"):
+        mgr.save(2, {"x": torch.ones(1) * 2}, metrics={"loss": float("inf"), "acc": 0.5})
+    with pytest.warns(RuntimeWarning, match=r"loss=nan.*never ranked"):
+        h = mgr.save(3, {"x": torch.ones(1) * 3},
+                     metrics={"loss": float("nan"), "gnorm": float("-inf")})
+    assert h.result()["metrics"]["gnorm"] == float("-inf")
+    listed = {m["step"]: m["metrics"] for m in mgr.list()}
+    # Step 2 went (neither the latest nor, with +inf not ranked, the best); step 1 stays best.
+    assert sorted(listed) == [1, 3]
+    assert listed[1] == {"loss": 2.0}
+    assert sorted(listed[3]) == ["gnorm", "loss"] and math.isnan(listed[3]["loss"])
+    assert listed[3]["gnorm"] == float("-inf")
+    assert mgr.restore("best")["x"].tolist() == [1.0]
+    assert _ls_steps(root, s3_env) == [1, 3]
     mgr.close()

@@ -19,7 +19,9 @@ import concurrent.futures
 import contextlib
 import datetime
 import json
+import math
 import os
+import pickle
 import random
 import sys
 import threading
@@ -113,13 +115,20 @@ def _dcp(call, *args, **kwargs):
 class _LoadPlanner(DefaultLoadPlanner):
     """DCP's planner, strict about the caller's keys (a key the checkpoint lacks raises), while
     the manager's own entry may be partly absent (the RNG states a checkpoint records depend
-    on what the saving process had: numpy imported, CUDA initialized)."""
+    on what the saving process had: numpy imported, CUDA initialized; a rank beyond the
+    saving world size has none). `dropped` names the entries left out: DCP does not hand them
+    back intact (an ndarray slot comes back None), so restore() must not apply them."""
 
     def create_local_plan(self):
         saved = self.metadata.state_dict_metadata
-        for fqn in [k for k in self.state_dict if k.startswith(_OWN + ".") and k not in saved]:
+        self.dropped = [k for k in self.state_dict if k.startswith(_OWN + ".") and k not in saved]
+        for fqn in self.dropped:
             del self.state_dict[fqn]
         return super().create_local_plan()
+
+    def loaded(self, fqn: str) -> bool:
+        """Whether the entry at `fqn` (or below it) came from the checkpoint."""
+        return not any(d == fqn or d.startswith(fqn + ".") for d in getattr(self, "dropped", ()))
 
 
 def _int_keyed(obj, path=(), out=None) -> list:
@@ -159,6 +168,18 @@ def _restore_int_keys(state: dict, int_keyed: list) -> None:
             parent[path[-1]] = fixed
 
 
+def _portable(e: Optional[BaseException]) -> Optional[BaseException]:
+    """`e` if it survives pickling (to send it to the other ranks), else a WharfError of its
+    text."""
+    if e is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return _wharf.WharfError(f"{type(e).__name__}: {e}")
+
+
 def _as_tuple(v):
     # random.setstate wants tuples all the way down (DCP may hand lists back).
     if isinstance(v, list):
@@ -167,10 +188,27 @@ def _as_tuple(v):
 
 
 def _by_metric(manifests: list, metric: str, mode: str) -> list:
-    """The manifests that record `metric`, best first (ties: the later step first)."""
+    """The manifests that record `metric` as a finite number, best first (ties: the later
+    step first). A NaN or infinite value ranks nowhere (a diverged run is never "best")."""
     sign = -1 if mode == "max" else 1
-    return sorted((m for m in manifests if metric in m["metrics"]),
+    return sorted((m for m in manifests
+                   if metric in m["metrics"] and math.isfinite(m["metrics"][metric])),
                   key=lambda m: (sign * m["metrics"][metric], -m["step"]))
+
+
+def _with_nonfinite(manifest: dict) -> dict:
+    """The manifest with the NaN / infinite metrics its save recorded (as text, in the
+    manager's user data: JSON has no NaN) back among its metrics, as floats."""
+    try:
+        user = json.loads(manifest.get("user_json") or "{}")
+        extra = user.get("wharf", {}).get("nonfinite_metrics") or {}
+        if not extra:
+            return manifest
+        metrics = dict(manifest.get("metrics") or {})
+        metrics.update({str(k): float(v) for k, v in extra.items() if k not in metrics})
+    except (ValueError, TypeError, AttributeError):
+        return manifest  # someone else's user data: the finite metrics as they are
+    return dict(manifest, metrics=metrics)
 
 
 class SaveHandle:
@@ -326,6 +364,13 @@ class CheckpointManager:
         if step < 0:
             raise ValueError("step must be >= 0")
         metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+        nonfinite = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+        if nonfinite:
+            warnings.warn(
+                f"wharf: checkpoint {step}: metric(s) "
+                f"{', '.join(f'{k}={metrics[k]}' for k in nonfinite)} not finite: recorded, "
+                f"but never ranked by keep_best or restore('best')", RuntimeWarning,
+                stacklevel=2)
         from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
         to_save = dict(_stateful_to_state_dict(state))
         own = {"step": step}
@@ -378,9 +423,15 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 user = {"wharf": {"manager": 1, "rng": self.record_rng}}
+                # JSON has no NaN or infinity: those metrics go into the manager's user data
+                # as text ("nan", "inf", "-inf"); list() gives them back as floats.
+                finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
+                if len(finite) < len(metrics):
+                    user["wharf"]["nonfinite_metrics"] = {
+                        k: repr(v) for k, v in metrics.items() if k not in finite}
                 with _phase("commit"):
-                    manifest = self.root.commit(step, metrics, self.world_size, "dcp",
-                                                json.dumps(user), writer.files)
+                    manifest = _with_nonfinite(self.root.commit(
+                        step, finite, self.world_size, "dcp", json.dumps(user), writer.files))
             except BaseException as e:  # every rank learns that the commit failed
                 error, failure = f"{type(e).__name__}: {e}", e
         if self.distributed and self.world_size > 1:
@@ -428,6 +479,16 @@ class CheckpointManager:
                 self._export_futures.pop(step, None)
         with self._lock:
             self._to_export.discard(step)
+            # Exports of this manager still to run (a failed one is retried after the next
+            # save) keep what they left: nothing at or above the lowest of them is touched.
+            below = min([step] + [s for s in self._to_export | self._queued])
+        try:
+            # What exports killed earlier left at the destination: incomplete step directories
+            # and multipart uploads below the step just exported (exports run one at a time,
+            # in step order, so none of this manager's is in progress below it).
+            self.export_root.remove_abandoned(below)
+        except _wharf.WharfError as e:
+            warnings.warn(f"wharf: cleaning up abandoned exports in {self.export_root.uri}: {e}")
         self._retain(self.export_root, protect=set())
         self._retain(self.root, protect=self._exporting())
         return summary
@@ -491,7 +552,17 @@ class CheckpointManager:
         listing = self.root.list()
         self._warn_damaged(self.root, listing)
         in_root = {m["step"]: m for m in listing["complete"]}
-        here = {s: dict(m, where="tier" if self.root.is_local else "bucket")
+        partial = {}  # step: why, for tier copies that lack files of their manifest
+        if self.export_root is not None and self.root.in_tier:
+            # An exported tier copy is evictable: eviction may have taken some of its files
+            # and left its manifest. Such a copy is not complete here; the bucket's is.
+            for step in list(in_root):
+                try:
+                    self.root.files(step)
+                except _wharf.WharfError as e:
+                    partial[step] = str(e)
+                    del in_root[step]
+        here = {s: dict(_with_nonfinite(m), where="tier" if self.root.is_local else "bucket")
                 for s, m in in_root.items()}
         if self.export_root is not None:
             try:
@@ -509,7 +580,10 @@ class CheckpointManager:
                 if m["step"] in here:
                     here[m["step"]]["where"] = "both"
                 else:
-                    here[m["step"]] = dict(m, where="bucket")
+                    here[m["step"]] = dict(_with_nonfinite(m), where="bucket")
+        # Partly evicted and not in the bucket either: damaged, left out as such.
+        self._warn_damaged(self.root, {"damaged": [(step, why) for step, why in partial.items()
+                                                   if step not in here]})
         return [here[s] for s in sorted(here)], set(in_root)
 
     def _warn_damaged(self, root, listing: dict) -> None:
@@ -561,14 +635,22 @@ class CheckpointManager:
         to_load = dict(state)
         if own_saved and restore_rng and self.record_rng:
             to_load[_OWN] = {"step": 0, "rng": {f"rank{self.rank}": _rng_state()}}
+        planner = _LoadPlanner()
         with _phase("load"):
-            _dcp(dcp.load, to_load, storage_reader=reader, planner=_LoadPlanner(),
+            _dcp(dcp.load, to_load, storage_reader=reader, planner=planner,
                  process_group=self._pg)
         from torch.distributed.checkpoint.stateful import Stateful
         for k in state:
             if not isinstance(state[k], Stateful):
                 state[k] = to_load[k]
-        self._restore_rng(to_load.get(_OWN, {}), restore_rng)
+        if _OWN in to_load:
+            # Only the RNG states the checkpoint holds for this rank: what it lacks (a rank
+            # beyond the saving world size, numpy not imported by the saver) keeps its own.
+            mine = f"rank{self.rank}"
+            rng = (to_load[_OWN].get("rng") or {}).get(mine) or {}
+            rng = {kind: v for kind, v in rng.items()
+                   if planner.loaded(f"{_OWN}.rng.{mine}.{kind}")}
+            self._restore_rng({"rng": {mine: rng}}, restore_rng)
         self.last_restored = manifest
         return state
 
@@ -580,10 +662,29 @@ class CheckpointManager:
             _set_rng_state(rng)
 
     def _choose(self, which) -> tuple[dict, bool]:
-        """(the entry of list() `which` selects, whether the root itself holds it)."""
-        complete, in_root = self._listing()
-        chosen = self._select(complete, which)
-        return chosen, chosen["step"] in in_root
+        """(the entry of list() `which` selects, whether the root itself holds it). With
+        several ranks, rank 0's choice for all: ranks listing at different moments could see
+        different checkpoints (a save, an eviction, or rank 0's own import from the bucket in
+        between) and then disagree on the step or on waiting for the import."""
+        error = None
+        try:
+            complete, in_root = self._listing()
+            chosen = self._select(complete, which)
+            choice = (chosen, chosen["step"] in in_root)
+        except Exception as e:
+            choice, error = None, e
+        if self._pg is None or self.world_size <= 1:
+            if error is not None:
+                raise error
+            return choice
+        box = [(choice, _portable(error))]
+        dist.broadcast_object_list(box, src=0, group=self._pg)
+        if self.rank == 0 and error is not None:
+            raise error
+        choice, error0 = box[0]
+        if error0 is not None:
+            raise error0
+        return choice
 
     def _select(self, complete: list, which) -> dict:
         if isinstance(which, bool) or not isinstance(which, (int, str, datetime.datetime)):

@@ -379,6 +379,14 @@ class StorageReader(_Located, _StorageReader):
         name = _METADATA if rank is None else f"__{rank}{_METADATA}"
         data = self.root.read_object(name)
         if data is None:
+            if not self.root.is_local:
+                # read_object() says None for a missing bucket as for a missing object: a
+                # listing tells them apart (NoSuchBucket names the bucket and the endpoint).
+                try:
+                    self.root.list()
+                except _wharf.NotFoundError as e:
+                    raise _wharf.NotFoundError(f"reading {self.uri.rstrip('/')}/{name}: {e}") \
+                        from None
             raise FileNotFoundError(
                 f"{self.uri.rstrip('/')}/{name}: no such checkpoint (DCP writes its metadata "
                 f"last: a save that did not finish has none)")
