@@ -266,7 +266,18 @@ absl::StatusOr<CheckpointRoot::Listing> CheckpointRoot::List() const {
     absl::ConsumeSuffix(&name, "/");
     if (auto step = ParseStepDirName(name)) steps.push_back(*step);
   }
+  if (is_local()) {
+    // A step directory holding only a killed writer's temporary files (which the store's
+    // listing hides) is an incomplete save too: else nothing would ever remove it.
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(local_dir_, ec)) {
+      std::error_code ignored;
+      if (!e.is_directory(ignored)) continue;
+      if (auto step = ParseStepDirName(e.path().filename().string())) steps.push_back(*step);
+    }
+  }
   std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   // The manifests, read concurrently (one round trip each on a bucket).
   class StringSink : public ReadSink {
    public:

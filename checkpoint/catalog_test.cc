@@ -164,6 +164,25 @@ TEST(CheckpointRootTest, RemoveAbandonedTakesOnlyIncompleteEarlierSaves) {
   EXPECT_TRUE(Exists(dir.root() + "/ckpt/step-000000000004/__0_0.distcp"));  // may be running
 }
 
+TEST(CheckpointRootTest, AStepDirectoryHoldingOnlyTemporaryFilesIsAnAbandonedSave) {
+  // A save killed before any of its files was finished: only hidden temporary files.
+  TempStore dir;
+  auto root = *CheckpointRoot::Open(dir.root() + "/ckpt");
+  const std::string data = RandomBytes(1000, 3);
+  std::filesystem::create_directories(dir.root() + "/ckpt/step-000000000002");
+  std::ofstream(dir.root() + "/ckpt/step-000000000002/.wharf-tmp-killed") << "partial";
+  WriteFilesOf(*root, 3, data);
+  ASSERT_TRUE(root->Commit(3, {}).ok());
+  auto listing = root->List();
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_THAT(listing->incomplete, ElementsAre(2));
+  auto removed = root->RemoveAbandoned(/*before_step=*/3);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1);
+  EXPECT_FALSE(Exists(dir.root() + "/ckpt/step-000000000002"));
+  EXPECT_TRUE(Exists(dir.root() + "/ckpt/step-000000000003/manifest.json"));
+}
+
 TEST(CheckpointRootTest, ConfigRoundTrips) {
   TempStore dir;
   auto root = *CheckpointRoot::Open("file://" + dir.root() + "/ckpt/");

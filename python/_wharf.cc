@@ -378,6 +378,10 @@ class Store {
 PYBIND11_MODULE(_wharf, m) {
   m.doc() = "wharf: fast object-store I/O for ML (C++ core)";
   RegisterTierCache(StoreRegistry::Global());  // cache= and WHARF_CACHE
+  m.def(
+      "_tier_at_exit", [] { WithoutGil([] { return TierStore::AtExit(), 0; }); },
+      "What exit does for this process's cache stores and tiers (counters written, temporary "
+      "directories removed), for children that end with os._exit (multiprocessing)");
 
   static py::exception<std::runtime_error> error(m, "WharfError", PyExc_OSError);
   g_error = error.ptr();

@@ -198,6 +198,10 @@ class Tier : public std::enable_shared_from_this<Tier> {
   // (TierStore): beside the import's records, named as they are.
   std::string ImportListingPath(const TierImport& import) const;
 
+  // What exit does for this process's tiers (an atexit handler): their temporary
+  // directories removed. Idempotent; see TierStore::AtExit.
+  static void ReleaseAllAtExit();
+
  private:
   Tier(std::string root, TierConfig config);
   static absl::StatusOr<std::shared_ptr<Tier>> Open(const std::string& root);
@@ -205,7 +209,6 @@ class Tier : public std::enable_shared_from_this<Tier> {
   int LockStats(int operation) const;
   // Removes this process's temporary directory and releases its lock.
   void ReleaseTempDirLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void ReleaseAllAtExit();
 
   const std::string root_;  // absolute, no trailing '/'
   const TierConfig config_;

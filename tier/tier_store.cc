@@ -432,9 +432,17 @@ bool exiting ABSL_GUARDED_BY(live_mu) = false;
 void TierStore::FlushStatsAtExit() {
   absl::MutexLock lock(&live_mu);
   if (live != nullptr) {
-    for (TierStore* store : *live) store->FlushStatsLocked();
+    // Not the stores a forked child inherited: their counters are the parent's to write.
+    for (TierStore* store : *live) {
+      if (store->generation_ == ForkGeneration()) store->FlushStatsLocked();
+    }
   }
   exiting = true;
+}
+
+void TierStore::AtExit() {
+  FlushStatsAtExit();
+  Tier::ReleaseAllAtExit();
 }
 
 void TierStore::FlushStatsLocked() {
@@ -463,7 +471,7 @@ TierStore::~TierStore() {
   PublishMetrics();  // what happened since the last snapshot still counts
   absl::MutexLock lock(&live_mu);
   if (live != nullptr) std::erase(*live, this);
-  if (!exiting) FlushStatsLocked();
+  if (!exiting && generation_ == ForkGeneration()) FlushStatsLocked();
 }
 
 TierStore::Stats TierStore::stats() const {

@@ -65,6 +65,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/fork.h"
 #include "base/runtime.h"
 #include "store/forwarding_store.h"
 #include "store/registry.h"
@@ -108,6 +109,11 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   };
   static constexpr uint64_t kMaxListedImport = uint64_t{1} << 20;
   Stats stats() const;
+  // What exit does for the cache stores and tiers of this process: the counters not yet
+  // written go to their tiers' stats, then the temporary directories go. For processes that
+  // end without exit handlers (multiprocessing children end with os._exit after their
+  // finalizers: the Python package calls this from one). Idempotent.
+  static void AtExit();
 
   const std::shared_ptr<Tier>& tier() const { return tier_; }
   // The copy of `key` in the read-through area (nullopt when the key bypasses the tier).
@@ -218,7 +224,8 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   const std::shared_ptr<ObjectStore> inner_;
   const std::shared_ptr<Tier> tier_;
   const std::shared_ptr<Runtime> runtime_;
-  const std::vector<TierImport> imports_;  // source URI prefixes, longest first
+  const uint64_t generation_ = ForkGeneration();  // the process (fork.h) that counts here
+  const std::vector<TierImport> imports_;         // source URI prefixes, longest first
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, fills_{0}, fill_bytes_{0}, bypassed_{0};
   std::atomic<uint64_t> block_fills_{0};

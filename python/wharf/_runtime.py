@@ -82,6 +82,24 @@ def _flush_metrics_at_exit(_hook=None) -> None:
     multiprocessing.util.Finalize(None, _wharf._metrics_flush, exitpriority=0)
 
 
+# The tiers' read counters and temporary directories (docs/design/tier.md): a process's are
+# written and removed by exit handlers, which a multiprocessing child (a DataLoader worker)
+# skips; its finalizers run, so a forked child registers one (a spawned child exits normally).
+class _TierExitHook:
+    pass
+
+
+_tier_hook = _TierExitHook()
+
+
+def _tier_exit_in_child(_hook=None) -> None:
+    import multiprocessing.util
+    multiprocessing.util.Finalize(None, _wharf._tier_at_exit, exitpriority=0)
+
+
+import multiprocessing.util  # noqa: E402 - beside the hook it serves
+multiprocessing.util.register_after_fork(_tier_hook, _tier_exit_in_child)
+
 if os.environ.get("WHARF_METRICS_ADDR"):
     import multiprocessing.util
     multiprocessing.util.register_after_fork(_metrics_hook, _flush_metrics_at_exit)

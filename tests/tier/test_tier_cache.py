@@ -125,6 +125,43 @@ print(sum(len(memoryview(ds[i].data)) for i in range(len(ds))))
     assert filled == sorted(k.split("/")[1] for k in objects)
 
 
+def test_forked_readers_count_their_reads_and_leave_no_temporary_directory(tmp_path, bucket,
+                                                                           s3_env, s3_client):
+    # Forked multiprocessing children (DataLoader workers) end with os._exit, which skips exit
+    # handlers: their counters and temporary directories are seen to by a finalizer. The
+    # parent's own reads before the fork are counted once, by the parent.
+    put_objects(s3_client, bucket, "fk/", 10, size=1000)
+    tier = tmp_path / "tier"
+    code = f"""
+import multiprocessing, sys
+sys.path.insert(0, {str(ROOT / 'python')!r})
+import wharf
+store = wharf.Store("s3://{bucket}/fk/", cache={str(tier)!r})
+store.get("0000.bin")
+
+def work(i):
+    for _ in range(2):
+        for k in range(i * 5, i * 5 + 5):
+            store.get(f"{{k:04d}}.bin")
+
+if __name__ == "__main__":
+    ps = [multiprocessing.get_context("fork").Process(target=work, args=(i,)) for i in (0, 1)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    assert [p.exitcode for p in ps] == [0, 0]
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, env=s3_env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr.decode()
+    got = status(tier)
+    # Parent: 1 miss. Children: 10 first reads (0000.bin a hit, filled by the parent), 10 hits.
+    assert (got["entries"], got["misses"], got["hits"]) == (10, 10, 11), got
+    leftovers = [p.name for p in (tier / ".wharf" / "tmp").iterdir()]
+    assert leftovers == [], leftovers
+
+
 def test_cache_needs_no_init_and_bad_paths_fail_clearly(tmp_path, bucket, s3_env, s3_client):
     s3_client.put_object(Bucket=bucket, Key="x", Body=b"x")
     tier = tmp_path / "fresh" / "tier"  # not a tier yet: it becomes one with defaults
