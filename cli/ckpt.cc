@@ -72,11 +72,28 @@ absl::StatusOr<Candidates> Collect(const std::string& uri) {
   WHARF_ASSIGN_OR_RETURN(c.config, c.root->ReadConfig());
   WHARF_ASSIGN_OR_RETURN(CheckpointRoot::Listing here, c.root->List());
   WarnDamaged(here);
+  // An exported tier copy is evictable: eviction may take some of its files and leave its
+  // manifest. Such a copy is not complete here (the bucket's is; else it is damaged).
+  const bool evictable = c.root->tier() != nullptr && !c.config.export_to.empty();
+  std::map<int64_t, absl::Status> partial;
   for (Manifest& m : here.complete) {
+    if (evictable) {
+      if (absl::Status s = c.root->Files(m).status(); !s.ok()) {
+        partial.emplace(m.step, std::move(s));
+        continue;
+      }
+    }
     Found& f = c.by_step[m.step];
     f.manifest = std::move(m);
     f.here = true;
   }
+  auto warn_partial = [&] {
+    for (const auto& [step, why] : partial) {
+      if (c.by_step.count(step) > 0) continue;  // complete in the bucket
+      Warn(absl::StrCat("step ", step, " is left out: ", OneLine(why.message()),
+                        " (wharf ckpt rm --step ", step, " removes it)"));
+    }
+  };
   if (c.root->is_local() && !c.config.export_to.empty()) {
     // The tier's own checkpoints stay usable when the bucket it exports to cannot be read.
     absl::StatusOr<CheckpointRoot::Listing> there;
@@ -93,6 +110,7 @@ absl::StatusOr<Candidates> Collect(const std::string& uri) {
       Warn(absl::StrCat("the checkpoints exported to ", OneLine(c.config.export_to),
                         " are left out: ", OneLine(there.status().message())));
       c.exported = nullptr;
+      warn_partial();
       return c;
     }
     WarnDamaged(*there);
@@ -102,6 +120,7 @@ absl::StatusOr<Candidates> Collect(const std::string& uri) {
       f.there = true;
     }
   }
+  warn_partial();
   return c;
 }
 

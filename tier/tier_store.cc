@@ -195,6 +195,16 @@ class ForgettingWriter : public ObjectWriter {
   std::function<void()> forget_;
 };
 
+// The object's modification time at its source, when the store reported one: an entry's file
+// carries it (as downloads do), so reads and HEADs through the tier report the object's time,
+// not the fill's. Eviction and staleness go by the entry's attributes, never by the mtime.
+std::optional<absl::Time> SourceTime(const ObjectMeta& meta) {
+  if (meta.mtime == absl::InfinitePast() || meta.mtime == absl::InfiniteFuture()) {
+    return std::nullopt;
+  }
+  return meta.mtime;
+}
+
 // Copies `n` bytes at `file_offset` of the open file `fd` to the request's destination: its
 // sink (in order), or its buffer at `buffer_offset`.
 absl::Status CopyOut(int fd, uint64_t file_offset, uint64_t n, const GetRequest& req,
@@ -858,6 +868,17 @@ void TierStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
             meta.key = key;
             meta.size = version->size;
             meta.etag = version->etag;
+            // Blocks carry the object's modification time (SourceTime), the first one found.
+            const std::string dir =
+                absl::StrCat(*fill, kTierBlocksSuffix, "/", TierBlockVersionDir(version->etag));
+            std::error_code ec;
+            for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+              struct stat st;
+              if (stat(e.path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+                meta.mtime = absl::TimeFromTimespec(st.st_mtim);
+                break;
+              }
+            }
             self.reset();
             return std::move(done)(std::move(meta));
           }
@@ -1111,16 +1132,17 @@ void TierStore::Publish(const std::shared_ptr<PendingRead>& pending,
   }
   TierEntry entry;
   absl::Time mtime;
-  auto sealed = read.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
-    entry.source = uri;
-    entry.etag = got->meta.etag;
-    entry.size = m.size;
-    entry.crc32c = read.temp->checksum();
-    entry.filled = absl::Now();
-    struct stat st;
-    mtime = fstat(fd, &st) == 0 ? absl::TimeFromTimespec(st.st_mtim) : entry.filled;
-    return WriteEntryAttr(fd, entry);
-  });
+  auto sealed =
+      read.temp->Seal(SourceTime(got->meta), /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+        entry.source = uri;
+        entry.etag = got->meta.etag;
+        entry.size = m.size;
+        entry.crc32c = read.temp->checksum();
+        entry.filled = absl::Now();
+        struct stat st;
+        mtime = fstat(fd, &st) == 0 ? absl::TimeFromTimespec(st.st_mtim) : entry.filled;
+        return WriteEntryAttr(fd, entry);
+      });
   // A small object's bytes are still in memory (ours, or already in the reader's buffer): the
   // read is answered from them (the file holds the same bytes, checked by size), with the
   // attributes a read of the entry gives. Otherwise the read is served from the new entry, under a
@@ -1597,18 +1619,19 @@ void TierStore::PublishBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& sl
   bool tier_failed = !got.ok() && slot.sink->failed();
   if (status.ok()) {
     tier_failed = true;
-    auto sealed = slot.temp->Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
-      TierEntry entry;
-      entry.source = br->uri;
-      entry.etag = br->version.etag;
-      entry.size = m.size;
-      entry.crc32c = slot.temp->checksum();
-      entry.filled = absl::Now();
-      entry.block = true;
-      entry.block_offset = offset;
-      entry.object_size = br->version.size;
-      return WriteEntryAttr(fd, entry);
-    });
+    auto sealed =
+        slot.temp->Seal(SourceTime(got->meta), /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+          TierEntry entry;
+          entry.source = br->uri;
+          entry.etag = br->version.etag;
+          entry.size = m.size;
+          entry.crc32c = slot.temp->checksum();
+          entry.filled = absl::Now();
+          entry.block = true;
+          entry.block_offset = offset;
+          entry.object_size = br->version.size;
+          return WriteEntryAttr(fd, entry);
+        });
     status = sealed.status();
     if (status.ok() && br->pinned) status = SetPinned(slot.temp->path(), true);
     // A reader's lock from before it is published until it is served (as whole fills).
@@ -1757,18 +1780,19 @@ void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResu
   // Each is an entry of its own, so eviction can drop parts of the object and ranged reads
   // find what they need.
   auto seal_and_publish = [&](TempObject& temp, uint64_t offset) -> absl::Status {
-    auto sealed = temp.Seal(std::nullopt, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
-      TierEntry entry;
-      entry.source = uri;
-      entry.etag = got.meta.etag;
-      entry.size = m.size;
-      entry.crc32c = temp.checksum();
-      entry.filled = absl::Now();
-      entry.block = true;
-      entry.block_offset = offset;
-      entry.object_size = got.meta.size;
-      return WriteEntryAttr(fd, entry);
-    });
+    auto sealed =
+        temp.Seal(SourceTime(got.meta), /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+          TierEntry entry;
+          entry.source = uri;
+          entry.etag = got.meta.etag;
+          entry.size = m.size;
+          entry.crc32c = temp.checksum();
+          entry.filled = absl::Now();
+          entry.block = true;
+          entry.block_offset = offset;
+          entry.object_size = got.meta.size;
+          return WriteEntryAttr(fd, entry);
+        });
     WHARF_RETURN_IF_ERROR(sealed.status());
     if (pinned) WHARF_RETURN_IF_ERROR(SetPinned(temp.path(), true));
     ++blocks;

@@ -597,8 +597,11 @@ def test_a_partly_evicted_tier_copy_is_imported_again_from_the_bucket(tier, buck
     assert "manifest.json" in after and len(after) < len(before), (before, after)
     mgr.close()
 
+    # Not complete on the tier any more: listed where it is whole (the CLI too).
+    proc = run_wharf("ckpt", "ls", "--json", root, env=s3_env, check=True)
+    listed = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [(c["step"], c["where"]) for c in listed] == [(1, "bucket")], listed
     mgr = CheckpointManager(root, export_to=f"s3://{bucket}/ev")
-    # Not complete on the tier any more: listed where it is whole.
     assert [(m["step"], m["where"]) for m in mgr.list()] == [(1, "bucket")]
     assert_same(mgr.restore("latest"), state)
     assert sorted(os.listdir(step)) == before  # imported again

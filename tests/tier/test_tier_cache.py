@@ -49,6 +49,28 @@ def test_cli_reads_fill_once_then_hit(tmp_path, bucket, s3_env, s3_client):
     assert run_wharf("cat", f"s3://{bucket}/p/0003.bin", env=s3_env, check=True).stdout == b"new"
 
 
+def test_reads_through_the_tier_keep_the_objects_modification_time(tmp_path, bucket, s3_env,
+                                                                    s3_client):
+    # An entry's file carries the object's time (as a download does), so stat and HEAD
+    # through the tier, and cp --cache, report the object's, not the fill's.
+    put_objects(s3_client, bucket, "mt/", 1, size=1000)
+    s3_client.put_object(Bucket=bucket, Key="mt/big.bin", Body=os.urandom(3 << 20))
+    time.sleep(2)  # so a fill's own time would differ
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "--block-size", "1M", "--block-threshold", "1M",
+              env=s3_env, check=True)
+    for key in ("mt/0000.bin", "mt/big.bin"):
+        uri = f"s3://{bucket}/{key}"
+        source = s3_client.head_object(Bucket=bucket, Key=key)["LastModified"].timestamp()
+        run_wharf("cat", "--cache", tier, uri, env=s3_env, check=True)  # fills
+        out = tmp_path / key.replace("/", "_")
+        run_wharf("cp", "--cache", tier, uri, out, env=s3_env, check=True)  # a hit
+        assert abs(out.stat().st_mtime - source) < 1.0, key
+    copy = tier / ".wharf" / "objects" / "s3" / bucket / "mt" / "0000.bin"
+    assert abs(copy.stat().st_mtime - s3_client.head_object(
+        Bucket=bucket, Key="mt/0000.bin")["LastModified"].timestamp()) < 1.0
+
+
 def test_verify_finds_and_repairs_a_damaged_filled_copy(tmp_path, bucket, s3_env, s3_client):
     # Filled copies carry a CRC32C of their bytes: a flipped byte (same size, so the size check
     # alone would pass) is found; --repair drops the copy and the next read fills it again.
