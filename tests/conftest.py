@@ -37,6 +37,23 @@ def run_wharf(*args, env=None, input=None, check=False, timeout=300):
     return proc
 
 
+def run_processes(argvs, env, timeout=120):
+    """Starts one process per argv at once (the ranks of a multi-process test) and waits for
+    all; returns [(returncode, output)], killing any still running on a timeout or error."""
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for argv in argvs]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0].decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [(p.returncode, log) for p, log in zip(procs, logs)]
+
+
 @pytest.fixture(scope="session")
 def s3_env():
     """The environment pointing at the local Ceph RGW. Fails (never skips) without it."""

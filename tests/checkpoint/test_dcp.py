@@ -7,7 +7,6 @@ import json
 import os
 import pickle
 import re
-import subprocess
 import sys
 import uuid
 from concurrent.futures import Future
@@ -18,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import wharf
-from conftest import ROOT, make_tier
+from conftest import ROOT, make_tier, run_processes
 from wharf.torch.checkpoint import RAW_DESCRIPTOR, StorageReader, StorageWriter
 
 import dcp_worker  # tests/checkpoint/dcp_worker.py: one rank of the two-rank tests
@@ -195,21 +194,10 @@ def test_two_ranks_save_dtensor_shards_and_load_them_resharded(kind, request, tm
         [str(ROOT / "python"), os.path.dirname(__file__), env.get("PYTHONPATH", "")])
     rdzv = tmp_path / f"rdzv-{uuid.uuid4().hex}"
     worker = os.path.join(os.path.dirname(__file__), "dcp_worker.py")
-    procs = [subprocess.Popen([sys.executable, worker, at.uri, str(rdzv), str(r), "2",
-                               str(tmp_path / f"out{r}.json")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(2)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{logs[r][-4000:]}"
+    ran = run_processes([[sys.executable, worker, at.uri, str(rdzv), str(r), "2",
+                          str(tmp_path / f"out{r}.json")] for r in range(2)], env)
+    for r, (code, log) in enumerate(ran):
+        assert code == 0, f"rank {r} exited {code}:\n{log[-4000:]}"
 
     half = dcp_worker.WEIGHT_SHAPE[1] // 2
     for r in range(2):

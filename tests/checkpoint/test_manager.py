@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import wharf
-from conftest import make_tier, run_wharf
+from conftest import make_tier, run_processes, run_wharf
 from wharf.torch import CheckpointManager
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -544,21 +544,11 @@ def _run_ranks(mode, root, world_size, tmp_path, env):
                                          env.get("PYTHONPATH", "")])
     tag = f"{mode}{world_size}"
     rdzv = tmp_path / f"rdzv-{tag}"
-    procs = [subprocess.Popen([sys.executable, str(HERE / "manager_worker.py"), mode, str(root),
-                               str(rdzv), str(r), str(world_size), str(tmp_path / f"{tag}-{r}.json")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(world_size)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    failed = [f"{mode} rank {r} exited {p.returncode}:\n{logs[r][-3000:]}"
-              for r, p in enumerate(procs) if p.returncode != 0]
+    ran = run_processes([[sys.executable, str(HERE / "manager_worker.py"), mode, str(root),
+                          str(rdzv), str(r), str(world_size), str(tmp_path / f"{tag}-{r}.json")]
+                         for r in range(world_size)], env)
+    failed = [f"{mode} rank {r} exited {code}:\n{log[-3000:]}"
+              for r, (code, log) in enumerate(ran) if code != 0]
     assert not failed, "\n".join(failed)
     return [json.loads((tmp_path / f"{tag}-{r}.json").read_text()) for r in range(world_size)]
 
