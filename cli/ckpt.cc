@@ -149,9 +149,28 @@ absl::StatusOr<checkpoint::Selector> SelectorOf(const CkptArgs& args,
   return s;
 }
 
+// The metrics a CheckpointManager save recorded as NaN or infinite: JSON has no such numbers,
+// so it keeps them as text ("nan", "inf", "-inf") in its user data, wharf.nonfinite_metrics.
+// Empty for anything else (someone else's user data included).
+std::map<std::string, std::string> NonfiniteMetrics(const Manifest& m) {
+  std::map<std::string, std::string> out;
+  const json user = json::parse(m.user_json, nullptr, /*allow_exceptions=*/false);
+  if (!user.is_object()) return out;
+  auto wharf = user.find("wharf");
+  if (wharf == user.end() || !wharf->is_object()) return out;
+  auto extra = wharf->find("nonfinite_metrics");
+  if (extra == wharf->end() || !extra->is_object()) return out;
+  for (const auto& [k, v] : extra->items()) {
+    if (v.is_string() && !m.metrics.contains(k)) out[k] = v.get<std::string>();
+  }
+  return out;
+}
+
 std::string MetricsText(const Manifest& m) {
+  std::map<std::string, std::string> all = NonfiniteMetrics(m);
+  for (const auto& [k, v] : m.metrics) all[k] = absl::StrFormat("%g", v);
   std::vector<std::string> parts;
-  for (const auto& [k, v] : m.metrics) parts.push_back(absl::StrFormat("%s=%g", k, v));
+  for (const auto& [k, v] : all) parts.push_back(absl::StrCat(k, "=", v));
   return absl::StrJoin(parts, " ");
 }
 
@@ -172,6 +191,9 @@ absl::Status RunCkptLs(const CkptArgs& args) {
       j["world_size"] = f.manifest.world_size;
       j["metrics"] = json::object();
       for (const auto& [k, v] : f.manifest.metrics) j["metrics"][k] = v;
+      // Kept apart, as text: "metrics" stays numbers only (JSON has no NaN).
+      const std::map<std::string, std::string> nonfinite = NonfiniteMetrics(f.manifest);
+      if (!nonfinite.empty()) j["nonfinite_metrics"] = nonfinite;
       j["where"] = Where(c, f);
       j["uri"] = f.here ? c.root->StepUri(step) : c.exported->StepUri(step);
       Print(JsonLine(j));
@@ -298,7 +320,8 @@ void AddCkpt(CLI::App& app, CkptArgs& args) {
                      "its export destination too)");
   ls->add_flag("--json", args.json,
                "One JSON object per line: step, time, time_unix, bytes, files, world_size, "
-               "metrics, where, uri");
+               "metrics, where, uri; and nonfinite_metrics (name: \"nan\", \"inf\" or "
+               "\"-inf\") when a save recorded such values");
   ls->add_option("URI", args.uri, "The checkpoint root")->required();
 
   CLI::App* exp = sub("export",

@@ -657,4 +657,12 @@ def test_nan_and_infinite_metrics_are_recorded_and_never_ranked(tmp_path, s3_env
     assert listed[3]["gnorm"] == float("-inf")
     assert mgr.restore("best")["x"].tolist() == [1.0]
     assert _ls_steps(root, s3_env) == [1, 3]
+    # The CLI shows them too: as text in the table, apart from the numbers in --json.
+    lines = run_wharf("ckpt", "ls", "--json", root, env=s3_env, check=True).stdout.splitlines()
+    by_step = {j["step"]: j for j in map(json.loads, lines)}
+    assert by_step[3]["metrics"] == {}
+    assert by_step[3]["nonfinite_metrics"] == {"gnorm": "-inf", "loss": "nan"}
+    assert by_step[1]["metrics"] == {"loss": 2.0} and "nonfinite_metrics" not in by_step[1]
+    table = run_wharf("ckpt", "ls", root, env=s3_env, check=True).stdout.decode()
+    assert "gnorm=-inf loss=nan" in table and "loss=2" in table
     mgr.close()
