@@ -91,7 +91,8 @@ void AddCp(CLI::App& app, CpArgs& args) {
       "to standard output. With -r, SRC/KEY is copied to DST/KEY for every key below SRC;\n"
       "keys that would land outside DST ('..', '//', ...) are refused. Each object appears\n"
       "complete or not at all. Failures are reported one per line; the rest go on. A rerun\n"
-      "skips objects the destination already holds with the same size and ETag.");
+      "skips objects the destination already holds with the same size and ETag (for an\n"
+      "object uploaded in parts: the local file hashed in the same parts).");
 }
 
 void AddSync(CLI::App& app, CpArgs& args) {

@@ -24,6 +24,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "io/fetch_scheduler.h"
+#include "io/multipart_etag.h"
 #include "io/parallel_list.h"
 #include "io/prefix_fetch.h"
 #include "store/keys.h"
@@ -83,6 +84,7 @@ struct DstEntry {
   uint64_t size = 0;
   uint64_t etag_hash = 0;
   int64_t mtime_s = 0;
+  uint32_t parts = 0;  // of a multipart ETag (MultipartEtagParts), else 0
   bool seen = false;
 };
 using DstIndex = absl::flat_hash_map<uint64_t, DstEntry>;
@@ -442,8 +444,8 @@ absl::StatusOr<DstIndex> IndexDestination(ObjectStore& dst, const std::string& p
   absl::Status s = ParallelList(dst, range, list, [&](std::vector<ObjectMeta> page) {
     absl::MutexLock lock(&mu);
     for (const ObjectMeta& m : page) {
-      index[HashKey(absl::string_view(m.key).substr(prefix.size()))] = {m.size, HashKey(m.etag),
-                                                                        Seconds(m.mtime), false};
+      index[HashKey(absl::string_view(m.key).substr(prefix.size()))] = {
+          m.size, HashKey(m.etag), Seconds(m.mtime), MultipartEtagParts(m.etag), false};
     }
     return absl::OkStatus();
   });
@@ -496,6 +498,42 @@ class Engine {
     return have->etag_hash == HashKey(meta.etag);
   }
 
+  // Whether UpToDate's "no" may still be the same bytes: the ETags were compared (copy
+  // mode, or sync between two remote stores), one side is a local file listed with its MD5
+  // and the other an object of the same size uploaded in parts, whose ETag is no MD5.
+  bool MaybeSameInParts(const ObjectMeta& meta, const DstEntry* have) const {
+    if (have == nullptr || have->size != meta.size || meta.size == 0 || same_store_) return false;
+    if (options_.mode == TransferMode::kSync) return false;  // local sides compare times
+    if (src_local_ && !dst_local_) return have->parts > 0;
+    if (dst_local_ && !src_local_) return MultipartEtagParts(meta.etag) > 0;
+    return false;
+  }
+
+  // MaybeSameInParts, decided: hashes the local file under the part plans that fit the
+  // multipart ETag (MultipartEtags). A file that cannot be read is not the same (it is
+  // copied, and the copy reports the failure).
+  bool SameInParts(const ObjectMeta& meta, const std::string& dst_key, uint32_t dst_parts,
+                   uint64_t dst_etag_hash) {
+    if (src_local_) {
+      absl::StatusOr<std::vector<std::string>> etags =
+          MultipartEtags(*src_.store, meta.key, meta.size, dst_parts, options_.part_size);
+      if (!etags.ok()) return false;
+      return std::any_of(etags->begin(), etags->end(),
+                         [&](const std::string& e) { return HashKey(e) == dst_etag_hash; });
+    }
+    absl::StatusOr<bool> same =
+        MultipartEtagMatches(*dst_.store, dst_key, meta.size, meta.etag, options_.part_size);
+    return same.ok() && *same;
+  }
+
+  // An object found already at its destination: counted, and told to the observer.
+  void Skipped(const ObjectMeta& meta, const std::string& dst_key) {
+    if (!observer_) return;
+    ObjectMeta dst = meta;
+    dst.key = dst_key;
+    observer_->OnObjectAt(meta, dst, /*copied=*/false);
+  }
+
   PutOptions PutFor(const ObjectMeta& meta) const {
     PutOptions put = options_.put;
     if (dst_local_ && meta.mtime != absl::InfinitePast()) put.mtime = meta.mtime;
@@ -539,7 +577,7 @@ class Engine {
     if (options_.mode == TransferMode::kSync) {
       absl::StatusOr<ObjectMeta> have = dst_.store->Head(dst_key);
       if (have.ok()) {
-        DstEntry entry{have->size, HashKey(have->etag), Seconds(have->mtime), true};
+        DstEntry entry{have->size, HashKey(have->etag), Seconds(have->mtime), 0, true};
         if (UpToDate(meta, &entry)) {
           summary.skipped = 1;
           return absl::OkStatus();
@@ -601,6 +639,7 @@ class Engine {
   bool Select(const ObjectMeta& meta, Workers& workers, FetchScheduler& parts) {
     std::optional<std::string> dst_key;
     bool skipped = false;
+    std::optional<DstEntry> check_parts;  // the destination's entry, to hash against
     {
       absl::MutexLock lock(&select_mu_);
       absl::string_view rel = meta.key;
@@ -617,14 +656,34 @@ class Engine {
       if (UpToDate(meta, have)) {
         ++skipped_;
         skipped = true;
+      } else if (MaybeSameInParts(meta, have)) {
+        check_parts = *have;
       }
     }
     if (skipped) {
-      if (observer_) {
-        ObjectMeta dst = meta;
-        dst.key = *dst_key;
-        observer_->OnObjectAt(meta, dst, /*copied=*/false);
-      }
+      Skipped(meta, *dst_key);
+      return false;
+    }
+    if (check_parts) {
+      // Hashing a local file takes a while: on a worker, which then copies it or not.
+      workers.Run([this, &parts, meta, dst_key = *std::move(dst_key), have = *check_parts] {
+        if (SameInParts(meta, dst_key, have.parts, have.etag_hash)) {
+          {
+            absl::MutexLock lock(&select_mu_);
+            ++skipped_;
+          }
+          Skipped(meta, dst_key);
+          return;
+        }
+        if (observer_) observer_->OnPlanned(1, meta.size);
+        if (options_.dryrun) {
+          if (observer_)
+            observer_->OnDryrun(op_, src_.store->Uri(meta.key), dst_.store->Uri(dst_key));
+          return;
+        }
+        absl::Status s = CopyOne(parts, meta, dst_key);
+        if (!s.ok()) outcome_.Fail(s);
+      });
       return false;
     }
     if (observer_) observer_->OnPlanned(1, meta.size);

@@ -225,3 +225,24 @@ def test_a_failed_part_aborts_the_upload_and_keeps_the_entry_local(tmp_path, buc
     assert (out["uploaded"], out["skipped"], out["aborted_uploads"]) == (1, 1, 0)
     assert bucket_objects(s3_client, bucket, "f/") == {"small.bin": b"small", "big.bin": big}
     assert entry_of(tier / "big.bin")["local"] is False
+
+
+def test_a_users_own_big_file_is_uploaded_once(tmp_path, bucket, s3_env, s3_client):
+    # A file put into the tier by other means (not an entry) lists with its MD5; uploaded in
+    # parts, its object's ETag is a multipart one, which the rerun recognises by hashing the
+    # file in the same parts instead of uploading it again.
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    (tier / "user").mkdir()
+    data = os.urandom(17 * MiB + 1)
+    (tier / "user" / "weights.bin").write_bytes(data)
+    dst = f"s3://{bucket}/own/"
+    first = export_json(tier, dst, env=s3_env)
+    assert (first["uploaded"], first["skipped"]) == (1, 0)
+    assert s3_client.head_object(Bucket=bucket, Key="own/user/weights.bin")["ETag"].endswith('-3"')
+    again = export_json(tier, dst, env=s3_env)
+    assert (again["uploaded"], again["skipped"], again["bytes"]) == (0, 1, 0)
+    # Changed at the same size: uploaded again.
+    (tier / "user" / "weights.bin").write_bytes(os.urandom(17 * MiB + 1))
+    third = export_json(tier, dst, env=s3_env)
+    assert (third["uploaded"], third["skipped"]) == (1, 0)
