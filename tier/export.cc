@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/bounded_worker.h"
 #include "base/status.h"
+#include "io/multipart_etag.h"
 #include "store/keys.h"
 #include "tier/tree_store.h"
 
@@ -144,6 +145,15 @@ absl::StatusOr<uint64_t> AbortLeftoverUploads(ObjectStore& dst, const std::strin
   return aborted;
 }
 
+// Whether the tree's file `name` holds the bytes of `have`, an object of its size uploaded in
+// parts (its multipart ETag reproduced from the file: io/multipart_etag.h).
+bool SameInParts(ObjectStore& tree, const std::string& name, const ObjectMeta& have,
+                 const TransferOptions& transfer) {
+  absl::StatusOr<bool> same =
+      MultipartEtagMatches(tree, name, have.size, have.etag, transfer.part_size);
+  return same.ok() && *same;
+}
+
 }  // namespace
 
 absl::StatusOr<TierExportSummary> ExportTierPath(std::shared_ptr<Tier> tier,
@@ -235,7 +245,7 @@ absl::Status ExportTierPath(std::shared_ptr<Tier> tier, const std::string& path,
       if (!PassesFilters(transfer.filters, name)) {
         summary = TransferSummary{.listed = 1};
       } else if (mine.ok() && have.ok() && !mine->etag.empty() && mine->size == have->size &&
-                 mine->etag == have->etag) {
+                 (mine->etag == have->etag || SameInParts(*tree, name, *have, transfer))) {
         summary = TransferSummary{.listed = 1, .skipped = 1};
         marker.OnObjectAt(*mine, *have, /*copied=*/false);
       } else {

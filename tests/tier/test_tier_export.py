@@ -242,6 +242,10 @@ def test_a_users_own_big_file_is_uploaded_once(tmp_path, bucket, s3_env, s3_clie
     assert s3_client.head_object(Bucket=bucket, Key="own/user/weights.bin")["ETag"].endswith('-3"')
     again = export_json(tier, dst, env=s3_env)
     assert (again["uploaded"], again["skipped"], again["bytes"]) == (0, 1, 0)
+    # The one file on its own, to a key: the same.
+    one = f"s3://{bucket}/one/w.bin"
+    assert export_json(tier / "user" / "weights.bin", one, env=s3_env)["uploaded"] == 1
+    assert export_json(tier / "user" / "weights.bin", one, env=s3_env)["skipped"] == 1
     # Changed at the same size: uploaded again.
     (tier / "user" / "weights.bin").write_bytes(os.urandom(17 * MiB + 1))
     third = export_json(tier, dst, env=s3_env)
