@@ -67,17 +67,27 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
   // The files: each URI, or the shards its index names.
   std::vector<std::string> file_uris;
   std::set<std::string> seen;
+  // What each index promises: (index URI, tensor, the URI of the file holding it).
+  struct Promise {
+    const std::string* index;
+    std::string tensor;
+    std::string file;
+  };
+  std::vector<Promise> promised;
   for (const std::string& uri : uris) {
     std::vector<std::string> expanded;
     if (IsIndex(uri)) {
       WHARF_ASSIGN_OR_RETURN(auto opened, stores.Open(uri));
       absl::StatusOr<std::string> text = opened.first->Read(opened.second);
       if (!text.ok()) return text.status();
-      WHARF_ASSIGN_OR_RETURN(std::vector<std::string> names, ParseSafetensorsIndex(*text, uri));
-      if (names.empty()) {
+      WHARF_ASSIGN_OR_RETURN(SafetensorsIndex index, ParseSafetensorsIndex(*text, uri));
+      if (index.files.empty()) {
         return absl::DataLossError(absl::StrCat(uri, ": the index's weight_map names no file"));
       }
-      for (const std::string& name : names) expanded.push_back(Folder(uri) + name);
+      for (const std::string& name : index.files) expanded.push_back(Folder(uri) + name);
+      for (auto& [tensor, name] : index.weight_map) {
+        promised.push_back({&uri, tensor, Folder(uri) + name});
+      }
     } else {
       expanded.push_back(uri);
     }
@@ -166,6 +176,20 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
       }
       model->tensors_.push_back({i, &t});
       model->total_bytes_ += t.size;
+    }
+  }
+  // Each tensor an index names is in the file it names: a model short of a tensor its index
+  // promises (a shard from another version of the model) is refused, never loaded partly.
+  for (const Promise& p : promised) {
+    auto it = owner.find(p.tensor);
+    if (it == owner.end()) {
+      return absl::DataLossError(absl::StrCat(*p.index, ": weight_map puts tensor '", p.tensor,
+                                              "' in ", p.file, ", which does not hold it"));
+    }
+    if (files[it->second].uri != p.file) {
+      return absl::DataLossError(absl::StrCat(*p.index, ": weight_map puts tensor '", p.tensor,
+                                              "' in ", p.file, ", but it is in ",
+                                              files[it->second].uri));
     }
   }
   return model;

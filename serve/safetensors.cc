@@ -71,7 +71,12 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view text,
                                        " is beyond the end of the file (", file_size, " bytes)"));
   }
   if (text.empty() || text.front() != '{') {
-    return Malformed(uri, "the header is not a JSON object");
+    return Malformed(uri, "the header does not begin with '{' (the format requires it)");
+  }
+  // The JSON parser takes a NUL byte for the end of its input and would ignore what follows
+  // ("{...}\0garbage"); JSON has no raw NUL anywhere, so a header holding one is refused.
+  if (text.find('\0') != absl::string_view::npos) {
+    return Malformed(uri, "the header holds a NUL byte (it is not JSON)");
   }
   // A name given twice would silently keep its last entry (the JSON parser's way): refused,
   // as safetensors refuses it.
@@ -89,12 +94,14 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view text,
   if (header.is_discarded() || !header.is_object()) {
     return Malformed(uri, "the header is not valid JSON");
   }
+  if (twice == "__metadata__") return Malformed(uri, "the header has two __metadata__");
   if (!twice.empty()) return BadTensor(uri, twice, "the header names it twice");
   SafetensorsHeader out;
   out.data_start = 8 + text.size();
   const uint64_t data_size = file_size - out.data_start;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
+      if (entry.is_null()) continue;  // safetensors reads null as no metadata
       if (!entry.is_object()) return Malformed(uri, "__metadata__ is not an object");
       for (const auto& [k, v] : entry.items()) {
         if (!v.is_string()) {
@@ -194,8 +201,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view head, uint6
   return ParseSafetensorsHeader(head.substr(8, *n), file_size, uri);
 }
 
-absl::StatusOr<std::vector<std::string>> ParseSafetensorsIndex(absl::string_view text,
-                                                               absl::string_view uri) {
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view text,
+                                                       absl::string_view uri) {
   const json index = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded() || !index.is_object()) {
     return absl::DataLossError(absl::StrCat(uri, ": not a safetensors index: not a JSON object"));
@@ -206,6 +213,7 @@ absl::StatusOr<std::vector<std::string>> ParseSafetensorsIndex(absl::string_view
         absl::StrCat(uri, ": not a safetensors index: no \"weight_map\" object"));
   }
   std::set<std::string> files;
+  SafetensorsIndex out;
   for (const auto& [tensor, file] : map->items()) {
     if (!file.is_string()) {
       return absl::DataLossError(absl::StrCat(uri, ": weight_map: tensor '", tensor,
@@ -222,8 +230,10 @@ absl::StatusOr<std::vector<std::string>> ParseSafetensorsIndex(absl::string_view
                        "', which is not a relative path inside the index's folder"));
     }
     files.insert(name);
+    out.weight_map[tensor] = name;
   }
-  return std::vector<std::string>(files.begin(), files.end());
+  out.files.assign(files.begin(), files.end());
+  return out;
 }
 
 }  // namespace wharf::serve

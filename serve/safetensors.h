@@ -63,10 +63,15 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
 absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view head, uint64_t file_size,
                                                    absl::string_view uri);
 
-// The shard file names an index's "weight_map" names, sorted and without duplicates.
-// Errors name `uri`: not JSON, no weight_map object, a name that is not a plain relative
-// path (absolute, "..", empty segments).
-absl::StatusOr<std::vector<std::string>> ParseSafetensorsIndex(absl::string_view json,
-                                                               absl::string_view uri);
+// An index (`model.safetensors.index.json`): which file holds each tensor.
+struct SafetensorsIndex {
+  std::vector<std::string> files;                 // sorted, without duplicates
+  std::map<std::string, std::string> weight_map;  // tensor name -> file name
+};
+
+// Parses an index's "weight_map". Errors name `uri`: not JSON, no weight_map object, a name
+// that is not a plain relative path (absolute, "..", empty segments).
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(absl::string_view json,
+                                                       absl::string_view uri);
 
 }  // namespace wharf::serve

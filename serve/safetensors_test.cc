@@ -69,7 +69,10 @@ TEST(Safetensors, RefusesMalformedHeadersNamingFileAndTensor) {
       {"too short", "abc", "shorter than the 8-byte header length"},
       {"length past the end", huge_len + "{}", "beyond the end of the file"},
       {"not json", File("{nope", 0), "not valid JSON"},
-      {"not an object", File("[1,2]", 0), "not a JSON object"},
+      {"not an object", File("[1,2]", 0), "does not begin with '{'"},
+      {"leading space", File(" {}", 0), "does not begin with '{'"},
+      {"garbage after a NUL", File(std::string("{}") + '\0' + "GARBAGE{{{", 0), "NUL byte"},
+      {"two metadata", File(R"({"__metadata__":{},"__metadata__":{}})", 0), "two __metadata__"},
       {"unknown dtype", File(R"({"w":{"dtype":"Q4","shape":[2],"data_offsets":[0,2]}})", 2),
        "tensor 'w': unknown dtype 'Q4'"},
       {"size mismatch", File(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
@@ -96,6 +99,25 @@ TEST(Safetensors, RefusesMalformedHeadersNamingFileAndTensor) {
     EXPECT_THAT(h.status().message(), HasSubstr("s3://b/m.safetensors")) << c.name;
     EXPECT_THAT(h.status().message(), HasSubstr(c.says)) << c.name << ": " << h.status();
   }
+}
+
+TEST(Safetensors, AcceptsNullMetadataAndTrailingSpaces) {
+  // As safetensors does: "__metadata__": null is no metadata; the header may be padded.
+  auto h = Parse(
+      File(R"({"__metadata__":null,"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}   )", 1));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(h->metadata.empty());
+  EXPECT_EQ(h->tensors.size(), 1u);
+}
+
+TEST(Safetensors, IndexMapsEachTensorToItsFile) {
+  auto index = ParseSafetensorsIndex(
+      R"({"metadata":{},"weight_map":{"a":"m-1.safetensors","b":"m-2.safetensors","c":"m-1.safetensors"}})",
+      "s3://b/m.index.json");
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_EQ(index->files, (std::vector<std::string>{"m-1.safetensors", "m-2.safetensors"}));
+  EXPECT_EQ(index->weight_map.at("b"), "m-2.safetensors");
+  EXPECT_EQ(index->weight_map.size(), 3u);
 }
 
 TEST(Safetensors, AcceptsHolesBetweenTensors) {

@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto files = ParseSafetensorsIndex(bytes, "fuzz://model.safetensors.index.json");
   if (files.ok()) {
     // Every accepted name stays inside the index's folder: relative, no "", "." or "..".
-    for (const std::string& f : *files) {
+    for (const std::string& f : files->files) {
       if (f.empty() || f.front() == '/') std::abort();
       size_t start = 0;
       while (start <= f.size()) {

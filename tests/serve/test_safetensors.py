@@ -207,6 +207,30 @@ def test_missing_files_and_bad_indexes(aws, bucket, s3_client):
         load_safetensors([])
 
 
+def test_an_index_that_does_not_match_its_shards_is_refused(aws, bucket, s3_client, tmp_path):
+    # A shard from another version of the model: the index promises a tensor its file lacks,
+    # or puts one in the wrong file. Loading it anyway would hand back a model short of a
+    # tensor, or check nothing the index says.
+    state, files = sharded(tmp_path, shards=2, tensors=2)
+    for name in files:
+        put(s3_client, bucket, f"ix/{name}", (tmp_path / name).read_bytes())
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    uri = f"s3://{bucket}/ix/model.safetensors.index.json"
+    put(s3_client, bucket, "ix/model.safetensors.index.json", json.dumps(index).encode())
+    got = load_safetensors(uri)
+    assert sorted(got) == sorted(state) and all(torch.equal(got[n], state[n]) for n in state)
+    ghost = dict(index, weight_map=dict(index["weight_map"], ghost=files[1]))
+    put(s3_client, bucket, "ix/model.safetensors.index.json", json.dumps(ghost).encode())
+    with pytest.raises(wharf.WharfError, match=r"weight_map puts tensor 'ghost' in .*"
+                                               f"{files[1]}, which does not hold it"):
+        load_safetensors(uri)
+    name = next(n for n, f in index["weight_map"].items() if f == files[0])
+    moved = dict(index, weight_map=dict(index["weight_map"], **{name: files[1]}))
+    put(s3_client, bucket, "ix/model.safetensors.index.json", json.dumps(moved).encode())
+    with pytest.raises(wharf.WharfError, match=f"tensor '{name}' in .*{files[1]}, but it is in"):
+        dict(iter_safetensors(uri))
+
+
 def test_a_file_replaced_during_a_load_fails_instead_of_mixing_versions(aws, bucket, s3_client):
     big = {"w": torch.randn(1 << 20)}
     put(s3_client, bucket, "m/model.safetensors", save(big))
