@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 
 namespace wharf {
 
@@ -56,6 +57,13 @@ absl::StatusOr<HttpResponse> SendBlockingWithRetries(HttpTransport& transport, i
     if (!retryable || attempt >= std::max(attempts, 1)) return response;
     absl::SleepFor(absl::Milliseconds(100) * (1 << std::min(attempt - 1, 4)));
   }
+}
+
+absl::Time ParseHttpDate(std::string_view s) {
+  absl::Time t;
+  std::string err;
+  if (absl::ParseTime("%a, %d %b %Y %H:%M:%S GMT", std::string(s), &t, &err)) return t;
+  return absl::InfinitePast();
 }
 
 }  // namespace wharf

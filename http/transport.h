@@ -195,6 +195,10 @@ absl::StatusOr<HttpResponse> SendBlocking(HttpTransport& transport, HttpRequest 
 // 429 and 5xx: worth sending again.
 inline bool IsRetryableHttpStatus(int status) { return status == 429 || status >= 500; }
 
+// An HTTP date ("Wed, 12 Oct 2009 17:50:00 GMT", as Last-Modified and Date carry it), or
+// InfinitePast when `s` is empty or not one.
+absl::Time ParseHttpDate(std::string_view s);
+
 // Sends the request `make` builds up to `attempts` times (at least once): transport failures
 // (Unavailable), 429 and 5xx are retried after 100 ms, doubling up to 1.6 s. Returns the last
 // response or failure.

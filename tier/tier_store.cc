@@ -412,6 +412,8 @@ TierStore::TierStore(std::shared_ptr<ObjectStore> inner, std::shared_ptr<Tier> t
       tier_(std::move(tier)),
       runtime_(std::move(runtime)),
       imports_(std::move(imports)) {
+  capabilities_ = inner_->capabilities();
+  capabilities_.compose = false;
   Register();
   meters_ = std::make_unique<Meters>(runtime_->metrics());
   collector_ = runtime_->metrics().AddCollector([this] { PublishMetrics(); });

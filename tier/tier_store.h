@@ -81,6 +81,11 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
                                                          std::shared_ptr<Runtime> runtime);
   ~TierStore() override;
 
+  // The backing store's, without `compose`: a read through the tier is per object, so that
+  // each object is filled and found again (the fetch engine composes small objects into one
+  // temporary read where the store composes, and the tier would cache the temporary).
+  const Capabilities& capabilities() const override { return capabilities_; }
+
   void ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) override;
   absl::StatusOr<ListPage> List(const ListOptions& options,
                                 const std::string& continuation = "") override;
@@ -222,6 +227,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   void FlushStatsLocked();
 
   const std::shared_ptr<ObjectStore> inner_;
+  Capabilities capabilities_;
   const std::shared_ptr<Tier> tier_;
   const std::shared_ptr<Runtime> runtime_;
   const uint64_t generation_ = ForkGeneration();  // the process (fork.h) that counts here

@@ -125,6 +125,22 @@ bool ParseContentRange(absl::string_view cr, uint64_t* first, uint64_t* last, ui
          absl::SimpleAtoi(cr.substr(slash + 1), total) && *first <= *last;
 }
 
+// A base64 CRC32C as GCS writes it ("AAAAAA=="), as the big-endian value it encodes.
+std::optional<uint32_t> DecodeCrc32c(absl::string_view base64) {
+  std::string raw;
+  if (!absl::Base64Unescape(base64, &raw) || raw.size() != 4) return std::nullopt;
+  return (uint32_t{static_cast<uint8_t>(raw[0])} << 24) |
+         (uint32_t{static_cast<uint8_t>(raw[1])} << 16) |
+         (uint32_t{static_cast<uint8_t>(raw[2])} << 8) | uint32_t{static_cast<uint8_t>(raw[3])};
+}
+
+// An object resource's "crc32c".
+std::optional<uint32_t> ResourceCrc32c(const json& j) {
+  const std::string crc = JsonString(j, "crc32c");
+  if (crc.empty()) return std::nullopt;
+  return DecodeCrc32c(crc);
+}
+
 // The crc32c of x-goog-hash ("crc32c=AAAAAA==,md5=..."; possibly one header per hash), as the
 // big-endian value it encodes.
 std::optional<uint32_t> GoogCrc32c(const HttpResponse& r) {
@@ -133,11 +149,7 @@ std::optional<uint32_t> GoogCrc32c(const HttpResponse& r) {
     for (absl::string_view part : absl::StrSplit(value, ',')) {
       part = absl::StripAsciiWhitespace(part);
       if (!absl::ConsumePrefix(&part, "crc32c=")) continue;
-      std::string raw;
-      if (!absl::Base64Unescape(part, &raw) || raw.size() != 4) return std::nullopt;
-      return (uint32_t{static_cast<uint8_t>(raw[0])} << 24) |
-             (uint32_t{static_cast<uint8_t>(raw[1])} << 16) |
-             (uint32_t{static_cast<uint8_t>(raw[2])} << 8) | uint32_t{static_cast<uint8_t>(raw[3])};
+      return DecodeCrc32c(part);
     }
   }
   return std::nullopt;
@@ -701,7 +713,8 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
     }
     return true;
   };
-  Execute(call, [call, state, uri, done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+  Execute(call, [this, call, state, uri,
+                 done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
     const int attempts = call->attempt;
     call.reset();  // breaks the cycle through call->on_* closures holding `state`
     GetResult result;
@@ -737,7 +750,40 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
           absl::StrCat("get ", uri, ": CRC32C of the bytes received (", absl::Hex(state->crc),
                        ") is not the object's (", absl::Hex(*state->expected_crc), ")")));
     }
-    std::move(done)(std::move(result));
+    result.meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
+    if (!state->generation.empty()) return std::move(done)(std::move(result));
+    if (!state->request.if_match.empty()) {
+      // The generation the caller asked for: GCS answers any other with 412; a server that
+      // ignores the precondition and names no generation cannot be checked without a call.
+      result.meta.etag = state->request.if_match;
+      return std::move(done)(std::move(result));
+    }
+    // A server that names no generation on reads (the emulator sends neither
+    // x-goog-generation nor Last-Modified): a whole-object read by a caller that holds no
+    // generation (a tier's fill) would give an object without a version, which the tier
+    // records and then matches against nothing. The object's resource names its generation
+    // and modification time; they describe the bytes read when its CRC32C is theirs.
+    // Otherwise (a resource without one, the object replaced since, a range) the version
+    // stays unknown, as before. Real GCS never gets here.
+    if (!state->whole_object) return std::move(done)(std::move(result));
+    auto head = std::make_shared<Call>();
+    head->op = "head";
+    head->key = state->request.key;
+    head->url = ObjectUrl(state->request.key);
+    head->cancel = state->request.cancel;
+    Execute(std::move(head), [state, result = std::move(result),
+                              done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+      if (!r.ok()) return std::move(done)(std::move(result));
+      auto j = ParseJsonBody(*r, absl::StrCat("head ", state->uri));
+      if (!j.ok()) return std::move(done)(std::move(result));
+      auto meta = MetaFromResource(*j, absl::StrCat("head ", state->uri));
+      const std::optional<uint32_t> crc = ResourceCrc32c(*j);
+      if (meta.ok() && crc && *crc == state->crc && meta->size == result.meta.size) {
+        result.meta.etag = meta->etag;
+        if (result.meta.mtime == absl::InfinitePast()) result.meta.mtime = meta->mtime;
+      }
+      std::move(done)(std::move(result));
+    });
   });
 }
 

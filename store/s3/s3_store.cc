@@ -72,14 +72,6 @@ std::string Header(const HttpResponse& r, absl::string_view name) {
   return v ? std::string(*v) : std::string();
 }
 
-// "Wed, 12 Oct 2009 17:50:00 GMT"
-absl::Time ParseHttpDate(const std::string& s) {
-  absl::Time t;
-  std::string err;
-  if (absl::ParseTime("%a, %d %b %Y %H:%M:%S GMT", s, &t, &err)) return t;
-  return absl::InfinitePast();
-}
-
 // "2009-10-12T17:50:30.000Z"
 absl::Time ParseIsoDate(const char* s) {
   absl::Time t;
