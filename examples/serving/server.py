@@ -8,15 +8,19 @@ tier) answering through wharf's prediction cache. Standard library HTTP (Threadi
 Endpoints:
   POST /predict   {"inputs": [floats]} (one example) or {"inputs": [[floats], ...]} (a batch)
                   -> {"outputs": [...], "model_version": "..."}; the header X-Wharf-Cache says
-                  hit or miss. 400 for a body that is not such a request, 500 if the model fails.
+                  hit, miss (computed for this request) or coalesced (it waited for an
+                  identical request's compute). 400 for a body that is not such a request,
+                  422 when the model's outputs for it are not finite (inputs overflowing its
+                  float32 arithmetic), 500 if the model fails; none of these is cached.
   GET /healthz    {"status": "ok", "model_version": ..., "cache": ...}
   GET /metrics    the runtime's metrics (wharf.metrics()) in the Prometheus text format
 
 The model: any state dict of a torch.nn.Sequential of Linear layers with activations between
 them, saved with safetensors (`safetensors.torch.save_file(seq.state_dict(), path)`): tensors
 named "<i>.weight" ([out, in]) and optionally "<i>.bias" ([out]), where i is the layer's index
-in the Sequential. The gaps between the indices of consecutive Linear layers are ReLUs, as in
-Sequential(Linear, ReLU, Linear, ...) (indices 0, 2, ...).
+in the Sequential, all of one dtype (float32, float64, float16 or bfloat16). The gaps between
+the indices of consecutive Linear layers are ReLUs, as in Sequential(Linear, ReLU, Linear, ...)
+(indices 0, 2, ...).
 
 Library use (python/wharf/demo.py): `serve_in_thread(model_uri, cache=...)` starts the
 service on a free loopback port in a thread and returns a handle with .url and .close().
@@ -32,6 +36,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import torch
 
@@ -39,7 +44,17 @@ import wharf
 from wharf.serve import PredictionCache, load_safetensors
 
 MAX_BODY = 1 << 20
-_NAME = re.compile(r"^(\d+)\.(weight|bias)$")
+# ASCII digits without leading zeros: "00.weight" or "\u0663.weight" would name layer 0 or 3
+# to int() but not to the Sequential's load_state_dict.
+_NAME = re.compile(r"(0|[1-9][0-9]*)\.(weight|bias)")
+# The dtypes a Linear layer computes in on the CPU (no integer or float8 kernels).
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# Loads retried when the model's files change during one (see load_predictor).
+LOAD_ATTEMPTS = 3
+
+
+class Unprocessable(ValueError):
+    """A valid request the model cannot answer (its outputs are not finite): 422."""
 
 
 # ------------------------------------------------------------------------------------ model
@@ -47,13 +62,21 @@ def build_model(state_dict):
     """A torch.nn.Sequential of Linear layers (ReLU in the index gaps) holding `state_dict`'s
     tensors: see the module's docstring for the names it expects. Raises ValueError naming
     what does not fit."""
-    layers = {}
+    layers, first = {}, None
     for name, tensor in state_dict.items():
-        m = _NAME.match(name)
+        m = _NAME.fullmatch(name)
         if not m:
             raise ValueError(f"model: tensor {name!r}: expected names '<index>.weight' and "
                              f"'<index>.bias' (the state dict of a torch.nn.Sequential of "
                              f"Linear layers)")
+        if tensor.dtype not in _DTYPES:
+            raise ValueError(f"model: tensor {name!r} is {_dtype_name(tensor.dtype)}: expected "
+                             f"float32, float64, float16 or bfloat16")
+        if first is None:
+            first = name, tensor.dtype
+        elif tensor.dtype != first[1]:
+            raise ValueError(f"model: tensor {name!r} is {_dtype_name(tensor.dtype)} and "
+                             f"{first[0]!r} {_dtype_name(first[1])}: expected one dtype")
         layers.setdefault(int(m.group(1)), {})[m.group(2)] = tensor
     if not layers:
         raise ValueError("model: no tensors")
@@ -98,6 +121,10 @@ def derive_model_version(uri, **store_options):
         info = store.head(f)
         h.update(f"{parent}/{f}\0{info['etag']}\0{info['size']}\0".encode())
     return f"{name}@{h.hexdigest()[:16]}"
+
+
+def _dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
 
 
 def _finite(x):
@@ -146,12 +173,19 @@ class Predictor:
     def _compute(self, rows, batched):
         with torch.no_grad():
             out = self.model(torch.tensor(rows, dtype=self.dtype))
+        if not bool(torch.isfinite(out).all()):
+            # Finite float64 inputs can overflow a float32 (or float16) model: its NaN and
+            # infinities are not JSON, and an exception here is not cached.
+            raise Unprocessable(f"outputs: not finite for these inputs (they overflow the "
+                                f"model's {_dtype_name(self.dtype)} arithmetic)")
         outputs = out.tolist() if batched else out[0].tolist()
         return json.dumps({"outputs": outputs, "model_version": self.model_version}).encode()
 
     def predict(self, request):
-        """(response bytes, "hit" | "miss"). ValueError for an invalid request (checked
-        before the cache, so nothing invalid is cached or looked up)."""
+        """(response bytes, "hit" | "miss" | "coalesced"): see PredictionCache.get_or_compute's
+        with_outcome. ValueError for an invalid request (checked before the cache, so nothing
+        invalid is cached or looked up); Unprocessable, a ValueError, for a request whose
+        outputs are not finite (not cached)."""
         rows = self.validate(request)
         batched = isinstance(request["inputs"][0], list)
         # The cache key: the numbers as float64 bytes (and the shape), not the request's JSON:
@@ -162,35 +196,42 @@ class Predictor:
                 b"".join([array.array("d", row).tobytes() for row in rows])
         except OverflowError:
             raise ValueError("inputs: a number beyond the float range") from None
-        computed = []
-
-        def compute(_key):
-            computed.append(True)
-            return self._compute(rows, batched)
-
-        body = self.cache.get_or_compute(self.model_version, key, compute)
-        return body, "miss" if computed else "hit"
+        return self.cache.get_or_compute(self.model_version, key,
+                                         lambda _key: self._compute(rows, batched),
+                                         with_outcome=True)
 
 
 def load_predictor(model_uri, cache="memory", *, ttl=None, max_bytes=None, model_version=None,
                    tier=None, **store_options):
     """Loads the model with wharf.serve.load_safetensors (through the tier `tier` when given;
     store_options: endpoint=, ...) and opens the prediction cache `cache` (a backend name:
-    "memory", a directory, redis://...)."""
+    "memory", a directory, redis://...).
+
+    The derived version is read before and after the load and the load retried until the two
+    agree (LOAD_ATTEMPTS), so that weights are never filed under the version of a file that
+    replaced them during the load: a shared cache would serve their predictions as the new
+    model's. An explicit model_version is the caller's word and is not checked."""
     if tier is not None:
         store_options = dict(store_options, cache=os.fspath(tier))  # wharf's name for it
     uri = _as_uri(model_uri)
-    t0 = time.perf_counter()
-    state = load_safetensors(uri, **store_options)
-    load_s = time.perf_counter() - t0
+    for _ in range(LOAD_ATTEMPTS):
+        version = model_version or derive_model_version(uri, **store_options)
+        t0 = time.perf_counter()
+        state = load_safetensors(uri, **store_options)
+        load_s = time.perf_counter() - t0
+        if model_version or derive_model_version(uri, **store_options) == version:
+            break
+    else:
+        raise OSError(f"{uri}: the model changed during each of {LOAD_ATTEMPTS} loads; load it "
+                      f"when it is not being replaced, or pass its model_version")
     model = build_model(state)
-    version = model_version or derive_model_version(uri, **store_options)
     predictor = Predictor(model, version, PredictionCache(cache, ttl=ttl, max_bytes=max_bytes))
     predictor.load_seconds = load_s
     return predictor
 
 
 # ------------------------------------------------------------------------------------- HTTP
+_ROUTES = {"/predict": "POST", "/healthz": "GET", "/metrics": "GET"}  # path -> its method
 
 
 def make_handler(predictor, verbose=False):
@@ -210,19 +251,33 @@ def make_handler(predictor, verbose=False):
         def _error(self, status, message):
             self._send(status, json.dumps({"error": message}).encode())
 
+        def _route(self, method):
+            """True when this request is for `method`; else answers 404, or 405 for a path
+            served with another method. The query string is ignored."""
+            path = urlsplit(self.path).path
+            allowed = _ROUTES.get(path)
+            if allowed == method:
+                return True
+            self.close_connection = True  # a body it may have is not read
+            if allowed is None:
+                self._error(404, f"no such path {path}")
+            else:
+                self._send(405, json.dumps({"error": f"{path}: use {allowed}"}).encode(),
+                           headers=[("Allow", allowed)])
+            return False
+
         def do_GET(self):
-            if self.path == "/healthz":
+            if not self._route("GET"):
+                return
+            if urlsplit(self.path).path == "/healthz":
                 self._send(200, json.dumps({"status": "ok",
                                             "model_version": predictor.model_version,
                                             "cache": predictor.cache.backend}).encode())
-            elif self.path == "/metrics":
-                self._send(200, wharf.metrics_text().encode(), "text/plain; version=0.0.4")
             else:
-                self._error(404, f"no such path {self.path}")
+                self._send(200, wharf.metrics_text().encode(), "text/plain; version=0.0.4")
 
         def do_POST(self):
-            if self.path != "/predict":
-                self._error(404, f"no such path {self.path}")
+            if not self._route("POST"):
                 return
             try:
                 length = int(self.headers.get("Content-Length", ""))
@@ -239,8 +294,18 @@ def make_handler(predictor, verbose=False):
                 return
             try:
                 request = json.loads(self.rfile.read(length))
-                body, outcome = predictor.predict(request)
             except ValueError as e:  # json.JSONDecodeError is one
+                self._error(400, str(e))
+                return
+            except RecursionError:  # the parser recurses once per [ or {
+                self._error(400, "the body's JSON is nested too deeply")
+                return
+            try:
+                body, outcome = predictor.predict(request)
+            except Unprocessable as e:
+                self._error(422, str(e))
+                return
+            except ValueError as e:
                 self._error(400, str(e))
                 return
             except Exception as e:  # the model failed: the request fails, the server does not

@@ -3,9 +3,11 @@ processes, and the real Redis that ./run test starts (scripts/redis-server; a pr
 a test kills it). Hits, misses, TTL, model versions, canonical requests, LRU bounds, one compute
 for concurrent identical misses (threads, and processes sharing a backend), exceptions, a
 backend that fails mid-run, and the runtime's metrics."""
+import array
 import json
 import os
 import pathlib
+import pydoc
 import shutil
 import socket
 import subprocess
@@ -20,7 +22,7 @@ import redis
 
 import wharf
 from wharf.serve import PredictionCache
-from wharf.serve.cache import PredictionCacheWarning, canonical_request
+from wharf.serve.cache import MAX_SECONDS, PredictionCacheWarning, canonical_request
 
 WORKER = pathlib.Path(__file__).resolve().parent / "cache_worker.py"
 
@@ -192,6 +194,44 @@ def test_concurrent_identical_misses_compute_once(make_cache):
     assert s["coalesced"] + s["hits"] == n - 1
 
 
+def test_with_outcome_says_hit_miss_or_coalesced(make_cache):
+    cache = make_cache()
+    model = Model(delay=0.3)
+    assert cache.get_or_compute("v1", "a", model, with_outcome=True) == (b'1:"a"', "miss")
+    assert cache.get_or_compute("v1", "a", model, with_outcome=True) == (b'1:"a"', "hit")
+    assert cache.get_or_compute("v1", "a", model) == b'1:"a"'  # the plain form is unchanged
+    n = 8
+    barrier = threading.Barrier(n)
+    results = [None] * n
+
+    def run(i):
+        barrier.wait()
+        results[i] = cache.get_or_compute("v1", "b", model, with_outcome=True)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {value for value, _ in results} == {b'2:"b"'}
+    outcomes = sorted(outcome for _, outcome in results)
+    # one computes; the others waited for it (or, rarely, looked after it stored the value)
+    assert outcomes.count("miss") == 1 and outcomes.count("coalesced") >= 1, outcomes
+    assert outcomes.count("coalesced") + outcomes.count("hit") == n - 1
+    assert outcomes.count("coalesced") == cache.stats()["coalesced"]
+
+
+def test_oversized_put_removes_the_old_value(make_cache):
+    cache = make_cache(max_bytes=100)
+    cache.put("v1", "k", b"old")
+    assert cache.get("v1", "k") == b"old"
+    cache.put("v1", "k", b"n" * 200)      # not stored, and "old" is no longer the value
+    assert cache.get("v1", "k") is None
+    cache.put("v1", "k", b"new")
+    assert cache.get("v1", "k") == b"new"
+    assert cache.get_or_compute("v1", "k", lambda r: b"unused") == b"new"
+
+
 def test_waiting_threads_get_the_exception(make_cache):
     cache = make_cache()
     calls = []
@@ -338,6 +378,60 @@ def test_dir_unwritable_degrades_with_one_warning(tmp_path):
     assert cache.stats()["degraded"] and cache.stats()["errors"] >= 2
 
 
+def test_dir_expired_entries_are_swept_by_puts(tmp_path):
+    """With a ttl and no max_bytes, entries that are never read again do not stay forever:
+    puts sweep one shard folder of every version at a time, all 256 in turn."""
+    d = tmp_path / "pc"
+    cache = PredictionCache(str(d), ttl=0.2)
+    cache._b.SWEEP_SECONDS = 0.0                  # a sweep on every put (1 s by default)
+    for i in range(40):
+        cache.put("old", i, b"o")
+    # an entry that another cache object wrote with a longer ttl is kept
+    PredictionCache(str(d), ttl=60).put("old", "long", b"l")
+    old = (d / "entries" / cache._key("old", 0)[:8].hex())
+    assert len(list(old.glob("*/*"))) == 41
+    time.sleep(0.3)
+    for i in range(256):
+        cache.put("new", i, b"n")
+    assert [f.name for f in old.glob("*/*")] == [cache._key("old", "long")[8:].hex()]
+    assert cache.get("old", "long") == b"l"
+    new = d / "entries" / cache._key("new", 0)[:8].hex()
+    assert len(list(new.glob("*/*"))) >= 200     # not expired yet (or just: a slow machine)
+
+
+_FULL_DISK = """
+import json, resource, signal, sys, time, warnings
+sys.path.insert(0, sys.argv[2])
+from wharf.serve import PredictionCache
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes beyond the limit fail with EFBIG
+c = PredictionCache(sys.argv[1], retry_after=0.5)
+c.get_or_compute("v", "warm", lambda r: b"x")
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10, resource.RLIM_INFINITY))
+    values = [c.get_or_compute("v", i, lambda r: b"value") for i in range(5)]
+    down = c.stats()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+    time.sleep(0.6)
+    c.get_or_compute("v", "after", lambda r: b"stored")
+print(json.dumps({"warnings": len(w), "down": down, "up": c.stats(),
+                  "stored": (c.get("v", "after") or b"").decode()}))
+"""
+
+
+def test_dir_failed_write_degrades_once_for_retry_after(tmp_path):
+    """A write that fails (a full disk: RLIMIT_FSIZE, in a process of its own) warns once and
+    leaves the folder alone for retry_after, although releasing the key's lock still works."""
+    out = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path / "pc"),
+                          str(pathlib.Path(wharf.__file__).parents[1])],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["warnings"] == 1
+    assert r["down"]["degraded"] and r["down"]["errors"] == 1 and r["down"]["computes"] == 6
+    assert not r["up"]["degraded"] and r["stored"] == "stored"
+
+
 # ------------------------------------------------------------------------------- Redis only
 def test_two_server_processes_share_redis(redis_url, redis_prefix):
     """The second replica hits what the first computed."""
@@ -413,15 +507,15 @@ def free_port():
 class PrivateRedis:
     """A redis-server of this test's own on 127.0.0.1:port, killed by its PID."""
 
-    def __init__(self, port, workdir):
-        self.port, self.workdir, self.proc = port, workdir, None
+    def __init__(self, port, workdir, *args):
+        self.port, self.workdir, self.args, self.proc = port, workdir, args, None
 
     def start(self):
         exe = shutil.which("redis-server")
         assert exe, "redis-server is not installed (apt-get install redis-server)"
         self.proc = subprocess.Popen(
             [exe, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir)],
+             "--appendonly", "no", "--dir", str(self.workdir), *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
         deadline = time.monotonic() + 10
@@ -480,6 +574,39 @@ def test_redis_killed_mid_run_degrades_then_recovers(tmp_path):
         cache.close()
     finally:
         server.kill()
+
+
+def test_redis_failed_write_degrades_once_for_retry_after(tmp_path):
+    """A SET that Redis refuses (a value over its proto-max-bulk-len) warns once and leaves
+    Redis alone for retry_after, although the lock's SET and release still work."""
+    server = PrivateRedis(free_port(), tmp_path, "--proto-max-bulk-len", "1mb")
+    server.start()
+    try:
+        cache = PredictionCache(f"redis://127.0.0.1:{server.port}/0", retry_after=0.5)
+        cache.get_or_compute("v1", "warm", lambda r: b"x")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(5):
+                assert cache.get_or_compute("v1", i, lambda r: b"v" * (2 << 20)) == b"v" * (2 << 20)
+            s = cache.stats()
+            assert s["degraded"] and s["errors"] == 1 and s["computes"] == 6
+            time.sleep(0.6)
+            assert cache.get_or_compute("v1", "small", lambda r: b"s") == b"s"
+        assert len([w for w in caught if issubclass(w.category, PredictionCacheWarning)]) == 1
+        assert not cache.stats()["degraded"] and cache.get("v1", "small") == b"s"
+        cache.close()
+    finally:
+        server.kill()
+
+
+def test_redis_longest_ttl_is_stored(redis_url, redis_prefix):
+    cache = PredictionCache(redis_url, ttl=MAX_SECONDS, key_prefix=redis_prefix)
+    cache.put("v1", "k", b"v")
+    assert cache.get("v1", "k") == b"v" and cache.stats()["errors"] == 0
+    client = redis.Redis.from_url(redis_url)
+    (key,) = client.scan_iter(match=redis_prefix + "*")
+    assert client.pttl(key) > (MAX_SECONDS - 60) * 1000
+    client.close()
 
 
 def test_redis_down_from_the_start_never_fails_a_request():
@@ -549,10 +676,19 @@ def test_bad_backend(backend, message):
     ({"max_bytes": "12Q"}, "max_bytes '12Q'"),
     ({"lock_ttl": 0}, "lock_ttl"),
     ({"retry_after": -1}, "retry_after"),
+    # beyond what Redis's PX takes (ttl=1e16 failed every SET); refused on every backend
+    ({"ttl": 1e16}, "ttl must be a positive number of seconds up to 3153600000"),
+    ({"ttl": 10 ** 400}, "ttl must be a positive"),
+    ({"ttl": float("inf")}, "ttl must be a positive"),
+    ({"lock_ttl": 1e16}, "lock_ttl"),
+    ({"timeout": 1e16}, "timeout"),
 ])
-def test_bad_options(options, message):
+@pytest.mark.parametrize("backend", ["memory", "dir", "redis"])
+def test_bad_options(options, message, backend, tmp_path):
+    name = {"memory": "memory", "dir": str(tmp_path / "pc"),
+            "redis": "redis://127.0.0.1:6379/0"}[backend]   # never connected
     with pytest.raises(ValueError, match=message):
-        PredictionCache("memory", **options)
+        PredictionCache(name, **options)
 
 
 def test_bad_model_version_and_closed_cache(tmp_path, monkeypatch):
@@ -562,6 +698,8 @@ def test_bad_model_version_and_closed_cache(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match="must not be empty"):
             cache.get("", "x")
         assert repr(cache) == "PredictionCache('memory', ttl=1.5)"
+        with pytest.raises(ValueError, match="model_version must be valid Unicode"):
+            cache.get("v\ud800", "x")                     # a lone surrogate
     with pytest.raises(ValueError, match="closed"):
         cache.get("v1", "x")
     # directories: a path, a PathLike, file://, or an existing folder by its bare name
@@ -571,6 +709,44 @@ def test_bad_model_version_and_closed_cache(tmp_path, monkeypatch):
     (tmp_path / "existing").mkdir()
     assert PredictionCache("existing")._b.root == str(tmp_path / "existing")
     assert PredictionCache("./new")._b.root == str(tmp_path / "new")
+
+
+def test_bytes_like_requests():
+    cache = PredictionCache("memory")
+
+    class Payload(bytes):
+        pass
+
+    cache.put("v1", b"\x00\x01", b"y")
+    for request in (Payload(b"\x00\x01"), bytearray(b"\x00\x01"), memoryview(b"\x00\x01"),
+                    memoryview(b"\x00\xff\x01")[::2]):
+        assert cache.get("v1", request) == b"y", request
+    # other buffers: their bytes alone lose the dtype and the shape
+    with pytest.raises(TypeError, match="got array: pass its bytes"):
+        cache.get("v1", array.array("d", [1.0]))
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match="got ndarray: pass its bytes"):
+        cache.get("v1", np.zeros(2))
+
+
+def test_redis_ipv6_url_is_shown_with_brackets():
+    cache = PredictionCache("redis://[::1]:6379/0")      # no connection until used
+    assert cache.backend == "redis://[::1]:6379/0"
+    assert cache.stats()["url"] == "redis://[::1]:6379/0"
+    cache.close()
+
+
+def test_module_lists_its_api():
+    import wharf.serve
+    assert {"load_safetensors", "iter_safetensors", "PredictionCache"} <= set(dir(wharf.serve))
+    text = pydoc.render_doc(wharf.serve, renderer=pydoc.plaintext)
+    assert "class PredictionCache" in text
+    assert "    load_safetensors(uris" in text and "    iter_safetensors(uris" in text
+    # dir() alone stays lazy
+    code = ("import sys; sys.path.insert(0, %r); import wharf.serve; dir(wharf.serve); "
+            "assert 'torch' not in sys.modules, 'torch imported'" % str(
+                pathlib.Path(__file__).resolve().parents[2] / "python"))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_cache_does_not_import_torch():

@@ -8,6 +8,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 import uuid
 
 import pytest
@@ -208,6 +210,150 @@ def test_serve_in_thread(model_file):
             r.read()
             conn.close()
         assert service.predictor.cache.stats()["hits"] == 1
+
+
+def call(service, method, path, body=None):
+    """(status, headers, body) of one request to a serve_in_thread service."""
+    host, port = service.url.split("://")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def test_overflowing_inputs_are_422_and_not_cached(model_file):
+    # finite float64 numbers whose float32 products are not: NaN outputs are not JSON
+    _, path = model_file
+    with example.serve_in_thread(path) as service:
+        for _ in range(2):
+            status, _, data = call(service, "POST", "/predict",
+                                   b'{"inputs": [1e300, 1e300, 1e300, 1e300]}')
+            assert status == 422, data
+            assert "not finite" in json.loads(data)["error"]
+        s = service.predictor.cache.stats()
+        assert s["computes"] == 2 and s["hits"] == 0 and s["entries"] == 0
+
+
+def test_coalesced_requests_say_so(model_file):
+    """Identical requests that wait for one compute say X-Wharf-Cache: coalesced, not hit."""
+    _, path = model_file
+    n = 8
+    with example.serve_in_thread(path) as service:
+        compute = service.predictor._compute
+
+        def slow(*args):
+            time.sleep(0.5)
+            return compute(*args)
+
+        service.predictor._compute = slow
+        barrier = threading.Barrier(n)
+        outcomes = []
+
+        def run():
+            barrier.wait()
+            status, headers, data = call(service, "POST", "/predict", b'{"inputs": [1, 2, 3, 4]}')
+            assert status == 200, data
+            outcomes.append(headers["X-Wharf-Cache"])
+
+        threads = [threading.Thread(target=run) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        s = service.predictor.cache.stats()
+        assert s["computes"] == 1
+        assert sorted(outcomes) == sorted(["miss"] + ["coalesced"] * s["coalesced"] +
+                                          ["hit"] * s["hits"])
+        assert outcomes.count("coalesced") >= 1 and outcomes.count("hit") == s["hits"]
+        assert call(service, "POST", "/predict", b'{"inputs": [1, 2, 3, 4]}')[1][
+            "X-Wharf-Cache"] == "hit"
+
+
+def test_http_edges(model_file):
+    _, path = model_file
+    with example.serve_in_thread(path) as service:
+        # nested deeper than the JSON parser's recursion: 400, not a 500 RecursionError
+        status, _, data = call(service, "POST", "/predict", b"[" * 100000)
+        assert status == 400 and "nested too deeply" in json.loads(data)["error"]
+        # a known path with the wrong method: 405 with Allow
+        status, headers, _ = call(service, "GET", "/predict")
+        assert status == 405 and headers["Allow"] == "POST"
+        status, headers, _ = call(service, "POST", "/healthz", b"{}")
+        assert status == 405 and headers["Allow"] == "GET"
+        # the query string is not part of the path
+        status, _, data = call(service, "GET", "/healthz?x=1")
+        assert status == 200 and json.loads(data)["status"] == "ok"
+        assert call(service, "GET", "/metrics?name=x")[0] == 200
+        assert call(service, "GET", "/nope?x=1")[0] == 404
+
+
+def test_model_replaced_during_the_load_is_loaded_again(tmp_path, monkeypatch):
+    """The version is read before and after the load: weights loaded from a file that was
+    replaced meanwhile are never filed under the new file's version."""
+    path = tmp_path / "model.safetensors"
+    save_file(make_model(0).state_dict(), str(path))
+    new = make_model(1)
+    load = example.load_safetensors
+    calls = []
+
+    def load_then_replace(uri, **options):
+        state = load(uri, **options)
+        calls.append(uri)
+        if len(calls) == 1:           # the old weights are loaded; then the file changes
+            save_file(new.state_dict(), str(path) + ".new")
+            os.replace(str(path) + ".new", path)
+        return state
+
+    monkeypatch.setattr(example, "load_safetensors", load_then_replace)
+    predictor = example.load_predictor(path)
+    assert len(calls) == 2
+    assert predictor.model_version == example.derive_model_version(path)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.equal(predictor.model(x), new(x))
+
+    def always_replace(uri, **options):
+        state = load(uri, **options)
+        save_file(make_model(len(calls)).state_dict(), str(path))
+        calls.append(uri)
+        return state
+
+    calls.clear()
+    monkeypatch.setattr(example, "load_safetensors", always_replace)
+    with pytest.raises(OSError, match="the model changed during each of 3 loads"):
+        example.load_predictor(path)
+    assert len(calls) == 3
+    # an explicit version is the caller's word: one load
+    calls.clear()
+    assert example.load_predictor(path, model_version="mine").model_version == "mine"
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("state, message", [
+    ({"0.weight": torch.ones(3, 4, dtype=torch.int64)}, "'0.weight' is int64"),
+    ({"0.weight": torch.ones(3, 4).to(torch.float8_e4m3fn)}, "'0.weight' is float8_e4m3fn"),
+    ({"00.weight": torch.ones(3, 4)}, "'00.weight': expected names"),
+    # a Unicode digit: int() reads layer 3, which the Sequential names "3"
+    ({"0.weight": torch.ones(3, 4), "\u0663.weight": torch.ones(2, 3)},
+     "'\u0663.weight': expected names"),
+    ({"0.weight": torch.ones(3, 4), "1.weight": torch.ones(2, 3, dtype=torch.float64)},
+     "expected one dtype"),
+])
+def test_unusable_models_fail_with_one_line(state, message, tmp_path, monkeypatch, capsys):
+    path = tmp_path / "model.safetensors"
+    save_file(state, str(path))
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(example, "make_server", no_server)
+    assert example.main(["--model", str(path), "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("server: model: ") and err.count("\n") == 1, err
+    assert message in err
 
 
 def test_the_model_through_a_tier_and_a_sharded_models_version(tmp_path, servers):

@@ -25,6 +25,12 @@ def __getattr__(name):
     raise AttributeError(f"module 'wharf.serve' has no attribute {name!r}")
 
 
+def __dir__():
+    # The lazy names too, so that dir() and help() list the public API (listing them imports
+    # nothing; help() then imports the loaders, and torch with them).
+    return sorted(set(globals()) | set(__all__))
+
+
 if TYPE_CHECKING:  # pragma: no cover
     from wharf.serve._safetensors import iter_safetensors, load_safetensors  # noqa: F401
     from wharf.serve.cache import PredictionCache  # noqa: F401

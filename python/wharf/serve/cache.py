@@ -24,8 +24,8 @@ import collections
 import fcntl
 import hashlib
 import json
-import math
 import os
+import random
 import struct
 import tempfile
 import threading
@@ -42,6 +42,10 @@ _SECONDS_BOUNDS = [1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2
                    1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
 # The in-process LRU's bound when max_bytes is not given.
 DEFAULT_MEMORY_BYTES = 256 << 20
+# The longest ttl (and other duration) accepted, 100 years: Redis refuses an expiry whose
+# milliseconds overflow 64 bits once added to its clock (ttl=1e16 would fail every SET), and
+# the limit is the same on every backend so that a cache moves between them unchanged.
+MAX_SECONDS = 100 * 365 * 86400
 
 
 class PredictionCacheWarning(RuntimeWarning):
@@ -52,17 +56,26 @@ _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=Fa
 
 
 def canonical_request(request) -> bytes:
-    """The bytes a request is keyed by: bytes-like as they are; anything else as compact JSON
-    with sorted keys (so {"b": 1, "a": 2} and {"a": 2, "b": 1} are one request)."""
+    """The bytes a request is keyed by: bytes, bytearray and memoryview (and their subclasses)
+    as they are; anything else as compact JSON with sorted keys (so {"b": 1, "a": 2} and
+    {"a": 2, "b": 1} are one request). Other buffers (array.array, numpy arrays) are refused:
+    their bytes alone drop the dtype and shape that tell two requests apart."""
     if type(request) is bytes:
         return request
-    if isinstance(request, (bytearray, memoryview)):
+    if isinstance(request, (bytes, bytearray, memoryview)):
         return bytes(request)
     try:
         return _dumps(request).encode()
     except (TypeError, ValueError) as e:
-        raise TypeError(f"PredictionCache: a request is bytes or a JSON-serializable value "
-                        f"({e})") from None
+        why = str(e)
+    try:
+        memoryview(request)
+        why = (f"got {type(request).__name__}: pass its bytes, with its shape and dtype when "
+               f"those vary")
+    except TypeError:
+        pass
+    raise TypeError(f"PredictionCache: a request is bytes, bytearray, memoryview or a "
+                    f"JSON-serializable value ({why})")
 
 
 def _as_bytes(value, what):
@@ -114,13 +127,13 @@ class _MemoryBackend:
 
     def put(self, key, value, ttl):
         size = len(key) + len(value)
-        if size > self.max_bytes:
-            return
         expires = None if ttl is None else time.monotonic() + ttl
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._bytes -= len(key) + len(old[0])
+            if size > self.max_bytes:
+                return  # not stored, and the key's previous value is no longer its value
             self._entries[key] = (value, expires)
             self._bytes += size
             while self._bytes > self.max_bytes:
@@ -149,6 +162,9 @@ class _DirBackend:
     A rename commits a whole entry, so readers never see a partial one; entries are not
     fsync-ed (a crash may lose or truncate the newest: a truncated one reads as a miss). The
     LRU order is the files' modification time, refreshed by a hit at most every TOUCH_SECONDS.
+    An expired entry is removed by the reader that finds it, and by a sweep of one shard of
+    every version (entries/*/<2 hex>/, rotating) at most every SWEEP_SECONDS during puts with
+    a ttl, so entries never read again go even without max_bytes (a full pass every ~4 min).
     """
     name = "dir"
     shared = True
@@ -158,6 +174,7 @@ class _DirBackend:
     TOUCH_SECONDS = 1.0
     EVICT_TO = 0.9          # eviction goes down to this fraction of max_bytes
     STALE_TMP_SECONDS = 3600.0
+    SWEEP_SECONDS = 1.0
 
     def __init__(self, path, max_bytes):
         self.root = os.path.abspath(os.path.expanduser(path))
@@ -167,6 +184,8 @@ class _DirBackend:
         self._tmp = os.path.join(self.root, "tmp")
         self._total = None          # bytes of entries/, scanned once, then a running total
         self._lock = threading.Lock()
+        self._next_sweep = 0.0      # monotonic
+        self._sweep_shard = random.randrange(256)  # processes sharing the folder spread out
 
     def describe(self):
         return f"directory {self.root}"
@@ -260,12 +279,17 @@ class _DirBackend:
 
     def put(self, key, value, ttl):
         size = self.HEADER.size + len(value)
+        path = self._path(key)
         if self.max_bytes is not None and size > self.max_bytes:
+            # Not stored, and the key's previous value is no longer its value.
+            try:
+                self._remove_if_same(path, os.stat(path))
+            except FileNotFoundError:
+                pass
             return
         if self._total is None:
             self._open()
         expires = 0.0 if ttl is None else time.time() + ttl
-        path = self._path(key)
         fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix=key[8:16].hex() + ".")
         try:
             with open(fd, "wb") as f:  # mkstemp: mode 0600
@@ -288,6 +312,58 @@ class _DirBackend:
             over = self.max_bytes is not None and self._total > self.max_bytes
         if over:
             self._evict()
+        if ttl is not None:
+            self._sweep(ttl)
+
+    def _sweep(self, ttl):
+        """Removes the expired entries of the next shard folder of every version, at most
+        every SWEEP_SECONDS. Only files last modified more than `ttl` ago are opened (an
+        entry written with this ttl cannot have expired sooner); the header decides, so an
+        entry another process wrote with a longer ttl stays. Best effort: an error leaves the
+        rest to a later sweep, and never fails the put."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_sweep:
+                return
+            self._next_sweep = now + self.SWEEP_SECONDS
+            shard = f"{self._sweep_shard:02x}"
+            self._sweep_shard = (self._sweep_shard + 1) % 256
+        cutoff = time.time() - ttl
+        try:
+            with os.scandir(self._entries) as it:
+                versions = [e.path for e in it if e.is_dir(follow_symlinks=False)]
+            for version in versions:
+                for path in self._old_files(os.path.join(version, shard), cutoff):
+                    self._remove_if_expired(path)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _old_files(folder, cutoff):
+        out = []
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    try:
+                        if e.stat(follow_symlinks=False).st_mtime <= cutoff:
+                            out.append(e.path)
+                    except FileNotFoundError:
+                        pass
+        except FileNotFoundError:
+            pass
+        return out
+
+    def _remove_if_expired(self, path):
+        try:
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                header = f.read(self.HEADER.size)
+        except FileNotFoundError:
+            return
+        if len(header) == self.HEADER.size:
+            magic, expires, _ = self.HEADER.unpack(header)
+            if magic == self.MAGIC and expires and expires <= time.time():
+                self._remove_if_same(path, st)
 
     def _evict(self):
         """Removes the least recently used entries down to EVICT_TO * max_bytes. One process
@@ -378,7 +454,8 @@ class _RedisBackend:
             raise ImportError("PredictionCache('redis://...') needs the `redis` package "
                               "(pip install redis)") from e
         host, port, db, username, password = _parse_redis_url(url)
-        self.url = f"redis://{host}:{port}/{db}"
+        # urlsplit drops an IPv6 address's brackets; the URL shown needs them back.
+        self.url = f"redis://{f'[{host}]' if ':' in host else host}:{port}/{db}"
         self.max_bytes = max_bytes
         self.errors = (redis.exceptions.RedisError, OSError)
         self._prefix = key_prefix.encode()
@@ -401,6 +478,8 @@ class _RedisBackend:
 
     def put(self, key, value, ttl):
         if self.max_bytes is not None and len(value) > self.max_bytes:
+            # Not stored, and the key's previous value is no longer its value.
+            self._r.delete(self._key(key))
             return
         px = None if ttl is None else max(1, int(ttl * 1000))
         self._r.set(self._key(key), value, px=px)
@@ -480,9 +559,10 @@ def _positive_seconds(name, value, allow_none):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"PredictionCache: {name} must be a number of seconds"
                          f"{' or None' if allow_none else ''}, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"PredictionCache: {name} must be a positive, finite number of "
-                         f"seconds, got {value!r}")
+    if not 0 < value <= MAX_SECONDS:  # NaN and infinities too (an int is never converted)
+        raise ValueError(f"PredictionCache: {name} must be a positive number of seconds up to "
+                         f"{MAX_SECONDS} (100 years){'; None: no expiry' if allow_none else ''}"
+                         f", got {value!r}")
     return float(value)
 
 
@@ -518,7 +598,8 @@ class PredictionCache:
     """A cache of predictions: bytes keyed by (model version, request).
 
     backend: ``"memory"``, a directory path (or ``file://`` URI), or ``"redis://HOST:PORT/DB"``.
-    ttl: seconds a prediction is served (None: until evicted).
+    ttl: seconds a prediction is served (None: until evicted). It and the other durations are
+        at most MAX_SECONDS (100 years), which every backend can store.
     max_bytes: an int or a size (``"64M"``). "memory": the LRU's bound (default 256 MiB);
         directory: the bound of its files (default none); all backends: no value larger than
         it is stored. Redis's total is bounded by the server (maxmemory + allkeys-lru).
@@ -570,12 +651,17 @@ class PredictionCache:
                                             _SECONDS_BOUNDS, labels)
 
     # ------------------------------------------------------------------------------ public
-    def get_or_compute(self, model_version, request, compute):
+    def get_or_compute(self, model_version, request, compute, *, with_outcome=False):
         """The prediction for `request` by `model_version`: from the cache, or
         `compute(request)` (bytes-like), which is then stored. Identical requests that miss
         together compute once in this process, and once across processes on the shared
         backends. An exception from compute propagates (to the waiting requests too) and
         nothing is stored; a failing backend never fails a request.
+
+        with_outcome=True returns (prediction, outcome) instead, outcome saying where the
+        prediction came from: "hit" (the cache had it), "miss" (this call computed it) or
+        "coalesced" (this call waited for an identical request's compute: another thread's,
+        or on the shared backends another process's, which held the key's lock).
 
         A JSON request is canonicalised on every call, ~0.3 us per number (float formatting):
         for large numeric inputs pass bytes (e.g. array("d", xs).tobytes()), which are keyed
@@ -583,7 +669,7 @@ class PredictionCache:
         key = self._key(model_version, request)
         value = self._lookup(key)
         if value is not None:
-            return value
+            return (value, "hit") if with_outcome else value
         with self._flights_lock:
             flight = self._flights.get(key)
             leader = flight is None
@@ -594,10 +680,10 @@ class PredictionCache:
             self._count("coalesced")
             if flight.error is not None:
                 raise flight.error
-            return flight.value
+            return (flight.value, "coalesced") if with_outcome else flight.value
         try:
-            flight.value = self._fill(key, request, compute)
-            return flight.value
+            flight.value, outcome = self._fill(key, request, compute)
+            return (flight.value, outcome) if with_outcome else flight.value
         except BaseException as e:
             flight.error = e
             raise
@@ -611,7 +697,8 @@ class PredictionCache:
         return self._lookup(self._key(model_version, request))
 
     def put(self, model_version, request, value):
-        """Stores a prediction (bytes-like) with the cache's ttl."""
+        """Stores a prediction (bytes-like) with the cache's ttl. A value larger than
+        max_bytes is not stored, and the key's previous value is removed."""
         key = self._key(model_version, request)
         self._store(key, _as_bytes(value, "a value"))
 
@@ -659,7 +746,11 @@ class PredictionCache:
     def _version_prefix(self, model_version):
         """(the version's 8-byte tag, a hasher that has consumed the version), kept for the
         versions seen recently (a server has one or two at a time)."""
-        mv = model_version.encode()
+        try:
+            mv = model_version.encode()
+        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800")
+            raise ValueError(f"PredictionCache: model_version must be valid Unicode text "
+                             f"({e.reason} at index {e.start})") from None
         tag = hashlib.blake2b(mv, digest_size=8, person=b"wharf.serve.pcv").digest()
         h = self._hasher.copy()
         # Length-prefixed: ("a", "bc") and ("ab", "c") are different keys.
@@ -731,14 +822,16 @@ class PredictionCache:
             if write or not self._failed_write:
                 self._degraded = False
 
-    def _call(self, b, fn, *args, write=True):
-        """fn(*args) on the backend; (True, result), or (False, None) after a failure."""
+    def _call(self, b, fn, *args, write=True, proves=True):
+        """fn(*args) on the backend; (True, result), or (False, None) after a failure.
+        proves: whether its success ends a degraded state (releasing a lock does not: it
+        succeeds on a full disk, or a Redis refusing a value, right after the put failed)."""
         try:
             result = fn(*args)
         except b.errors as e:
             self._failed(e, write)
             return False, None
-        if self._degraded:
+        if self._degraded and proves:
             self._recovered(write)
         return True, result
 
@@ -757,39 +850,41 @@ class PredictionCache:
     def _fill(self, key, request, compute):
         """A miss that this thread leads: once more from the backend (another thread or
         process may have just stored it), else compute and store, under the key's
-        cross-process lock on the shared backends."""
+        cross-process lock on the shared backends. (value, outcome for with_outcome)."""
         b = self._backend()
         if b is None:
-            return self._compute(request, compute)
+            return self._compute(request, compute), "miss"
         if not b.shared:
             _, value = self._call(b, b.get, key, write=False)
             if value is not None:
-                return value
+                return value, "hit"
             value = self._compute(request, compute)
             self._store(key, value)
-            return value
+            return value, "miss"
         token = None
         try:
             try:
-                token, value = self._lock_or_wait(b, key)
+                token, value, waited = self._lock_or_wait(b, key)
             except b.errors as e:
                 self._failed(e, write=True)
-                return self._compute(request, compute)
+                return self._compute(request, compute), "miss"
             if value is not None:
-                return value
+                return value, "coalesced" if waited else "hit"
             value = self._compute(request, compute)
             self._call(b, b.put, key, value, self.ttl)
-            return value
+            return value, "miss"
         finally:
             if token is not None:
-                self._call(b, b.unlock, key, token)
+                self._call(b, b.unlock, key, token, proves=False)
 
     def _lock_or_wait(self, b, key):
-        """(lock token, None) to compute, (None, value) when another process stored it
-        meanwhile, or (None, None) when it held the lock past lock_ttl (compute without the
-        lock). Polls with a short, growing sleep."""
+        """(lock token, None, waited) to compute, (None, value, waited) when another process
+        stored it meanwhile, or (None, None, True) when it held the lock past lock_ttl
+        (compute without the lock); waited: another process held the lock. Polls with a
+        short, growing sleep."""
         deadline = time.monotonic() + self.lock_ttl
         delay = 0.001
+        waited = False
         while True:
             token = b.try_lock(key, self.lock_ttl)
             if token is not None:
@@ -803,12 +898,13 @@ class PredictionCache:
                     raise
                 if value is not None:
                     b.unlock(key, token)
-                    return None, value
-                return token, None
+                    return None, value, waited
+                return token, None, waited
+            waited = True
             time.sleep(delay)
             delay = min(delay * 2, 0.02)
             value = b.get(key)
             if value is not None:
-                return None, value
+                return None, value, True
             if time.monotonic() > deadline:
-                return None, None
+                return None, None, True
