@@ -494,6 +494,18 @@ absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const Che
   const std::vector<TransferFilter> no_manifest = {{false, kManifestName}};
   const std::string dst_dir = to.StepPrefix(step);
 
+  // A checkpoint of this step already at the destination (an earlier save or export) that is
+  // not this one stops existing before any of its files is replaced: a copy that dies halfway
+  // must not leave its manifest over a mix of two checkpoints' files (same-sized files pass
+  // every check). The same checkpoint again (the same manifest) keeps it: its files are those.
+  if (auto there = to.Read(step);
+      there.ok() ? there->ToJson() != manifest.ToJson() : !absl::IsNotFound(there.status())) {
+    absl::Status removed = to.store()->Delete(dst_dir + kManifestName);
+    if (!removed.ok() && !absl::IsNotFound(removed)) {
+      return Annotate(removed, absl::StrCat(what, " (removing the step's other manifest there)"));
+    }
+  }
+
   if (from.tier() != nullptr) {
     // An export: the tier's own path, so the exported entries lose `local`.
     TierExportOptions eo;
