@@ -384,12 +384,22 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::Open(const std::string& root) {
   return std::shared_ptr<Tier>(new Tier(root, config));
 }
 
+namespace {
+// An empty path names no directory (a script's unset variable): refused, where it would
+// otherwise resolve to nothing and walk up forever.
+absl::Status RequirePath(const std::string& path) {
+  if (!path.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError("the tier path is empty (give a directory)");
+}
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Tier>> Tier::Find(const std::string& path) {
+  WHARF_RETURN_IF_ERROR(RequirePath(path));
   std::string dir = AbsolutePath(path);
   while (true) {
     if (IsRoot(dir)) return Open(dir);
-    if (dir == "/") break;
     const size_t slash = dir.rfind('/');
+    if (dir == "/" || slash == std::string::npos) break;
     dir = slash == 0 ? "/" : dir.substr(0, slash);
   }
   return absl::NotFoundError(
@@ -442,6 +452,7 @@ absl::StatusOr<std::shared_ptr<Tier>> Tier::FindOrCreate(const std::string& dir)
 }
 
 absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir, const TierConfig& config) {
+  WHARF_RETURN_IF_ERROR(RequirePath(dir));
   const std::string root = AbsolutePath(dir);
   // The checks a tier.json read back gets (e.g. block sizes) apply to what init writes.
   if (auto checked = TierConfig::FromJson(config.ToJson(), absl::StrCat("tier init ", root));

@@ -203,3 +203,14 @@ def test_a_tier_this_user_cannot_write_is_read_around(tmp_path, bucket, s3_env, 
             for name in dirs:
                 os.chmod(os.path.join(d, name), 0o755)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_an_empty_path_is_one_error_not_a_spin(tmp_path):
+    # "" (a script's unset variable) resolved to no directory, and the walk up to the
+    # enclosing tier never ended, at 100% CPU.
+    for args in (["status", ""], ["verify", ""], ["evict", ""], ["pin", ""], ["unpin", ""],
+                 ["gc", ""], ["init", ""], ["import", f"file://{tmp_path}/", ""],
+                 ["export", "", f"file://{tmp_path}/out/"]):
+        proc = run_wharf("tier", *args, timeout=30)
+        assert proc.returncode == 1, args
+        assert "the tier path is empty" in proc.stderr and len(proc.stderr.splitlines()) == 1
