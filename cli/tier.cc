@@ -107,6 +107,16 @@ absl::Status RunImport(const TierArgs& args) {
   WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.jobs));
   WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(args.src));
   const std::string dest = AbsolutePath(args.path);
+  const bool local_source = src.uri.scheme == "file";
+  if (local_source && !args.path.empty()) {
+    // A tree importing itself would import its own copies (and its tier's files), growing
+    // on every rerun.
+    const std::string from = AbsolutePath(absl::StrCat("/", src.uri.key));
+    if (dest == from || absl::StartsWith(dest, from == "/" ? from : from + "/")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tier import: the destination ", dest, " is inside the source ", from));
+    }
+  }
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::FindOrCreate(dest));
   // What killed runs left (their temporary files) goes first.
   WHARF_ASSIGN_OR_RETURN(Tier::Garbage garbage, tier->CollectGarbage());
@@ -116,6 +126,12 @@ absl::Status RunImport(const TierArgs& args) {
   options.mode = TransferMode::kCopy;
   options.recursive = !target.is_object;
   options.list_workers = args.list_workers;
+  if (local_source) {
+    // A local source holding a tier (or being one): its .wharf is the tier's own state
+    // (settings, records, locks, temporary files), never data, as `tier export` skips it.
+    options.filters = {{false, absl::StrCat(Tier::kMetaDir, "/*")},
+                       {false, absl::StrCat("*/", Tier::kMetaDir, "/*")}};
+  }
   if (args.world_size > 0) {
     options.shard_index = args.rank;
     options.shard_count = args.world_size;

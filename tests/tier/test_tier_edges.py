@@ -214,3 +214,26 @@ def test_an_empty_path_is_one_error_not_a_spin(tmp_path):
         proc = run_wharf("tier", *args, timeout=30)
         assert proc.returncode == 1, args
         assert "the tier path is empty" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_a_local_source_never_gives_its_tier_files_nor_imports_into_itself(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a").write_bytes(b"a")
+    (src / "sub" / "b").write_bytes(b"b")
+    # A tier imported from a folder that is itself a tier: its .wharf (settings, import
+    # records, locks) is not data. Before, they were listed as objects and failed every run.
+    one = tmp_path / "one" / "kk"
+    run_wharf("tier", "import", "-q", f"file://{src}/", one, check=True)
+    for source in (f"file://{one}/", f"file://{tmp_path / 'one'}/"):
+        out = tmp_path / "two" / str(len(source))
+        got = json.loads(run_wharf("tier", "import", "--json", source, out, check=True).stdout)
+        assert (got["objects"], got["failed"]) == (2, 0), source
+        files = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                       if p.is_file() and ".wharf" not in p.parts)
+        assert files in (["a", "sub/b"], ["kk/a", "kk/sub/b"]), files
+    # A destination inside the source would import its own copies, more on each rerun.
+    proc = run_wharf("tier", "import", f"file://{src}/", src / "imp")
+    assert proc.returncode == 1
+    assert f"the destination {src / 'imp'} is inside the source {src}" in proc.stderr
+    assert not (src / "imp").exists()
