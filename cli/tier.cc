@@ -126,6 +126,17 @@ absl::Status RunImport(const TierArgs& args) {
   options.mode = TransferMode::kCopy;
   options.recursive = !target.is_object;
   options.list_workers = args.list_workers;
+  if (!target.is_object) {
+    // What the source no longer has goes from the tree too (after a complete listing), so
+    // the tree stays the source's copy: the entries this source filled, not a user's own
+    // files there, nor what the user pinned.
+    options.delete_extra = true;
+    options.deletable = [dest, from = src.store->Uri(target.prefix)](const ObjectMeta& m) {
+      const std::string path = absl::StrCat(dest, "/", m.key);
+      const std::optional<TierEntry> entry = ReadEntryAttr(path);
+      return entry.has_value() && absl::StartsWith(entry->source, from) && !IsPinned(path);
+    };
+  }
   if (local_source) {
     // A local source holding a tier (or being one): its .wharf is the tier's own state
     // (settings, records, locks, temporary files), never data, as `tier export` skips it.
@@ -194,6 +205,7 @@ absl::Status RunImport(const TierArgs& args) {
     j["fetched"] = counts.objects;
     j["skipped"] = counts.skipped;
     j["failed"] = counts.failed;
+    j["deleted"] = counts.deleted;
     j["seconds"] = absl::ToDoubleSeconds(counts.elapsed);
     j["garbage_removed"] = garbage.files;
     return j;
@@ -249,6 +261,10 @@ absl::Status RunImport(const TierArgs& args) {
                           MegabytesPerSecond(summary->bytes, summary->elapsed), dest));
     if (summary->skipped > 0) {
       Print(absl::StrFormat("skipped %d already current (same size and ETag)\n", summary->skipped));
+    }
+    if (summary->deleted > 0) {
+      Print(absl::StrFormat("removed %d files whose objects the source no longer has\n",
+                            summary->deleted));
     }
     if (garbage.files > 0) {
       Print(absl::StrFormat("removed %d temporary files left by %d interrupted runs\n",

@@ -780,7 +780,7 @@ class Engine {
           absl::StrCat(op_, " ", src_.store->Uri(src_.key), ": no such object or prefix"));
     }
     WHARF_RETURN_IF_ERROR(Annotate(listing, what));
-    if (options_.mode == TransferMode::kSync && options_.delete_extra) {
+    if (options_.delete_extra) {
       WHARF_RETURN_IF_ERROR(DeleteExtra(summary));
     }
     if (const uint64_t failed = outcome_.failed(); failed > 0) {
@@ -825,7 +825,8 @@ class Engine {
                 continue;
               }
               auto it = existing_.find(HashKey(rel));
-              if (it != existing_.end() && !it->second.seen) {
+              if (it != existing_.end() && !it->second.seen &&
+                  (!options_.deletable || options_.deletable(m))) {
                 doomed.push_back(m.key);
               }
             }

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,9 +63,13 @@ struct TransferOptions {
   TransferMode mode = TransferMode::kCopy;
   // The source is a prefix: every object below it. Otherwise one object.
   bool recursive = false;
-  // kSync: delete objects below the destination prefix that the source does not have
-  // (among those the filters select).
+  // Delete objects below the destination prefix that the source does not have (among those
+  // the filters select), after a complete listing: `sync --delete`, and `tier import`, whose
+  // tree drops what the source deleted.
   bool delete_extra = false;
+  // With delete_extra: only the destination objects for which it returns true are deleted
+  // (unset: every one). Called on the engine's threads.
+  std::function<bool(const ObjectMeta&)> deletable;
   // Report what would be done (TransferObserver::OnPlanned) and do nothing.
   bool dryrun = false;
   std::vector<TransferFilter> filters;
@@ -117,7 +122,7 @@ struct TransferSummary {
   uint64_t bytes = 0;    // copied
   uint64_t skipped = 0;  // already at the destination
   uint64_t failed = 0;
-  uint64_t deleted = 0;  // sync --delete
+  uint64_t deleted = 0;  // delete_extra
   absl::Duration elapsed;
 };
 

@@ -237,3 +237,24 @@ def test_a_local_source_never_gives_its_tier_files_nor_imports_into_itself(tmp_p
     assert proc.returncode == 1
     assert f"the destination {src / 'imp'} is inside the source {src}" in proc.stderr
     assert not (src / "imp").exists()
+
+
+def test_a_rerun_removes_what_the_source_deleted(tmp_path, bucket, s3_env, s3_client):
+    # Before, the files of deleted objects stayed: the tier served objects the bucket no
+    # longer had, and its listing answers stopped ("holds 3 of its 2 objects").
+    for i in range(4):
+        s3_client.put_object(Bucket=bucket, Key=f"del/o{i}", Body=b"x" * (i + 1))
+    tree = tmp_path / "tier" / "del"
+    run_wharf("tier", "import", "-q", f"s3://{bucket}/del/", tree, env=s3_env, check=True)
+    (tree / "mine.txt").write_bytes(b"the user's own file")
+    run_wharf("tier", "pin", tree / "o3", env=s3_env, check=True)
+    for i in (1, 3):
+        s3_client.delete_object(Bucket=bucket, Key=f"del/o{i}")
+    got = json.loads(run_wharf("tier", "import", "--json", f"s3://{bucket}/del/", tree,
+                               env=s3_env, check=True).stdout)
+    assert (got["objects"], got["skipped"], got["deleted"]) == (2, 2, 1)
+    # o1 went; the user's file and the pinned o3 stay.
+    assert sorted(p.name for p in tree.iterdir() if p.name != ".wharf") == \
+        ["mine.txt", "o0", "o2", "o3"]
+    cat = run_wharf("cat", "--cache", tree, f"s3://{bucket}/del/o1", env=s3_env)
+    assert cat.returncode == 1 and "NoSuchKey" in cat.stderr
