@@ -607,6 +607,14 @@ void AddTier(CLI::App& app, TierArgs& args) {
     return cmd;
   };
 
+  // A SIZE given empty ("--to ''", a script's unset variable) is an error, not "unset".
+  const CLI::Validator size_check(
+      [](std::string& v) -> std::string {
+        if (v.empty()) return "is empty (give a SIZE such as 500G)";
+        auto parsed = ParseSize(v);
+        return parsed.ok() ? "" : std::string(parsed.status().message());
+      },
+      "SIZE");
   CLI::App* init = sub("init", "Make TIER_DIR a tier, or change its settings");
   init->add_option("--mode", args.mode,
                    "immutable: entries never go stale (training data); ttl: revalidate with the "
@@ -615,21 +623,27 @@ void AddTier(CLI::App& app, TierArgs& args) {
   init->add_option("--ttl", args.ttl_seconds, "Seconds an entry stays fresh in ttl mode")
       ->check(CLI::Validator(
           [](std::string& v) {
+            // At most 100 years: what tier.json stores as a number (inf is not JSON).
             double d = 0;
-            return absl::SimpleAtod(v, &d) && d > 0 ? "" : "must be a positive number of seconds";
+            return absl::SimpleAtod(v, &d) && d > 0 && d <= 100.0 * 365 * 86400
+                       ? ""
+                       : "must be a positive number of seconds, at most 100 years";
           },
           "SECONDS"));
   init->add_option("--max-size", args.max_size,
                    "Disk space the tier's entries may take (e.g. 500G; their allocated blocks, "
-                   "not only their bytes)");
+                   "not only their bytes)")
+      ->check(size_check);
   init->add_option("--min-free", args.min_free, "Percent of the file system to keep free")
       ->check(CLI::Range(0.0, 99.0));
   init->add_option("--block-size", args.block_size,
                    "Objects above --block-threshold are read through the tier in blocks of this "
-                   "size (default 8M; at least 64K)");
+                   "size (default 8M; at least 64K)")
+      ->check(size_check);
   init->add_option("--block-threshold", args.block_threshold,
                    "Objects larger than this are cached in blocks, so a ranged read fetches and "
-                   "keeps only its blocks (default 64M; at least --block-size)");
+                   "keeps only its blocks (default 64M; at least --block-size)")
+      ->check(size_check);
   init->add_flag("-q,--quiet", args.quiet, "Print nothing");
   init->add_option("TIER_DIR", args.path, "The tier's directory")->required();
 
@@ -713,9 +727,11 @@ void AddTier(CLI::App& app, TierArgs& args) {
   verify->footer("Exits 1 while damaged entries remain.");
 
   CLI::App* evict = sub("evict", "Evict entries below PATH, least recently used first");
-  evict->add_option("--to", args.to,
-                    "Evict until the entries below PATH take at most SIZE of disk (e.g. 100G); "
-                    "default: evict every evictable entry");
+  evict
+      ->add_option("--to", args.to,
+                   "Evict until the entries below PATH take at most SIZE of disk (e.g. 100G); "
+                   "default: evict every evictable entry")
+      ->check(size_check);
   evict->add_flag("--json", args.json, "Print one JSON object");
   evict->add_flag("-q,--quiet", args.quiet, "Print nothing");
   evict->add_option("PATH", args.path, "A path inside a tier (the tier's directory with --to)")

@@ -258,3 +258,16 @@ def test_a_rerun_removes_what_the_source_deleted(tmp_path, bucket, s3_env, s3_cl
         ["mine.txt", "o0", "o2", "o3"]
     cat = run_wharf("cat", "--cache", tree, f"s3://{bucket}/del/o1", env=s3_env)
     assert cat.returncode == 1 and "NoSuchKey" in cat.stderr
+
+
+def test_empty_sizes_and_a_ttl_beyond_json_are_usage_errors(tmp_path):
+    tier = tmp_path / "t"
+    run_wharf("tier", "init", "-q", tier, check=True)
+    for args, says in ((["evict", tier, "--to", ""], "--to: is empty"),
+                       (["init", tier, "--max-size", ""], "--max-size: is empty"),
+                       (["init", tier, "--block-size", ""], "--block-size: is empty"),
+                       (["init", tier, "--max-size", "lots"], "invalid size 'lots'"),
+                       (["init", tier, "--ttl", "inf"], "--ttl: must be a positive number"),
+                       (["init", tier, "--ttl", "1e300"], "at most 100 years")):
+        proc = run_wharf("tier", *args)
+        assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
