@@ -10,12 +10,15 @@ import json
 import math
 import os
 import pathlib
+import pickle
 import random
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -27,7 +30,6 @@ from wharf.torch import CheckpointManager
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from ckpt_worker import step1_state  # noqa: E402
-
 
 
 def step_dir(step):
@@ -148,6 +150,21 @@ def test_retention_keeps_latest_and_best_in_tier_and_bucket(tier, bucket, aws, s
         state = mgr.restore(step)
         assert state["marker"].tolist() == [step] and state["info"] == {"step": step}
         assert_same(state["model"], saved[step])
+    mgr.close()
+
+
+def test_retention_after_saves_and_after_exports_never_deletes_a_step_twice(tier, bucket, aws,
+                                                                          s3_client):
+    # Each commit (the save thread) and each export (the export thread) applies retention and
+    # removes abandoned steps; a step being deleted by one looks abandoned to the other (its
+    # manifest goes first). Run at once, both deleted it and one of them failed.
+    root = tier / "often"
+    mgr = CheckpointManager(root, export_to=f"s3://{bucket}/often", keep_last=1)
+    for step in range(40):
+        mgr.save(step, {"x": torch.full((4,), float(step))})
+    mgr.wait()
+    assert tier_steps(root) == [39]
+    assert sorted(bucket_steps(s3_client, bucket, "often")) == [39]
     mgr.close()
 
 
@@ -466,6 +483,74 @@ def test_argument_errors(tmp_path):
     mgr.close()
 
 
+def test_a_step_is_an_integer_in_the_layouts_range(tmp_path):
+    mgr = CheckpointManager(tmp_path / "steps")
+    # int() would save 50.7 as step 50 and True as step 1.
+    for bad in (50.7, 5.0, "5", None, True, torch.tensor(True)):
+        with pytest.raises(TypeError, match="step must be an int"):
+            mgr.save(bad, {"x": torch.ones(2)})
+    for bad in (-1, 10 ** 12, 2 ** 63):
+        with pytest.raises(ValueError, match=f"step {bad} is out of range"):
+            mgr.save(bad, {"x": torch.ones(2)})
+    import numpy
+    mgr.save(numpy.int64(3), {"x": torch.ones(2)}).result(timeout=60)
+    mgr.save(torch.tensor(10 ** 12 - 1), {"x": torch.ones(2)}).result(timeout=60)
+    assert [m["step"] for m in mgr.list()] == [3, 10 ** 12 - 1]
+    assert (tmp_path / "steps" / "step-999999999999" / "manifest.json").is_file()
+    mgr.close()
+
+
+class _FirstStepUriFails:
+    """A root whose first step_uri() fails: a save that fails before its write starts."""
+
+    def __init__(self, root):
+        self._root, self._failed = root, False
+
+    def step_uri(self, step):
+        if not self._failed:
+            self._failed = True
+            raise OSError("injected before the write")
+        return self._root.step_uri(step)
+
+    def __getattr__(self, name):
+        return getattr(self._root, name)
+
+
+def test_an_async_save_that_fails_before_writing_frees_the_staging_copy(tmp_path):
+    mgr = CheckpointManager(tmp_path / "free")
+    mgr.root = _FirstStepUriFails(mgr.root)
+    with pytest.raises(OSError, match="injected"):
+        mgr.save(1, {"x": torch.ones(2)}).result(timeout=60)
+    # The next save stages into the copy the failed one held: it must not wait forever.
+    handles = []
+    saver = threading.Thread(target=lambda: handles.append(mgr.save(2, {"x": torch.ones(2)})),
+                             daemon=True)
+    saver.start()
+    saver.join(timeout=60)
+    assert handles, "the save after a failed one never returned (the staged copy is held)"
+    assert handles[0].result(timeout=60)["step"] == 2
+    assert [m["step"] for m in mgr.list()] == [2]
+    with pytest.raises(OSError, match="injected"):
+        mgr.close()  # wait() reports the failure, as for any save
+
+
+def test_restore_leaves_the_failures_of_other_saves_and_exports_to_wait(tier, bucket, aws):
+    # The export destination's bucket does not exist: every export fails.
+    mgr = CheckpointManager(tier / "fails", export_to=f"s3://{bucket}-missing/fails")
+    assert mgr.save(1, {"w": torch.ones(2)}).result(timeout=60)["step"] == 1
+    failed = mgr.save(2, {"w": torch.zeros(2), "f": lambda: 0})  # not picklable
+    with pytest.raises((AttributeError, pickle.PicklingError), match="pickle"):
+        failed.result(timeout=60)
+    # The tier's checkpoint restores at once, the unreadable bucket with a warning.
+    with pytest.warns(RuntimeWarning, match="left out"):
+        assert mgr.restore("latest")["w"].tolist() == [1.0, 1.0]
+    assert mgr.last_restored["step"] == 1
+    # wait() still reports them: the first, step 1's export.
+    with pytest.raises(wharf.NotFoundError, match="copying checkpoint"):
+        mgr.wait()
+    mgr.close()
+
+
 def test_wrong_credentials_fail_the_save_and_keep_the_previous_checkpoint(bucket, aws,
                                                                           monkeypatch):
     root = f"s3://{bucket}/run"
@@ -623,16 +708,78 @@ def test_an_export_killed_midway_is_cleaned_up_by_the_next_export(tier, bucket, 
     assert uploads(s3_client, bucket, prefix), "the export was not killed in the middle"
     assert not _exists(s3_client, bucket, prefix + "manifest.json")
     assert sorted(bucket_steps(s3_client, bucket, "kexp")) == [1, 2]  # what it left
+    # Step 2 removed from the tier too: the next manager has no export of it to resume
+    # (test_an_export_killed_midway_is_resumed_by_the_next_manager), so what the killed one
+    # left is abandoned.
+    run_wharf("ckpt", "rm", root, "--step", 2, env=s3_env, check=True)
 
     mgr = CheckpointManager(root, export_to=dest)
-    assert [(m["step"], m["where"]) for m in mgr.list()] == [(1, "both"), (2, "tier")]
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(1, "both")]
     mgr.save(3, {"x": torch.arange(10)})
     mgr.wait()
     # The export of step 3 removed what the killed export of step 2 left in the bucket.
     assert uploads(s3_client, bucket) == []
     assert sorted(bucket_steps(s3_client, bucket, "kexp")) == [1, 3]
-    assert [(m["step"], m["where"]) for m in mgr.list()] == \
-        [(1, "both"), (2, "tier"), (3, "both")]
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(1, "both"), (3, "both")]
+    mgr.close()
+
+
+_EXPORT_WORKER = """
+import sys, time, torch
+from wharf.torch import CheckpointManager
+root, dest, endpoint, keep_last, keep_best = sys.argv[1:6]
+mgr = CheckpointManager(root, export_to=dest, keep_last=int(keep_last),
+                        keep_best=int(keep_best) or None, metric="loss", endpoint=endpoint)
+mgr.save(1, {"marker": torch.tensor([1])}, metrics={"loss": 5.0})
+mgr.wait()
+print("SAVED 1", flush=True)
+half = (48 << 20) // 2 // 4  # 48 MiB in two files: multipart uploads to be killed in
+big = {"marker": torch.tensor([5]), "a": torch.full((half,), 2.0), "b": torch.full((half,), 3.0)}
+mgr.save(5, big, metrics={"loss": 0.1}).result()
+print("SAVED 5", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("keep_last,keep_best", [(1, 1), (2, 0)])
+def test_an_export_killed_midway_is_resumed_by_the_next_manager(keep_last, keep_best, tier,
+                                                                bucket, s3_env, aws, s3_client,
+                                                                slow_link):
+    endpoint = slow_link(delay_ms=2, bandwidth_mbps=200)  # 48 MiB: about 2 s of uploads
+    root, dest = tier / "k3", f"s3://{bucket}/k3"
+    env = dict(s3_env, PYTHONPATH=os.pathsep.join([str(HERE.parents[1] / "python"),
+                                                   s3_env.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", _EXPORT_WORKER, str(root), dest, endpoint,
+                             str(keep_last), str(keep_best)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for expected in ("SAVED 1", "SAVED 5"):
+        line = proc.stdout.readline().strip()
+        if line != expected:
+            proc.kill()
+            raise AssertionError(f"worker said {line!r}: {proc.communicate()[1]}")
+    prefix = f"k3/{step_dir(5)}/"
+    _poll(lambda: uploads(s3_client, bucket, prefix), "the step-5 export's multipart uploads")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not _exists(s3_client, bucket, prefix + "manifest.json")
+    assert 5 in tier_steps(root) and _ls_steps(dest, s3_env) == [1]
+
+    # The next manager exports step 5 again (its manifest says the policy selected it), and
+    # keeps it on the tier until then: the saves below run while that export does.
+    mgr = CheckpointManager(root, export_to=dest, keep_last=keep_last,
+                            keep_best=keep_best or None, metric="loss", endpoint=endpoint)
+    for step in (6, 7):
+        mgr.save(step, {"marker": torch.tensor([step])}, metrics={"loss": 3.0}).result()
+    assert 5 in tier_steps(root) or 5 in _ls_steps(dest, s3_env)
+    mgr.wait()
+    kept = [5, 7] if keep_best else [6, 7]  # the best (loss 0.1) and the latest, or the latest 2
+    assert tier_steps(root) == kept
+    assert _ls_steps(dest, s3_env) == kept
+    assert uploads(s3_client, bucket) == []
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(s, "both") for s in kept]
+    if keep_best:
+        assert mgr.restore("best")["marker"].tolist() == [5]
     mgr.close()
 
 
@@ -665,4 +812,54 @@ def test_nan_and_infinite_metrics_are_recorded_and_never_ranked(tmp_path, s3_env
     assert by_step[1]["metrics"] == {"loss": 2.0} and "nonfinite_metrics" not in by_step[1]
     table = run_wharf("ckpt", "ls", root, env=s3_env, check=True).stdout.decode()
     assert "gnorm=-inf loss=nan" in table and "loss=2" in table
+    mgr.close()
+
+
+def test_best_when_no_value_of_the_metric_is_finite(tmp_path):
+    mgr = CheckpointManager(tmp_path / "nf", metric="loss", async_save=False)
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        mgr.save(1, {"x": torch.ones(1)}, metrics={"loss": float("nan")})
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        mgr.save(2, {"x": torch.ones(1)}, metrics={"loss": float("inf")})
+    with pytest.raises(wharf.NotFoundError,
+                       match="record the metric 'loss', but no value of it is finite"):
+        mgr.restore("best")
+    mgr.close()
+    mgr = CheckpointManager(tmp_path / "nf", metric="acc")
+    with pytest.raises(wharf.NotFoundError, match="no checkpoint records the metric 'acc'"):
+        mgr.restore("best")
+    mgr.close()
+
+
+# ---- 11. training resumed from an older checkpoint ----
+
+def test_a_save_below_the_latest_step_warns_once_and_deletes_nothing(tmp_path, s3_env):
+    root = tmp_path / "lower"
+    args = dict(keep_last=2, keep_best=1, metric="loss")
+    mgr = CheckpointManager(root, **args)
+    for step, loss in ((10, 0.1), (20, 1.0), (30, 2.0), (40, 3.0)):
+        mgr.save(step, {"marker": torch.tensor([step])}, metrics={"loss": loss})
+    mgr.wait()
+    assert mgr.restore("best")["marker"].tolist() == [10]
+    with pytest.warns(RuntimeWarning,
+                      match=r"checkpoint 15 is below the latest one \(40\).*wharf ckpt rm"):
+        mgr.save(15, {"marker": torch.tensor([15])}, metrics={"loss": 0.2}).result()
+    # Retention counts steps: 15 is neither among the latest 2 nor the best. The higher steps
+    # are the user's to remove.
+    assert [m["step"] for m in mgr.list()] == [10, 30, 40]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mgr.save(16, {"marker": torch.tensor([16])}, metrics={"loss": 0.3}).result()
+    assert not [w for w in caught if "below the latest" in str(w.message)]  # once a manager
+    mgr.close()
+    # A manager started later finds the latest step where it looks.
+    mgr = CheckpointManager(root, **args)
+    with pytest.warns(RuntimeWarning, match=r"checkpoint 17 is below the latest one \(40\)"):
+        mgr.save(17, {"marker": torch.tensor([17])}, metrics={"loss": 0.3}).result()
+    # Once the abandoned run's checkpoints are removed, the resumed run's are kept.
+    for step in (30, 40):
+        run_wharf("ckpt", "rm", root, "--step", step, env=s3_env, check=True)
+    mgr.save(18, {"marker": torch.tensor([18])}, metrics={"loss": 0.3}).result()
+    assert [m["step"] for m in mgr.list()] == [10, 18]
+    assert mgr.restore("latest")["marker"].tolist() == [18]
     mgr.close()

@@ -20,6 +20,7 @@ import contextlib
 import datetime
 import json
 import math
+import operator
 import os
 import pickle
 import random
@@ -43,6 +44,9 @@ from wharf.torch.checkpoint import StorageReader, StorageWriter, _StagingCache
 __all__ = ["CheckpointManager", "SaveHandle"]
 
 _OWN = "_wharf"  # the manager's entry in a saved state: step and RNG states
+# Steps are directory names zero-padded to 12 digits (step-<N:012d>), which sort by name only
+# while they have 12 digits.
+_STEP_LIMIT = 10 ** 12
 
 
 # The phases of saves, exports and restores in the runtime's metrics
@@ -168,6 +172,21 @@ def _restore_int_keys(state: dict, int_keyed: list) -> None:
             parent[path[-1]] = fixed
 
 
+def _checked_step(step) -> int:
+    """`step` as an int, refused (TypeError, ValueError) unless it is an integer (Python's,
+    numpy's, a one-element integer tensor) in the layout's range. int() would turn 50.7 into
+    step 50, and True into step 1."""
+    if isinstance(step, bool) or getattr(step, "dtype", None) is torch.bool:
+        raise TypeError(f"step must be an int, not {step!r}")
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise TypeError(f"step must be an int, not {type(step).__name__} {step!r}") from None
+    if not 0 <= step < _STEP_LIMIT:
+        raise ValueError(f"step {step} is out of range: 0 <= step < 10**12 (step-<N:012d>)")
+    return step
+
+
 def _portable(e: Optional[BaseException]) -> Optional[BaseException]:
     """`e` if it survives pickling (to send it to the other ranks), else a WharfError of its
     text."""
@@ -194,6 +213,15 @@ def _by_metric(manifests: list, metric: str, mode: str) -> list:
     return sorted((m for m in manifests
                    if metric in m["metrics"] and math.isfinite(m["metrics"][metric])),
                   key=lambda m: (sign * m["metrics"][metric], -m["step"]))
+
+
+def _own_user_data(manifest: dict) -> dict:
+    """The manager's entry in the manifest's user data ({} when it has none)."""
+    try:
+        own = json.loads(manifest.get("user_json") or "{}").get("wharf")
+    except (ValueError, AttributeError):
+        return {}  # someone else's user data
+    return own if isinstance(own, dict) else {}
 
 
 def _with_nonfinite(manifest: dict) -> dict:
@@ -278,7 +306,8 @@ class CheckpointManager:
     it) committed by a manifest written last.
 
     export_to: a URI the selected checkpoints are exported to in the background (every
-      `export_every`-th save; the tier copies then become evictable).
+      `export_every`-th save; the tier copies then become evictable). A manager that starts
+      resumes the exports of its root's checkpoints that a crash interrupted.
     keep_last / keep_best: retention, in both places, counting only complete checkpoints
       (and, in the bucket, completed exports): the `keep_last` latest and the `keep_best` best
       by `metric` (mode "min" or "max") are kept; None keeps all.
@@ -335,11 +364,18 @@ class CheckpointManager:
         self._stager = _Stager()
         self._warned_damaged = set()
         self._lock = threading.Lock()
+        # Deletions (retention, abandoned saves and exports) run after each commit (the save
+        # thread) and each export (the export thread): one at a time, or both would delete
+        # the same step (a step retention deletes looks abandoned once its manifest is gone)
+        # and one would fail.
+        self._deleting = threading.Lock()
         self._pending: list[Future] = []
         self._to_export: set[int] = set()  # selected, export not completed: kept on the tier
         self._queued: set[int] = set()  # exports submitted and not finished
         self._export_futures: dict[int, Future] = {}  # by step, while submitted
         self._saves = 0
+        self._highest: Optional[int] = None  # the highest step saved or found (rank 0)
+        self._warned_lower = False
         self.last_restored: Optional[dict] = None  # the manifest restore() loaded
         if self.rank == 0:
             config = {"export_to": self.export_root.uri if self.export_root else "",
@@ -350,6 +386,8 @@ class CheckpointManager:
             except _wharf.WharfError as e:
                 warnings.warn(f"wharf: could not record the checkpoint settings in "
                               f"{self.root.uri}: {e}", stacklevel=2)
+            if self.export_root is not None:
+                self._resume_exports()
 
     # ---- saving ----
     def save(self, step: int, state: dict, metrics: Optional[dict] = None) -> SaveHandle:
@@ -360,9 +398,9 @@ class CheckpointManager:
             raise TypeError("state must be a dict (as torch.distributed.checkpoint wants)")
         if _OWN in state:
             raise ValueError(f"the key {_OWN!r} is the manager's own")
-        step = int(step)
-        if step < 0:
-            raise ValueError("step must be >= 0")
+        step = _checked_step(step)
+        if self.rank == 0:
+            self._check_order(step)
         metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
         nonfinite = sorted(k for k, v in metrics.items() if not math.isfinite(v))
         if nonfinite:
@@ -400,18 +438,42 @@ class CheckpointManager:
             self._pending.append(future)
         return SaveHandle(step, future)
 
-    def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
-        uri = self.root.step_uri(step)
-        with self._lock:
-            exporting = self._export_futures.get(step)
-        if exporting is not None:
-            # The same step saved again: its export reads the files this save replaces.
-            concurrent.futures.wait([exporting])
+    def _check_order(self, step: int) -> None:
+        """Warns (once) when `step` is below the latest checkpoint: training resumed from an
+        older one. Retention keeps the highest steps and restore("latest") picks the highest,
+        so the abandoned run's checkpoints would win; they are the user's to remove."""
+        if self._highest is None:
+            self._highest = -1
+            for root in (self.root, self.export_root):
+                try:
+                    steps = ([m["step"] for m in root.list()["complete"]]
+                             if root is not None else [])
+                except _wharf.WharfError:
+                    steps = []  # unreadable: the save reports it, restore() warns
+                self._highest = max([self._highest] + steps)
+        if step < self._highest and not self._warned_lower:
+            self._warned_lower = True
+            where = self.root.uri + (f" and {self.export_root.uri}" if self.export_root else "")
+            warnings.warn(
+                f"wharf: checkpoint {step} is below the latest one ({self._highest}): retention "
+                f"counts steps and restore('latest') picks the highest, so the checkpoints of "
+                f"the abandoned run above {step} win over this run's; remove them (wharf ckpt rm "
+                f"URI --step N, in {where})", RuntimeWarning, stacklevel=3)
+        self._highest = max(self._highest, step)
 
+    def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
         def clear():  # on the coordinator, between planning and writing
             self.root.delete(step)
 
+        # Whatever fails before the write ends frees the staged copy too: else the next
+        # async save would wait for it forever.
         try:
+            uri = self.root.step_uri(step)
+            with self._lock:
+                exporting = self._export_futures.get(step)
+            if exporting is not None:
+                # The same step saved again: its export reads the files this save replaces.
+                concurrent.futures.wait([exporting])
             writer = _Writer(uri, clear, files_per_rank=self.files_per_rank,
                              **self._store_options)
             with _phase("write"):
@@ -420,9 +482,14 @@ class CheckpointManager:
             if written is not None:
                 written()  # the staged copy is free for the next save
         manifest, error, failure = None, None, None
+        # Whether the export policy selects this save; the manifest records it, so that a
+        # manager started after a crash resumes the export (_resume_exports).
+        export = self.export_root is not None and (self._saves + 1) % self.export_every == 0
         if self.rank == 0:
             try:
                 user = {"wharf": {"manager": 1, "rng": self.record_rng}}
+                if export:
+                    user["wharf"]["export"] = True
                 # JSON has no NaN or infinity: those metrics go into the manager's user data
                 # as text ("nan", "inf", "-inf"); list() gives them back as floats.
                 finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
@@ -444,19 +511,23 @@ class CheckpointManager:
             raise _wharf.WharfError(f"saving checkpoint {uri}: {error}")
         if self.rank == 0:
             self._saves += 1
-            self._after_commit(step)
+            self._after_commit(step, export)
         return manifest
 
-    def _after_commit(self, step: int) -> None:
+    def _after_commit(self, step: int, export: bool) -> None:
         # What earlier killed saves left, then retention on the tier.
         try:
-            self.root.remove_abandoned(step)
+            with self._deleting:
+                self.root.remove_abandoned(step)
         except _wharf.WharfError as e:
             warnings.warn(f"wharf: cleaning up abandoned saves in {self.root.uri}: {e}")
-        if self.export_root is not None and self._saves % self.export_every == 0:
+        if export:
             with self._lock:
                 self._to_export.add(step)
         self._retain(self.root, protect=self._exporting())
+        self._submit_exports()
+
+    def _submit_exports(self) -> None:
         with self._lock:
             # Each selected step once; one whose export failed is submitted again now.
             for s in sorted(self._to_export - self._queued):
@@ -464,6 +535,24 @@ class CheckpointManager:
                 future = self._exporter.submit(self._export, s)
                 self._export_futures[s] = future
                 self._pending.append(future)
+
+    def _resume_exports(self) -> None:
+        """Queues the exports a crash interrupted (or that never ran): the checkpoints here
+        whose save the export policy selected (their manifest says so) and that are not
+        complete at the destination. They run in the background like any export, and until
+        each completes retention keeps its checkpoint here."""
+        try:
+            selected = {m["step"] for m in self.root.list()["complete"]
+                        if _own_user_data(m).get("export")}
+            if selected:
+                selected -= {m["step"] for m in self.export_root.list()["complete"]}
+        except _wharf.WharfError as e:
+            warnings.warn(f"wharf: could not look for exports to {self.export_root.uri} to "
+                          f"resume: {e}", RuntimeWarning, stacklevel=3)
+            return
+        with self._lock:
+            self._to_export |= selected
+        self._submit_exports()
 
     def _exporting(self) -> set:
         with self._lock:
@@ -486,7 +575,8 @@ class CheckpointManager:
             # What exports killed earlier left at the destination: incomplete step directories
             # and multipart uploads below the step just exported (exports run one at a time,
             # in step order, so none of this manager's is in progress below it).
-            self.export_root.remove_abandoned(below)
+            with self._deleting:
+                self.export_root.remove_abandoned(below)
         except _wharf.WharfError as e:
             warnings.warn(f"wharf: cleaning up abandoned exports in {self.export_root.uri}: {e}")
         self._retain(self.export_root, protect=set())
@@ -496,19 +586,20 @@ class CheckpointManager:
     def _retain(self, root, protect: set) -> None:
         if self.keep_last is None and self.keep_best is None:
             return
-        complete = root.list()["complete"]
-        keep = set(protect)
-        by_step = sorted(complete, key=lambda m: m["step"])
-        if self.keep_last is not None:
-            keep.update(m["step"] for m in by_step[max(0, len(by_step) - self.keep_last):])
-        else:
-            keep.update(m["step"] for m in by_step)
-        if self.keep_best:
-            ranked = _by_metric(by_step, self.metric, self.mode)
-            keep.update(m["step"] for m in ranked[:self.keep_best])
-        for m in by_step:
-            if m["step"] not in keep:
-                root.delete(m["step"])
+        with self._deleting:
+            complete = root.list()["complete"]
+            keep = set(protect)
+            by_step = sorted(complete, key=lambda m: m["step"])
+            if self.keep_last is not None:
+                keep.update(m["step"] for m in by_step[max(0, len(by_step) - self.keep_last):])
+            else:
+                keep.update(m["step"] for m in by_step)
+            if self.keep_best:
+                ranked = _by_metric(by_step, self.metric, self.mode)
+                keep.update(m["step"] for m in ranked[:self.keep_best])
+            for m in by_step:
+                if m["step"] not in keep:
+                    root.delete(m["step"])
 
     def wait(self) -> None:
         """Waits for every pending save and export; raises the first failure."""
@@ -525,6 +616,17 @@ class CheckpointManager:
                     first = first or e
         if first is not None:
             raise first
+
+    def _settle(self) -> None:
+        """Waits for every pending save and export, as wait() does, without raising their
+        failures: they stay pending for wait() and close()."""
+        while True:
+            with self._lock:
+                running = [f for f in self._pending if not f.done()]
+            if not running:
+                return
+            # A save that commits queues its export before it is done: the loop sees it.
+            concurrent.futures.wait(running)
 
     def close(self) -> None:
         """wait(), then stops the background threads."""
@@ -602,9 +704,10 @@ class CheckpointManager:
         that was saved (tensors on CPU; modules and optimizers as their state_dicts). With
         `state`, loads into it in place through DCP (any world size; tensors, including
         optimizer state, must exist, as DCP requires) and returns it. Reads from the tier
-        when the checkpoint is there, else copies it from the bucket into the tier first."""
-        if self._pending:
-            self.wait()
+        when the checkpoint is there, else copies it from the bucket into the tier first.
+        Pending saves and exports are waited for first; their failures are left to their
+        handles and to wait() (what they did not write is not listed)."""
+        self._settle()
         chosen, in_root = self._choose(which)
         step = chosen["step"]
         if not in_root and self.export_root is not None:
@@ -715,5 +818,9 @@ class CheckpointManager:
         if which == "best":
             ranked = _by_metric(complete, self.metric, self.mode)
             if not ranked:
+                if any(self.metric in m["metrics"] for m in complete):
+                    raise _wharf.NotFoundError(
+                        f"checkpoints record the metric {self.metric!r}, but no value of it is "
+                        f"finite (NaN and infinity rank nowhere)")
                 raise _wharf.NotFoundError(f"no checkpoint records the metric {self.metric!r}")
             return ranked[0]
