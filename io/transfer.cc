@@ -76,15 +76,16 @@ void ReturnFreedMemory() {
 #endif
 }
 
-// What the destination holds below its prefix, 32 bytes per object: the relative key's
-// hash -> size, ETag hash, modification time, and whether the source listed it (sync
-// --delete removes the others). A 64-bit hash collision could only make an object look
-// present when size, ETag (or time) also agree.
+// What the destination holds below its prefix, 48 bytes per object: the relative key's
+// hash -> size, ETag hash, modification time, content MD5 hash, multipart part count, and
+// whether the source listed it (sync --delete removes the others). A 64-bit hash collision could
+// only make an object look present when size, ETag (or time) also agree.
 struct DstEntry {
   uint64_t size = 0;
   uint64_t etag_hash = 0;
   int64_t mtime_s = 0;
-  uint32_t parts = 0;  // of a multipart ETag (MultipartEtagParts), else 0
+  uint64_t md5_hash = 0;  // of ContentMd5() when the store knows it (GCS md5Hash), else 0
+  uint32_t parts = 0;     // of a multipart ETag (MultipartEtagParts), else 0
   bool seen = false;
 };
 using DstIndex = absl::flat_hash_map<uint64_t, DstEntry>;
@@ -434,6 +435,16 @@ FetchOptions PartFetchOptions(const TransferOptions& options) {
   return f;
 }
 
+// What the index keeps of a destination object.
+DstEntry Entry(const ObjectMeta& m) {
+  const std::string md5 = ContentMd5(m);
+  return DstEntry{.size = m.size,
+                  .etag_hash = HashKey(m.etag),
+                  .mtime_s = Seconds(m.mtime),
+                  .md5_hash = md5.empty() ? 0 : HashKey(md5),
+                  .parts = MultipartEtagParts(m.etag)};
+}
+
 // Lists the destination prefix into a DstIndex.
 absl::StatusOr<DstIndex> IndexDestination(ObjectStore& dst, const std::string& prefix,
                                           const ParallelListOptions& list) {
@@ -444,8 +455,7 @@ absl::StatusOr<DstIndex> IndexDestination(ObjectStore& dst, const std::string& p
   absl::Status s = ParallelList(dst, range, list, [&](std::vector<ObjectMeta> page) {
     absl::MutexLock lock(&mu);
     for (const ObjectMeta& m : page) {
-      index[HashKey(absl::string_view(m.key).substr(prefix.size()))] = {
-          m.size, HashKey(m.etag), Seconds(m.mtime), MultipartEtagParts(m.etag), false};
+      index[HashKey(absl::string_view(m.key).substr(prefix.size()))] = Entry(m);
     }
     return absl::OkStatus();
   });
@@ -495,7 +505,12 @@ class Engine {
       // at least as new as its source is current (downloads get the object's time).
       return have->mtime_s >= Seconds(meta.mtime);
     }
-    return have->etag_hash == HashKey(meta.etag);
+    if (have->etag_hash == HashKey(meta.etag)) return true;
+    // ETags of two kinds (a file's MD5 and a GCS generation): the content's MD5 where both
+    // sides know it.
+    if (have->md5_hash == 0) return false;
+    const std::string md5 = ContentMd5(meta);
+    return !md5.empty() && HashKey(md5) == have->md5_hash;
   }
 
   // Whether UpToDate's "no" may still be the same bytes: the ETags were compared (copy
@@ -577,7 +592,8 @@ class Engine {
     if (options_.mode == TransferMode::kSync) {
       absl::StatusOr<ObjectMeta> have = dst_.store->Head(dst_key);
       if (have.ok()) {
-        DstEntry entry{have->size, HashKey(have->etag), Seconds(have->mtime), 0, true};
+        DstEntry entry = Entry(*have);
+        entry.seen = true;
         if (UpToDate(meta, &entry)) {
           summary.skipped = 1;
           return absl::OkStatus();

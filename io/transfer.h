@@ -10,7 +10,7 @@
 // standard input and standard output. So objects of any size move through a bounded budget.
 // Memory stays flat in the number of objects: the listing runs at most a bounded distance
 // ahead of the copies, outcomes are counters, and what the destination already holds is
-// kept as 32 bytes per destination object.
+// kept as 48 bytes per destination object.
 //
 // Every object appears at its destination complete or not at all. Keys that would land
 // outside the destination ("..", absolute paths, "//") are refused. A rerun skips what the

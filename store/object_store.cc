@@ -1,13 +1,23 @@
 #include "store/object_store.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 
 namespace wharf {
+
+std::string ContentMd5(const ObjectMeta& meta) {
+  if (!meta.md5.empty()) return meta.md5;
+  const bool md5 =
+      meta.etag.size() == 32 && std::all_of(meta.etag.begin(), meta.etag.end(),
+                                            [](char c) { return absl::ascii_isxdigit(c); });
+  return md5 ? absl::AsciiStrToLower(meta.etag) : std::string();
+}
 
 absl::StatusOr<std::pair<uint64_t, uint64_t>> ByteRange::Resolve(uint64_t size) const {
   if (suffix) {

@@ -53,7 +53,15 @@ struct ObjectMeta {
   // on S3-like stores and for the local store; GCS generation for gs:// JSON.
   std::string etag;
   absl::Time mtime = absl::InfinitePast();
+  // The MD5 of the content (32 lowercase hex) where the store knows it and the etag is not it
+  // (GCS's md5Hash beside its generation); empty otherwise. ContentMd5() gives either.
+  std::string md5;
 };
+
+// The MD5 of an object's content as its metadata tells it: `md5`, else an etag that is an MD5
+// (S3 single-part uploads, local files), else empty (a multipart ETag, a GCS generation of a
+// composite object).
+std::string ContentMd5(const ObjectMeta& meta);
 
 // An in-progress multipart upload (S3 ListMultipartUploads).
 struct PendingUpload {

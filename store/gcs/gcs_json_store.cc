@@ -99,6 +99,11 @@ absl::StatusOr<ObjectMeta> MetaFromResource(const json& j, absl::string_view wha
   JsonUint(j, "size", &meta.size);
   meta.etag = JsonString(j, "generation");
   meta.mtime = ParseRfc3339(JsonString(j, "updated"));
+  // md5Hash (base64; absent for composite objects): what a copy compares with a file's MD5.
+  std::string raw;
+  if (absl::Base64Unescape(JsonString(j, "md5Hash"), &raw) && raw.size() == 16) {
+    meta.md5 = HexLower(raw);
+  }
   return meta;
 }
 

@@ -131,6 +131,37 @@ def test_reads_through_a_tier_record_the_generation_and_time(gcs_emulator, gcs_c
     assert cached == plain and str(bucket.get_blob("rt/03.bin").generation) in plain
 
 
+def test_reruns_to_and_from_gs_skip_what_is_there(gcs_emulator, gcs_bucket, tmp_path):
+    # A GCS ETag is a generation, never a file's MD5: every rerun of cp -r and tier export
+    # to or from gs:// moved everything again. The listing's md5Hash is compared instead.
+    env = gcs_env(gcs_emulator)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        (src / f"f{i}").write_bytes(os.urandom(1000 + i))
+
+    def counts(*args):
+        out = run_wharf(*args, env=env, check=True).stdout.decode()
+        copied = int(out.split("copied ")[1].split(" object")[0])
+        return copied, int(out.split("skipped ")[1].split(" ")[0]) if "skipped" in out else 0
+
+    dst = f"gs://{gcs_bucket}/up/"
+    assert counts("cp", "-r", src, dst) == (5, 0)
+    assert counts("cp", "-r", src, dst) == (0, 5)
+    assert counts("cp", "-r", dst, tmp_path / "down") == (5, 0)
+    assert counts("cp", "-r", dst, tmp_path / "down") == (0, 5)
+    (src / "f2").write_bytes(os.urandom(1002))  # same size, other bytes
+    assert counts("cp", "-r", src, dst) == (1, 4)
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", "-q", tier, env=env, check=True)
+    run_wharf("tier", "import", "-q", f"file://{src}/", tier / "data", env=env, check=True)
+    first = json.loads(run_wharf("tier", "export", "--json", tier, f"gs://{gcs_bucket}/exp/",
+                                 env=env, check=True).stdout)
+    again = json.loads(run_wharf("tier", "export", "--json", tier, f"gs://{gcs_bucket}/exp/",
+                                 env=env, check=True).stdout)
+    assert (first["uploaded"], again["uploaded"], again["skipped"]) == (5, 0, 5)
+
+
 def test_bucket_listing_and_missing_bucket(gcs_emulator, gcs_bucket):
     env = gcs_env(gcs_emulator)
     buckets = run_wharf("ls", "gs://", env=env, check=True).stdout.decode()
