@@ -249,3 +249,13 @@ def test_gs_uris_load_through_the_xml_api(s3_env, bucket, s3_client, model_file,
     monkeypatch.setenv("WHARF_GS_SECRET_ACCESS_KEY", s3_env["AWS_SECRET_ACCESS_KEY"])
     assert_same(load_safetensors(f"gs://{bucket}/m/model.safetensors"),
                 load_file(str(model_file)))
+
+
+def test_a_bytes_path_and_bad_max_in_flight(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file({"w": torch.arange(6.0)}, str(path))
+    # A bytes path is one path (it was iterated as ints: "TypeError ... not int").
+    assert torch.equal(load_safetensors(os.fsencode(path))["w"], torch.arange(6.0))
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="max_in_flight must be an int >= 0"):
+            load_safetensors(path, max_in_flight=bad)

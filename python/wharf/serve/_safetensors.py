@@ -30,15 +30,19 @@ for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E4M3FNUZ", "float8_e4m3f
 
 
 def _uris(uris: UriArg) -> List[str]:
-    if isinstance(uris, (str, os.PathLike)):
-        return [os.fspath(uris)]
-    out = [os.fspath(u) for u in uris]
+    # A bytes path is one path (iterating it would give ints).
+    if isinstance(uris, (str, bytes, os.PathLike)):
+        return [os.fsdecode(uris)]
+    out = [os.fsdecode(u) for u in uris]
     if not out:
         raise ValueError("load safetensors: no file named")
     return out
 
 
 def _open(uris: UriArg, max_in_flight: int, store_options: dict):
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 0:
+        raise ValueError(f"load safetensors: max_in_flight must be an int >= 0 (0: the "
+                         f"runtime's setting), got {max_in_flight!r}")
     return _wharf._SafetensorsLoad(_uris(uris), max_in_flight=max_in_flight, **store_options)
 
 
