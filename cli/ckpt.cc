@@ -1,6 +1,8 @@
 // wharf ckpt ls|export|restore|rm: the checkpoints of a root (checkpoint/catalog.h,
 // docs/design/checkpoint.md). Only complete checkpoints (a manifest written last) are listed,
 // exported or restored.
+#include <sys/stat.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -221,6 +223,12 @@ absl::Status RunCkptCopy(const CkptArgs& args) {
   const Found& found = c.by_step.at(chosen.step);
   const CheckpointRoot& from = found.here ? *c.root : *c.exported;
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<CheckpointRoot> to, OpenRoot(args.to));
+  if (struct stat st;
+      to->is_local() && stat(to->local_dir().c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    // Else each file's copy failed on its own, one line each.
+    return absl::InvalidArgumentError(
+        absl::StrCat("ckpt ", args.action, ": ", to->local_dir(), " is a file, not a directory"));
+  }
   if (to->uri() == from.uri()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ckpt ", args.action, ": ", to->uri(), " is where the checkpoint is"));
@@ -299,7 +307,8 @@ void AddCkpt(CLI::App& app, CkptArgs& args) {
             absl::StrCat("ckpt ", cmd->get_name(), ": give one of --step N, --latest, --best"));
       }
     });
-    auto* step = cmd->add_option("--step", args.step, "The checkpoint of step N");
+    auto* step = cmd->add_option("--step", args.step, "The checkpoint of step N")
+                     ->check(CLI::NonNegativeNumber);
     auto* latest = cmd->add_flag("--latest", args.latest, "The latest complete checkpoint");
     auto* best = cmd->add_flag("--best", args.best,
                                "The best by --metric (default: the metric the root records)");
@@ -339,7 +348,9 @@ void AddCkpt(CLI::App& app, CkptArgs& args) {
   restore->add_option("DEST", args.to, "The root to restore into")->required();
 
   CLI::App* rm = sub("rm", "Remove one checkpoint (its manifest first)");
-  rm->add_option("--step", args.step, "The checkpoint of step N")->required();
+  rm->add_option("--step", args.step, "The checkpoint of step N")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
   rm->add_flag("-q,--quiet", args.quiet, "Print nothing");
   rm->add_option("URI", args.uri, "The checkpoint root")->required();
 }

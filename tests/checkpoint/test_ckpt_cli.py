@@ -193,6 +193,9 @@ def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):
         assert "excludes" in out.stderr
     assert ckpt("restore", root, "--latest", "--best", dest, env=aws).returncode == 2
     assert ckpt("rm", root, env=aws).returncode == 2  # --step is required
+    for verb, args in (("rm", [root, "--step", "-1"]), ("export", [root, "--step", "-1", dest])):
+        out = ckpt(verb, *args, env=aws)
+        assert out.returncode == 2 and "--step" in out.stderr, out.stderr
     assert ckpt("export", root, "--latest", env=aws).returncode == 2  # no destination
     assert ckpt("ls", env=aws).returncode == 2
     assert ckpt("export", root, "--best", "--mode", "median", dest, env=aws).returncode == 2
@@ -206,6 +209,12 @@ def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):
         assert out.returncode == 1, out.stderr
         assert out.stderr.count("\n") == 1 and "step 99" in out.stderr, out.stderr
     assert ls_json(dest, aws) == []
+    # Into a file: one line (each file's copy failed on its own, one line each).
+    a_file = pathlib.Path(root).parent / "a-file"
+    a_file.write_bytes(b"x")
+    out = ckpt("restore", root, "--latest", a_file, env=aws)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "is a file, not a directory" in out.stderr
 
 
 def test_only_complete_checkpoints_are_listed(tmp_path, bucket, aws, s3_client):
