@@ -690,21 +690,28 @@ def test_a_partly_evicted_tier_copy_is_imported_again_from_the_bucket(tier, buck
 
 # ---- 9. kill -9 in the middle of an export ----
 
+def _kill_during_export(proc, lines, s3_client, bucket, prefix):
+    """Waits for the worker to print `lines` (its saves done), then for the export's multipart
+    uploads below `prefix`, and kills it with -9 there."""
+    for expected in lines:
+        line = proc.stdout.readline().strip()
+        if line != expected:
+            proc.kill()
+            raise AssertionError(f"worker said {line!r}: {proc.communicate()[1]}")
+    _poll(lambda: uploads(s3_client, bucket, prefix), f"the export's uploads below {prefix}")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
 def test_an_export_killed_midway_is_cleaned_up_by_the_next_export(tier, bucket, s3_env, aws,
                                                                   s3_client, slow_link):
     # 48 MiB at 200 Mbit/s: about 2 s of multipart uploads to the bucket to be killed in.
     endpoint = slow_link(delay_ms=2, bandwidth_mbps=200)
     root, dest = tier / "kexp", f"s3://{bucket}/kexp"
     proc = _start_worker(root, s3_env, "--endpoint", endpoint, "--mib", "48", "--export-to", dest)
-    line = proc.stdout.readline().strip()
-    if line != "SAVED 2":
-        proc.kill()
-        raise AssertionError(f"worker said {line!r}: {proc.communicate()[1]}")
     prefix = f"kexp/{step_dir(2)}/"
-    _poll(lambda: uploads(s3_client, bucket, prefix), "the step-2 export's multipart uploads")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    _kill_during_export(proc, ["SAVED 2"], s3_client, bucket, prefix)
     assert uploads(s3_client, bucket, prefix), "the export was not killed in the middle"
     assert not _exists(s3_client, bucket, prefix + "manifest.json")
     assert sorted(bucket_steps(s3_client, bucket, "kexp")) == [1, 2]  # what it left
@@ -752,16 +759,8 @@ def test_an_export_killed_midway_is_resumed_by_the_next_manager(keep_last, keep_
     proc = subprocess.Popen([sys.executable, "-c", _EXPORT_WORKER, str(root), dest, endpoint,
                              str(keep_last), str(keep_best)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    for expected in ("SAVED 1", "SAVED 5"):
-        line = proc.stdout.readline().strip()
-        if line != expected:
-            proc.kill()
-            raise AssertionError(f"worker said {line!r}: {proc.communicate()[1]}")
     prefix = f"k3/{step_dir(5)}/"
-    _poll(lambda: uploads(s3_client, bucket, prefix), "the step-5 export's multipart uploads")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    _kill_during_export(proc, ["SAVED 1", "SAVED 5"], s3_client, bucket, prefix)
     assert not _exists(s3_client, bucket, prefix + "manifest.json")
     assert 5 in tier_steps(root) and _ls_steps(dest, s3_env) == [1]
 
