@@ -676,7 +676,8 @@ void AddTier(CLI::App& app, TierArgs& args) {
   import->footer(
       "Each object becomes DEST_DIR/<key relative to SRC_URI>, verified (size, and the MD5\n"
       "where the ETag is one) and published by rename, in batches made durable with one\n"
-      "syncfs. A rerun fetches only what is missing or changed (by ETag) and removes the\n"
+      "syncfs. A rerun fetches only what is missing or changed (by ETag), removes the files\n"
+      "of objects the source deleted (not your own files there, nor pinned ones) and the\n"
       "temporary files of interrupted runs. Warns when the imported tree alone is larger\n"
       "than the tier's max size (its files are evictable unless pinned), and when nothing\n"
       "has moved for WHARF_STALL_WARN_SECONDS (default 60; a full CephFS blocks writes).");
