@@ -1292,8 +1292,13 @@ void TierStore::MaybeEvict(uint64_t filled) {
       evictions_.fetch_add(pass->evicted, std::memory_order_relaxed);
     }
     free_check_skip_.store(0);  // look at the free space again after a pass
+    // The pass found the tier within its size bound, and fills published while it walked
+    // put it over: look again (the next pass counts them), as when it evicted something.
+    const bool filled_during_pass =
+        ran && c.max_size > 0 && pass->disk_bytes <= c.max_size &&
+        pass->disk_bytes - pass->evicted_disk_bytes + filled_since_pass_.load() > c.max_size;
     // Still over its bounds with nothing evicted: all that is left is in use.
-    const bool fruitless = ran && pass->evicted == 0 && over();
+    const bool fruitless = ran && pass->evicted == 0 && !filled_during_pass && over();
     fruitless_skip_.store(fruitless ? std::max<uint64_t>(c.block_size, c.max_size / 100) : 0);
     evicting_.store(false);
     if (fruitless && !warned_over_bound_.exchange(true)) {
