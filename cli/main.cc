@@ -17,7 +17,9 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/file_io.h"
 #include "base/log.h"
 #include "base/metrics_export.h"
@@ -49,6 +51,43 @@ std::string VerbOf(const CLI::App& app) {
     if (!sub->parsed()) continue;
     const std::string inner = VerbOf(*sub);
     return inner.empty() ? sub->get_name() : absl::StrCat(sub->get_name(), " ", inner);
+  }
+  return "";
+}
+
+// The parsed verb group whose verb is missing or unknown (`wharf tier bogus`, `wharf bogus`):
+// "unknown verb 'bogus' ..." naming the verbs it has, instead of CLI11's "A subcommand is
+// required" or "argument was not expected"; "a verb is required ..." for `wharf tier`. ""
+// when the error is another one.
+std::string UnknownVerbMessage(const CLI::App& app, const CLI::ParseError& error) {
+  const CLI::App* group = &app;
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* sub : group->get_subcommands({})) {
+      if (sub->parsed()) {
+        group = sub;
+        deeper = true;
+        break;
+      }
+    }
+  }
+  std::vector<std::string> verbs;
+  for (const CLI::App* sub : group->get_subcommands({})) verbs.push_back(sub->get_name());
+  if (verbs.empty()) return "";
+  std::string word;
+  for (const std::string& arg : app.remaining(/*recurse=*/true)) {
+    if (!arg.empty() && arg[0] != '-') {
+      word = arg;
+      break;
+    }
+  }
+  const std::string has =
+      absl::StrCat(group == &app ? "wharf" : absl::StrCat("wharf ", VerbOf(app)),
+                   " has: ", absl::StrJoin(verbs, ", "));
+  if (!word.empty()) return absl::StrCat("unknown verb '", word, "' (", has, ")");
+  if (dynamic_cast<const CLI::RequiredError*>(&error) != nullptr &&
+      absl::StrContains(error.what(), "subcommand")) {
+    return absl::StrCat("a verb is required (", has, ")");
   }
   return "";
 }
@@ -116,7 +155,8 @@ int Main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     const std::string verb = VerbOf(app);
-    PrintError(e.what());
+    const std::string unknown = UnknownVerbMessage(app, e);
+    PrintError(unknown.empty() ? e.what() : unknown);
     std::fprintf(stderr, "Run 'wharf %s--help' for usage.\n",
                  verb.empty() ? "" : (verb + " ").c_str());
     return kExitUsage;

@@ -128,6 +128,20 @@ def test_missing_argument_and_unknown_verb_are_usage_errors():
     run("frobnicate", check=2)
 
 
+@pytest.mark.parametrize("args,group", [(["frobnicate"], "wharf"),
+                                        (["tier", "frobnicate"], "wharf tier"),
+                                        (["ckpt", "--json", "frobnicate"], "wharf ckpt")])
+def test_an_unknown_verb_is_named_with_the_verbs_there_are(args, group):
+    lines = stderr_lines(run(*args, check=2))
+    assert lines[0].startswith(f"wharf: unknown verb 'frobnicate' ({group} has: "), lines
+    assert len(lines) == 2 and lines[1].startswith(f"Run '{group} --help'"), lines
+
+
+def test_a_verb_group_without_its_verb_names_its_verbs():
+    lines = stderr_lines(run("tier", check=2))
+    assert lines[0].startswith("wharf: a verb is required (wharf tier has: init, import,"), lines
+
+
 @pytest.mark.parametrize("bad", ["abc", "5-3", "-0", "1-2-3", "x-", "-", "+1-2", " 1-2"])
 def test_bad_range_is_a_usage_error(tmp_path, bad):
     (tmp_path / "f").write_bytes(b"0123456789")
