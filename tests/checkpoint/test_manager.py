@@ -862,3 +862,20 @@ def test_a_save_below_the_latest_step_warns_once_and_deletes_nothing(tmp_path, s
     assert [m["step"] for m in mgr.list()] == [10, 18]
     assert mgr.restore("latest")["marker"].tolist() == [18]
     mgr.close()
+
+
+def test_a_manager_with_an_export_finds_the_latest_step_in_either_root(tmp_path):
+    # The latest step (40) is only at the export destination: the tier's copy was removed.
+    root, dest = tmp_path / "tier-run", tmp_path / "bucket-run"
+    mgr = CheckpointManager(root, export_to=dest.as_uri(), export_every=1, keep_last=5)
+    for step in (10, 20, 40):
+        mgr.save(step, {"marker": torch.tensor([step])}).result()
+    mgr.wait()
+    mgr.close()
+    run_wharf("ckpt", "rm", root, "--step", 40, check=True)
+    mgr = CheckpointManager(root, export_to=dest.as_uri(), export_every=1, keep_last=5)
+    assert [(m["step"], m["where"]) for m in mgr.list()] == [(10, "both"), (20, "both"),
+                                                            (40, "bucket")]
+    with pytest.warns(RuntimeWarning, match=r"checkpoint 30 is below the latest one \(40\)"):
+        mgr.save(30, {"marker": torch.tensor([30])}).result()
+    mgr.close()

@@ -542,14 +542,16 @@ class CheckpointManager:
         complete at the destination. They run in the background like any export, and until
         each completes retention keeps its checkpoint here."""
         try:
-            selected = {m["step"] for m in self.root.list()["complete"]
-                        if _own_user_data(m).get("export")}
-            if selected:
-                selected -= {m["step"] for m in self.export_root.list()["complete"]}
+            here = self.root.list()["complete"]
+            there = self.export_root.list()["complete"]
         except _wharf.WharfError as e:
             warnings.warn(f"wharf: could not look for exports to {self.export_root.uri} to "
                           f"resume: {e}", RuntimeWarning, stacklevel=3)
             return
+        if self._highest is None:  # the two listings _check_order would make again
+            self._highest = max([-1] + [m["step"] for m in here + there])
+        selected = ({m["step"] for m in here if _own_user_data(m).get("export")} -
+                    {m["step"] for m in there})
         with self._lock:
             self._to_export |= selected
         self._submit_exports()
