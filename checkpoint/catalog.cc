@@ -510,6 +510,7 @@ absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const Che
     // An export: the tier's own path, so the exported entries lose `local`.
     TierExportOptions eo;
     eo.filters = no_manifest;
+    eo.delete_extra = true;  // the step's files are the manifest's: no other checkpoint's
     eo.put = options.put;
     eo.inflight = options.inflight;
     eo.memory_budget = options.memory_budget;
@@ -524,6 +525,7 @@ absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const Che
     TransferOptions to_opts;
     to_opts.recursive = true;
     to_opts.filters = no_manifest;
+    to_opts.delete_extra = true;
     to_opts.put = options.put;
     to_opts.inflight = options.inflight;
     to_opts.memory_budget = options.memory_budget;

@@ -193,6 +193,7 @@ absl::Status ExportTierPath(std::shared_ptr<Tier> tier, const std::string& path,
   // of its upload.
   transfer.mode = TransferMode::kCopy;
   transfer.recursive = !one_file;
+  transfer.delete_extra = options.delete_extra && !one_file;
   transfer.filters = options.filters;
   transfer.list_workers = options.list_workers;
   transfer.put = options.put;

@@ -40,6 +40,9 @@ struct TierExportOptions {
   // Called with each entry that could not be marked exported (it still says `local`), as it
   // happens; the returned status counts them. May be empty.
   std::function<void(const absl::Status&)> on_warning;
+  // Exporting a directory: also delete the objects below the destination prefix that the
+  // directory does not have (among those the filters select), as TransferOptions::delete_extra.
+  bool delete_extra = false;
 };
 
 struct TierExportSummary {

@@ -308,3 +308,26 @@ def test_a_newer_manifest_at_the_export_destination_stops_the_listing(tmp_path, 
     assert out.returncode == 1 and "newer than this wharf" in out.stderr, out.stderr
     with pytest.raises(wharf.WharfError, match="newer than this wharf"):
         CheckpointManager(tier / "run", export_to=f"s3://{bucket}/run").list()
+
+
+def test_a_copy_leaves_only_the_checkpoints_files_in_the_step_directory(tmp_path):
+    # Export from a tier and restore into a plain directory, each into a step directory that
+    # holds another checkpoint's files (a crashed save, an older run): after the copy the
+    # directory holds exactly the manifest's files, so nothing foreign is exported onwards.
+    tier = make_tier(tmp_path / "tier")
+    mgr = CheckpointManager(tier / "run", keep_last=2)
+    mgr.save(7, state_of(7)).result()
+    mgr.close()
+    wanted = sorted(p.name for p in (tier / "run" / step_dir(7)).iterdir())
+    for verb, src, dest in (("export", tier / "run", tmp_path / "bucket"),
+                            ("restore", tmp_path / "bucket", tmp_path / "again")):
+        stray = dest / step_dir(7)
+        (stray / "sub").mkdir(parents=True)
+        (stray / "__9_0.distcp").write_bytes(b"another run's shard")
+        (stray / "sub" / "x").write_bytes(b"x")
+        out = ckpt(verb, src, "--step", "7", "--json", dest, env=None)
+        assert out.returncode == 0, out.stderr
+        assert sorted(p.name for p in stray.iterdir()) == wanted, verb
+        mgr = CheckpointManager(dest)
+        same(mgr.restore(7), state_of(7))
+        mgr.close()
