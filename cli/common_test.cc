@@ -2,10 +2,13 @@
 
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace wharf::cli {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(IsSafeRelativeKeyTest, AcceptsKeysBelowTheDestination) {
   for (const char* rel : {"ok/key", "x", "é/x", "日本/データ.bin", "a b/c+d%20=e&f~g", "a..b/c",
@@ -22,6 +25,17 @@ TEST(IsSafeRelativeKeyTest, RefusesKeysThatEscapeOrAlias) {
   }
   EXPECT_FALSE(IsSafeRelativeKey(std::string("a\0b", 3)));
   EXPECT_FALSE(IsSafeRelativeKey(std::string("\0", 1)));
+}
+
+TEST(IsSafeRelativeKeyTest, SaysWhyAKeyIsRefused) {
+  EXPECT_EQ(UnsafeKeyReason("ok/key"), "");
+  EXPECT_THAT(UnsafeKeyReason("a/../../x"), HasSubstr("'..' component would escape"));
+  EXPECT_THAT(UnsafeKeyReason("/abs"), HasSubstr("absolute path would escape"));
+  EXPECT_THAT(UnsafeKeyReason("a//b"), HasSubstr("empty path component"));
+  EXPECT_THAT(UnsafeKeyReason("a/./b"), HasSubstr("'.' path component names no file"));
+  EXPECT_THAT(UnsafeKeyReason("a\\..\\x"), HasSubstr("on Windows"));
+  EXPECT_THAT(UnsafeKeyReason(std::string("a\0b", 3)), HasSubstr("NUL"));
+  EXPECT_THAT(UnsafeKeyReason(""), HasSubstr("empty key"));
 }
 
 TEST(KeysTest, AsPrefixJoinKeyBasename) {

@@ -633,9 +633,11 @@ class Engine {
     }
     if (inside && (rel.empty() || (marker && !dst_keeps_markers_))) return std::nullopt;
     absl::string_view checked = marker ? rel.substr(0, rel.size() - 1) : rel;
-    if (!inside || !IsSafeRelativeKey(checked)) {
-      outcome_.Fail(absl::InvalidArgumentError(absl::StrCat(
-          op_, " ", src_.store->Uri(key), ": refusing key that would escape the destination")));
+    const std::string unsafe =
+        inside ? UnsafeKeyReason(checked) : "it is not below the source prefix";
+    if (!unsafe.empty()) {
+      outcome_.Fail(absl::InvalidArgumentError(
+          absl::StrCat(op_, " ", src_.store->Uri(key), ": refusing the key: ", unsafe)));
       return std::nullopt;
     }
     *rel_out = rel;

@@ -5,21 +5,30 @@
 
 namespace wharf {
 
-bool IsSafeRelativeKey(absl::string_view rel) {
-  if (rel.empty()) return false;
-  if (rel.find('\0') != absl::string_view::npos) return false;
-  if (rel.front() == '/' || rel.front() == '\\') return false;
+std::string UnsafeKeyReason(absl::string_view rel) {
+  if (rel.empty()) return "an empty key names no file below the destination";
+  if (rel.find('\0') != absl::string_view::npos) return "a NUL byte cannot be in a file name";
+  if (rel.front() == '/' || rel.front() == '\\') {
+    return "an absolute path would escape the destination";
+  }
   for (absl::string_view part : absl::StrSplit(rel, '/')) {
-    if (part.empty() || part == "." || part == "..") return false;
+    if (part.empty()) return "an empty path component ('//', or a '/' at the end) names no file";
+    if (part == ".") return "a '.' path component names no file of its own";
+    if (part == "..") return "a '..' component would escape the destination";
     // A backslash is an ordinary byte in POSIX names, so "a\b" is one harmless file here;
     // but the same tree copied onto Windows, or unpacked by a tool that treats '\' as a
     // separator, would resolve "..\" upwards. Refuse the dot components on that side too.
     for (absl::string_view sub : absl::StrSplit(part, '\\')) {
-      if (sub == "." || sub == "..") return false;
+      if (sub == "." || sub == "..") {
+        return "a '.' or '..' component between backslashes would escape the destination on "
+               "Windows";
+      }
     }
   }
-  return true;
+  return "";
 }
+
+bool IsSafeRelativeKey(absl::string_view rel) { return UnsafeKeyReason(rel).empty(); }
 
 std::string AsPrefix(absl::string_view key) {
   if (key.empty() || key.back() == '/') return std::string(key);

@@ -16,6 +16,9 @@ namespace wharf {
 // '/' or '\'; an empty, "." or ".." path component (split on '/'); a "." or ".." component
 // when also splitting on '\' (so "a\..\b" is refused too); a NUL byte anywhere.
 bool IsSafeRelativeKey(absl::string_view rel);
+// Why IsSafeRelativeKey refuses `rel` ("a '..' component would escape the destination", "an
+// empty path component ('//', ...) names no file", ...), or "" when it does not.
+std::string UnsafeKeyReason(absl::string_view rel);
 
 // `key` with a '/' appended, unless it is empty or already ends in '/'.
 std::string AsPrefix(absl::string_view key);
