@@ -452,16 +452,16 @@ absl::Status RunGc(const TierArgs& args) {
 }
 
 // Fetches the entry at `path` again from its source (through the same verified, published
-// path as an import).
-absl::Status Repair(const std::shared_ptr<Tier>& tier, const std::string& path,
-                    const TierEntry& entry) {
+// path as an import), or removes a read-through copy; returns what it did, for the report.
+absl::StatusOr<std::string> Repair(const std::shared_ptr<Tier>& tier, const std::string& path,
+                                   const TierEntry& entry) {
   if (entry.source.empty()) {
     return absl::DataLossError("the data exists only in the tier (never exported)");
   }
   // A read-through copy: gone, it is filled again by the next read.
   if (absl::StartsWith(tier->Relative(path), absl::StrCat(Tier::kMetaDir, "/objects/"))) {
     if (unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "removing");
-    return absl::OkStatus();
+    return std::string("removed (the next read fills it again)");
   }
   WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(entry.source));
   const size_t slash = path.rfind('/');
@@ -478,7 +478,7 @@ absl::Status Repair(const std::shared_ptr<Tier>& tier, const std::string& path,
   }
   tree.reset();  // publishes the new file
   if (pinned) WHARF_RETURN_IF_ERROR(SetPinned(path, true));
-  return absl::OkStatus();
+  return absl::StrCat("fetched again from ", entry.source);
 }
 
 absl::Status RunVerify(const TierArgs& args) {
@@ -514,13 +514,14 @@ absl::Status RunVerify(const TierArgs& args) {
         if (problem.empty()) return;
         ++damaged;
         if (args.repair) {
-          absl::Status fixed = Repair(tier, p, *entry);
+          absl::StatusOr<std::string> fixed = Repair(tier, p, *entry);
           if (fixed.ok()) {
             ++repaired;
-            report(absl::StrCat("repaired ", OneLine(p), " (", problem, ")\n"));
+            report(
+                absl::StrCat("repaired ", OneLine(p), " (", problem, "): ", OneLine(*fixed), "\n"));
             return;
           }
-          problem = absl::StrCat(problem, "; repair failed: ", fixed.message());
+          problem = absl::StrCat(problem, "; repair failed: ", fixed.status().message());
         }
         report(absl::StrCat("damaged ", OneLine(p), ": ", OneLine(problem), "\n"));
       });

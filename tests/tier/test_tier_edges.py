@@ -111,6 +111,7 @@ def test_verify_json_is_one_object_and_a_failed_repair_keeps_the_file(tmp_path, 
     report, proc = wharf_json("tier", "verify", dest, "--repair", env=s3_env)
     assert (report["checked"], report["damaged"], report["repaired"]) == (3, 2, 2), report
     assert proc.stderr.count("repaired ") == 2
+    assert proc.stderr.count(f"fetched again from s3://{bucket}/v/") == 2, proc.stderr
     assert (dest / "f2").read_bytes() == b"C" * 1000
     # The repaired pinned entry is still pinned: eviction keeps it.
     evicted, _ = wharf_json("tier", "evict", dest / "f1", env=s3_env)
