@@ -146,7 +146,17 @@ absl::Status TarReader::ReadSmall(uint64_t at, uint64_t size, std::string* out) 
 }
 
 absl::Status TarReader::SkipPadding(uint64_t at, uint64_t size) {
-  if (auto s = stream_->Skip(Padding(size)); !s.ok()) return IoError(s.status(), at);
+  // The archive cut inside a member's padding loses every member after it: as tarfile and
+  // GNU tar, an error, not an archive that ends there.
+  const uint64_t padding = Padding(size);
+  const uint64_t start = stream_->position();
+  auto skipped = stream_->Skip(padding);
+  if (!skipped.ok()) return IoError(skipped.status(), at);
+  if (*skipped < padding) {
+    return Fail(absl::StatusCode::kDataLoss, at,
+                absl::StrCat("truncated archive: ", padding, " bytes of padding at byte ", start,
+                             ", ", stream_->DescribeEnd(stream_->position())));
+  }
   return absl::OkStatus();
 }
 

@@ -483,6 +483,14 @@ TEST(TarTest, TruncatedShardsAreDataLoss) {
   EXPECT_EQ(flat.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(absl::StrContains(flat.status().message(), "at byte 2560: truncated header"))
       << flat.status();
+  // Cut inside the padding after s1.jpg's data (512 + 2000 bytes): s2.jpg is lost, so the
+  // shard is an error, not an archive of one member (tarfile: "unexpected end of data").
+  ASSERT_TRUE(tmp.store()->Put("cut-padding.tar", absl::Cord(tar.substr(0, 2512 + 20))).ok());
+  flat = ReadSamples(tmp.store(), "cut-padding.tar");
+  EXPECT_EQ(flat.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(absl::StrContains(flat.status().message(),
+                                "truncated archive: 48 bytes of padding at byte 2512"))
+      << flat.status();
   const std::string dangling = TarEntry("s1.jpg", "a") + TarEntry("././@LongLink", "s2.jpg", 'L');
   ASSERT_TRUE(tmp.store()->Put("dangling.tar", absl::Cord(dangling)).ok());
   flat = ReadSamples(tmp.store(), "dangling.tar");
