@@ -188,7 +188,53 @@ def _manifest_index(uri: str, format: str, index_cache=None, **store):
     return _wharf.SampleIndex.from_manifest(uri, format, index_cache=index_cache, **store)
 
 
-class _GlobalOrder(_Distributed):
+class _EpochSync:
+    """DataLoader(persistent_workers=True) keeps its workers, and their copies of the
+    dataset, from one epoch to the next, so set_epoch() in the training loop would change only
+    the main process's copy and every epoch would repeat the first one's order. The main
+    process also keeps the epoch in a 2-integer tensor in shared memory (it reaches fork and
+    spawn workers alike), which a worker reads at each iter(): a persistent worker follows
+    set_epoch(), and a load_state_dict() made after the workers started fails there instead
+    of being ignored."""
+
+    def _init_epoch_sync(self) -> None:
+        self._restores = 0  # load_state_dict() calls in the main process
+        try:
+            self._synced = torch.zeros(2, dtype=torch.int64).share_memory_()
+        except (RuntimeError, OSError):  # no shared memory: workers get their copy's epoch
+            self._synced = None
+
+    def _publish_epoch(self, restored: bool = False) -> None:
+        synced = getattr(self, "_synced", None)
+        if synced is None or torch.utils.data.get_worker_info() is not None:
+            return
+        if restored:
+            self._restores += 1
+        synced[0], synced[1] = self._epoch, self._restores
+
+    def _follow_epoch(self) -> Optional[Iterator[Any]]:
+        """At a worker's iter(): None, or an iterator that raises the error (raised from
+        iter() itself, it would kill a persistent worker without a message)."""
+        synced = getattr(self, "_synced", None)
+        if synced is None or torch.utils.data.get_worker_info() is None:
+            return None
+        epoch, restores = (int(v) for v in synced.tolist())
+        if restores != self._restores:
+            return _raising(RuntimeError(
+                "wharf: load_state_dict() was called on the dataset after the DataLoader's "
+                "persistent workers started, and they keep the copy they started with: load the "
+                "state before the loader's first iteration, or make a new DataLoader after it"))
+        if epoch != self._epoch:
+            self.set_epoch(epoch)
+        return None
+
+
+def _raising(error: BaseException) -> Iterator[Any]:
+    raise error
+    yield  # a generator: the error comes at the first next()
+
+
+class _GlobalOrder(_EpochSync, _Distributed):
     """wharf's global order of a dataset's epochs and a cursor in it, shared by
     IterableDataset and DistributedSampler: the permutation of epoch e depends only on
     (seed, e); global position p goes to rank p % world_size; the cursor `consumed` counts
@@ -218,6 +264,7 @@ class _GlobalOrder(_Distributed):
         if int(epoch) != self._epoch:
             self._epoch, self._start = int(epoch), 0
             self._epoch_changed()
+        self._publish_epoch()
 
     def _epoch_changed(self) -> None:
         pass
@@ -525,6 +572,7 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
         if batch_size_hint < 1:
             raise ValueError("batch_size_hint must be >= 1")
         self._init_order(index, shuffle, seed, drop_last, rank, world_size)
+        self._init_epoch_sync()
         self.transform = transform
         self.batch_size_hint = int(batch_size_hint)
         self._stream_options = dict(prefetch=prefetch, prefetch_bytes=prefetch_bytes,
@@ -634,12 +682,15 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
         self._restore(state)
         self._yielded, self._skipped = 0, 0
         self._worker_resume = dict(share) if share is not None else None
+        self._publish_epoch(restored=True)
 
     # -- reading --
 
     def __iter__(self) -> Iterator[Any]:
         # Not a generator: the stream, the counters and the resume state change here, at
         # iter(), so a state taken before the first next() describes this pass.
+        if (failed := self._follow_epoch()) is not None:
+            return failed
         here = self._share()
         skip = 0
         share = self._worker_resume
@@ -683,7 +734,7 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
                     yield transform(s)
 
 
-class _ShardEpochs:
+class _ShardEpochs(_EpochSync):
     """The epoch of a dataset whose readers keep their own positions (record shards, row
     files): changing it drops a saved position and the live one."""
 
@@ -694,6 +745,7 @@ class _ShardEpochs:
     def set_epoch(self, epoch: int) -> None:
         if int(epoch) != self._epoch:
             self._epoch, self._resume, self._live = int(epoch), None, None
+        self._publish_epoch()
 
 
 class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
@@ -783,6 +835,7 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
                              memory_budget=memory_budget)
         self._init_dist(rank, world_size)
         self._epoch = 0
+        self._init_epoch_sync()
         # The order version of the shard order: the current one for a new run; a run resumed
         # from a state keeps the state's.
         self._order = _wharf.current_order
@@ -827,6 +880,7 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         self._order = int(order)
         self._resume = stream
         self._live = None
+        self._publish_epoch(restored=True)
 
     def stream(self, rank: Optional[int] = None, world_size: Optional[int] = None,
                worker: int = 0, num_workers: int = 1,
@@ -844,6 +898,8 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         # Not a generator: the stream is created (and a saved position restored) at iter(), so
         # a state taken before the first next() describes this pass, and a failed restore
         # keeps the saved position for the next attempt.
+        if (failed := self._follow_epoch()) is not None:
+            return failed
         worker, num_workers = _worker_info()
         stream = self.stream(worker=worker, num_workers=num_workers, state=self._resume)
         self._resume = None

@@ -350,6 +350,7 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
         self._text_block = 4 << 20  # CSV / JSON lines: bytes parsed at once
         self._units = self._make_units()
         self._epoch = 0
+        self._init_epoch_sync()
         self._order = _wharf.current_order  # the unit order's version, part of a state
         self._resume = None      # a share state to continue at the next __iter__
         self._live = None        # (pid, the position dict the current __iter__ updates)
@@ -414,10 +415,13 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
         self._epoch = int(state["epoch"])
         self._resume = state.get("share")
         self._live = None
+        self._publish_epoch(restored=True)
 
     # ---- reading ----
     def __iter__(self) -> Iterator[Any]:
         from wharf.torch import _worker_info
+        if (failed := self._follow_epoch()) is not None:
+            return failed
         worker, num_workers = _worker_info()
         units, (rank, world) = self._share(worker, num_workers)
         pos = {"rank": rank, "world_size": world, "worker": worker,
