@@ -256,6 +256,13 @@ absl::StatusOr<bool> LineReader::NextRow(std::string* out, uint64_t* offset) {
     const size_t base = out->size();
     WHARF_ASSIGN_OR_RETURN(const bool found, ScanRow(out, offset));
     if (!found) return false;
+    if (options_.skip_blank_rows) {
+      const bool blank = std::all_of(out->begin() + base, out->end(),
+                                     [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
+      if (!blank) return true;
+      out->resize(base);
+      continue;
+    }
     if (!options_.skip_empty_rows || out->size() > base) return true;
   }
 }
@@ -335,6 +342,7 @@ absl::StatusOr<std::unique_ptr<RecordReader>> OpenLineRecordReader(
   lo.delimiter = options.delimiter;
   lo.quote = options.quote;
   lo.skip_empty_rows = options.skip_empty_rows;
+  lo.skip_blank_rows = format == LineFormat::kJsonLines;  // never a record
   RecordObject rows = object;
   std::optional<std::string> header;
   if (options.header && options.io.offset > 0) {

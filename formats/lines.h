@@ -60,6 +60,9 @@ struct LineReaderOptions {
   char quote = '"';
   // Empty rows are not returned (the header row is never skipped).
   bool skip_empty_rows = false;
+  // Nor rows of only spaces, tabs and CRs (JSON lines records: such a line holds no value;
+  // pandas, pyarrow and the jsonlines package skip it). Implies skip_empty_rows.
+  bool skip_blank_rows = false;
   // A longer row is an error (ResourceExhausted): bounds what one row can make the reader hold.
   uint64_t max_row_bytes = uint64_t{64} << 20;
 };

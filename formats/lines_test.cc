@@ -76,6 +76,11 @@ TEST(LinesTest, JsonLinesWithCrlfAndNoFinalNewline) {
   EXPECT_TRUE(ReadRows(tmp.store(), "empty.jsonl", Jsonl(3)).empty());
   ASSERT_TRUE(tmp.store()->Put("nl.jsonl", absl::Cord("\n")).ok());
   EXPECT_THAT(ReadRows(tmp.store(), "nl.jsonl", Jsonl(3)), ElementsAre(""));
+  // skip_blank_rows (what JSON lines records use): whitespace-only rows hold no value.
+  ASSERT_TRUE(tmp.store()->Put("blank.jsonl", absl::Cord("1\n\n \t\n2\r\n  \r\n 3 \n")).ok());
+  LineReaderOptions blank = Jsonl(2);
+  blank.skip_blank_rows = true;
+  EXPECT_THAT(ReadRows(tmp.store(), "blank.jsonl", blank), ElementsAre("1", "2", " 3 "));
 }
 
 TEST(LinesTest, CsvQuotedNewlinesStayInTheirRowAndTheHeaderIsSeparate) {

@@ -171,6 +171,26 @@ def test_csv_and_jsonl_as_pandas_writes_them(root):
     assert _rows(ds, "text") == df["text"].tolist()
 
 
+def test_malformed_csv_and_jsonl_name_the_object_and_where(root):
+    store = wharf.Store(root)
+    # A bad JSON line in the third block: the error names the file and the block's first byte
+    # and line (pyarrow counts rows from the block it parsed).
+    good = b"".join(b'{"a": %d}\n' % i for i in range(1000))
+    store.put("m.jsonl", good + b'{"a": 1000\n' + good)
+    ds = IterableDataset.from_files(root + "m.jsonl", shuffle=False)
+    ds._text_block = 4_096
+    with pytest.raises(ValueError, match=r"read jsonl .*m\.jsonl: in the rows from byte \d+ "
+                                         r"\(line \d+ is their row 0\): JSON parse error"):
+        list(ds)
+    # An unbalanced quote swallowed the rows after it into one field; pandas refuses it too.
+    store.put("u.csv", b'id,text\n1,a\n2,"oops\n3,c\n')
+    with pytest.raises(ValueError, match=r"u\.csv: the object ends inside a quoted field "
+                                         r"\(an unbalanced quote in the rows from byte 12, line 3\)"):
+        list(IterableDataset.from_files(root + "u.csv", shuffle=False))
+    with pytest.raises(pd.errors.ParserError):
+        pd.read_csv(io.BytesIO(b'id,text\n1,a\n2,"oops\n3,c\n'))
+
+
 def test_gzip_csv_and_jsonl_stream_inflated(root):
     import gzip
     df = _frame(3_000, columns=2)

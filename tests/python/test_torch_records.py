@@ -152,6 +152,10 @@ def test_csv_and_jsonl_rows(target):
     ds = IterableDataset.from_shards(uri, ["jl/y.jsonl", "jl/x.jsonl"], format="jsonl",
                                      shuffle=False)
     assert [json.loads(bytes(s.data))["i"] for s in ds] == list(range(7, 10)) + list(range(7))
+    # Blank and whitespace-only lines hold no JSON value: never records (pandas skips them).
+    store.put("jb/b.jsonl", b'{"a": 1}\n\n{"a": 2}\n \t\r\n{"a": 3}\n\n')
+    ds = IterableDataset.from_shards(uri + "jb/", format="jsonl", shuffle=False)
+    assert [json.loads(bytes(s.data)) for s in ds] == [{"a": 1}, {"a": 2}, {"a": 3}]
 
 
 def test_the_format_registry_names_formats_and_suffixes(target):

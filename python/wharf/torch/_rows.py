@@ -542,7 +542,35 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
         else:
             import pyarrow.json as pjson
             quote = None
+
+        def parse_rows(rows, schema, names):
+            """(table, the column names for later blocks) of a block of whole rows, typed as
+            `schema` when given (the first block's)."""
+            if csv:
+                kw = read_kw
+                if names:  # later blocks: no header, nothing to skip
+                    kw = {k: v for k, v in read_kw.items() if k not in (
+                        "skip_rows", "skip_rows_after_names", "autogenerate_column_names")}
+                    kw["column_names"] = names
+                read = pcsv.ReadOptions(**kw)
+                convert = pcsv.ConvertOptions(**convert_kw)
+                if schema is not None:
+                    convert.column_types = schema
+                if self.columns is not None:
+                    convert.include_columns = self.columns
+                table = pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, rows)), read_options=read,
+                                      parse_options=parse, convert_options=convert)
+                if names is None:
+                    names = read.column_names or _csv_names(pcsv, rows, read_kw, parse)
+                return table, names
+            table = pjson.read_json(pa.BufferReader(_arrow_owned(pa, rows)), parse_options=(
+                pjson.ParseOptions(explicit_schema=schema) if schema is not None else None))
+            if self.columns is not None:
+                table = table.select(self.columns)
+            return table, names
+
         schema, names, carry, quotes = None, None, b"", 0
+        offset, line = 0, 1  # where the next rows start in the (inflated) text, for errors
         with _open_object(uri, **self._store_options) as raw:
             # A gzip file (.csv.gz, .jsonl.gz) is inflated as it streams (zlib, bounded memory).
             f = gzip.GzipFile(fileobj=raw, mode="rb") if uri.endswith(".gz") else raw
@@ -568,28 +596,18 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
                     rows, carry = data, b""
                 if quote:
                     quotes += rows.count(quote)
-                if csv:
-                    kw = read_kw
-                    if names:  # later blocks: no header, nothing to skip
-                        kw = {k: v for k, v in read_kw.items() if k not in (
-                            "skip_rows", "skip_rows_after_names", "autogenerate_column_names")}
-                        kw["column_names"] = names
-                    read = pcsv.ReadOptions(**kw)
-                    convert = pcsv.ConvertOptions(**convert_kw)
-                    if schema is not None:
-                        convert.column_types = schema
-                    if self.columns is not None:
-                        convert.include_columns = self.columns
-                    table = pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, rows)), read_options=read,
-                                          parse_options=parse, convert_options=convert)
-                    if names is None:
-                        names = read.column_names or _csv_names(pcsv, rows, read_kw, parse)
-                else:
-                    table = pjson.read_json(pa.BufferReader(_arrow_owned(pa, rows)), parse_options=(
-                        pjson.ParseOptions(explicit_schema=schema) if schema is not None
-                        else None))
-                    if self.columns is not None:
-                        table = table.select(self.columns)
+                    if not block and quotes % 2:
+                        raise ValueError(
+                            f"read {self.format} {uri}: the object ends inside a quoted field "
+                            f"(an unbalanced quote in the rows from byte {offset}, line {line})")
+                try:
+                    table, names = parse_rows(rows, schema, names)
+                except pa.ArrowInvalid as e:
+                    # pyarrow counts rows from the block it was given: say where that is.
+                    raise ValueError(f"read {self.format} {uri}: in the rows from byte {offset} "
+                                     f"(line {line} is their row 0): {e}") from None
+                offset += len(rows)
+                line += rows.count(b"\n")
                 if schema is None:
                     schema = table.schema
                 yield from table.to_batches()
