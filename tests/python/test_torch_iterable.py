@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 import torch_helpers as h
 from torch_helpers import target  # noqa: F401 - the fixture
 import wharf
-from wharf.torch import IterableDataset, distributed_info
+from wharf.torch import IterableDataset, MapDataset, distributed_info
 
 N = 101  # not a multiple of the world sizes: padding and drop_last matter
 BATCH = 4
@@ -145,3 +145,15 @@ def test_streams_are_not_carried_across_fork(uri):
     assert error.startswith("WharfError") and "another process" in error, error
     assert data == h.PAYLOAD + b"s/000.bin"
     assert len(list(stream)) == N - 1  # the parent's stream is intact
+
+
+@pytest.mark.parametrize("make", [IterableDataset.from_prefix, MapDataset.from_prefix])
+def test_a_prefix_with_no_objects_is_an_error_not_an_empty_epoch(make, tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_bytes(b"x")
+    for uri in (f"file://{tmp_path}/no-such-dir/", f"{tmp_path}/d/typo/"):
+        with pytest.raises(ValueError, match=f"no objects found at .*(no-such-dir|typo)/"):
+            make(uri)
+    with pytest.raises(ValueError, match=r"no objects ending in \.jpg, \.png found"):
+        make(f"file://{tmp_path}/d/", suffixes=[".jpg", ".png"])
+    assert len(make(f"file://{tmp_path}/d/")) == 1

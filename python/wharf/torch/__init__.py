@@ -179,8 +179,15 @@ def _index_for(uri: str, keys=None, suffixes: Sequence[str] = (), list_workers: 
     mapped and shared by every process that opens it (it pickles as the file's path), so no
     per-sample list lives in the dataset or travels to DataLoader workers."""
     if keys is None:
-        return _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes), workers=list_workers,
-                                              index_cache=index_cache, **store)
+        index = _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes),
+                                               workers=list_workers, index_cache=index_cache,
+                                               **store)
+        if len(index) == 0:
+            # A typo in a path or prefix would otherwise train on nothing, "finishing" at once.
+            what = f"objects ending in {', '.join(suffixes)}" if suffixes else "objects"
+            raise ValueError(f"no {what} found at {uri} (a dataset needs at least one; is the "
+                             f"path or prefix right?)")
+        return index
     return _wharf.SampleIndex.from_keys(uri, list(keys), **store)
 
 
@@ -412,7 +419,8 @@ class MapDataset(torch.utils.data.Dataset):
     def from_prefix(cls, uri: str, transform: Optional[Callable] = None,
                     suffixes: Sequence[str] = (), list_workers: int = 16, **engine) -> "MapDataset":
         """Every object below `uri` (end it with '/' for a folder), sorted by key; only keys
-        ending in one of `suffixes` when given. Listed once, by `list_workers` parallel list
+        ending in one of `suffixes` when given (none at all is a ValueError: a mistyped path
+        would otherwise give an empty epoch). Listed once, by `list_workers` parallel list
         calls, in the process that calls this. Store options (endpoint=, region=,
         anonymous=, profile=) go to the store, as for wharf.Store. index_cache= (also for
         from_manifest): the directory of the index file, which every process of the node
@@ -584,7 +592,8 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
     @classmethod
     def from_prefix(cls, uri: str, suffixes: Sequence[str] = (), list_workers: int = 16,
                     **kwargs) -> "IterableDataset":
-        """Every object below `uri` (listed once, in parallel, sorted by key)."""
+        """Every object below `uri` (listed once, in parallel, sorted by key); none is a
+        ValueError."""
         store = _pop_store_options(kwargs)
         return cls(_index_for(uri, None, suffixes, list_workers, **_pop_index_options(kwargs),
                               **store), **kwargs)
