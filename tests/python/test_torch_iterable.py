@@ -152,7 +152,7 @@ def test_a_prefix_with_no_objects_is_an_error_not_an_empty_epoch(make, tmp_path)
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.txt").write_bytes(b"x")
     for uri in (f"file://{tmp_path}/no-such-dir/", f"{tmp_path}/d/typo/"):
-        with pytest.raises(ValueError, match=f"no objects found at .*(no-such-dir|typo)/"):
+        with pytest.raises(ValueError, match="no objects found at .*(no-such-dir|typo)/"):
             make(uri)
     with pytest.raises(ValueError, match=r"no objects ending in \.jpg, \.png found"):
         make(f"file://{tmp_path}/d/", suffixes=[".jpg", ".png"])
