@@ -162,6 +162,10 @@ void TierTreeStore::Describe(ListPage& page) const {
     const auto entry = ReadEntryAttr(path);
     if (stat(path.c_str(), &st) == 0 && IsCompleteEntry(entry, st)) {
       meta.etag = EntryEtag(*entry);
+      // The content's MD5 when the entry records one (an import's): so an export compares
+      // by content with a destination whose ETag or md5Hash is an MD5, whatever ETag the
+      // source gave (a GCS generation, a multipart ETag).
+      meta.md5 = entry->md5;
     } else if (!options_.plain_file_etags) {
       meta.etag.clear();
     }

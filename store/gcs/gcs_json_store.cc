@@ -1006,8 +1006,11 @@ class GcsResumableWriter : public ObjectWriter {
     if (closed_) return absl::FailedPreconditionError(absl::StrCat("write ", Uri(), ": closed"));
     pending_.Append(std::move(data));
     const uint64_t chunk = store_->config().chunk_size;
-    // Keep at least one byte back: the last chunk must carry the total.
-    while (pending_.size() > chunk) {
+    // A whole chunk goes as soon as it is held: the writer holds its bytes zero-copy, still
+    // charged to the memory budget, and the source may need that room for its next part (a
+    // chunk held back for one more byte waited forever under a budget of one part). Close
+    // sends the rest with the total, or just the total ("bytes */TOTAL") when nothing is left.
+    while (pending_.size() >= chunk) {
       if (absl::Status s = SendChunk(chunk, /*last=*/false); !s.ok()) return Fail(s);
     }
     return absl::OkStatus();

@@ -104,6 +104,32 @@ def test_tier_import_from_gs_resumes_by_generation(gcs_emulator, gcs_client, gcs
                                  env=env, check=True).stdout)
     assert (again["fetched"], again["skipped"]) == (1, 11)
     assert (dest / "05").read_bytes() == new
+    # Exported to gs:// and to s3-like destinations alike, a rerun skips every imported
+    # entry: the entries' ETags are generations, but their recorded MD5 is compared.
+    out = f"gs://{gcs_bucket}/exported/"
+    first = json.loads(run_wharf("tier", "export", "--json", dest, out, env=env,
+                                 check=True).stdout)
+    again = json.loads(run_wharf("tier", "export", "--json", dest, out, env=env,
+                                 check=True).stdout)
+    assert (first["uploaded"], again["uploaded"], again["skipped"]) == (12, 0, 12)
+
+
+def test_uploads_complete_under_a_budget_of_one_chunk(gcs_emulator, gcs_bucket, tmp_path):
+    # The resumable writer held a whole 8 MiB chunk back until one more byte came, while the
+    # source waited for budget to read it: under an 8 MiB budget the upload never ended.
+    env = gcs_env(gcs_emulator)
+    for size in (8 << 20, (8 << 20) + 1, 9 << 20):  # exactly one chunk: finalized empty
+        data = os.urandom(size)
+        (tmp_path / "f").write_bytes(data)
+        for budget in ("4M", "8M"):
+            uri = f"gs://{gcs_bucket}/budget/{size}-{budget}"
+            run_wharf("cp", "-q", "--memory-budget", budget, tmp_path / "f", uri, env=env,
+                      check=True, timeout=120)
+            assert run_wharf("cat", uri, env=env, check=True).stdout == data
+    run_wharf("cp", "-q", "--memory-budget", "8M", "-", f"gs://{gcs_bucket}/budget/stdin",
+              input=data, env=env, check=True, timeout=120)
+    assert run_wharf("cat", f"gs://{gcs_bucket}/budget/stdin", env=env,
+                     check=True).stdout == data
 
 
 def test_reads_through_a_tier_record_the_generation_and_time(gcs_emulator, gcs_client,
