@@ -168,7 +168,11 @@ class Lister {
     }
     while (struct dirent* e = readdir(dir)) {
       absl::string_view name = e->d_name;
-      if (name == "." || name == ".." || absl::StartsWith(name, kTempPrefix)) continue;
+      if (name == "." || name == "..") continue;
+      if (absl::StartsWith(name, kTempPrefix)) {
+        RemoveAbandonedTemp(dirfd(dir), e->d_name);  // a killed writer's: never an object
+        continue;
+      }
       bool is_dir = e->d_type == DT_DIR;
       bool is_file = e->d_type == DT_REG;
       if (e->d_type == DT_UNKNOWN || e->d_type == DT_LNK) {

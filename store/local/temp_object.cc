@@ -1,12 +1,14 @@
 #include "store/local/temp_object.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -140,7 +142,15 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
     temp->path_ = absl::StrCat(dir, "/", kLocalTempPrefix, RandomHex());
     temp->fd_ =
         open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, beside ? 0600 : 0666);
-    if (temp->fd_ >= 0) return temp;
+    if (temp->fd_ >= 0) {
+      // Beside the target (where no tier's garbage collection looks), the lock tells this
+      // live file from an abandoned one (RemoveAbandonedTemp). A dup holds it past Seal's
+      // close: a flock belongs to the open file, not to one descriptor.
+      if (beside && flock(temp->fd_, LOCK_EX | LOCK_NB) == 0) {
+        temp->lock_fd_ = fcntl(temp->fd_, F_DUPFD_CLOEXEC, 0);
+      }
+      return temp;
+    }
     if (errno == ENOENT && !beside && attempt == 0) {
       // The thread's subdirectory is made on its first file (private: mode 0700).
       if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
@@ -157,6 +167,21 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
 TempObject::~TempObject() {
   if (fd_ >= 0) close(fd_);
   if (!published_ && !path_.empty()) unlink(path_.c_str());
+  if (lock_fd_ >= 0) close(lock_fd_);  // after the unlink: never a removable file of ours
+}
+
+bool RemoveAbandonedTemp(int dir_fd, const char* name) {
+  constexpr int kMinAgeSeconds = 5;
+  const int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return false;
+  struct stat st;
+  bool removed = false;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_mtime < time(nullptr) - kMinAgeSeconds &&
+      flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    removed = unlinkat(dir_fd, name, 0) == 0;
+  }
+  close(fd);
+  return removed;
 }
 
 void TempObject::AddToChecksum(absl::string_view data) {
@@ -246,6 +271,10 @@ absl::Status TempObject::PublishAt(const std::string& target, bool sync_dir, boo
     if (err != 0) return ErrnoToStatus(err, "rename");
   }
   published_ = true;
+  if (lock_fd_ >= 0) {
+    close(lock_fd_);
+    lock_fd_ = -1;
+  }
   if (sync_dir) {
     int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {

@@ -44,6 +44,14 @@ enum class Checksum { kMd5, kCrc32c };
 // Names the file:// store reserves for its temporary files.
 inline constexpr absl::string_view kLocalTempPrefix = ".wharf-tmp-";
 
+// Removes `name`, a temporary file (kLocalTempPrefix) in the directory `dir_fd`, when the
+// process that wrote it is gone: no process holds its flock (a writer holds it until it
+// publishes or removes the file; the OS releases it when the writer dies, kill -9 included)
+// and it is older than a few seconds (a writer takes its lock right after creating the file).
+// Returns whether it removed it. The file:// store calls it for each one its listings meet,
+// so a rerun into a folder removes what killed runs left there.
+bool RemoveAbandonedTemp(int dir_fd, const char* name);
+
 class TempObject {
  public:
   // A temporary file for `target` (an absolute path) in `temp_dir`, or next to the target
@@ -96,6 +104,9 @@ class TempObject {
   const std::string target_;
   std::string path_;
   int fd_ = -1;
+  // Beside its target: a dup of the file held until it is published or removed, keeping the
+  // flock that tells a live writer's file from one a killed process left (RemoveAbandonedTemp).
+  int lock_fd_ = -1;
   bool published_ = false;
   // Created with its final mode (in a private directory): Seal needs no chmod.
   bool final_mode_ = false;

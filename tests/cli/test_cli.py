@@ -9,6 +9,7 @@ import os
 import re
 import pathlib
 import subprocess
+import time
 
 import pytest
 
@@ -291,6 +292,45 @@ def test_cp_recursive_round_trips_byte_identically(tmp_path):
     # No temporary files or other extras anywhere.
     for d in ("copy", "back"):
         assert sorted(p.name for p in (tmp_path / d).rglob("*") if ".wharf-tmp" in p.name) == []
+
+
+def test_a_rerun_removes_what_killed_copies_left(tmp_path):
+    # Writers killed with -9 mid-file leave their temporary files (private, never listed);
+    # the next run that lists the folder removes them. A live writer's file stays.
+    dst = tmp_path / "dst"
+    (tmp_path / "src" / "sub").mkdir(parents=True)
+    (tmp_path / "src" / "sub" / "f").write_bytes(b"data")
+    killed = []
+    for target in (dst / "from-stdin", dst / "sub" / "deep"):
+        proc = subprocess.Popen([WHARF, "cp", "-q", "-", str(target)], stdin=subprocess.PIPE)
+        proc.stdin.write(b"x" * 100_000)
+        proc.stdin.flush()
+        for _ in range(200):  # until the writer's temporary file exists
+            if list(target.parent.glob(".wharf-tmp-*")):
+                break
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        killed.extend(target.parent.glob(".wharf-tmp-*"))
+    assert len(killed) == 2, killed
+    live = subprocess.Popen([WHARF, "cp", "-q", "-", str(dst / "live")], stdin=subprocess.PIPE)
+    try:
+        live.stdin.write(b"y" * 100_000)
+        live.stdin.flush()
+        time.sleep(0.5)
+        ours = set(dst.glob(".wharf-tmp-*")) - set(killed)
+        assert len(ours) == 1, ours
+        old = time.time() - 60  # past the few seconds a fresh file is spared
+        for p in killed + list(ours):
+            os.utime(p, (old, old))
+        run("cp", "-r", "-q", tmp_path / "src", dst, check=0)
+        left = set(dst.rglob(".wharf-tmp-*"))
+        assert left == ours, left  # the killed runs' files are gone, the live one stays
+    finally:
+        live.stdin.close()
+        assert live.wait(timeout=60) == 0
+    assert (dst / "live").read_bytes() == b"y" * 100_000
+    assert list(dst.rglob(".wharf-tmp-*")) == [] and (dst / "sub" / "f").read_bytes() == b"data"
 
 
 def test_cp_single_file(tmp_path):
