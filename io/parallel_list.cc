@@ -343,6 +343,21 @@ std::string DescribeRange(absl::string_view lower, absl::string_view upper) {
                       ")");
 }
 
+// A list call's failure, naming the key range it listed when that helps: not for a missing
+// bucket or refused credentials, whose cause is the whole bucket's (the range is then an
+// internal detail in front of the one thing the user must fix).
+absl::Status RangeFailure(const absl::Status& failure, absl::string_view lower,
+                          absl::string_view upper) {
+  switch (failure.code()) {
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      return failure;
+    default:
+      return Annotate(failure, DescribeRange(lower, upper));
+  }
+}
+
 absl::Status ValidateOptions(ObjectStore& store, const ListOptions& range,
                              const ParallelListOptions& options) {
   if (!range.delimiter.empty()) {
@@ -489,7 +504,7 @@ class Lister : public std::enable_shared_from_this<Lister> {
       --in_flight_;
       if (!status_.ok()) return;  // cancelled: the worker stops
       if (!page.ok()) {
-        FailLocked(Annotate(page.status(), DescribeRange(task.lower, task.upper)));
+        FailLocked(RangeFailure(page.status(), task.lower, task.upper));
         return;
       }
       const bool more = !page->continuation.empty();
@@ -646,7 +661,7 @@ absl::Status SequentialList(ObjectStore& store, const ListOptions& range,
     local.peak_in_flight = 1;
     absl::StatusOr<ListPage> page = store.List(list_options, continuation);
     if (!page.ok()) {
-      status = Annotate(page.status(), DescribeRange(range.start_after, range.end_before));
+      status = RangeFailure(page.status(), range.start_after, range.end_before);
       break;
     }
     if (!page->objects.empty()) {

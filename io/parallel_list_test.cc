@@ -867,7 +867,13 @@ TEST_F(LocalListTest, AListErrorStopsTheListingAndNamesTheRange) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("listing keys in ("));
   EXPECT_THAT(std::string(status.message()), HasSubstr("injected failure"));
   EXPECT_LT(seen, 5000);
-  EXPECT_LT(slow.calls(), 300);    // stopped early: 5,000 keys take 500+ calls
+  EXPECT_LT(slow.calls(), 300);  // stopped early: 5,000 keys take 500+ calls
+  // A missing bucket is the whole bucket's problem: no key range in front of it.
+  SlowListStore missing(*store_, absl::Milliseconds(0));
+  missing.FailCall(1, absl::NotFoundError("list file:///x: no such bucket"));
+  const absl::Status gone =
+      ParallelList(missing, {}, options, [](std::vector<ObjectMeta>) { return absl::OkStatus(); });
+  EXPECT_EQ(gone.message(), "list file:///x: no such bucket");
   EXPECT_EQ(slow.in_flight(), 0);  // and waited for the calls in flight
 }
 

@@ -239,8 +239,13 @@ absl::Status ErrorFromJsonResponse(const HttpResponse& response, absl::string_vi
   const int s = response.status;
   if (s == 404) {
     code = absl::StatusCode::kNotFound;
-    // GCS names the cause in its JSON error; a reply without one could mean either.
-    if (message.empty()) hint = "no such object, or no such bucket";
+    // GCS names the cause in its JSON error; a reply without one could mean either, except
+    // to requests that name no object that must exist (a listing, a new object's upload).
+    if (message.empty()) {
+      hint = op == "list" || op == "put" || op == "start upload"
+                 ? "no such bucket"
+                 : "no such object, or no such bucket";
+    }
   } else if (s == 401 || s == 403) {
     code = absl::StatusCode::kPermissionDenied;
     hint = absl::StrCat("check the credentials and their permissions; credentials from ",

@@ -196,6 +196,14 @@ def test_bucket_listing_and_missing_bucket(gcs_emulator, gcs_bucket):
     assert missing.returncode == 1
     assert "gs://wharf-no-such-bucket-here/" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+    # An upload to it, and a copy into it (whose parallel listing names no key range): the
+    # bucket is what is missing, one line.
+    src = ROOT / "README.md"
+    for args in (("cp", src, "gs://wharf-no-such-bucket-here/x"),
+                 ("cp", "-r", ROOT / "docs", "gs://wharf-no-such-bucket-here/d/")):
+        up = run_wharf(*args, env=env)
+        assert up.returncode == 1 and "no such bucket" in up.stderr, up.stderr
+        assert "listing keys in" not in up.stderr and len(up.stderr.splitlines()) == 1
 
 
 def test_the_bucket_itself_is_not_an_object(gcs_emulator, gcs_bucket):
