@@ -218,6 +218,7 @@ absl::StatusOr<std::shared_ptr<CheckpointRoot>> CheckpointRoot::Open(
       local.fsync = true;
       WHARF_ASSIGN_OR_RETURN(std::unique_ptr<LocalStore> store,
                              LocalStore::Open("/", runtime, local));
+      LocalStore::KeepDirectory(dir);  // removing the last checkpoint keeps the root
       root->store_ = std::move(store);
       root->prefix_ = AsPrefix(dir.substr(1));
     } else {

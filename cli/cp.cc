@@ -18,6 +18,7 @@
 #include "cli/store_flags.h"
 #include "cli/verbs.h"
 #include "io/transfer.h"
+#include "store/local/local_store.h"
 #include "store/registry.h"
 
 namespace wharf::cli {
@@ -148,6 +149,8 @@ absl::Status RunCp(const CpArgs& args) {
   WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(args.src));
   WHARF_ASSIGN_OR_RETURN(SpecAndKey dst_parsed, ParseCliUri(args.dst));
   const ObjectUri dst_uri = dst_parsed.uri();
+  // sync --delete removing every file of a local destination keeps the folder itself.
+  if (dst_parsed.spec.scheme == "file") LocalStore::KeepDirectory(absl::StrCat("/", dst_uri.key));
   std::shared_ptr<ObjectStore> dst_store;
   if (dst_parsed.spec == src.spec) {
     dst_store = src.store;  // one store: server-side copies

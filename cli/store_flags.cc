@@ -1,7 +1,11 @@
 #include "cli/store_flags.h"
 
+#include <algorithm>
+#include <string>
+
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "store/local/local_store.h"
 
 namespace wharf::cli {
 namespace {
@@ -60,6 +64,13 @@ absl::StatusOr<SpecAndKey> ParseCliUri(absl::string_view uri_or_path) {
   auto parsed = ParseStoreUri(uri_or_path);
   if (!parsed.ok()) return parsed.status();
   parsed->spec.options.MergeFrom(CliStoreOptions(parsed->spec.scheme));
+  // A delete below a local path given here may remove what the path names (rm -r DIR), never
+  // a directory above it. (A sync's destination keeps itself too: cp.cc.)
+  if (parsed->spec.scheme == "file") {
+    std::string path = absl::StrCat("/", parsed->key);
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    LocalStore::KeepDirectory(path.substr(0, std::max<size_t>(1, path.rfind('/'))));
+  }
   return parsed;
 }
 

@@ -27,6 +27,7 @@
 #include "python/binding.h"
 #include "store/gcs/gcs_json_store.h"
 #include "store/gcs/gcs_store.h"
+#include "store/local/local_store.h"
 #include "store/registry.h"
 #include "store/s3/s3_store.h"
 #include "tier/tier_store.h"
@@ -128,6 +129,8 @@ std::string StoreHandle::Relative(const std::string& key) const {
 }
 
 void StoreHandle::Open() {
+  // Deletes through a Store on a folder never remove the folder or what is above it.
+  if (spec_.scheme == "file") LocalStore::KeepDirectory(absl::StrCat("/", prefix_));
   std::shared_ptr<ObjectStore> opened = Check(OpenSpec(spec_));
   // The parent's store is kept, not destroyed, in a child (base/fork.h).
   if (store_ != nullptr && generation_ != ForkGeneration()) {

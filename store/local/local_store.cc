@@ -17,11 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "base/hash.h"
 #include "base/status.h"
 #include "store/local/temp_object.h"
@@ -170,7 +172,9 @@ class Lister {
       absl::string_view name = e->d_name;
       if (name == "." || name == "..") continue;
       if (absl::StartsWith(name, kTempPrefix)) {
-        RemoveAbandonedTemp(dirfd(dir), e->d_name);  // a killed writer's: never an object
+        // A killed writer's, beside its target: never an object. (Those in a tier's private
+        // temporary folders are the tier's garbage collection's.)
+        if (absl::StartsWith(name, kLockedTempPrefix)) RemoveAbandonedTemp(dirfd(dir), e->d_name);
         continue;
       }
       bool is_dir = e->d_type == DT_DIR;
@@ -489,12 +493,44 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string 
                                        options_.fsync, put_options.if_absent);
 }
 
+namespace {
+
+absl::Mutex kept_mu(absl::kConstInit);
+std::vector<std::string>* kept_dirs ABSL_GUARDED_BY(kept_mu) = nullptr;
+
+// Whether `dir` is a kept directory or one above a kept directory.
+bool IsKept(absl::string_view dir) {
+  absl::MutexLock lock(&kept_mu);
+  if (kept_dirs == nullptr) return false;
+  for (const std::string& kept : *kept_dirs) {
+    if (kept == dir || (absl::StartsWith(kept, dir) && kept.size() > dir.size() &&
+                        (kept[dir.size()] == '/' || dir == "/"))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+void LocalStore::KeepDirectory(absl::string_view path) {
+  std::string dir(path);
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty()) return;
+  absl::MutexLock lock(&kept_mu);
+  if (kept_dirs == nullptr) kept_dirs = new std::vector<std::string>;  // never freed
+  if (std::find(kept_dirs->begin(), kept_dirs->end(), dir) == kept_dirs->end()) {
+    kept_dirs->push_back(std::move(dir));
+  }
+}
+
 void LocalStore::PruneEmptyParents(absl::string_view key) const {
   std::string path = PathOf(key);
   while (true) {
     const size_t slash = path.rfind('/');
     if (slash == std::string::npos || slash <= root_.size()) return;
     path.resize(slash);
+    if (IsKept(path)) return;
     if (rmdir(path.c_str()) != 0) return;  // not empty (or raced with a put): stop
   }
 }

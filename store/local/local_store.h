@@ -47,6 +47,13 @@ class LocalStore : public ObjectStore {
                                                           std::shared_ptr<Runtime> runtime,
                                                           LocalStoreOptions options = {});
 
+  // Directories that deletes never remove, nor any directory above them. A delete prunes the
+  // empty directories it leaves (so a delimiter listing never shows an empty prefix), and a
+  // file:// store is rooted at "/": without these, `rm dir/a/b/f` removed dir/a/b, dir/a and
+  // dir when empty, and `sync --delete` its destination. The CLI keeps each local path it is
+  // given, the Python Store its folder. Process-wide; absolute paths.
+  static void KeepDirectory(absl::string_view path);
+
   // InvalidArgument (naming the key and the rule) unless `key` is a valid file:// key.
   static absl::Status ValidateKey(absl::string_view key);
 
@@ -86,7 +93,8 @@ class LocalStore : public ObjectStore {
   absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data, const PutOptions& options,
                                  const Md5Digest* md5);
   std::string PathOf(absl::string_view key) const;
-  // Removes now-empty directories from `key`'s parent up to (not including) the root.
+  // Removes now-empty directories from `key`'s parent up to (not including) the root or a
+  // kept directory (KeepDirectory) or one above it.
   void PruneEmptyParents(absl::string_view key) const;
 
   const std::string root_;  // absolute, no trailing '/' (except the file system root "/")

@@ -136,6 +136,18 @@ TEST_F(LocalStoreTest, DeletePrunesEmptyDirectoriesButNotTheRoot) {
   EXPECT_TRUE(fs::exists(root_));
 }
 
+TEST_F(LocalStoreTest, DeletePrunesNoKeptDirectoryNorOneAboveIt) {
+  LocalStore::KeepDirectory(absl::StrCat(root_, "/k/kept/"));
+  ASSERT_TRUE(store_->Put("k/kept/below/z", absl::Cord("1")).ok());
+  ASSERT_TRUE(store_->Put("k/other/z", absl::Cord("1")).ok());
+  ASSERT_TRUE(store_->Delete("k/kept/below/z").ok());
+  EXPECT_FALSE(fs::exists(fs::path(root_) / "k/kept/below"));  // below it: pruned
+  EXPECT_TRUE(fs::is_directory(fs::path(root_) / "k/kept"));
+  ASSERT_TRUE(store_->Delete("k/other/z").ok());
+  EXPECT_FALSE(fs::exists(fs::path(root_) / "k/other"));
+  EXPECT_TRUE(fs::is_directory(fs::path(root_) / "k"));  // above a kept one: stays
+}
+
 TEST_F(LocalStoreTest, UriNamesTheRoot) {
   EXPECT_EQ(store_->Uri("a b/c"), absl::StrCat("file://", root_, "/a b/c"));
   auto missing = store_->Read("nope");

@@ -139,7 +139,8 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
   // A concurrent delete may prune the directory between MakeDirs and open: retry.
   for (int attempt = 0;; ++attempt) {
     if (beside) WHARF_RETURN_IF_ERROR(MakeDirs(dir.empty() ? "/" : dir));
-    temp->path_ = absl::StrCat(dir, "/", kLocalTempPrefix, RandomHex());
+    temp->path_ =
+        absl::StrCat(dir, "/", beside ? kLockedTempPrefix : kLocalTempPrefix, RandomHex());
     temp->fd_ =
         open(temp->path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, beside ? 0600 : 0666);
     if (temp->fd_ >= 0) {
@@ -172,6 +173,7 @@ TempObject::~TempObject() {
 
 bool RemoveAbandonedTemp(int dir_fd, const char* name) {
   constexpr int kMinAgeSeconds = 5;
+  if (!absl::StartsWith(name, kLockedTempPrefix)) return false;  // not one with a lock
   const int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return false;
   struct stat st;

@@ -43,8 +43,11 @@ enum class Checksum { kMd5, kCrc32c };
 
 // Names the file:// store reserves for its temporary files.
 inline constexpr absl::string_view kLocalTempPrefix = ".wharf-tmp-";
+// Those created beside their target, whose writers hold a flock on them (RemoveAbandonedTemp);
+// files in a private temp_dir are their owner's to collect (the tier's garbage collection).
+inline constexpr absl::string_view kLockedTempPrefix = ".wharf-tmp-l";
 
-// Removes `name`, a temporary file (kLocalTempPrefix) in the directory `dir_fd`, when the
+// Removes `name`, a temporary file (kLockedTempPrefix) in the directory `dir_fd`, when the
 // process that wrote it is gone: no process holds its flock (a writer holds it until it
 // publishes or removes the file; the OS releases it when the writer dies, kill -9 included)
 // and it is older than a few seconds (a writer takes its lock right after creating the file).

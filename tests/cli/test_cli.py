@@ -413,6 +413,28 @@ def test_rm_recursive(tmp_path):
     assert tree_of(tmp_path) == {}
 
 
+def test_deletes_never_remove_the_directories_above_what_was_named(tmp_path):
+    # A file:// store is rooted at "/", and a delete prunes the empty directories it leaves:
+    # that pruning removed every empty directory above the named path, up to the working
+    # directory and beyond.
+    (tmp_path / "nest" / "top" / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "nest" / "top" / "a" / "b" / "c" / "f").write_bytes(b"1")
+    run("rm", "-r", "-q", "top/a/b/c/", cwd=tmp_path / "nest", check=0)
+    assert (tmp_path / "nest" / "top" / "a" / "b").is_dir()  # c itself, as named, is gone
+    assert not (tmp_path / "nest" / "top" / "a" / "b" / "c").exists()
+    (tmp_path / "one" / "x").mkdir(parents=True)
+    (tmp_path / "one" / "x" / "f").write_bytes(b"1")
+    run("rm", tmp_path / "one" / "x" / "f", check=0)
+    assert (tmp_path / "one" / "x").is_dir()
+    # sync --delete keeps its destination folder, whatever it deletes in it.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "new").write_bytes(b"n")
+    (tmp_path / "dst" / "x" / "y").mkdir(parents=True)
+    (tmp_path / "dst" / "x" / "y" / "old").write_bytes(b"o")
+    run("sync", "-q", "--delete", tmp_path / "src", tmp_path / "dst", check=0)
+    assert tree_of(tmp_path / "dst") == {"new": b"n"}
+
+
 def test_rm_recursive_refuses_the_file_system_root():
     proc = run("rm", "-r", "/", check=1)
     assert "refusing" in proc.stderr.decode()
