@@ -124,6 +124,14 @@ absl::Status RunCp(const CpArgs& args) {
     if (options.recursive) {
       return absl::InvalidArgumentError(absl::StrCat(verb, ": - cannot be used with -r or sync"));
     }
+    if (args.dryrun) {  // nothing read from standard input, nothing written to the output
+      WHARF_ASSIGN_OR_RETURN(OpenedUri other, OpenCliUri(args.src == "-" ? args.dst : args.src));
+      const std::string uri = other.store->Uri(other.uri.key);
+      if (args.dst == "-") WHARF_RETURN_IF_ERROR(other.store->Head(other.uri.key).status());
+      Print(args.src == "-" ? absl::StrCat("(dryrun) upload - -> ", OneLine(uri), "\n")
+                            : absl::StrCat("(dryrun) download ", OneLine(uri), " -> -\n"));
+      return absl::OkStatus();
+    }
     if (args.dst == "-") {
       WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(args.src));
       WHARF_RETURN_IF_ERROR(FlushStdout());

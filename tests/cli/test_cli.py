@@ -333,6 +333,17 @@ def test_a_rerun_removes_what_killed_copies_left(tmp_path):
     assert list(dst.rglob(".wharf-tmp-*")) == [] and (dst / "sub" / "f").read_bytes() == b"data"
 
 
+def test_dryrun_with_standard_input_or_output_moves_nothing(tmp_path):
+    (tmp_path / "f").write_bytes(b"data")
+    up = subprocess.run([WHARF, "cp", "--dryrun", "-", str(tmp_path / "new")], input=b"abc",
+                        capture_output=True, timeout=60)
+    assert up.returncode == 0 and up.stdout.decode().startswith("(dryrun) upload - -> file://")
+    assert not (tmp_path / "new").exists()
+    down = run("cp", "--dryrun", tmp_path / "f", "-", check=0)
+    assert down.stdout.decode() == f"(dryrun) download file://{tmp_path}/f -> -\n"
+    run("cp", "--dryrun", tmp_path / "missing", "-", check=1)
+
+
 def test_cp_single_file(tmp_path):
     (tmp_path / "f.bin").write_bytes(b"payload")
     (tmp_path / "dir").mkdir()
