@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -496,19 +497,12 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string 
 namespace {
 
 absl::Mutex kept_mu(absl::kConstInit);
-std::vector<std::string>* kept_dirs ABSL_GUARDED_BY(kept_mu) = nullptr;
+// The kept directories and every directory above them: what pruning never removes.
+absl::flat_hash_set<std::string>* kept_dirs ABSL_GUARDED_BY(kept_mu) = nullptr;
 
-// Whether `dir` is a kept directory or one above a kept directory.
-bool IsKept(absl::string_view dir) {
+bool IsKept(const std::string& dir) {
   absl::MutexLock lock(&kept_mu);
-  if (kept_dirs == nullptr) return false;
-  for (const std::string& kept : *kept_dirs) {
-    if (kept == dir || (absl::StartsWith(kept, dir) && kept.size() > dir.size() &&
-                        (kept[dir.size()] == '/' || dir == "/"))) {
-      return true;
-    }
-  }
-  return false;
+  return kept_dirs != nullptr && kept_dirs->contains(dir);
 }
 
 }  // namespace
@@ -516,11 +510,13 @@ bool IsKept(absl::string_view dir) {
 void LocalStore::KeepDirectory(absl::string_view path) {
   std::string dir(path);
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  if (dir.empty()) return;
   absl::MutexLock lock(&kept_mu);
-  if (kept_dirs == nullptr) kept_dirs = new std::vector<std::string>;  // never freed
-  if (std::find(kept_dirs->begin(), kept_dirs->end(), dir) == kept_dirs->end()) {
-    kept_dirs->push_back(std::move(dir));
+  if (kept_dirs == nullptr) kept_dirs = new absl::flat_hash_set<std::string>;  // never freed
+  // Up to the first one already there: its ancestors are too.
+  while (!dir.empty() && kept_dirs->insert(dir).second && dir != "/") {
+    const size_t slash = dir.rfind('/');
+    if (slash == std::string::npos) break;  // not absolute: nothing above it here
+    dir.resize(std::max<size_t>(1, slash));
   }
 }
 
