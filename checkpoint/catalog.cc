@@ -494,6 +494,11 @@ absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const Che
       absl::StrCat("copying checkpoint ", from.StepUri(step), " to ", to.StepUri(step));
   const std::vector<TransferFilter> no_manifest = {{false, kManifestName}};
   const std::string dst_dir = to.StepPrefix(step);
+  // A source missing a file of its manifest (or holding one of another size) is named as
+  // such before anything is copied, not found out as a damaged copy at the destination.
+  if (absl::Status s = from.Files(manifest).status(); !s.ok()) {
+    return Annotate(s, absl::StrCat(what, " (nothing copied)"));
+  }
 
   // A checkpoint of this step already at the destination (an earlier save or export) that is
   // not this one stops existing before any of its files is replaced: a copy that dies halfway

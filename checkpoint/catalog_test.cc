@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -245,6 +246,17 @@ TEST(CheckpointRootTest, ATierRootKeepsLocalEntriesUntilExportedAndTheManifestCo
   auto partial = CopyCheckpoint(*root, *remote, 6);
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(Exists(bucket.root() + "/exported/step-000000000006"));
+
+  // A source missing a file is named as damaged, before anything is copied.
+  ASSERT_EQ(std::remove((dir.root() + "/tier/restored/step-000000000005/__0_0.distcp").c_str()), 0);
+  auto again = *CheckpointRoot::Open(bucket.root() + "/again");
+  auto damaged = CopyCheckpoint(*restored_root, *again, 5);
+  EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(damaged.status().message()),
+              testing::HasSubstr(restored_root->StepUri(5) + " is damaged: __0_0.distcp is "
+                                                             "missing"));
+  EXPECT_THAT(std::string(damaged.status().message()), testing::HasSubstr("nothing copied"));
+  EXPECT_FALSE(Exists(bucket.root() + "/again/step-000000000005"));
 }
 
 // Records, when the first file of a copy is at the destination, whether the destination's

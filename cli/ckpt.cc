@@ -240,6 +240,19 @@ absl::Status RunCkptCopy(const CkptArgs& args) {
   auto copied = checkpoint::CopyCheckpoint(from, *to, chosen.step, options);
   progress.Stop();
   if (!copied.ok()) return copied.status();
+  // A destination that records no metric learns the source's (and its mode), so --best there
+  // ranks as it does here.
+  if (!c.config.metric.empty()) {
+    absl::StatusOr<checkpoint::RootConfig> there = to->ReadConfig();
+    if (there.ok() && there->metric.empty()) {
+      there->metric = c.config.metric;
+      there->mode = c.config.mode;
+      if (absl::Status s = to->WriteConfig(*there); !s.ok()) {
+        Warn(absl::StrCat("could not record the metric in ", OneLine(to->uri()), ": ",
+                          OneLine(s.message())));
+      }
+    }
+  }
   const double seconds = absl::ToDoubleSeconds(copied->elapsed);
   if (args.json) {
     json j;
@@ -285,6 +298,19 @@ absl::Status RunCkptRm(const CkptArgs& args) {
   return absl::OkStatus();
 }
 
+// A step as checkpoint directories name it (step-<N:012d>): 0 <= N < 10^12, in digits.
+CLI::Validator StepN() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (!text.empty() && text.size() <= 12 &&
+            std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+          return "";
+        }
+        return absl::StrCat("a step is a whole number 0 <= N < 10^12, not '", text, "'");
+      },
+      "N");
+}
+
 }  // namespace
 
 void AddCkpt(CLI::App& app, CkptArgs& args) {
@@ -307,8 +333,7 @@ void AddCkpt(CLI::App& app, CkptArgs& args) {
             absl::StrCat("ckpt ", cmd->get_name(), ": give one of --step N, --latest, --best"));
       }
     });
-    auto* step = cmd->add_option("--step", args.step, "The checkpoint of step N")
-                     ->check(CLI::NonNegativeNumber);
+    auto* step = cmd->add_option("--step", args.step, "The checkpoint of step N")->check(StepN());
     auto* latest = cmd->add_flag("--latest", args.latest, "The latest complete checkpoint");
     auto* best = cmd->add_flag("--best", args.best,
                                "The best by --metric (default: the metric the root records)");
@@ -348,9 +373,7 @@ void AddCkpt(CLI::App& app, CkptArgs& args) {
   restore->add_option("DEST", args.to, "The root to restore into")->required();
 
   CLI::App* rm = sub("rm", "Remove one checkpoint (its manifest first)");
-  rm->add_option("--step", args.step, "The checkpoint of step N")
-      ->required()
-      ->check(CLI::NonNegativeNumber);
+  rm->add_option("--step", args.step, "The checkpoint of step N")->required()->check(StepN());
   rm->add_flag("-q,--quiet", args.quiet, "Print nothing");
   rm->add_option("URI", args.uri, "The checkpoint root")->required();
 }

@@ -92,8 +92,9 @@ void AddCp(CLI::App& app, CpArgs& args) {
       "to standard output. With -r, SRC/KEY is copied to DST/KEY for every key below SRC;\n"
       "keys that would land outside DST ('..', '//', ...) are refused. Each object appears\n"
       "complete or not at all. Failures are reported one per line; the rest go on. A rerun\n"
-      "skips objects the destination already holds with the same size and ETag (for an\n"
-      "object uploaded in parts: the local file hashed in the same parts).");
+      "of cp -r skips objects the destination already holds with the same size and ETag (for\n"
+      "an object uploaded in parts: the local file hashed in the same parts); one object\n"
+      "without -r is always copied (use sync to skip it when up to date).");
 }
 
 void AddSync(CLI::App& app, CpArgs& args) {

@@ -2,7 +2,9 @@
 // its flags, dispatch to one verb, and the exit code:
 //   0  success (also when the reader of stdout went away, as in `wharf cat x | head`);
 //   1  an operation failed: one line "wharf: <message>" on stderr;
-//   2  a usage error: the parser's message and a pointer to --help on stderr.
+//   2  a usage error: the parser's message and a pointer to --help on stderr;
+//   128 + N  interrupted by signal N (SIGINT 130, SIGTERM 143, SIGHUP 129), after aborting the
+//      uploads and removing the temporary files in progress.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/file_io.h"
+#include "base/interrupt.h"
 #include "base/log.h"
 #include "base/metrics_export.h"
 #include "base/profiler.h"
@@ -101,6 +104,9 @@ absl::Status WriteMetricsFile(const std::string& path) {
 }
 
 int Main(int argc, char** argv) {
+  // First, before any thread starts: Ctrl-C, SIGTERM and SIGHUP abort the uploads and remove
+  // the temporary files in progress, then exit with 128 + the signal (base/interrupt.h).
+  HandleInterrupts("wharf");
   RegisterTierCache(StoreRegistry::Global());  // --cache and WHARF_CACHE
   // A closed stdout then fails writes with EPIPE, which the verbs take as "stop quietly",
   // instead of killing the process halfway through a copy's bookkeeping.

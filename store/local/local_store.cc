@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -26,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "base/hash.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "store/local/temp_object.h"
 
@@ -161,6 +165,30 @@ class Lister {
     bool is_dir;
   };
 
+  // One warning line for an entry the listing leaves out (a dangling link: ENOENT; a link
+  // to a directory above it: ELOOP).
+  static void SkipWarning(const std::string& dir, absl::string_view name, int err) {
+    std::string path;  // dir/name without the doubled slashes of root "/" and "d/" keys
+    for (char c : absl::StrCat(dir, "/", name)) {
+      if (c != '/' || path.empty() || path.back() != '/') path += c;
+    }
+    LogLine(LogLevel::kWarning,
+            absl::StrCat("wharf: skipping ", path, ": ",
+                         err == ENOENT  ? "a symbolic link to nothing"
+                         : err == ELOOP ? "a symbolic link to a directory it is in (it would loop)"
+                                        : strerror(err)));
+  }
+
+  // Whether `dir`/`name`, a link to a directory, leads to `dir` itself or a directory above
+  // it (with every link resolved).
+  static bool LinksToAncestor(const std::string& dir, absl::string_view name) {
+    char real_dir[PATH_MAX], real_target[PATH_MAX];
+    if (realpath(dir.c_str(), real_dir) == nullptr) return false;
+    if (realpath(absl::StrCat(dir, "/", name).c_str(), real_target) == nullptr) return false;
+    const absl::string_view d = real_dir, t = real_target;
+    return d == t || t == "/" || (absl::StartsWith(d, t) && d[t.size()] == '/');
+  }
+
   absl::StatusOr<std::vector<Entry>> ReadDir(const std::string& rel_dir) {
     const std::string path = absl::StrCat(root_, "/", rel_dir);
     std::vector<Entry> entries;
@@ -182,9 +210,18 @@ class Lister {
       bool is_file = e->d_type == DT_REG;
       if (e->d_type == DT_UNKNOWN || e->d_type == DT_LNK) {
         struct stat st;
-        if (fstatat(dirfd(dir), e->d_name, &st, 0) != 0) continue;  // dangling link, race
+        if (fstatat(dirfd(dir), e->d_name, &st, 0) != 0) {  // a dangling link, or a race
+          if (errno != ENOENT || e->d_type == DT_LNK) SkipWarning(path, name, errno);
+          continue;
+        }
         is_dir = S_ISDIR(st.st_mode);
         is_file = S_ISREG(st.st_mode);
+        // Links are followed, but not into a directory the walk is already inside: that one
+        // would be walked again below itself, without end.
+        if (is_dir && e->d_type == DT_LNK && LinksToAncestor(path, name)) {
+          SkipWarning(path, name, ELOOP);
+          continue;
+        }
       }
       if (!is_dir && !is_file) continue;  // sockets, fifos, devices are not objects
       entries.push_back({is_dir ? absl::StrCat(name, "/") : std::string(name), is_dir});

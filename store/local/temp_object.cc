@@ -150,6 +150,8 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
       if (beside && flock(temp->fd_, LOCK_EX | LOCK_NB) == 0) {
         temp->lock_fd_ = fcntl(temp->fd_, F_DUPFD_CLOEXEC, 0);
       }
+      // An interrupted CLI run removes it on its way out (base/interrupt.h).
+      temp->interrupt_ = InterruptCleanup([path = temp->path_] { unlink(path.c_str()); });
       return temp;
     }
     if (errno == ENOENT && !beside && attempt == 0) {
@@ -273,6 +275,7 @@ absl::Status TempObject::PublishAt(const std::string& target, bool sync_dir, boo
     if (err != 0) return ErrnoToStatus(err, "rename");
   }
   published_ = true;
+  interrupt_.Reset();
   if (lock_fd_ >= 0) {
     close(lock_fd_);
     lock_fd_ = -1;

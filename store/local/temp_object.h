@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "base/file_io.h"
 #include "base/hash.h"
+#include "base/interrupt.h"
 #include "base/md5_many.h"
 #include "store/object_store.h"
 
@@ -111,6 +112,8 @@ class TempObject {
   // flock that tells a live writer's file from one a killed process left (RemoveAbandonedTemp).
   int lock_fd_ = -1;
   bool published_ = false;
+  // Registered until the file is published or removed.
+  InterruptCleanup interrupt_;
   // Created with its final mode (in a private directory): Seal needs no chmod.
   bool final_mode_ = false;
   const Checksum kind_;

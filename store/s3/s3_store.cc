@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "base/hash.h"
+#include "base/interrupt.h"
 #include "base/runtime.h"
 #include "base/status.h"
 #include "base/timer.h"
@@ -1035,6 +1036,7 @@ class S3Writer : public ObjectWriter {
     auto meta = Complete();
     if (!meta.ok()) return Fail(meta.status());
     completed_ = true;
+    interrupt_.Reset();
     // Our upload is complete, so no longer listed: whatever the key still has from our
     // creates is an orphan.
     if (sweep_pending_) (void)AbortOrphans(/*keep=*/"");
@@ -1056,6 +1058,7 @@ class S3Writer : public ObjectWriter {
       // NoSuchUpload: gone already. Otherwise the listing below finds it and tries again.
       if (!r.ok() && r.status().code() != absl::StatusCode::kNotFound) sweep_pending_ = true;
     }
+    interrupt_.Reset();
     if (sweep_pending_) (void)AbortOrphans(/*keep=*/"");
   }
 
@@ -1104,6 +1107,9 @@ class S3Writer : public ObjectWriter {
       return absl::DataLossError(absl::StrCat("start upload ", Uri(), ": no UploadId in reply"));
     }
     if (sweep_pending_) (void)AbortOrphans(/*keep=*/upload_id_);
+    // An interrupted CLI run aborts the upload on its way out (base/interrupt.h).
+    interrupt_ = InterruptCleanup(
+        [store = store_, key = key_, id = upload_id_] { (void)store->AbortUpload(key, id); });
     return absl::OkStatus();
   }
 
@@ -1292,6 +1298,8 @@ class S3Writer : public ObjectWriter {
   absl::Time first_create_ = absl::InfiniteFuture();
   absl::Time create_done_ = absl::InfinitePast();
   bool sweep_pending_ = false;
+  // Registered while our upload is open.
+  InterruptCleanup interrupt_;
 
   absl::Mutex mu_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -136,12 +136,17 @@ def test_export_by_latest_step_and_best(run, bucket, aws, s3_client):
     # Every exported copy is whole and loads.
     for uri, step in ((other, 2), (other, 3), (other, 4), (best, 2), (worst, 3)):
         same(CheckpointManager(uri).restore(step), state_of(step))
-    # The bucket root records no metric: --best there needs --metric.
-    out = ckpt("export", remote, "--best", f"s3://{bucket}/x", env=aws)
-    assert out.returncode == 1 and "no metric" in out.stderr
-    out = ckpt("export", remote, "--best", "--metric", "loss", "-q", f"s3://{bucket}/x", env=aws)
+    # The manager recorded its metric in the bucket root too: --best there ranks the same.
+    out = ckpt("export", remote, "--best", "-q", f"s3://{bucket}/x", env=aws)
     assert out.returncode == 0, out.stderr
     assert [j["step"] for j in ls_json(f"s3://{bucket}/x", aws)] == [2]
+    # A root that records none needs --metric.
+    s3_client.delete_object(Bucket=bucket, Key="run/checkpoints.json")
+    out = ckpt("export", remote, "--best", f"s3://{bucket}/y", env=aws)
+    assert out.returncode == 1 and "no metric" in out.stderr
+    out = ckpt("export", remote, "--best", "--metric", "loss", "-q", f"s3://{bucket}/y", env=aws)
+    assert out.returncode == 0, out.stderr
+    assert [j["step"] for j in ls_json(f"s3://{bucket}/y", aws)] == [2]
     assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
@@ -193,9 +198,13 @@ def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):
         assert "excludes" in out.stderr
     assert ckpt("restore", root, "--latest", "--best", dest, env=aws).returncode == 2
     assert ckpt("rm", root, env=aws).returncode == 2  # --step is required
-    for verb, args in (("rm", [root, "--step", "-1"]), ("export", [root, "--step", "-1", dest])):
+    for verb, args in (("rm", [root, "--step", "-1"]), ("export", [root, "--step", "-1", dest]),
+                       ("rm", [root, "--step", "abc"]),
+                       ("restore", [root, "--step", "1000000000000", dest]),
+                       ("export", [root, "--step", "99999999999999999999999", dest])):
         out = ckpt(verb, *args, env=aws)
         assert out.returncode == 2 and "--step" in out.stderr, out.stderr
+        assert "a step is a whole number 0 <= N < 10^12" in out.stderr, out.stderr
     assert ckpt("export", root, "--latest", env=aws).returncode == 2  # no destination
     assert ckpt("ls", env=aws).returncode == 2
     assert ckpt("export", root, "--best", "--mode", "median", dest, env=aws).returncode == 2
@@ -331,3 +340,24 @@ def test_a_copy_leaves_only_the_checkpoints_files_in_the_step_directory(tmp_path
         mgr = CheckpointManager(dest)
         same(mgr.restore(7), state_of(7))
         mgr.close()
+
+
+def test_an_export_carries_the_ranking_metric_and_a_damaged_source_is_named(run, bucket, aws,
+                                                                           s3_client):
+    root, _, listed = run
+    dest = f"s3://{bucket}/carried"
+    # --best at the destination ranks as the source does, without --metric.
+    ckpt("export", root, "--step", 3, dest, env=aws).check_returncode()
+    ckpt("export", root, "--step", 4, dest, env=aws).check_returncode()
+    best = min((3, 4), key=lambda s: LOSSES[s])
+    out = run_wharf("ckpt", "restore", dest, "--best", pathlib.Path(root).parent / "back",
+                    "--json", env=aws, check=True)
+    assert json.loads(out.stdout)["step"] == best
+    # A source missing a file is named as the damaged one, and nothing is copied.
+    s3_client.delete_object(Bucket=bucket, Key="carried/step-000000000004/__0_0.distcp")
+    out = ckpt("restore", dest, "--step", 4, pathlib.Path(root).parent / "again", env=aws)
+    assert out.returncode == 1, out.stderr
+    assert f"checkpoint {dest}/step-000000000004/ is damaged: __0_0.distcp is missing" in \
+        out.stderr, out.stderr
+    assert "nothing copied" in out.stderr
+    assert not (pathlib.Path(root).parent / "again" / "step-000000000004").exists()

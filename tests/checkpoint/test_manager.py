@@ -461,8 +461,9 @@ def test_argument_errors(tmp_path):
         CheckpointManager(tmp_path / "a", keep_best=1)
     with pytest.raises(ValueError, match="mode"):
         CheckpointManager(tmp_path / "a", metric="loss", mode="lowest")
-    with pytest.raises(ValueError, match="keep_last"):
-        CheckpointManager(tmp_path / "a", keep_last=-1)
+    for keep_last in (-1, 0):  # 0 would delete each checkpoint as it commits
+        with pytest.raises(ValueError, match="keep_last must be at least 1"):
+            CheckpointManager(tmp_path / "a", keep_last=keep_last)
     mgr = CheckpointManager(tmp_path / "a")
     with pytest.raises(TypeError, match="dict"):
         mgr.save(1, [torch.zeros(3)])
@@ -472,6 +473,8 @@ def test_argument_errors(tmp_path):
         mgr.restore("latest")  # nothing saved yet
     with pytest.raises(ValueError):
         mgr.restore("newest")  # a bad argument is reported as such, checkpoints or not
+    with pytest.raises(TypeError, match="checkpoint 1: metric 'acc' must be a number, not 'high'"):
+        mgr.save(1, {"x": torch.ones(2)}, metrics={"acc": "high"})
     mgr.save(1, {"x": torch.ones(2)}).result()
     with pytest.raises(ValueError, match="metric"):
         mgr.restore("best")  # the manager has no metric
@@ -879,3 +882,49 @@ def test_a_manager_with_an_export_finds_the_latest_step_in_either_root(tmp_path)
     with pytest.warns(RuntimeWarning, match=r"checkpoint 30 is below the latest one \(40\)"):
         mgr.save(30, {"marker": torch.tensor([30])}).result()
     mgr.close()
+
+
+def test_a_manager_opened_without_settings_keeps_and_uses_the_recorded_ones(tmp_path, s3_env):
+    root, remote = tmp_path / "rec", tmp_path / "remote"
+    mgr = CheckpointManager(root, export_to=str(remote), metric="acc", mode="max")
+    for step, acc in ((10, 0.5), (20, 0.9), (30, 0.3)):
+        mgr.save(step, {"marker": torch.tensor([step])}, metrics={"acc": acc})
+    mgr.close()
+    # Opened only to restore: ranks by the recorded metric and mode, erases nothing.
+    reader = CheckpointManager(root)
+    assert (reader.metric, reader.mode) == ("acc", "max")
+    assert reader.restore("best")["marker"].tolist() == [20]
+    reader.close()
+    recorded = json.loads((root / "checkpoints.json").read_text())
+    assert recorded == {"export_to": f"file://{remote}/", "metric": "acc", "mode": "max"}
+    listed = run_wharf("ckpt", "ls", "--json", root, env=s3_env, check=True).stdout.decode()
+    assert {json.loads(line)["where"] for line in listed.splitlines()} == {"both"}
+    # The export destination records the metric too: --best there picks the same step.
+    out = run_wharf("ckpt", "restore", remote, "--best", tmp_path / "back", "--json",
+                    env=s3_env, check=True)
+    assert json.loads(out.stdout)["step"] == 20
+
+
+def test_a_failed_save_is_not_the_latest_step_and_file_objects_go_to_torch(tmp_path):
+    mgr = CheckpointManager(tmp_path / "f")
+    mgr.save(10, {"marker": torch.tensor([10])}).result()
+    with pytest.raises(AttributeError, match="pickle"):
+        mgr.save(20, {"f": lambda x: x}).result()  # not picklable: never committed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mgr.save(15, {"marker": torch.tensor([15])}).result()  # above every committed step
+    assert not [w for w in caught if "below the latest" in str(w.message)]
+    with pytest.warns(RuntimeWarning, match=r"checkpoint 5 is below the latest one \(15\)"):
+        mgr.save(5, {"marker": torch.tensor([5])}).result()
+    with pytest.raises(AttributeError, match="pickle"):
+        mgr.close()  # the failed save's error, once more
+    # wharf.torch.save / load given a file object behave as torch.save / torch.load.
+    import io
+    buf = io.BytesIO()
+    wharf.torch.save({"a": torch.arange(3)}, buf)
+    assert buf.getvalue()
+    buf.seek(0)
+    assert wharf.torch.load(buf)["a"].tolist() == [0, 1, 2]
+    assert not list(pathlib.Path.cwd().glob("<_io.BytesIO*"))
+    with pytest.raises(TypeError, match="mmap"):
+        wharf.torch.load(str(tmp_path / "x.pt"), mmap=True)

@@ -446,6 +446,25 @@ def test_deletes_never_remove_the_directories_above_what_was_named(tmp_path):
     assert tree_of(tmp_path / "dst") == {"new": b"n"}
 
 
+def test_symbolic_links_are_followed_except_into_a_loop_and_dangling_ones_are_named(tmp_path):
+    src = tmp_path / "src"
+    make_tree(src, {"d/f": b"1", "other/g": b"2"})
+    (src / "d" / "up").symlink_to("..")  # a loop: src/d/up/d/up/...
+    (src / "d" / "self").symlink_to(".")
+    (src / "d" / "to-other").symlink_to("../other")  # followed: not above d
+    (src / "d" / "file-link").symlink_to("f")
+    (src / "dangling").symlink_to("missing")
+    proc = run("cp", "-r", "-q", src, tmp_path / "dst", check=0)
+    assert tree_of(tmp_path / "dst") == {
+        "d/f": b"1", "d/file-link": b"1", "d/to-other/g": b"2", "other/g": b"2"}
+    err = proc.stderr.decode()
+    assert f"skipping {src}/d/up: a symbolic link to a directory it is in" in err, err
+    assert f"skipping {src}/d/self: a symbolic link to a directory it is in" in err, err
+    assert f"skipping {src}/dangling: a symbolic link to nothing" in err, err
+    listed = run("ls", "-r", src, check=0).stdout.decode()
+    assert "d/to-other/g" in listed and "d/up" not in listed
+
+
 def test_rm_recursive_refuses_the_file_system_root():
     proc = run("rm", "-r", "/", check=1)
     assert "refusing" in proc.stderr.decode()

@@ -3,11 +3,14 @@ upload options (content type, storage class, encryption), bucket listing and uns
 import datetime
 import json
 import re
+import signal
+import subprocess
+import time
 import uuid
 
 import pytest
 
-from conftest import run_wharf
+from conftest import run_wharf, wharf_bin
 from fault_proxy import FaultProxy
 from test_s3_cli import random_bytes
 
@@ -250,3 +253,55 @@ def test_gs_store_options(s3_env, bucket, s3_client):
     assert proc.returncode == 1 and "no such bucket" in proc.stderr, proc.stderr
     proc = run_wharf("ls", f"gs://{bucket}/g/?endpoint={endpoint}&region=x", env=env)
     assert proc.returncode == 1 and "'region'" in proc.stderr
+
+
+# ---- An interrupted run (Ctrl-C, SIGTERM, SIGHUP) leaves nothing behind ----
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_interrupted_upload_aborts_its_multipart_upload(bucket, s3_env, s3_client, sig):
+    """`wharf cp - s3://...` interrupted while its multipart upload is open (one 8 MiB part
+    sent, the rest of standard input still to come): the upload is aborted before the
+    process exits with 128 + the signal, and no object appears."""
+    proc = subprocess.Popen([wharf_bin(), "cp", "-q", "-", f"s3://{bucket}/big"],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=s3_env)
+    try:
+        proc.stdin.write(random_bytes(9 << 20, seed=sig))
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not all_uploads(s3_client, bucket):
+            assert time.monotonic() < deadline, "the upload never started"
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 128 + sig
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert f"interrupted ({signal.Signals(sig).name})" in err, err
+    assert "cleaning up 1 transfer in progress" in err, err
+    assert all_uploads(s3_client, bucket) == []
+    assert s3_client.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+def test_an_interrupted_download_removes_its_temporary_files(tmp_path):
+    """A local write interrupted mid-file removes its temporary file at once (kill -9 leaves
+    it for the next listing of the folder: tests/cli)."""
+    target = tmp_path / "out" / "file"
+    proc = subprocess.Popen([wharf_bin(), "cp", "-q", "-", str(target)],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdin.write(b"x" * 100_000)
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not list(target.parent.glob(".wharf-tmp-*")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert list(target.parent.iterdir()) == []

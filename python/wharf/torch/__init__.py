@@ -958,6 +958,22 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         return state
 
 
+def _uri_text(verb: str, uri) -> str:
+    """A URI or path (str or os.PathLike) as text; TypeError for anything else."""
+    if isinstance(uri, str):
+        return uri
+    if isinstance(uri, os.PathLike):
+        return os.fspath(uri)
+    raise TypeError(f"wharf.torch.{verb}: expected a URI, a path or a file object, "
+                    f"not {type(uri).__name__}")
+
+
+def _no_store_options(verb: str, store_options: dict) -> None:
+    if store_options:
+        raise TypeError(f"wharf.torch.{verb}: store options ({', '.join(sorted(store_options))}) "
+                        f"need a URI, not a file object")
+
+
 def save(obj: Any, uri: str, *, pickle_protocol: int = 2, **store_options) -> None:
     """torch.save(obj) to `uri` (s3://, gs://, file://, with wharf.Store's store options).
 
@@ -965,8 +981,13 @@ def save(obj: Any, uri: str, *, pickle_protocol: int = 2, **store_options) -> No
     object), streamed through wharf.open(uri, "wb"): tensors go up as parts while later ones
     are serialized, with no copy of the whole state in memory. The object appears atomically
     when the save completes; a save that raises leaves nothing (the upload is aborted).
+    A file object (anything with write()) is handed to torch.save as it is.
     """
-    with ObjectFile(uri, "wb", **store_options) as f:
+    if hasattr(uri, "write"):
+        _no_store_options("save", store_options)
+        torch.save(obj, uri, pickle_protocol=pickle_protocol)
+        return
+    with ObjectFile(_uri_text("save", uri), "wb", **store_options) as f:
         torch.save(obj, f, pickle_protocol=pickle_protocol)
 
 
@@ -976,9 +997,17 @@ def load(uri: str, map_location=None, *, weights_only: Optional[bool] = None,
 
     Reads are ranged GETs with parallel read-ahead pinned to the ETag seen at open (an
     overwrite meanwhile is an error, never a mix). `map_location` and `weights_only` are
-    torch.load's (None: torch's default). Reads anything torch.save wrote.
+    torch.load's (None: torch's default). Reads anything torch.save wrote. A file object
+    (anything with read()) is handed to torch.load as it is.
     """
-    with ObjectFile(uri, "rb", chunk_size=chunk_size, read_ahead=read_ahead,
+    for name in ("mmap", "pickle_module"):
+        if name in store_options:
+            raise TypeError(f"wharf.torch.load: torch.load's {name}= is not supported here "
+                            f"(it reads local files); use torch.load for that")
+    if hasattr(uri, "read"):
+        _no_store_options("load", store_options)
+        return torch.load(uri, map_location=map_location, weights_only=weights_only)
+    with ObjectFile(_uri_text("load", uri), "rb", chunk_size=chunk_size, read_ahead=read_ahead,
                     **store_options) as f:
         return torch.load(f, map_location=map_location, weights_only=weights_only)
 

@@ -199,6 +199,15 @@ def _portable(e: Optional[BaseException]) -> Optional[BaseException]:
         return _wharf.WharfError(f"{type(e).__name__}: {e}")
 
 
+def _metric_value(step: int, name, value) -> float:
+    """A metric as a float; TypeError naming the metric and the step otherwise."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"checkpoint {step}: metric {name!r} must be a number, not "
+                        f"{value!r}") from None
+
+
 def _as_tuple(v):
     # random.setstate wants tuples all the way down (DCP may hand lists back).
     if isinstance(v, list):
@@ -310,7 +319,10 @@ class CheckpointManager:
       resumes the exports of its root's checkpoints that a crash interrupted.
     keep_last / keep_best: retention, in both places, counting only complete checkpoints
       (and, in the bucket, completed exports): the `keep_last` latest and the `keep_best` best
-      by `metric` (mode "min" or "max") are kept; None keeps all.
+      by `metric` (mode "min" or "max") are kept; None keeps all. keep_last is at least 1.
+    metric / mode: what "best" ranks by. Recorded in the root (checkpoints.json, and in the
+      export destination); a manager opened without them takes the recorded ones (else no
+      metric, "min"), and never erases what the root records.
     async_save: save() returns once the state is copied to CPU memory (a staging copy kept
       across saves, so a save waits for the previous one's writes before copying); the write,
       the commit and retention run in the background. False: save() returns when the
@@ -325,21 +337,36 @@ class CheckpointManager:
 
     def __init__(self, dir_or_uri, export_to: Optional[str] = None, *,
                  keep_last: Optional[int] = None, keep_best: Optional[int] = None,
-                 metric: Optional[str] = None, mode: str = "min", export_every: int = 1,
+                 metric: Optional[str] = None, mode: Optional[str] = None,
+                 export_every: int = 1,
                  async_save: bool = True, record_rng: bool = True, files_per_rank: int = 4,
                  process_group=None, **store_options):
-        if mode not in ("min", "max"):
+        if mode is not None and mode not in ("min", "max"):
             raise ValueError(f"mode must be 'min' or 'max', not {mode!r}")
-        if keep_best is not None and not metric:
-            raise ValueError("keep_best needs metric= (the metric that ranks checkpoints)")
-        for name, v in (("keep_last", keep_last), ("keep_best", keep_best)):
-            if v is not None and v < 0:
-                raise ValueError(f"{name} must be >= 0")
+        if keep_last is not None and (isinstance(keep_last, bool) or keep_last < 1):
+            # 0 would delete each checkpoint as it commits, the last good one included.
+            raise ValueError(f"keep_last must be at least 1 (None keeps all), not {keep_last!r}")
+        if keep_best is not None and (isinstance(keep_best, bool) or keep_best < 0):
+            raise ValueError(f"keep_best must be >= 0, not {keep_best!r}")
         if export_every < 1:
             raise ValueError("export_every must be at least 1")
         self.root = _wharf.CheckpointRoot(str(dir_or_uri), **store_options)
         self.export_root = (_wharf.CheckpointRoot(str(export_to), **store_options)
                             if export_to else None)
+        # What the root records (checkpoints.json): a manager opened without metric= or mode=
+        # (to restore, say) ranks as the run that saved did, and never erases the settings.
+        try:
+            recorded = self.root.read_config()
+        except _wharf.WharfError:
+            recorded = {"export_to": "", "metric": "", "mode": "min"}
+        if metric is None and recorded["metric"]:
+            metric = recorded["metric"]
+            if mode is None:
+                mode = recorded["mode"]
+        elif mode is None:
+            mode = recorded["mode"] if metric == recorded["metric"] else "min"
+        if keep_best is not None and not metric:
+            raise ValueError("keep_best needs metric= (the metric that ranks checkpoints)")
         self.keep_last, self.keep_best = keep_last, keep_best
         self.metric, self.mode = metric, mode
         self.export_every = export_every
@@ -378,14 +405,20 @@ class CheckpointManager:
         self._warned_lower = False
         self.last_restored: Optional[dict] = None  # the manifest restore() loaded
         if self.rank == 0:
-            config = {"export_to": self.export_root.uri if self.export_root else "",
+            config = {"export_to": (self.export_root.uri if self.export_root
+                                    else recorded["export_to"]),
                       "metric": metric or "", "mode": mode}
-            try:
-                if self.root.read_config() != config:
-                    self.root.write_config(**config)
-            except _wharf.WharfError as e:
-                warnings.warn(f"wharf: could not record the checkpoint settings in "
-                              f"{self.root.uri}: {e}", stacklevel=2)
+            # The bucket records the metric too: restore --best there ranks the same way.
+            for root, want in ((self.root, config),
+                               (self.export_root, dict(config, export_to=""))):
+                if root is None or (root is self.export_root and not metric):
+                    continue
+                try:
+                    if root.read_config() != want:
+                        root.write_config(**want)
+                except _wharf.WharfError as e:
+                    warnings.warn(f"wharf: could not record the checkpoint settings in "
+                                  f"{root.uri}: {e}", stacklevel=2)
             if self.export_root is not None:
                 self._resume_exports()
 
@@ -401,7 +434,7 @@ class CheckpointManager:
         step = _checked_step(step)
         if self.rank == 0:
             self._check_order(step)
-        metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+        metrics = {str(k): _metric_value(step, k, v) for k, v in (metrics or {}).items()}
         nonfinite = sorted(k for k, v in metrics.items() if not math.isfinite(v))
         if nonfinite:
             warnings.warn(
@@ -443,23 +476,26 @@ class CheckpointManager:
         older one. Retention keeps the highest steps and restore("latest") picks the highest,
         so the abandoned run's checkpoints would win; they are the user's to remove."""
         if self._highest is None:
-            self._highest = -1
+            found = -1
             for root in (self.root, self.export_root):
                 try:
                     steps = ([m["step"] for m in root.list()["complete"]]
                              if root is not None else [])
                 except _wharf.WharfError:
                     steps = []  # unreadable: the save reports it, restore() warns
-                self._highest = max([self._highest] + steps)
-        if step < self._highest and not self._warned_lower:
+                found = max([found] + steps)
+            with self._lock:  # commits raise it meanwhile (_after_commit)
+                self._highest = max(found, self._highest if self._highest is not None else -1)
+        with self._lock:
+            highest = self._highest
+        if step < highest and not self._warned_lower:
             self._warned_lower = True
             where = self.root.uri + (f" and {self.export_root.uri}" if self.export_root else "")
             warnings.warn(
-                f"wharf: checkpoint {step} is below the latest one ({self._highest}): retention "
+                f"wharf: checkpoint {step} is below the latest one ({highest}): retention "
                 f"counts steps and restore('latest') picks the highest, so the checkpoints of "
                 f"the abandoned run above {step} win over this run's; remove them (wharf ckpt rm "
                 f"URI --step N, in {where})", RuntimeWarning, stacklevel=3)
-        self._highest = max(self._highest, step)
 
     def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
         def clear():  # on the coordinator, between planning and writing
@@ -515,6 +551,8 @@ class CheckpointManager:
         return manifest
 
     def _after_commit(self, step: int, export: bool) -> None:
+        with self._lock:  # the latest committed step (a failed save never counts)
+            self._highest = max(step, self._highest if self._highest is not None else -1)
         # What earlier killed saves left, then retention on the tier.
         try:
             with self._deleting:

@@ -1,0 +1,130 @@
+#include "base/interrupt.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace wharf {
+namespace {
+
+// Seconds the cleanups may take before the process exits regardless (an unreachable server
+// would otherwise hold an interrupted run for its retries' whole schedule).
+constexpr unsigned kCleanupSeconds = 15;
+
+std::atomic<bool> enabled{false};
+
+struct Registry {
+  // Held for the whole run of the cleanups, so Reset waits for them.
+  absl::Mutex mu;
+  uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
+  std::map<uint64_t, absl::AnyInvocable<void()>> cleanups ABSL_GUARDED_BY(mu);
+};
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry;  // never destroyed: cleanups may run at exit
+  return *registry;
+}
+
+sigset_t HandledSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+
+size_t PendingCleanups() {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  return r.cleanups.size();
+}
+
+}  // namespace
+
+InterruptCleanup::InterruptCleanup(absl::AnyInvocable<void()> fn) {
+  if (!enabled.load(std::memory_order_acquire)) return;
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  id_ = r.next_id++;
+  r.cleanups.emplace(id_, std::move(fn));
+}
+
+InterruptCleanup& InterruptCleanup::operator=(InterruptCleanup&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    id_ = other.id_;
+    other.id_ = 0;
+  }
+  return *this;
+}
+
+void InterruptCleanup::Reset() {
+  if (id_ == 0) return;
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  r.cleanups.erase(id_);
+  id_ = 0;
+}
+
+int RunInterruptCleanups() {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  int ran = 0;
+  // Newest first: a file created after an upload started is undone before it.
+  for (auto it = r.cleanups.rbegin(); it != r.cleanups.rend(); ++it) {
+    it->second();
+    ++ran;
+  }
+  r.cleanups.clear();
+  return ran;
+}
+
+bool InterruptCleanupsEnabled() { return enabled.load(std::memory_order_acquire); }
+
+void EnableInterruptCleanupsForTesting() { enabled.store(true, std::memory_order_release); }
+
+void HandleInterrupts(absl::string_view program) {
+  const sigset_t set = HandledSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  enabled.store(true, std::memory_order_release);
+  std::thread([set, name = std::string(program)] {
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0) {
+    }
+    // From here a second signal takes its default action (the process ends at once): it is
+    // delivered to this thread, the one that no longer blocks it.
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+    alarm(kCleanupSeconds);  // SIGALRM's default action ends the process
+    const size_t pending = PendingCleanups();
+    // On a terminal a progress line may be in the middle of being drawn.
+    std::string line = absl::StrCat(isatty(STDERR_FILENO) ? "\n" : "", name, ": interrupted (",
+                                    sig == SIGINT    ? "SIGINT"
+                                    : sig == SIGTERM ? "SIGTERM"
+                                                     : "SIGHUP",
+                                    ")");
+    if (pending > 0) {
+      absl::StrAppend(&line, ": cleaning up ", pending, " transfer", pending == 1 ? "" : "s",
+                      " in progress");
+    }
+    line += "\n";
+    (void)!write(STDERR_FILENO, line.data(), line.size());
+    RunInterruptCleanups();
+    _exit(128 + sig);
+  }).detach();
+}
+
+}  // namespace wharf

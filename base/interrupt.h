@@ -1,0 +1,63 @@
+// Interrupts: what a process undoes when a signal ends it early. A command-line run stopped
+// with Ctrl-C (SIGINT), SIGTERM or SIGHUP would otherwise die with S3 multipart uploads open
+// (their parts stay stored, and billed, until someone aborts them) and temporary files on
+// disk. Work that leaves such things behind registers an InterruptCleanup for as long as
+// they exist; HandleInterrupts() (the CLI's main, before any other thread starts) blocks the
+// signals and starts a thread that waits for one, runs every registered cleanup, and exits
+// with 128 + the signal's number, as a shell reports a process killed by it.
+//
+// A second signal during the cleanups ends the process at once (default action), and so does
+// a watchdog after kCleanupSeconds. Where HandleInterrupts() was never called (the Python
+// package: Python owns its signals) registering costs nothing and nothing runs. kill -9
+// cannot be caught: what it leaves is collected later (temporary files by the next listing
+// of their folder, uploads by the next export or checkpoint save below their prefix).
+//
+// Thread-safety: thread-safe. A cleanup runs on the signal thread while the work it belongs
+// to may still be running on others; it must use only what it captured (copies, or objects
+// that outlive the process's work, such as a store), and unregistering waits while the
+// cleanups run, so nothing it captured by reference is destroyed under it.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/strings/string_view.h"
+
+namespace wharf {
+
+class InterruptCleanup {
+ public:
+  InterruptCleanup() = default;
+  // Registers `fn` when HandleInterrupts() is active; otherwise holds nothing.
+  explicit InterruptCleanup(absl::AnyInvocable<void()> fn);
+  InterruptCleanup(InterruptCleanup&& other) noexcept : id_(other.id_) { other.id_ = 0; }
+  InterruptCleanup& operator=(InterruptCleanup&& other) noexcept;
+  InterruptCleanup(const InterruptCleanup&) = delete;
+  InterruptCleanup& operator=(const InterruptCleanup&) = delete;
+  // Unregisters (Reset).
+  ~InterruptCleanup() { Reset(); }
+
+  // Unregisters the cleanup: it will not run. Waits while the cleanups are running.
+  void Reset();
+
+ private:
+  uint64_t id_ = 0;
+};
+
+// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and so in every thread it starts
+// later) and starts the thread that handles them: it prints one line "<program>: interrupted
+// (SIGINT): cleaning up N transfers in progress" on stderr, runs the cleanups and calls
+// _exit(128 + signal). Call once, first thing in main.
+void HandleInterrupts(absl::string_view program);
+
+// Runs every registered cleanup once (newest first) and forgets them; returns how many ran.
+// What the signal thread does; exposed for tests.
+int RunInterruptCleanups();
+
+// Whether HandleInterrupts() is active (registering does something).
+bool InterruptCleanupsEnabled();
+
+// For tests: registering does something without a signal thread.
+void EnableInterruptCleanupsForTesting();
+
+}  // namespace wharf
