@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -35,12 +36,19 @@ Registry& GetRegistry() {
   return *registry;
 }
 
+std::atomic<bool> interrupted{false};
+
+// SIGINT, SIGTERM and SIGHUP, less those the process inherited as ignored: `nohup`, a shell's
+// `trap '' INT` and the background jobs of a non-interactive shell (SIGINT ignored) keep
+// their meaning.
 sigset_t HandledSignals() {
   sigset_t set;
   sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old;
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaddset(&set, sig);
+  }
   return set;
 }
 
@@ -94,21 +102,31 @@ bool InterruptCleanupsEnabled() { return enabled.load(std::memory_order_acquire)
 
 void EnableInterruptCleanupsForTesting() { enabled.store(true, std::memory_order_release); }
 
+bool Interrupted() { return interrupted.load(std::memory_order_acquire); }
+
+void WaitIfInterrupted() {
+  while (Interrupted()) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 void HandleInterrupts(absl::string_view program) {
   const sigset_t set = HandledSignals();
+  if (sigisemptyset(&set)) return;  // every one of them ignored
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   enabled.store(true, std::memory_order_release);
   std::thread([set, name = std::string(program)] {
     int sig = 0;
     while (sigwait(&set, &sig) != 0) {
     }
+    interrupted.store(true, std::memory_order_release);
     // From here a second signal takes its default action (the process ends at once): it is
     // delivered to this thread, the one that no longer blocks it.
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGHUP, SIG_DFL);
     pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-    alarm(kCleanupSeconds);  // SIGALRM's default action ends the process
+    // Cleanups that hang (a server that stopped answering) end at the deadline, with the
+    // exit status of the signal all the same.
+    std::thread([sig] {
+      std::this_thread::sleep_for(std::chrono::seconds(kCleanupSeconds));
+      _exit(128 + sig);
+    }).detach();
     const size_t pending = PendingCleanups();
     // On a terminal a progress line may be in the middle of being drawn.
     std::string line = absl::StrCat(isatty(STDERR_FILENO) ? "\n" : "", name, ": interrupted (",

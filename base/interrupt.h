@@ -6,8 +6,10 @@
 // signals and starts a thread that waits for one, runs every registered cleanup, and exits
 // with 128 + the signal's number, as a shell reports a process killed by it.
 //
-// A second signal during the cleanups ends the process at once (default action), and so does
-// a watchdog after kCleanupSeconds. Where HandleInterrupts() was never called (the Python
+// A second signal during the cleanups ends the process at once (default action), and a
+// watchdog ends it after 15 s of cleanups (exit status 128 + the first signal). Signals the
+// process inherited as ignored (nohup, `trap '' INT`, a non-interactive shell's background
+// jobs) stay ignored. Where HandleInterrupts() was never called (the Python
 // package: Python owns its signals) registering costs nothing and nothing runs. kill -9
 // cannot be caught: what it leaves is collected later (temporary files by the next listing
 // of their folder, uploads by the next export or checkpoint save below their prefix).
@@ -49,6 +51,14 @@ class InterruptCleanup {
 // (SIGINT): cleaning up N transfers in progress" on stderr, runs the cleanups and calls
 // _exit(128 + signal). Call once, first thing in main.
 void HandleInterrupts(absl::string_view program);
+
+// Whether a handled signal arrived: the run is ending, and what fails from here on (requests
+// whose uploads the cleanups aborted) need not be reported.
+bool Interrupted();
+
+// When a handled signal arrived, blocks for good: the signal thread ends the process once its
+// cleanups ran (a verb that failed because of them must not exit first, with its own status).
+void WaitIfInterrupted();
 
 // Runs every registered cleanup once (newest first) and forgets them; returns how many ran.
 // What the signal thread does; exposed for tests.

@@ -143,8 +143,8 @@ absl::StatusOr<checkpoint::Selector> SelectorOf(const CkptArgs& args,
     s.metric = args.metric.empty() ? config.metric : args.metric;
     const std::string mode = args.mode.empty() ? config.mode : args.mode;
     if (s.metric.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ckpt ", args.action, " --best: no metric (give --metric; the root records none)"));
+      return UsageError(absl::StrCat("ckpt ", args.action,
+                                     " --best: no metric (give --metric; the root records none)"));
     }
     s.maximize = mode == "max";
   }
@@ -230,7 +230,7 @@ absl::Status RunCkptCopy(const CkptArgs& args) {
         absl::StrCat("ckpt ", args.action, ": ", to->local_dir(), " is a file, not a directory"));
   }
   if (to->uri() == from.uri()) {
-    return absl::InvalidArgumentError(
+    return UsageError(
         absl::StrCat("ckpt ", args.action, ": ", to->uri(), " is where the checkpoint is"));
   }
   Progress progress(Progress::ShouldShow(args.quiet || args.json));
@@ -290,8 +290,21 @@ absl::Status RunCkptRm(const CkptArgs& args) {
   for (int64_t s : listing->incomplete) known |= s == args.step;
   for (const auto& [s, why] : listing->damaged) known |= s == args.step;
   if (!known) {
+    // A tier root that exports: the step may live only in the bucket now.
+    std::string hint;
+    if (auto config = root->ReadConfig(); config.ok() && !config->export_to.empty()) {
+      if (auto exported = OpenRoot(config->export_to); exported.ok()) {
+        if (auto there = (*exported)->List(); there.ok()) {
+          for (const Manifest& m : there->complete) {
+            if (m.step != args.step) continue;
+            hint = absl::StrCat(" (it is exported to ", (*exported)->uri(), ": wharf ckpt rm ",
+                                (*exported)->uri(), " --step ", args.step, " removes it there)");
+          }
+        }
+      }
+    }
     return absl::NotFoundError(
-        absl::StrCat("ckpt rm: no checkpoint of step ", args.step, " in ", root->uri()));
+        absl::StrCat("ckpt rm: no checkpoint of step ", args.step, " in ", root->uri(), hint));
   }
   WHARF_RETURN_IF_ERROR(root->Delete(args.step));
   if (!args.quiet) Print(absl::StrCat("removed ", OneLine(root->StepUri(args.step)), "\n"));

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/fork.h"
+#include "base/interrupt.h"
 #include "base/status.h"
 
 namespace wharf::cli {
@@ -36,6 +37,20 @@ bool ParseDecimal(absl::string_view s, uint64_t* out) {
 }
 
 }  // namespace
+
+namespace {
+constexpr absl::string_view kUsagePayload = "wharf.cli/usage";
+}  // namespace
+
+absl::Status UsageError(absl::string_view message) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  s.SetPayload(kUsagePayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsUsageError(const absl::Status& status) {
+  return status.GetPayload(kUsagePayload).has_value();
+}
 
 absl::StatusOr<ByteRange> ParseRange(absl::string_view text) {
   auto bad = [&] {
@@ -213,6 +228,9 @@ void Progress::Stop() {
 }
 
 void Progress::PrintLine(absl::string_view line) {
+  // After a signal the run is ending: the requests its cleanups abort fail by the dozen, and
+  // the one line saying why is the signal's (base/interrupt.h).
+  if (Interrupted()) return;
   absl::MutexLock lock(&mu_);
   EraseLocked();
   std::string out = absl::StrCat(line, "\n");
@@ -223,7 +241,7 @@ void Progress::PrintLine(absl::string_view line) {
 void Progress::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    if (enabled_) DrawLocked();
+    if (enabled_ && !Interrupted()) DrawLocked();
     CheckStallLocked(absl::Now());
     // Wakes early when Stop() sets stopping_.
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200));

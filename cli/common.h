@@ -30,6 +30,14 @@ namespace wharf::cli {
 
 // IsSafeRelativeKey, AsPrefix, JoinKey, Basename: store/keys.h.
 
+// ---- Usage errors ----
+
+// A usage error: the command line, not an operation, is wrong (an argument the verb cannot
+// take, flags that exclude each other, a malformed URI). InvalidArgument marked so that main
+// exits 2 with a pointer to --help, as for the parser's own errors.
+absl::Status UsageError(absl::string_view message);
+bool IsUsageError(const absl::Status& status);
+
 // ---- Parsing and formatting ----
 
 // Parses an HTTP-style byte range: "START-END" (inclusive), "START-" (to the end), or

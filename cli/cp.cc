@@ -120,10 +120,10 @@ absl::Status RunCp(const CpArgs& args) {
 
   if (args.src == "-" || args.dst == "-") {
     if (args.src == "-" && args.dst == "-") {
-      return absl::InvalidArgumentError(absl::StrCat(verb, ": SRC and DST cannot both be -"));
+      return UsageError(absl::StrCat(verb, ": SRC and DST cannot both be -"));
     }
     if (options.recursive) {
-      return absl::InvalidArgumentError(absl::StrCat(verb, ": - cannot be used with -r or sync"));
+      return UsageError(absl::StrCat(verb, ": - cannot be used with -r or sync"));
     }
     if (args.dryrun) {  // nothing read from standard input, nothing written to the output
       WHARF_ASSIGN_OR_RETURN(OpenedUri other, OpenCliUri(args.src == "-" ? args.dst : args.src));
@@ -146,7 +146,7 @@ absl::Status RunCp(const CpArgs& args) {
     }
     WHARF_ASSIGN_OR_RETURN(OpenedUri dst, OpenCliUri(args.dst));
     if (dst.uri.key.empty() || dst.uri.key.back() == '/') {
-      return absl::InvalidArgumentError(
+      return UsageError(
           absl::StrCat(verb, " - ", dst.store->Uri(dst.uri.key), ": name the object to write"));
     }
     absl::StatusOr<ObjectMeta> meta =
@@ -185,8 +185,7 @@ absl::Status RunCp(const CpArgs& args) {
     // Not an object: say whether -r was meant.
     WHARF_ASSIGN_OR_RETURN(bool is_prefix, PrefixHasObjects(*src.store, AsPrefix(key)));
     const std::string uri = src.store->Uri(key);
-    if (is_prefix)
-      return absl::InvalidArgumentError(absl::StrCat(verb, " ", uri, ": is a prefix; use -r"));
+    if (is_prefix) return UsageError(absl::StrCat(verb, " ", uri, ": is a prefix; use -r"));
     return absl::NotFoundError(absl::StrCat(verb, " ", uri, ": no such object"));
   }
   if (IsLocalDirectory(dst_uri)) dst_key = AsPrefix(dst_key);

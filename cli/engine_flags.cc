@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/runtime.h"
+#include "cli/common.h"
 #include "cli/verbs.h"
 
 namespace wharf::cli {
@@ -85,7 +86,7 @@ void AddUploadFlags(CLI::App* cmd, UploadArgs& args) {
 
 absl::StatusOr<PutOptions> PutOptionsFrom(const UploadArgs& args) {
   if (!args.sse_kms_key_id.empty() && args.sse != "aws:kms") {
-    return absl::InvalidArgumentError("--sse-kms-key-id needs --sse aws:kms");
+    return UsageError("--sse-kms-key-id needs --sse aws:kms");
   }
   PutOptions put;
   put.content_type = args.content_type;

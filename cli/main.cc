@@ -214,6 +214,7 @@ int Main(int argc, char** argv) {
     // (std::bad_alloc, a throwing third-party parser).
     status = absl::InternalError(absl::StrCat(verb, ": ", e.what()));
   }
+  WaitIfInterrupted();  // the signal thread exits with 128 + the signal
   if (status.ok()) status = FlushStdout();
   if (!metrics_file.empty()) {
     absl::Status written = WriteMetricsFile(metrics_file);
@@ -231,6 +232,13 @@ int Main(int argc, char** argv) {
     if (status.ok()) status = written;
   }
   if (StdoutBroken()) return 0;
+  if (IsUsageError(status)) {
+    PrintError(status.message());
+    const std::string verb_path = VerbOf(app);
+    std::fprintf(stderr, "Run 'wharf %s--help' for usage.\n",
+                 verb_path.empty() ? "" : (verb_path + " ").c_str());
+    return kExitUsage;
+  }
   if (!status.ok()) {
     PrintError(status.message());
     return kExitFailure;

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cli/common.h"
 #include "store/local/local_store.h"
+#include "store/registry.h"
 
 namespace wharf::cli {
 namespace {
@@ -62,7 +66,15 @@ StoreOptions CliStoreOptions(absl::string_view scheme) {
 
 absl::StatusOr<SpecAndKey> ParseCliUri(absl::string_view uri_or_path) {
   auto parsed = ParseStoreUri(uri_or_path);
+  // A malformed URI or an unknown scheme is the command line's mistake.
+  if (absl::IsInvalidArgument(parsed.status())) return UsageError(parsed.status().message());
   if (!parsed.ok()) return parsed.status();
+  if (const std::vector<std::string> known = StoreRegistry::Global().schemes();
+      std::find(known.begin(), known.end(), absl::StrCat(parsed->spec.scheme, "://")) ==
+      known.end()) {
+    return UsageError(absl::StrCat("unsupported URI scheme '", parsed->spec.scheme,
+                                   "://' (known: ", absl::StrJoin(known, ", "), ")"));
+  }
   parsed->spec.options.MergeFrom(CliStoreOptions(parsed->spec.scheme));
   // A delete below a local path given here may remove what the path names (rm -r DIR), never
   // a directory above it. (A sync's destination keeps itself too: cp.cc.)

@@ -67,6 +67,13 @@ absl::Status RunInit(const TierArgs& args) {
   if (!args.block_threshold.empty()) {
     WHARF_ASSIGN_OR_RETURN(config.block_threshold, ParseSize(args.block_threshold));
   }
+  if (args.ttl_seconds > 0 && config.mode != TierConfig::Mode::kTtl) {
+    return UsageError("tier init: --ttl applies in ttl mode (give --mode ttl)");
+  }
+  // Settings the tier cannot take are the command line's mistake.
+  if (auto checked = TierConfig::FromJson(config.ToJson(), "tier init"); !checked.ok()) {
+    return UsageError(checked.status().message());
+  }
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Init(args.path, config));
   if (args.min_free > 0) {
     if (const std::string w = MinFreeIgnoredWarning(*tier); !w.empty()) {
@@ -98,12 +105,13 @@ bool OneObjectIsCurrent(ObjectStore& tree, const ObjectMeta& object) {
 
 absl::Status RunImport(const TierArgs& args) {
   if ((args.rank >= 0) != (args.world_size > 0)) {
-    return absl::InvalidArgumentError("tier import: give --rank and --world-size together");
+    return UsageError("tier import: give --rank and --world-size together");
   }
   if (args.world_size > 0 && args.rank >= args.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("tier import: --rank ", args.rank,
-                                                   " is not below --world-size ", args.world_size));
+    return UsageError(absl::StrCat("tier import: --rank ", args.rank, " is not below --world-size ",
+                                   args.world_size));
   }
+  if (args.path.empty()) return Tier::FindOrCreate("").status();  // says the path is empty
   WHARF_RETURN_IF_ERROR(ApplyEngineArgs(args.engine, args.jobs));
   WHARF_ASSIGN_OR_RETURN(OpenedUri src, OpenCliUri(args.src));
   const std::string dest = AbsolutePath(args.path);
@@ -117,11 +125,20 @@ absl::Status RunImport(const TierArgs& args) {
           absl::StrCat("tier import: the destination ", dest, " is inside the source ", from));
     }
   }
+  // The source first: a mistyped bucket or prefix creates no tier, folder or import record.
+  WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(*src.store, src.uri.key));
+  if (!target.is_object) {
+    absl::StatusOr<bool> any = PrefixHasObjects(*src.store, target.prefix);
+    if (!any.ok()) return Annotate(any.status(), "tier import");
+    if (!*any) {
+      return absl::NotFoundError(absl::StrCat("tier import ", src.store->Uri(target.prefix),
+                                              ": no such object or prefix"));
+    }
+  }
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::FindOrCreate(dest));
   // What killed runs left (their temporary files) goes first.
   WHARF_ASSIGN_OR_RETURN(Tier::Garbage garbage, tier->CollectGarbage());
 
-  WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(*src.store, src.uri.key));
   TransferOptions options;
   options.mode = TransferMode::kCopy;
   options.recursive = !target.is_object;
@@ -166,6 +183,7 @@ absl::Status RunImport(const TierArgs& args) {
     const absl::Time started = absl::Now();
     TierTreeOptions tree_options;
     tree_options.complete_before_publish = true;
+    tree_options.on_unpublished = [&observer](const absl::Status& s) { observer.OnError(s); };
     WHARF_ASSIGN_OR_RETURN(std::shared_ptr<TierTreeStore> tree,
                            TierTreeStore::Open(tier, dest, Runtime::Default(), tree_options));
     const std::string& key = target.is_object ? target.object.key : target.prefix;
@@ -183,8 +201,12 @@ absl::Status RunImport(const TierArgs& args) {
     const uint64_t unpublished = std::min<uint64_t>(tree->FailedToPublish(), counts.objects);
     counts.objects -= unpublished;
     counts.failed += unpublished;
-    if (!published.ok() && transferred.ok()) {
-      transferred = Annotate(published, absl::StrCat("tier import ", src.store->Uri(src.uri.key)));
+    if (unpublished > 0 && (transferred.ok() || counts.failed > unpublished)) {
+      // Each failure was named on its own line as it happened; one count for them all.
+      const absl::Status first = transferred.ok() ? published : transferred;
+      transferred = absl::Status(
+          first.code(), absl::StrCat("tier import ", src.store->Uri(src.uri.key), ": ",
+                                     counts.failed, " of ", counts.listed, " objects failed"));
     }
     counts.elapsed = absl::Now() - started;  // the last batch included
     if (transferred.ok()) {

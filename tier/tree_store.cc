@@ -440,10 +440,10 @@ void TierTreeStore::PublishBatch(std::vector<Sealed> batch) {
     s.temp.reset();
     if (!s.done) {  // completed when queued: Flush() reports it
       if (!status.ok()) {
+        absl::Status failure = Annotate(status, absl::StrCat("put ", Uri(s.meta.key)));
+        if (options_.on_unpublished) options_.on_unpublished(failure);
         absl::MutexLock lock(&mu_);
-        if (unpublished_failures_++ == 0) {
-          first_unpublished_failure_ = Annotate(status, absl::StrCat("put ", Uri(s.meta.key)));
-        }
+        if (unpublished_failures_++ == 0) first_unpublished_failure_ = std::move(failure);
       }
     } else if (status.ok()) {
       std::move(s.done)(std::move(s.meta));

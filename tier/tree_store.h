@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -55,6 +56,9 @@ struct TierTreeOptions {
   // either way; what changes is that the writer does not wait for each batch's syncfs.
   bool complete_before_publish = false;
   size_t max_unpublished = 4096;
+  // With complete_before_publish: called once for each file that was completed and then not
+  // published ("put URI: cause"), from the publishing thread, so each is named as it fails.
+  std::function<void(const absl::Status&)> on_unpublished;
 
   // The checksum of entries written without provenance (data that exists nowhere else):
   // kMd5 (the default) lists them with the MD5 of their content, which S3 reproduces for

@@ -260,7 +260,9 @@ absl::Status TempObject::PublishAt(const std::string& target, bool sync_dir, boo
   const size_t slash = target.rfind('/');
   const std::string dir = slash == 0 ? "/" : target.substr(0, slash);
   if (int err = RenameFile(path_, target, exclusive); err != 0) {
-    if (err == ENOENT) {  // the target's directory is missing (a temp_dir elsewhere)
+    if (err == ENOENT || err == ENOTDIR) {
+      // The target's directory is missing (a temp_dir elsewhere), or a file holds a part of
+      // its path (MakeDirs names it).
       WHARF_RETURN_IF_ERROR(MakeDirs(dir));
       err = RenameFile(path_, target, exclusive);
     }

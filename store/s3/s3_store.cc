@@ -1092,25 +1092,67 @@ class S3Writer : public ObjectWriter {
     call->query = {{"uploads", ""}};
     call->headers = PutOptionHeaders(options_);
     first_create_ = absl::Now();
+    // Registered before the create goes out: an interrupted CLI run aborts the upload on its
+    // way out (base/interrupt.h), also one whose create the server has started and not yet
+    // answered.
+    auto created = std::make_shared<CreateReply>();
+    interrupt_ = InterruptCleanup([store = store_, key = key_, created, since = first_create_] {
+      AbortOnInterrupt(*store, key, *created, since);
+    });
     auto r = WaitFor<HttpResponse>(
         [&](Callback<HttpResponse> cb) { store_->Execute(call, std::move(cb)); });
     create_done_ = absl::Now();
     // Only a create that was answered on its first attempt is known to have started exactly
     // the upload its reply names.
     if (!r.ok() || call->attempt > 1) sweep_pending_ = true;
+    if (r.ok()) {
+      pugi::xml_document doc;
+      doc.load_buffer(r->body.data(), r->body.size());
+      upload_id_ = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
+    }
+    {
+      absl::MutexLock lock(&created->mu);
+      created->answered = true;
+      created->upload_id = upload_id_;
+    }
     if (!r.ok()) return r.status();
-    pugi::xml_document doc;
-    doc.load_buffer(r->body.data(), r->body.size());
-    upload_id_ = doc.child("InitiateMultipartUploadResult").child_value("UploadId");
     if (upload_id_.empty()) {
       sweep_pending_ = true;
       return absl::DataLossError(absl::StrCat("start upload ", Uri(), ": no UploadId in reply"));
     }
     if (sweep_pending_) (void)AbortOrphans(/*keep=*/upload_id_);
-    // An interrupted CLI run aborts the upload on its way out (base/interrupt.h).
-    interrupt_ = InterruptCleanup(
-        [store = store_, key = key_, id = upload_id_] { (void)store->AbortUpload(key, id); });
     return absl::OkStatus();
+  }
+
+  // What the interrupt cleanup knows of the create: set once its reply (or failure) is in.
+  struct CreateReply {
+    absl::Mutex mu;
+    bool answered ABSL_GUARDED_BY(mu) = false;
+    std::string upload_id ABSL_GUARDED_BY(mu);
+  };
+
+  // On the signal thread: waits a little for a create in flight, then aborts the upload it
+  // started; without a reply (or an id), aborts the key's uploads initiated since `since`
+  // (less a margin for the server's clock), which the create may have started unseen.
+  static void AbortOnInterrupt(S3Store& store, const std::string& key, CreateReply& created,
+                               absl::Time since) {
+    std::string id;
+    {
+      absl::MutexLock lock(&created.mu);
+      created.mu.AwaitWithTimeout(absl::Condition(&created.answered), absl::Seconds(3));
+      id = created.upload_id;
+    }
+    if (!id.empty()) {
+      (void)store.AbortUpload(key, id);
+      return;
+    }
+    absl::StatusOr<std::vector<PendingUpload>> uploads = store.ListUploads(key);
+    if (!uploads.ok()) return;
+    for (const PendingUpload& u : *uploads) {
+      if (u.key == key && u.initiated >= since - kSkewMargin) {
+        (void)store.AbortUpload(key, u.upload_id);
+      }
+    }
   }
 
   // Aborts the key's in-progress uploads that this writer's creates started, except `keep`:

@@ -143,7 +143,7 @@ def test_export_by_latest_step_and_best(run, bucket, aws, s3_client):
     # A root that records none needs --metric.
     s3_client.delete_object(Bucket=bucket, Key="run/checkpoints.json")
     out = ckpt("export", remote, "--best", f"s3://{bucket}/y", env=aws)
-    assert out.returncode == 1 and "no metric" in out.stderr
+    assert out.returncode == 2 and "no metric" in out.stderr  # a usage error
     out = ckpt("export", remote, "--best", "--metric", "loss", "-q", f"s3://{bucket}/y", env=aws)
     assert out.returncode == 0, out.stderr
     assert [j["step"] for j in ls_json(f"s3://{bucket}/y", aws)] == [2]
@@ -186,6 +186,12 @@ def test_rm_removes_a_checkpoint_from_the_listing(run, bucket, aws, s3_client):
     missing = ckpt("rm", root, "--step", "3", env=aws)
     assert missing.returncode == 1
     assert missing.stderr.count("\n") == 1 and "step 3" in missing.stderr
+    # A step only the bucket holds: the message says where it is and how to remove it there.
+    ckpt("rm", root, "--step", "4", "-q", env=aws).check_returncode()
+    only_there = ckpt("rm", root, "--step", "4", env=aws)
+    assert only_there.returncode == 1 and only_there.stderr.count("\n") == 1
+    assert f"wharf ckpt rm {remote}/ --step 4 removes it there" in only_there.stderr, \
+        only_there.stderr
 
 
 def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):

@@ -359,9 +359,10 @@ def test_cp_single_file(tmp_path):
 
 def test_cp_prefix_without_r_is_an_error(tmp_path):
     make_tree(tmp_path / "src", {"a/b": b"x"})
-    proc = run("cp", tmp_path / "src", tmp_path / "dst", check=1)
+    proc = run("cp", tmp_path / "src", tmp_path / "dst", check=2)  # a usage error
     lines = stderr_lines(proc)
-    assert len(lines) == 1 and lines[0].endswith("is a prefix; use -r")
+    assert len(lines) == 2 and lines[0].endswith("is a prefix; use -r")
+    assert lines[1] == "Run 'wharf cp --help' for usage."
     assert not (tmp_path / "dst").exists()
 
 
@@ -463,6 +464,14 @@ def test_symbolic_links_are_followed_except_into_a_loop_and_dangling_ones_are_na
     assert f"skipping {src}/dangling: a symbolic link to nothing" in err, err
     listed = run("ls", "-r", src, check=0).stdout.decode()
     assert "d/to-other/g" in listed and "d/up" not in listed
+
+
+def test_command_lines_a_verb_cannot_take_exit_2(tmp_path):
+    for args in (["cp", "-r", "-", tmp_path / "x"], ["cp", "-", "-"], ["ls", "foo://bar/"],
+                 ["cp", "--sse-kms-key-id", "k", tmp_path / "a", tmp_path / "b"]):
+        proc = run(*args, check=2)
+        assert stderr_lines(proc)[-1].endswith("--help' for usage."), args
+    assert "unsupported URI scheme 'foo://'" in run("ls", "foo://bar/").stderr.decode()
 
 
 def test_rm_recursive_refuses_the_file_system_root():

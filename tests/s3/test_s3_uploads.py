@@ -226,7 +226,7 @@ def test_store_flags_and_query_options_reach_the_store(bucket, s3_env, s3_client
     assert proc.returncode == 0 and b"a?b" in proc.stdout, proc.stderr
     # Unknown query options and bad flag values are refused, naming them.
     proc = run_wharf("ls", f"s3://{bucket}/f/?endpiont={endpoint}", env=env)
-    assert proc.returncode == 1 and "'endpiont'" in proc.stderr and "valid:" in proc.stderr
+    assert proc.returncode == 2 and "'endpiont'" in proc.stderr and "valid:" in proc.stderr
     proc = run_wharf("--endpoint-url", "ftp://x", "ls", f"s3://{bucket}/", env=env)
     assert proc.returncode == 2 and "--endpoint-url" in proc.stderr
     # The flags do not apply to local paths.
@@ -305,3 +305,58 @@ def test_an_interrupted_download_removes_its_temporary_files(tmp_path):
             proc.kill()
             proc.wait()
     assert list(target.parent.iterdir()) == []
+
+
+def test_an_interrupt_while_the_create_is_unanswered_aborts_what_it_started(
+        proxy, bucket, s3_env, s3_client):
+    """The server has created the upload, its reply is held back (10 s): the interrupt finds
+    the key's upload by listing and aborts it, and the exit status is still the signal's."""
+    proxy.set_faults([{"match": {"method": "POST", "query_regex": "uploads"},
+                       "action": "delay", "delay_ms": 10000, "count": None}])
+    proc = subprocess.Popen([wharf_bin(), "cp", "-q", "-", f"s3://{bucket}/held"],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=via(proxy, s3_env))
+    try:
+        proc.stdin.write(random_bytes(9 << 20, seed=7))
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not all_uploads(s3_client, bucket):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        err = proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "cleaning up 1 transfer in progress" in err, err
+    assert len(err.strip().splitlines()) == 1, err  # nothing after the signal's line
+    assert all_uploads(s3_client, bucket) == []
+
+
+def test_a_signal_the_parent_ignores_stays_ignored(tmp_path):
+    """nohup, `trap '' INT` and a shell's background jobs start a process with the signal
+    ignored: it must not end the copy."""
+    target = tmp_path / "file"
+    proc = subprocess.Popen([wharf_bin(), "cp", "-q", "-", str(target)],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        proc.stdin.write(b"x" * 100_000)
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".wharf-tmp-*")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert proc.poll() is None
+        proc.stdin.write(b"y" * 10)
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert target.read_bytes() == b"x" * 100_000 + b"y" * 10

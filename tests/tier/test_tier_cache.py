@@ -295,10 +295,10 @@ def test_block_settings_are_checked(tmp_path):
     config = json.loads((tier / ".wharf" / "tier.json").read_text())
     assert (config["block_size"], config["block_threshold"]) == (BLOCK, 1 << 20)
     small = run_wharf("tier", "init", "--block-size", "1K", tmp_path / "t2")
-    assert small.returncode == 1 and "block_size" in small.stderr
+    assert small.returncode == 2 and "block_size" in small.stderr  # a usage error
     below = run_wharf("tier", "init", "--block-size", "1M", "--block-threshold", "512K",
                       tmp_path / "t3")
-    assert below.returncode == 1 and "block_threshold" in below.stderr
+    assert below.returncode == 2 and "block_threshold" in below.stderr
 
 
 def test_ranged_reads_of_a_big_object_fetch_and_keep_only_their_blocks(tmp_path, bucket, s3_env,

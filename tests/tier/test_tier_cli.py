@@ -124,7 +124,7 @@ def test_ranks_together_import_everything_once(tmp_path, bucket, s3_env, s3_clie
     assert tree_files(dest) == objects
 
     lone = run_wharf("tier", "import", "--rank", 1, f"s3://{bucket}/ds/", dest, env=s3_env)
-    assert lone.returncode == 1 and "--rank and --world-size together" in lone.stderr
+    assert lone.returncode == 2 and "--rank and --world-size together" in lone.stderr
 
 
 def test_kill_9_during_import_never_leaves_a_partial_entry(tmp_path, bucket, s3_env):

@@ -272,3 +272,46 @@ def test_empty_sizes_and_a_ttl_beyond_json_are_usage_errors(tmp_path):
                        (["init", tier, "--ttl", "1e300"], "at most 100 years")):
         proc = run_wharf("tier", *args)
         assert proc.returncode == 2 and says in proc.stderr, (args, proc.stderr)
+
+
+def test_every_failed_object_of_an_import_is_named_and_counted(tmp_path, bucket, s3_env,
+                                                              s3_client):
+    # Refused keys fail while copying; a key below an object's path fails when its batch is
+    # published. Each is named on its own line, and the counts agree.
+    for key in ("p/d/a", "p/d/a/b", "p/../escape", "p/ok"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    summary, proc = wharf_json("tier", "import", f"s3://{bucket}/p/", tmp_path / "t" / "p",
+                               env=s3_env, ok=False)
+    assert (summary["objects"], summary["fetched"], summary["failed"]) == (4, 2, 2), summary
+    assert "2 of 4 objects failed" in summary["error"], summary
+    lines = proc.stderr.splitlines()
+    assert any("escape" in line and "refusing the key" in line for line in lines), lines
+    assert any(line.endswith("d/a' is an object, so it cannot also be a prefix of other keys")
+               for line in lines), lines
+    assert (tmp_path / "t" / "p" / "ok").read_bytes() == b"p/ok"
+
+
+def test_an_import_from_a_missing_bucket_or_prefix_creates_nothing(tmp_path, bucket, s3_env):
+    for src in ("s3://wharf-no-such-bucket-y/x/", f"s3://{bucket}/nothing-here/"):
+        proc = run_wharf("tier", "import", src, tmp_path / "new" / "data", env=s3_env)
+        assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert not (tmp_path / "new").exists()
+    run_wharf("tier", "init", tmp_path / "t", check=True)
+    proc = run_wharf("tier", "import", f"s3://{bucket}/nothing-here/", tmp_path / "t" / "n",
+                     env=s3_env)
+    assert proc.returncode == 1 and "no such object or prefix" in proc.stderr, proc.stderr
+    assert not (tmp_path / "t" / "n").exists()
+    status = json.loads(run_wharf("tier", "status", "--json", tmp_path / "t", check=True).stdout)
+    assert status.get("imports", []) == [], status
+
+
+def test_settings_a_tier_cannot_take_are_usage_errors(tmp_path):
+    for args in (["--ttl", "60"], ["--block-size", "1K"],
+                 ["--block-size", "128K", "--block-threshold", "64K"]):
+        proc = run_wharf("tier", "init", tmp_path / "t", *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "wharf tier init --help" in proc.stderr
+    assert not (tmp_path / "t").exists()
+    for args in (["--rank", "1"], ["--rank", "2", "--world-size", "2"]):
+        proc = run_wharf("tier", "import", *args, tmp_path / "src", tmp_path / "t")
+        assert proc.returncode == 2, (args, proc.stderr)
