@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -24,11 +26,20 @@ constexpr unsigned kCleanupSeconds = 15;
 
 std::atomic<bool> enabled{false};
 
+// One cleanup. Its own lock is held while it runs, so unregistering it waits for that run
+// (what it captured must outlive it) and nothing else: a thread that registers or
+// unregisters other work meanwhile is not held up, so a cleanup may wait on threads that do
+// (a request's reply, delivered by the transport's thread).
+struct Entry {
+  absl::Mutex mu;
+  absl::AnyInvocable<void()> fn ABSL_GUARDED_BY(mu);
+  bool done ABSL_GUARDED_BY(mu) = false;  // ran, or unregistered
+};
+
 struct Registry {
-  // Held for the whole run of the cleanups, so Reset waits for them.
   absl::Mutex mu;
   uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
-  std::map<uint64_t, absl::AnyInvocable<void()>> cleanups ABSL_GUARDED_BY(mu);
+  std::map<uint64_t, std::shared_ptr<Entry>> cleanups ABSL_GUARDED_BY(mu);
 };
 
 Registry& GetRegistry() {
@@ -62,10 +73,15 @@ size_t PendingCleanups() {
 
 InterruptCleanup::InterruptCleanup(absl::AnyInvocable<void()> fn) {
   if (!enabled.load(std::memory_order_acquire)) return;
+  auto entry = std::make_shared<Entry>();
+  {
+    absl::MutexLock lock(&entry->mu);
+    entry->fn = std::move(fn);
+  }
   Registry& r = GetRegistry();
   absl::MutexLock lock(&r.mu);
   id_ = r.next_id++;
-  r.cleanups.emplace(id_, std::move(fn));
+  r.cleanups.emplace(id_, std::move(entry));
 }
 
 InterruptCleanup& InterruptCleanup::operator=(InterruptCleanup&& other) noexcept {
@@ -79,22 +95,42 @@ InterruptCleanup& InterruptCleanup::operator=(InterruptCleanup&& other) noexcept
 
 void InterruptCleanup::Reset() {
   if (id_ == 0) return;
-  Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
-  r.cleanups.erase(id_);
+  std::shared_ptr<Entry> entry;
+  {
+    Registry& r = GetRegistry();
+    absl::MutexLock lock(&r.mu);
+    if (auto it = r.cleanups.find(id_); it != r.cleanups.end()) {
+      entry = std::move(it->second);
+      r.cleanups.erase(it);
+    }
+  }
   id_ = 0;
+  if (entry == nullptr) return;      // ran already, and the run is over
+  absl::MutexLock lock(&entry->mu);  // waits while it runs
+  entry->done = true;
+  entry->fn = nullptr;
 }
 
 int RunInterruptCleanups() {
   Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
+  std::vector<std::pair<uint64_t, std::shared_ptr<Entry>>> entries;
+  {
+    // Newest first: a file created after an upload started is undone before it. They stay
+    // registered while they run, so a Reset finds them and waits.
+    absl::MutexLock lock(&r.mu);
+    entries.assign(r.cleanups.rbegin(), r.cleanups.rend());
+  }
   int ran = 0;
-  // Newest first: a file created after an upload started is undone before it.
-  for (auto it = r.cleanups.rbegin(); it != r.cleanups.rend(); ++it) {
-    it->second();
+  for (auto& [id, entry] : entries) {
+    absl::MutexLock lock(&entry->mu);
+    if (entry->done) continue;
+    entry->fn();
+    entry->done = true;
+    entry->fn = nullptr;
     ++ran;
   }
-  r.cleanups.clear();
+  absl::MutexLock lock(&r.mu);
+  for (const auto& [id, entry] : entries) r.cleanups.erase(id);
   return ran;
 }
 

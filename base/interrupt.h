@@ -16,8 +16,9 @@
 //
 // Thread-safety: thread-safe. A cleanup runs on the signal thread while the work it belongs
 // to may still be running on others; it must use only what it captured (copies, or objects
-// that outlive the process's work, such as a store), and unregistering waits while the
-// cleanups run, so nothing it captured by reference is destroyed under it.
+// that outlive its registration, such as the store of a writer), and unregistering it waits
+// while it runs, so nothing it captured is destroyed under it. Other registrations are not
+// held up meanwhile, so a cleanup may wait for a reply that another thread delivers.
 #pragma once
 
 #include <cstdint>
