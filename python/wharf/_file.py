@@ -10,6 +10,7 @@ A "wb" or "xb" file commits on close() only: leaving its `with` block by an exce
 being garbage-collected unclosed drops the upload, and nothing appears.
 """
 import io
+import os
 import warnings
 
 from wharf import _wharf
@@ -34,7 +35,12 @@ class ObjectFile(io.BufferedIOBase):
         if access not in ("auto", "sequential"):
             raise ValueError(f"invalid access {access!r} for wharf.open "
                              "(use 'auto' or 'sequential')")
-        self._uri = str(uri)
+        # A URI or a path; str() of anything else (a file object) would name a local file.
+        if isinstance(uri, os.PathLike):
+            uri = os.fspath(uri)
+        if not isinstance(uri, str):
+            raise TypeError(f"wharf.open: expected a URI or a path, not {type(uri).__name__}")
+        self._uri = uri
         self._mode = mode
         if mode == "rb":
             self._raw = _wharf._ObjectReadFile(self._uri, chunk_size, read_ahead,

@@ -928,3 +928,7 @@ def test_a_failed_save_is_not_the_latest_step_and_file_objects_go_to_torch(tmp_p
     assert not list(pathlib.Path.cwd().glob("<_io.BytesIO*"))
     with pytest.raises(TypeError, match="mmap"):
         wharf.torch.load(str(tmp_path / "x.pt"), mmap=True)
+    with pytest.raises(TypeError, match="expected a URI or a path, not BytesIO"):
+        wharf.open(io.BytesIO(), "wb")  # str() of it named a local file
+    wharf.torch.save({"b": 1}, tmp_path / "p.pt")  # a pathlib.Path is a path
+    assert wharf.torch.load(tmp_path / "p.pt") == {"b": 1}

@@ -958,16 +958,6 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         return state
 
 
-def _uri_text(verb: str, uri) -> str:
-    """A URI or path (str or os.PathLike) as text; TypeError for anything else."""
-    if isinstance(uri, str):
-        return uri
-    if isinstance(uri, os.PathLike):
-        return os.fspath(uri)
-    raise TypeError(f"wharf.torch.{verb}: expected a URI, a path or a file object, "
-                    f"not {type(uri).__name__}")
-
-
 def _no_store_options(verb: str, store_options: dict) -> None:
     if store_options:
         raise TypeError(f"wharf.torch.{verb}: store options ({', '.join(sorted(store_options))}) "
@@ -987,7 +977,7 @@ def save(obj: Any, uri: str, *, pickle_protocol: int = 2, **store_options) -> No
         _no_store_options("save", store_options)
         torch.save(obj, uri, pickle_protocol=pickle_protocol)
         return
-    with ObjectFile(_uri_text("save", uri), "wb", **store_options) as f:
+    with ObjectFile(uri, "wb", **store_options) as f:
         torch.save(obj, f, pickle_protocol=pickle_protocol)
 
 
@@ -1007,7 +997,7 @@ def load(uri: str, map_location=None, *, weights_only: Optional[bool] = None,
     if hasattr(uri, "read"):
         _no_store_options("load", store_options)
         return torch.load(uri, map_location=map_location, weights_only=weights_only)
-    with ObjectFile(_uri_text("load", uri), "rb", chunk_size=chunk_size, read_ahead=read_ahead,
+    with ObjectFile(uri, "rb", chunk_size=chunk_size, read_ahead=read_ahead,
                     **store_options) as f:
         return torch.load(f, map_location=map_location, weights_only=weights_only)
 
