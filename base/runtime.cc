@@ -20,8 +20,15 @@ absl::StatusOr<uint64_t> ParseSize(absl::string_view text) {
   while (digits < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
   uint64_t n = 0;
   if (digits == 0 || !absl::SimpleAtoi(s.substr(0, digits), &n)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid size '", text, "': expected an integer with an optional K, M, G or T suffix"));
+    if (absl::StartsWith(s, "-") && s.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid size '", text,
+          "': a size cannot be negative (a number with an optional K, M, G or T suffix)"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid size '", text,
+                     "': expected a number with an optional K, M, G or T suffix (powers of "
+                     "1024), such as 512M or 1.5G"));
   }
   // A decimal fraction of a unit ("1.5G"): its bytes are added below, rounded down.
   absl::string_view fraction;

@@ -47,7 +47,7 @@ void PrintSummary(const TransferSummary& s, const CpArgs& args) {
   if (s.deleted > 0) Print(absl::StrFormat("deleted %d not in the source\n", s.deleted));
 }
 
-void AddTransferFlags(CLI::App* cmd, CpArgs& args) {
+void AddTransferFlags(CLI::App* cmd, CpArgs& args, bool stdio) {
   cmd->add_option("-j,--jobs,--inflight", args.jobs,
                   "Requests in flight (objects, or parts of big ones); default: WHARF_INFLIGHT, "
                   "else sized from the store's measured latency")
@@ -61,9 +61,13 @@ void AddTransferFlags(CLI::App* cmd, CpArgs& args) {
                 "Print what would be done, as '(dryrun) OP SRC -> DST', and do nothing");
   AddFilterFlags(cmd, args.include, args.exclude, "SRC");
   AddUploadFlags(cmd, args.upload);
-  cmd->add_option("SRC", args.src, "Source: a URI, a local path, or - (standard input)")
+  cmd->add_option("SRC", args.src,
+                  stdio ? "Source: a URI, a local path, or - (standard input)"
+                        : "Source: a URI or a local path (a prefix or folder)")
       ->required();
-  cmd->add_option("DST", args.dst, "Destination: a URI, a local path, or - (standard output)")
+  cmd->add_option("DST", args.dst,
+                  stdio ? "Destination: a URI, a local path, or - (standard output)"
+                        : "Destination: a URI or a local path (a prefix or folder)")
       ->required();
 }
 
@@ -85,7 +89,7 @@ void AddCp(CLI::App& app, CpArgs& args) {
   CLI::App* cp = app.add_subcommand("cp", "Copy an object, or a whole prefix with -r");
   cp->add_flag("-r,--recursive", args.recursive,
                "Copy every object below SRC to the same relative key below DST");
-  AddTransferFlags(cp, args);
+  AddTransferFlags(cp, args, /*stdio=*/true);
   cp->footer(
       "Without -r, SRC is one object; a DST ending in '/' (or an existing local directory)\n"
       "receives it under its own name. SRC - uploads standard input; DST - writes the object\n"
@@ -103,11 +107,13 @@ void AddSync(CLI::App& app, CpArgs& args) {
   sync->add_flag("--delete", args.delete_extra,
                  "Delete objects below DST that SRC does not have (among those the filters "
                  "select)");
-  AddTransferFlags(sync, args);
+  AddTransferFlags(sync, args, /*stdio=*/false);
   sync->footer(
       "Copies every object below SRC that DST lacks or holds differently: by size and ETag\n"
-      "between two remote stores, by size and modification time when one side is local\n"
-      "(downloads take the object's time). Nothing is deleted without --delete.");
+      "(or content MD5) between two remote stores, by size and modification time when one\n"
+      "side is local (downloads take the object's time) or when the two sides' tags cannot\n"
+      "be compared (an object uploaded in parts against a gs:// object: a destination at\n"
+      "least as new as its source is current). Nothing is deleted without --delete.");
   sync->parse_complete_callback([&args] { args.sync = true; });
 }
 
@@ -174,12 +180,14 @@ absl::Status RunCp(const CpArgs& args) {
     if (target.is_object) {
       options.recursive = false;
     } else {
-      absl::StatusOr<TransferSummary> summary =
-          Transfer({src.store, target.prefix}, {dst_store, dst_key}, options, &observer);
+      TransferSummary summary;
+      absl::Status status = TransferWithSummary({src.store, target.prefix}, {dst_store, dst_key},
+                                                options, &summary, &observer);
       progress.Stop();
-      if (!summary.ok()) return summary.status();
-      PrintSummary(*summary, args);
-      return absl::OkStatus();
+      // After some objects failed (each named as it failed), what the others did still
+      // counts: the summary comes before the final error line.
+      if (status.ok() || summary.failed > 0) PrintSummary(summary, args);
+      return status;
     }
   } else if (key.empty() || key.back() == '/' || absl::IsNotFound(src.store->Head(key).status())) {
     // Not an object: say whether -r was meant.

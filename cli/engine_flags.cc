@@ -15,8 +15,9 @@ namespace wharf::cli {
 void AddEngineFlags(CLI::App* cmd, EngineArgs& args, bool budget_mb_alias) {
   CLI::Option* budget =
       cmd->add_option("--memory-budget", args.memory_budget,
-                      "Most bytes of data held at once (SIZE: an integer with an optional K, M, G "
-                      "or T suffix, powers of 1024); default: WHARF_MEMORY_BUDGET, else 1G")
+                      "Most bytes of data held at once (SIZE: a number with an optional K, M, G "
+                      "or T suffix, powers of 1024, such as 512M or 1.5G); default: "
+                      "WHARF_MEMORY_BUDGET, else 1G")
           ->check([](const std::string& v) -> std::string {
             auto size = ParseSize(v);
             if (!size.ok()) return std::string(size.status().message());

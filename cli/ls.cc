@@ -1,9 +1,13 @@
 // wharf ls: lists objects and common prefixes, streaming page by page; `wharf ls s3://`
 // lists the endpoint's buckets.
+#include <sys/stat.h>
+
+#include <cstring>
 #include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -18,8 +22,22 @@
 namespace wharf::cli {
 namespace {
 
-// One line per entry. Human lines are "<size>  <mtime>  <uri>" with control characters in
-// the URI escaped (a key may hold a newline); JSON lines carry keys exactly.
+// A URI for a human line: as it is, or, when it holds a control character (a key may hold a
+// newline), quoted as the shell's $'...' with the characters escaped (as GNU ls does), so a
+// key with a newline and one with a backslash and an 'n' print differently.
+std::string Quoted(const std::string& uri) {
+  const std::string escaped = OneLine(uri);
+  if (escaped == uri) return uri;
+  std::string out = "$'";
+  for (char c : uri) {
+    if (c == '\\' || c == '\'') out += '\\';
+    out += OneLine(std::string(1, c));
+  }
+  return out + "'";
+}
+
+// One line per entry. Human lines are "<size>  <mtime>  <uri>" (Quoted); JSON lines carry
+// keys exactly.
 class Printer {
  public:
   Printer(const ObjectStore& store, bool json) : store_(store), json_(json) {}
@@ -33,7 +51,7 @@ class Printer {
                       {"etag", meta.etag},
                       {"mtime", FormatMtime(meta.mtime)}}));
     } else {
-      Print(absl::StrFormat("%12d  %-20s  %s\n", meta.size, FormatMtime(meta.mtime), OneLine(uri)));
+      Print(absl::StrFormat("%12d  %-20s  %s\n", meta.size, FormatMtime(meta.mtime), Quoted(uri)));
     }
     ++count_;
   }
@@ -43,7 +61,7 @@ class Printer {
     if (json_) {
       Print(JsonLine({{"uri", uri}, {"prefix", prefix}}));
     } else {
-      Print(absl::StrFormat("%12s  %-20s  %s\n", "PRE", "", OneLine(uri)));
+      Print(absl::StrFormat("%12s  %-20s  %s\n", "PRE", "", Quoted(uri)));
     }
     ++count_;
   }
@@ -104,6 +122,19 @@ void AddLs(CLI::App& app, LsArgs& args) {
       "(s3://, gs://) lists the endpoint's buckets: \"<created> <name>\", as aws s3 ls.");
 }
 
+// An empty listing: an error for a prefix nothing is below (a typo, most likely), not for a
+// bucket's root or a local directory that exists and is empty (as aws s3 ls and ls(1)).
+absl::Status NothingListed(const ObjectStore& store, const std::string& key) {
+  const std::string uri = store.Uri(key);
+  if (key.empty()) return absl::OkStatus();
+  if (absl::StartsWith(uri, "file://")) {
+    struct stat st;
+    const std::string path = uri.substr(std::strlen("file://"));
+    if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("ls ", uri, ": no objects match"));
+}
+
 absl::Status RunLs(const LsArgs& args) {
   if (std::optional<std::string> scheme = BucketlessScheme(args.uri)) {
     return ListBuckets(*scheme, args.json);
@@ -125,10 +156,7 @@ absl::Status RunLs(const LsArgs& args) {
     WHARF_ASSIGN_OR_RETURN(std::vector<ObjectMeta> all,
                            ParallelListAll(store, options, {.workers = args.parallel}));
     for (const ObjectMeta& meta : all) printer.Object(meta);
-    if (printer.count() == 0) {
-      return absl::NotFoundError(
-          absl::StrCat("ls ", store.Uri(opened.uri.key), ": no objects match"));
-    }
+    if (printer.count() == 0) return NothingListed(store, opened.uri.key);
     return FlushStdout();
   }
   if (!args.recursive) options.delimiter = "/";
@@ -142,10 +170,7 @@ absl::Status RunLs(const LsArgs& args) {
   });
   if (StdoutBroken()) return absl::OkStatus();  // `wharf ls | head`: stop quietly
   WHARF_RETURN_IF_ERROR(listed);
-  if (printer.count() == 0) {
-    return absl::NotFoundError(
-        absl::StrCat("ls ", store.Uri(opened.uri.key), ": no objects match"));
-  }
+  if (printer.count() == 0) return NothingListed(store, opened.uri.key);
   return absl::OkStatus();
 }
 

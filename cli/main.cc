@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -161,7 +162,17 @@ int Main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     const std::string verb = VerbOf(app);
-    const std::string unknown = UnknownVerbMessage(app, e);
+    std::string unknown = UnknownVerbMessage(app, e);
+    // `wharf --profile fetch URI`: before the verb, --profile is the AWS profile's flag, so
+    // the verb went to it as a value.
+    const auto subs = app.get_subcommands({});
+    if (!unknown.empty() && std::any_of(subs.begin(), subs.end(), [&](const CLI::App* sub) {
+          return sub->get_name() == store_flags.profile;
+        })) {
+      absl::StrAppend(&unknown, "; '", store_flags.profile,
+                      "' was taken as the AWS profile: before the verb, --profile names one "
+                      "(the profiler's --profile goes after the verb: wharf fetch --profile URI)");
+    }
     PrintError(unknown.empty() ? e.what() : unknown);
     std::fprintf(stderr, "Run 'wharf %s--help' for usage.\n",
                  verb.empty() ? "" : (verb + " ").c_str());
@@ -177,6 +188,18 @@ int Main(int argc, char** argv) {
   if (absl::Status s = SetStoreFlags(store_flags); !s.ok()) {
     PrintError(s.message());
     return kExitUsage;
+  }
+  if (!metrics_file.empty()) {
+    // Said before the run, not after a long transfer that then fails for its report.
+    const size_t slash = metrics_file.rfind('/');
+    const std::string dir = slash == std::string::npos ? "."
+                            : slash == 0               ? "/"
+                                                       : metrics_file.substr(0, slash);
+    if (access(dir.c_str(), W_OK | X_OK) != 0) {
+      PrintError(absl::StrCat("--metrics ", metrics_file, ": cannot write in ", dir, " (",
+                              std::strerror(errno), ")"));
+      return kExitUsage;
+    }
   }
   const std::vector<TransferFilter> filters = FiltersInOrder(argc, argv);
   cp.filters = sync.filters = rm.filters = tier.filters = filters;

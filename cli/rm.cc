@@ -109,7 +109,11 @@ absl::Status RunRm(const RmArgs& args) {
     // Deleting a missing key succeeds on object stores; a CLI user who typed a name wants to
     // hear that it did not exist.
     absl::StatusOr<ObjectMeta> meta = absl::NotFoundError("");
-    if (!key.empty() && key.back() != '/') meta = store.Head(key);
+    // A key ending in '/' is an object too where the store keeps such keys (a folder marker,
+    // or data under such a name).
+    if (!key.empty() && (key.back() != '/' || store.capabilities().trailing_slash_keys)) {
+      meta = store.Head(key);
+    }
     if (absl::IsNotFound(meta.status())) {
       WHARF_ASSIGN_OR_RETURN(bool is_prefix, PrefixHasObjects(store, AsPrefix(key)));
       return absl::NotFoundError(absl::StrCat(

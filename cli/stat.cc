@@ -26,7 +26,11 @@ absl::Status RunStat(const StatArgs& args) {
 
   absl::StatusOr<ObjectMeta> meta =
       absl::NotFoundError(absl::StrCat("stat ", uri, ": no such object"));
-  if (!key.empty() && key.back() != '/') meta = store.Head(key);
+  // A key ending in '/' is an object too where the store keeps such keys (a folder marker,
+  // or data under such a name).
+  if (!key.empty() && (key.back() != '/' || store.capabilities().trailing_slash_keys)) {
+    meta = store.Head(key);
+  }
   if (absl::IsNotFound(meta.status())) {
     // Say so when the user named a "directory": the next step is `ls`, not a typo hunt.
     auto is_prefix = PrefixHasObjects(store, AsPrefix(key));

@@ -222,6 +222,13 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
       return std::nullopt;
     }
     if (*got < kBlock) {
+      // Shorter than one header at the start: a small compressed shard named as a plain tar
+      // says so (its signature is in the first bytes), as a longer one does.
+      if (at == 0 && !stream_->compressed() &&
+          SniffCompression(absl::string_view(block, *got), /*zlib_too=*/false)) {
+        std::memset(block + *got, 0, kBlock - *got);
+        return NotATarHeader(at, block, 0);
+      }
       return Fail(absl::StatusCode::kDataLoss, at,
                   absl::StrCat("truncated header: ", *got, " of ", kBlock,
                                " bytes before the end (", stream_->DescribeEnd(at + *got), ")"));

@@ -289,6 +289,15 @@ TEST(TarTest, ReadsGzipCompressedShardsByNameOrOption) {
   auto asked = ReadSamples(tmp.store(), "c-gz.tar", {.compression = Compression::kGzip});
   ASSERT_TRUE(asked.ok()) << asked.status();
   EXPECT_EQ(asked->samples, want->samples);
+  // The same for a compressed shard shorter than one tar header (a one-member shard).
+  const std::string tiny =
+      formats_testing::Deflate(TarEntry("a.txt", "x"), formats_testing::Deflated::kGzip);
+  ASSERT_LT(tiny.size(), 512u);
+  ASSERT_TRUE(tmp.store()->Put("tiny-gz.tar", absl::Cord(tiny)).ok());
+  auto small = ReadSamples(tmp.store(), "tiny-gz.tar");
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument) << small.status();
+  EXPECT_TRUE(absl::StrContains(small.status().message(), "name it .tar.gz or .tgz"))
+      << small.status();
   // Other compressions are named, not read as garbage.
   ASSERT_TRUE(tmp.store()
                   ->Put("x.tar", absl::Cord(std::string("\xfd"

@@ -76,7 +76,7 @@ void ComposedReads::Shared::DeleteTemp(const std::shared_ptr<Shared>& self, std:
   store->DeleteAsync(key, [self, key](absl::Status s) {
     if (!s.ok()) {
       LogLine(LogLevel::kWarning,
-              absl::StrCat("wharf: could not delete the temporary ", self->store->Uri(key),
+              absl::StrCat("could not delete the temporary ", self->store->Uri(key),
                            " of a composed read (a later run sweeps it): ", s.message()));
     }
     self->Done();
@@ -92,11 +92,11 @@ void ComposedReads::StartSweepOnce() {
   Runtime::Default()->blocking_pool().Schedule([shared = shared_] {
     auto swept = Sweep(*shared->store);
     if (!swept.ok()) {
-      LogLine(LogLevel::kInfo, absl::StrCat("wharf: sweeping the temporaries of composed reads: ",
+      LogLine(LogLevel::kInfo, absl::StrCat("sweeping the temporaries of composed reads: ",
                                             swept.status().message()));
     } else if (*swept > 0) {
       LogLine(LogLevel::kInfo,
-              absl::StrCat("wharf: removed ", *swept, " temporaries that earlier runs left under ",
+              absl::StrCat("removed ", *swept, " temporaries that earlier runs left under ",
                            shared->store->Uri(kTempRoot)));
     }
     shared->Done();
@@ -134,7 +134,7 @@ void ComposedReads::ReadAsync(std::vector<Source> sources, absl::Span<char> buff
           if (composed.status().code() == absl::StatusCode::kPermissionDenied &&
               !shared->disabled.exchange(true)) {
             LogLine(LogLevel::kWarning,
-                    absl::StrCat("wharf: composed reads turned off: the credentials cannot write "
+                    absl::StrCat("composed reads turned off: the credentials cannot write "
                                  "the temporary ",
                                  shared->store->Uri(temp),
                                  " (objects are read one by one; WHARF_GS_COMPOSE=off "

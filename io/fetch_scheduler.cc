@@ -851,7 +851,7 @@ FetchScheduler::FetchScheduler(std::shared_ptr<ObjectStore> store, FetchOptions 
     } else if (auto mode = ComposeModeFromEnv(); mode.ok()) {
       common_->compose_mode = *mode;
     } else {
-      LogLine(LogLevel::kWarning, absl::StrCat("wharf: ", mode.status().message(), "; using auto"));
+      LogLine(LogLevel::kWarning, absl::StrCat(mode.status().message(), "; using auto"));
       common_->compose_mode = ComposeMode::kAuto;
     }
     if (common_->compose_mode != ComposeMode::kOff) {

@@ -3,10 +3,12 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <malloc.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -15,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
@@ -445,9 +448,11 @@ DstEntry Entry(const ObjectMeta& m) {
                   .parts = MultipartEtagParts(m.etag)};
 }
 
-// Lists the destination prefix into a DstIndex.
+// Lists the destination prefix into a DstIndex; with `dirs`, the hashes of the relative
+// keys' folders ("a" and "a/b" for "a/b/c") go there too.
 absl::StatusOr<DstIndex> IndexDestination(ObjectStore& dst, const std::string& prefix,
-                                          const ParallelListOptions& list) {
+                                          const ParallelListOptions& list,
+                                          absl::flat_hash_set<uint64_t>* dirs = nullptr) {
   DstIndex index;
   absl::Mutex mu;
   ListOptions range;
@@ -455,12 +460,27 @@ absl::StatusOr<DstIndex> IndexDestination(ObjectStore& dst, const std::string& p
   absl::Status s = ParallelList(dst, range, list, [&](std::vector<ObjectMeta> page) {
     absl::MutexLock lock(&mu);
     for (const ObjectMeta& m : page) {
-      index[HashKey(absl::string_view(m.key).substr(prefix.size()))] = Entry(m);
+      const absl::string_view rel = absl::string_view(m.key).substr(prefix.size());
+      index[HashKey(rel)] = Entry(m);
+      if (dirs == nullptr) continue;
+      for (size_t p = rel.find('/'); p != absl::string_view::npos; p = rel.find('/', p + 1)) {
+        dirs->insert(HashKey(rel.substr(0, p)));
+      }
     }
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
   return index;
+}
+
+// Whether `prefix` of a local store names a directory (an empty one, when listing found
+// nothing): a folder that exists is an empty source, not a missing one (sync --delete from
+// it empties the destination, as rsync's would).
+bool IsEmptyLocalFolder(const ObjectStore& store, const std::string& prefix) {
+  if (!IsLocal(store)) return false;
+  const std::string path = store.Uri(prefix).substr(std::strlen("file://"));
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 class Engine {
@@ -508,9 +528,17 @@ class Engine {
     if (have->etag_hash == HashKey(meta.etag)) return true;
     // ETags of two kinds (a file's MD5 and a GCS generation): the content's MD5 where both
     // sides know it.
-    if (have->md5_hash == 0) return false;
     const std::string md5 = ContentMd5(meta);
-    return !md5.empty() && HashKey(md5) == have->md5_hash;
+    if (have->md5_hash != 0 && !md5.empty()) return HashKey(md5) == have->md5_hash;
+    // sync between two remote stores where one side knows no MD5 (an object uploaded in
+    // parts, a composite GCS object) and the other a tag of another kind (a GCS generation,
+    // another part size): nothing compares the bytes without reading them, so a destination
+    // at least as new as its source is current, as aws s3 sync decides (a copy is always
+    // newer than its source, so a rerun copies nothing twice).
+    if (options_.mode == TransferMode::kSync && !src_local_ && !dst_local_ && !same_store_) {
+      return have->mtime_s >= Seconds(meta.mtime);
+    }
+    return false;
   }
 
   // Whether UpToDate's "no" may still be the same bytes: the ETags were compared (copy
@@ -658,6 +686,7 @@ class Engine {
     std::optional<std::string> dst_key;
     bool skipped = false;
     std::optional<DstEntry> check_parts;  // the destination's entry, to hash against
+    std::vector<std::string> conflicts;   // relative keys or folders of extras in the way
     {
       absl::MutexLock lock(&select_mu_);
       absl::string_view rel = meta.key;
@@ -671,6 +700,11 @@ class Engine {
         have->seen = true;
       }
       if (!PassesFilters(options_.filters, rel)) return false;
+      if (resolve_conflicts_ && !options_.dryrun) {
+        // A file where the source has a folder, or a folder where it has a file: the copy
+        // could not land until sync --delete removed them, so they go now (see below).
+        conflicts = Conflicts(rel, have != nullptr);
+      }
       if (UpToDate(meta, have)) {
         ++skipped_;
         skipped = true;
@@ -678,6 +712,7 @@ class Engine {
         check_parts = *have;
       }
     }
+    if (!conflicts.empty()) DeleteConflicts(conflicts);
     if (skipped) {
       Skipped(meta, *dst_key);
       return false;
@@ -731,10 +766,16 @@ class Engine {
     }
     dst_keeps_markers_ = dst_.store->capabilities().trailing_slash_keys;
     {
-      WHARF_ASSIGN_OR_RETURN(
-          DstIndex index, IndexDestination(*dst_.store, dst_prefix_, ListOptionsFor(*dst_.store)));
+      // On a file system a key cannot be both a file and a folder: where sync --delete
+      // would remove the one in the way, it is removed before the copy needs its place.
+      resolve_conflicts_ = options_.delete_extra && dst_local_;
+      absl::flat_hash_set<uint64_t> dirs;
+      WHARF_ASSIGN_OR_RETURN(DstIndex index,
+                             IndexDestination(*dst_.store, dst_prefix_, ListOptionsFor(*dst_.store),
+                                              resolve_conflicts_ ? &dirs : nullptr));
       absl::MutexLock lock(&select_mu_);
       existing_ = std::move(index);
+      dst_dirs_ = std::move(dirs);
     }
 
     ListOptions range;
@@ -793,11 +834,15 @@ class Engine {
       summary.listed = listed_;
       summary.skipped = skipped_;
     }
-    if (summary.listed == 0 && listing.ok()) {
+    if (summary.listed == 0 && listing.ok() && !IsEmptyLocalFolder(*src_.store, src_prefix_)) {
       return absl::NotFoundError(
           absl::StrCat(op_, " ", src_.store->Uri(src_.key), ": no such object or prefix"));
     }
     WHARF_RETURN_IF_ERROR(Annotate(listing, what));
+    {
+      absl::MutexLock lock(&select_mu_);
+      summary.deleted += deleted_early_;
+    }
     if (options_.delete_extra) {
       WHARF_RETURN_IF_ERROR(DeleteExtra(summary));
     }
@@ -824,6 +869,68 @@ class Engine {
       o.workers = options_.list_workers;
     }
     return o;
+  }
+
+  // For a listed source key `rel` (with or without a destination file of its own): the
+  // destination's extras in its way, as relative keys: files at its folders ("a" for "a/x"),
+  // and, when the destination has a folder at `rel` ("a/..." for "a"), that folder as "a/".
+  // Each is one DeleteExtra would remove (not listed by the source so far, selected by the
+  // filters and the shard); the files are marked seen, as the source cannot want them.
+  std::vector<std::string> Conflicts(absl::string_view rel, bool have_file)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(select_mu_) {
+    std::vector<std::string> out;
+    for (size_t p = rel.find('/'); p != absl::string_view::npos; p = rel.find('/', p + 1)) {
+      const absl::string_view folder = rel.substr(0, p);
+      auto it = existing_.find(HashKey(folder));
+      if (it == existing_.end() || it->second.seen) continue;
+      if (!PassesFilters(options_.filters, folder) || !InShard(folder)) continue;
+      it->second.seen = true;
+      out.emplace_back(folder);
+    }
+    if (!have_file && dst_dirs_.erase(HashKey(rel)) > 0) out.push_back(absl::StrCat(rel, "/"));
+    return out;
+  }
+
+  // Deletes Conflicts' extras (a folder: each extra below it), as DeleteExtra would have
+  // after the listing. A failure is reported; the copy then reports its own.
+  void DeleteConflicts(const std::vector<std::string>& conflicts) {
+    std::vector<std::string> doomed;
+    for (const std::string& rel : conflicts) {
+      const std::string key = JoinKey(dst_prefix_, rel);
+      if (!absl::EndsWith(rel, "/")) {
+        if (options_.deletable) {
+          absl::StatusOr<ObjectMeta> m = dst_.store->Head(key);
+          if (!m.ok() || !options_.deletable(*m)) continue;
+        }
+        doomed.push_back(key);
+        continue;
+      }
+      ListOptions below;
+      below.prefix = key;
+      absl::StatusOr<ListPage> all = dst_.store->ListAll(below);
+      if (!all.ok()) {
+        outcome_.Fail(all.status());
+        continue;
+      }
+      absl::MutexLock lock(&select_mu_);
+      for (const ObjectMeta& m : all->objects) {
+        const absl::string_view sub = absl::string_view(m.key).substr(dst_prefix_.size());
+        auto it = existing_.find(HashKey(sub));
+        if (it == existing_.end() || it->second.seen) continue;
+        if (!PassesFilters(options_.filters, sub) || !InShard(sub)) continue;
+        if (options_.deletable && !options_.deletable(m)) continue;
+        it->second.seen = true;  // deleted here, not again by DeleteExtra
+        doomed.push_back(m.key);
+      }
+    }
+    if (doomed.empty()) return;
+    const size_t n = doomed.size();
+    if (absl::Status s = dst_.store->DeleteMany(std::move(doomed)); !s.ok()) {
+      outcome_.Fail(s);
+      return;
+    }
+    absl::MutexLock lock(&select_mu_);
+    deleted_early_ += n;
   }
 
   // sync --delete: objects below the destination prefix that the source did not list (and
@@ -879,6 +986,11 @@ class Engine {
 
   absl::Mutex select_mu_;
   DstIndex existing_ ABSL_GUARDED_BY(select_mu_);
+  // With resolve_conflicts_: the destination's folders (hashes of relative keys) not yet
+  // cleared for a source file of the same name.
+  bool resolve_conflicts_ = false;
+  absl::flat_hash_set<uint64_t> dst_dirs_ ABSL_GUARDED_BY(select_mu_);
+  uint64_t deleted_early_ ABSL_GUARDED_BY(select_mu_) = 0;
   uint64_t listed_ ABSL_GUARDED_BY(select_mu_) = 0;
   uint64_t skipped_ ABSL_GUARDED_BY(select_mu_) = 0;
 };

@@ -195,6 +195,7 @@ class Store {
     ListOptions options;
     options.prefix = Key(prefix);
     ListPage all;
+    if (limit < 0) throw py::value_error("list: limit must be >= 0 (0: no limit)");
     if (limit > 0) {
       // One page of at most `limit` entries: enough to tell whether a prefix holds anything
       // (wharf.fsspec's isdir) without listing all of it.
@@ -202,6 +203,18 @@ class Store {
       options.page_size = std::min(limit, s->capabilities().max_page_size);
       all = Check(WithoutGil([&] { return s->List(options); }));
       all.continuation.clear();
+      // A server may send more than it was asked for (the GCS emulator ignores maxResults):
+      // the first `limit` entries in key order, objects and prefixes together.
+      size_t objects = 0, prefixes = 0;
+      while (objects + prefixes < static_cast<size_t>(limit) &&
+             (objects < all.objects.size() || prefixes < all.common_prefixes.size())) {
+        const bool take_object = prefixes == all.common_prefixes.size() ||
+                                 (objects < all.objects.size() &&
+                                  all.objects[objects].key < all.common_prefixes[prefixes]);
+        ++(take_object ? objects : prefixes);
+      }
+      all.objects.resize(objects);
+      all.common_prefixes.resize(prefixes);
     } else if (recursive && parallel > 0) {
       all.objects =
           Check(WithoutGil([&] { return ParallelListAll(*s, options, {.workers = parallel}); }));
@@ -231,12 +244,21 @@ class Store {
 
   Buffer Get(const std::string& key, std::optional<uint64_t> start, std::optional<uint64_t> end) {
     auto s = store();
-    ByteRange range;
-    if (start || end) {
-      const uint64_t from = start.value_or(0);
-      range = end ? ByteRange::Of(from, *end > from ? *end - from : 0) : ByteRange::From(from);
+    const uint64_t from = start.value_or(0);
+    if (end && *end <= from) {
+      // An empty range, as a slice of bytes: b"" for an object that exists.
+      Check(WithoutGil([&] { return s->Head(Key(key)); }));
+      return Buffer::FromString(std::string());
     }
-    return Buffer::FromString(Check(WithoutGil([&] { return s->Read(Key(key), range); })));
+    ByteRange range;
+    if (start || end) range = end ? ByteRange::Of(from, *end - from) : ByteRange::From(from);
+    absl::StatusOr<std::string> data = WithoutGil([&] { return s->Read(Key(key), range); });
+    if (!data.ok() && data.status().code() == absl::StatusCode::kOutOfRange && from > 0) {
+      // A range starting at or past the end: b"" like a slice, once the size confirms it.
+      absl::StatusOr<ObjectMeta> meta = WithoutGil([&] { return s->Head(Key(key)); });
+      if (meta.ok() && from >= meta->size) return Buffer::FromString(std::string());
+    }
+    return Buffer::FromString(Check(std::move(data)));
   }
 
   // Many objects at once through the I/O engine; returns buffers in the order of `keys`.
@@ -382,6 +404,28 @@ PYBIND11_MODULE(_wharf, m) {
   m.doc() = "wharf: fast object-store I/O for ML (C++ core)";
   RegisterTierCache(StoreRegistry::Global());  // cache= and WHARF_CACHE
   m.def(
+      "list_buckets",
+      [](const std::string& scheme, const py::kwargs& options) {
+        const StoreOptions opts = StoreOptionsFromKwargs(options);
+        std::vector<BucketInfo> buckets =
+            Check(WithoutGil([&] { return StoreRegistry::Global().ListBuckets(scheme, opts); }));
+        py::list out;
+        for (const BucketInfo& b : buckets) {
+          py::dict d;
+          d["name"] = b.name;
+          d["created"] = b.creation_time == absl::InfinitePast()
+                             ? py::object(py::none())
+                             : py::object(py::float_(
+                                   absl::ToDoubleSeconds(b.creation_time - absl::UnixEpoch())));
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("scheme"),
+      "The buckets of the endpoint of `scheme` (\"s3\", \"gs\"), as dicts with name and "
+      "created (seconds since the epoch, or None); store options as for Store (endpoint=, "
+      "region=, profile=, ...)");
+  m.def(
       "_tier_at_exit", [] { WithoutGil([] { return TierStore::AtExit(), 0; }); },
       "What exit does for this process's cache stores and tiers (counters written, temporary "
       "directories removed), for children that end with os._exit (multiprocessing)");
@@ -431,7 +475,10 @@ PYBIND11_MODULE(_wharf, m) {
 
   py::class_<Store, std::shared_ptr<Store>>(m, "Store",
                                             "An object store opened from a URI; keys are "
-                                            "relative to the URI's path.")
+                                            "relative to the URI's path, which is a plain key "
+                                            "prefix: end it with '/' for a folder "
+                                            "(Store('s3://b/a/').url('x') is s3://b/a/x, "
+                                            "Store('s3://b/a').url('x') is s3://b/ax).")
       .def(py::init([](std::string uri, const py::kwargs& options) {
              return std::make_shared<Store>(
                  StoreHandle(std::move(uri), StoreOptionsFromKwargs(options)));
@@ -452,7 +499,9 @@ PYBIND11_MODULE(_wharf, m) {
            "limit=N: one request for at most N entries (the first of the listing).")
       .def("head", &Store::Head, py::arg("key"))
       .def("get", &Store::Get, py::arg("key"), py::arg("start") = py::none(),
-           py::arg("end") = py::none(), "The object's bytes [start, end) as a Buffer")
+           py::arg("end") = py::none(),
+           "The object's bytes [start, end) as a Buffer; like a slice, a range that is empty or "
+           "starts at or past the end gives no bytes (a missing object still raises)")
       .def("get_many", &Store::GetMany, py::arg("keys"), py::arg("inflight") = 0,
            py::arg("memory_budget") = 0,
            "Many objects at once through the I/O engine, in the order given. keys: str keys, "

@@ -23,6 +23,7 @@
 #include "base/file_io.h"
 #include "base/fork.h"
 #include "base/hash.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "store/local/temp_object.h"
@@ -1911,8 +1912,19 @@ void RegisterTierCache(StoreRegistry& registry) {
   registry.SetCacheDecorator(
       [](std::shared_ptr<ObjectStore> store, const std::string& dir,
          std::shared_ptr<Runtime> runtime) -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
+        // A cache directory that is in no tier becomes one with the default settings (its
+        // parents made as needed); a mistyped path should not silently become a second cache,
+        // so creating one says so.
+        const bool created = !dir.empty() && !Tier::Find(dir).ok();
         auto tier = Tier::FindOrCreate(dir);
         if (!tier.ok()) return Annotate(tier.status(), absl::StrCat("cache=", dir));
+        if (created) {
+          LogLine(
+              LogLevel::kWarning,
+              absl::StrCat("cache=", dir, ": no tier was there; created one at ", (*tier)->root(),
+                           " with the default settings (see `wharf tier status`, change them "
+                           "with `wharf tier init`)"));
+        }
         auto cached = TierStore::Open(std::move(store), *std::move(tier), std::move(runtime));
         if (!cached.ok()) return Annotate(cached.status(), absl::StrCat("cache=", dir));
         return std::shared_ptr<ObjectStore>(*std::move(cached));

@@ -36,8 +36,8 @@ arguments raise ValueError.
 """
 from wharf._wharf import (AlreadyExistsError, Buffer, NotFoundError, PermissionDeniedError, RecordStream,
                           SampleIndex, SampleReader, Sampler, SampleStream, Store, WharfError,
-                          consumed_after, metrics, metrics_text, parse_sampler_state,
-                          parse_size, split_csv)
+                          consumed_after, list_buckets, metrics, metrics_text,
+                          parse_sampler_state, parse_size, split_csv)
 from wharf._runtime import configure, split_budget_for_worker
 from wharf._file import ObjectFile, open
 from wharf._profile import Profile, profile
@@ -45,4 +45,4 @@ from wharf._profile import Profile, profile
 __all__ = ["AlreadyExistsError", "Buffer", "NotFoundError", "PermissionDeniedError", "RecordStream", "SampleIndex",
            "SampleReader", "Sampler", "SampleStream", "Store", "WharfError", "consumed_after",
            "parse_sampler_state", "split_csv", "configure", "metrics", "metrics_text", "parse_size",
-           "split_budget_for_worker", "open", "ObjectFile", "profile", "Profile"]
+           "split_budget_for_worker", "open", "ObjectFile", "profile", "Profile", "list_buckets"]

@@ -7,15 +7,40 @@ that takes a binary file (torch.save / torch.load, io.TextIOWrapper, zipfile, ta
 takes them.
 
 A "wb" or "xb" file commits on close() only: leaving its `with` block by an exception, abort(), or
-being garbage-collected unclosed drops the upload, and nothing appears.
+being garbage-collected unclosed drops the upload, and nothing appears. So does a close() that
+a wrapper's `with` makes while an exception unwinds (io.TextIOWrapper, gzip, fsspec's
+OpenFile, pandas' handles close what they wrap on the way out of their block, as on success).
 """
+import dis
 import io
 import os
+import sys
 import warnings
 
 from wharf import _wharf
 
 _CLOSED = "I/O operation on closed file."
+_WITH_EXCEPT_START = dis.opmap.get("WITH_EXCEPT_START")
+
+
+def _unwinding(exc_at_open):
+    """Whether the caller's close() runs inside a `with` statement's exit (a Python __exit__,
+    or a C one such as io's, called by the with statement's own instruction) while an
+    exception raised since the file was opened unwinds. A close() in an `except` clause of
+    one's own is not that: it commits."""
+    exc = sys.exc_info()[1]
+    if exc is None or exc is exc_at_open:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "__exit__":
+            return True
+        lasti = frame.f_lasti
+        if (_WITH_EXCEPT_START is not None and 0 <= lasti < len(frame.f_code.co_code)
+                and frame.f_code.co_code[lasti] == _WITH_EXCEPT_START):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class ObjectFile(io.BufferedIOBase):
@@ -27,6 +52,8 @@ class ObjectFile(io.BufferedIOBase):
     and nothing is written."""
 
     _raw = None  # until opened: __del__ and closed work on a file whose open raised
+    _write_error = None  # the first failed write's exception
+    _exc_at_open = None
 
     def __init__(self, uri, mode="rb", *, chunk_size=0, read_ahead=-1, access="auto",
                  **store_options):
@@ -46,6 +73,9 @@ class ObjectFile(io.BufferedIOBase):
             self._raw = _wharf._ObjectReadFile(self._uri, chunk_size, read_ahead,
                                                access == "auto", **store_options)
         else:
+            # An exception being handled as the file opens (one writes an error report in an
+            # `except` clause) is not one that interrupted its writing.
+            self._exc_at_open = sys.exc_info()[1]
             self._raw = _wharf._ObjectWriteFile(self._uri, exclusive=mode == "xb",
                                                 **store_options)
 
@@ -122,7 +152,13 @@ class ObjectFile(io.BufferedIOBase):
             self._check_open()
             raise io.UnsupportedOperation("write: file opened for reading")
         self._check_open()
-        return self._raw.write(b)
+        try:
+            return self._raw.write(b)
+        except BaseException as e:
+            # Kept for writers that turn it into an error of their own (torch's zip writer
+            # raises "unexpected pos"): wharf.torch.save raises this one instead.
+            self._write_error = e
+            raise
 
     def flush(self):
         self._check_open()  # bytes go up as parts fill; the object appears at close()
@@ -130,8 +166,14 @@ class ObjectFile(io.BufferedIOBase):
     # ---- ending ----
     def close(self):
         """"rb": releases the read-ahead. "wb", "xb": commit the object (it appears now, whole;
-        "xb" raises AlreadyExistsError, writing nothing, when the key holds an object)."""
+        "xb" raises AlreadyExistsError, writing nothing, when the key holds an object).
+        Called by a wrapper's `with` exit while an exception unwinds (a TextIOWrapper's, a
+        GzipFile's, pandas'), it aborts instead: a failed write never leaves part of an
+        object."""
         if self.closed:
+            return
+        if self._interrupted():
+            self.abort()
             return
         self._raw.close()  # a writer's failure aborts the upload and raises
 
@@ -160,6 +202,10 @@ class ObjectFile(io.BufferedIOBase):
         self.abort()
 
     # ---- helpers ----
+    def _interrupted(self):
+        """A writer whose close() is a wrapper's `with` exit while an exception unwinds."""
+        return self._mode != "rb" and _unwinding(self._exc_at_open)
+
     def _check_open(self):
         if self.closed:
             raise ValueError(_CLOSED)
@@ -181,8 +227,9 @@ def open(uri, mode="rb", **store_options):
     and never if the `with` block raises or the file is dropped unclosed.
     "xb" is "wb" that creates only: close() raises AlreadyExistsError (a FileExistsError) and
     writes nothing when the key holds an object by then, decided by the store atomically
-    (S3 If-None-Match: *, GCS ifGenerationMatch=0, a non-replacing rename on file://; Ceph
-    RGW before Squid ignores the condition on multipart uploads, objects above one part).
+    (S3 If-None-Match: *, GCS ifGenerationMatch=0, a non-replacing rename on file://). Above
+    one part, the S3 writer also checks the key before its upload starts and before it
+    completes (Ceph RGW before Squid ignores the condition on a multipart completion).
     Store options are wharf.Store's (endpoint=, region=, cache=, ...); chunk_size= and
     read_ahead= tune "rb" (default: from the store's link estimate). access="auto" (the
     default) sizes the read-ahead from how the file is read: it starts small after opening and

@@ -122,6 +122,9 @@ class _File(ObjectFile):
         if self.closed:
             return
         if self._mode != "rb":
+            if self._interrupted():  # a wrapper's `with` exit while an exception unwinds
+                self.abort()
+                return
             if self._exclusive:
                 try:
                     taken = self.fs.exists(self.path)
@@ -258,7 +261,20 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
     def _dir_entry(self, scheme, bucket, key):
         return {"name": self._name(scheme, bucket, key), "size": 0, "type": "directory"}
 
+    def _buckets(self, path):
+        """The buckets, as directories, when `path` names none (s3://, gs://, "" of an
+        s3/gs filesystem, as s3fs and gcsfs list them); else None."""
+        scheme, bucket, _ = self._split(path)
+        if bucket or scheme == "file":
+            return None
+        options = {k: v for k, v in self._options.items() if k != "cache"}
+        return [self._dir_entry(scheme, b["name"], "")
+                for b in _wharf.list_buckets(scheme, **options)]
+
     def ls(self, path, detail=True, **kwargs):
+        buckets = self._buckets(path)
+        if buckets is not None:
+            return buckets if detail else [e["name"] for e in buckets]
         store, key, (scheme, bucket) = self._resolve(path)
         prefix = key + "/" if key else ""
         out = []
@@ -282,6 +298,9 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         return out if detail else [e["name"] for e in out]
 
     def info(self, path, **kwargs):
+        if self._split(path)[1] == "" and self._split(path)[0] != "file":
+            return {"name": self._name(self._split(path)[0], "", ""), "size": 0,
+                    "type": "directory"}  # the root above the buckets
         store, key, (scheme, bucket) = self._resolve(path)
         if not key:
             store.list("", recursive=False, limit=1)  # NotFoundError: no such bucket

@@ -219,6 +219,12 @@ TEST_P(ObjectStoreConformance, RangesAtTheEdges) {
             absl::StatusCode::kOutOfRange);
   EXPECT_EQ(store().Read("r", ByteRange::From(5000)).status().code(),
             absl::StatusCode::kOutOfRange);
+  // A zero-length range is refused the same way by every store, before any request.
+  for (const ByteRange& empty : {ByteRange::Of(0, 0), ByteRange::Of(5, 0)}) {
+    auto got = store().Read("r", empty);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kOutOfRange) << empty.offset;
+    EXPECT_THAT(got.status().message(), HasSubstr("empty range")) << empty.offset;
+  }
 }
 
 TEST_P(ObjectStoreConformance, GetIntoCallerBuffer) {

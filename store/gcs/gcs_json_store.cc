@@ -572,6 +572,10 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   if (absl::Status s = RequireObjectKey("get", uri, request.key); !s.ok()) {
     return std::move(done)(std::move(s));
   }
+  if (request.range.length.has_value() && *request.range.length == 0) {
+    // A zero-length range has no HTTP form ("bytes=5-4" is not one); the local store says the same.
+    return std::move(done)(absl::OutOfRangeError(absl::StrCat("get ", uri, ": empty range")));
+  }
   auto state = std::make_shared<GetState>();
   state->request = std::move(request);
   state->uri = uri;

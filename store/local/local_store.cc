@@ -173,7 +173,7 @@ class Lister {
       if (c != '/' || path.empty() || path.back() != '/') path += c;
     }
     LogLine(LogLevel::kWarning,
-            absl::StrCat("wharf: skipping ", path, ": ",
+            absl::StrCat("skipping ", path, ": ",
                          err == ENOENT  ? "a symbolic link to nothing"
                          : err == ELOOP ? "a symbolic link to a directory it is in (it would loop)"
                                         : strerror(err)));

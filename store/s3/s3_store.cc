@@ -260,6 +260,7 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
     hint = "the object changed (ETag mismatch)";
   } else if (e.code == "InvalidRange" || response.status == 416) {
     code = absl::StatusCode::kOutOfRange;
+    hint = "the range starts at or past the end of the object";
   } else if (e.code == "BucketAlreadyOwnedByYou" || e.code == "BucketAlreadyExists") {
     code = absl::StatusCode::kAlreadyExists;
   } else if (e.code == "BucketNotEmpty") {
@@ -570,6 +571,10 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
   }
   if (absl::Status s = RequireObjectKey("get", uri, request.key); !s.ok()) {
     return std::move(done)(std::move(s));
+  }
+  if (request.range.length.has_value() && *request.range.length == 0) {
+    // A zero-length range has no HTTP form ("bytes=5-4" is not one); the local store says the same.
+    return std::move(done)(absl::OutOfRangeError(absl::StrCat("get ", uri, ": empty range")));
   }
   auto state = std::make_shared<GetState>();
   state->request = std::move(request);
@@ -1084,7 +1089,22 @@ class S3Writer : public ObjectWriter {
     return s;
   }
 
+  // A create-only upload: whether the key already holds an object (AlreadyExists), asked
+  // before the upload starts (to fail before sending its parts) and again just before the
+  // commit. The commit's If-None-Match decides where the server honours it on a multipart
+  // completion; Ceph RGW before Squid ignores it there, and these checks are then what
+  // refuses a key taken before the commit (one taken between the check and the commit is
+  // still overwritten).
+  absl::Status CheckAbsent() {
+    if (!options_.if_absent) return absl::OkStatus();
+    absl::StatusOr<ObjectMeta> head = store_->Head(key_);
+    if (head.ok()) return AlreadyExists(Uri());
+    if (absl::IsNotFound(head.status())) return absl::OkStatus();
+    return head.status();
+  }
+
   absl::Status Start() {
+    if (absl::Status s = CheckAbsent(); !s.ok()) return s;
     auto call = std::make_shared<S3Store::Call>();
     call->op = "start upload";
     call->method = "POST";
@@ -1265,6 +1285,7 @@ class S3Writer : public ObjectWriter {
 
   // REQUIRES: every part uploaded (WaitForParts) without error.
   absl::StatusOr<ObjectMeta> Complete() {
+    if (absl::Status s = CheckAbsent(); !s.ok()) return s;
     pugi::xml_document doc;
     pugi::xml_node root = doc.append_child("CompleteMultipartUpload");
     root.append_attribute("xmlns") = std::string(kXmlNs).c_str();

@@ -246,6 +246,71 @@ def test_an_exception_in_with_over_an_existing_object_keeps_it(root):
     assert [o["key"] for o in wharf.Store(root).list()] == ["obj"]
 
 
+def test_a_wrapper_closing_while_an_exception_unwinds_writes_nothing(root):
+    # io.TextIOWrapper (and gzip, fsspec's OpenFile, pandas) close what they wrap on the way
+    # out of their `with` block whatever the reason: that close must not commit half a file.
+    store = wharf.Store(root)
+    with pytest.raises(RuntimeError, match="boom"):
+        with io.TextIOWrapper(wharf.open(root + "text", "wb"), encoding="utf-8") as t:
+            t.write("x" * (2 * PART + 3))  # parts already uploaded on S3
+            raise RuntimeError("boom")
+    # A contextmanager of one's own that closes in `finally`, the same.
+    import contextlib
+
+    @contextlib.contextmanager
+    def writing(uri):
+        f = wharf.open(uri, "wb")
+        try:
+            yield f
+        finally:
+            f.close()
+
+    with pytest.raises(KeyError):
+        with writing(root + "mine") as f:
+            f.write(b"half")
+            raise KeyError("x")
+    assert store.list() == []
+    # A close() of one's own in an `except` clause commits (the exception was handled), and
+    # so does a file written while an exception is being handled (an error report).
+    f = wharf.open(root + "explicit", "wb")
+    f.write(b"kept")
+    try:
+        raise ValueError("stop early")
+    except ValueError:
+        f.close()
+    try:
+        raise ValueError("failed")
+    except ValueError as e:
+        with io.TextIOWrapper(wharf.open(root + "report", "wb"), encoding="utf-8") as t:
+            t.write(f"error: {e}")
+    with io.TextIOWrapper(wharf.open(root + "plain", "wb"), encoding="utf-8") as t:
+        t.write("ok")
+    assert {o["key"]: bytes(store.get(o["key"])) for o in store.list()} == {
+        "explicit": b"kept", "report": b"error: failed", "plain": b"ok"}
+
+
+def test_exclusive_create_of_a_large_object_keeps_what_is_there(root):
+    # "xb" above one part: RGW ignores If-None-Match on a multipart completion, so the writer
+    # checks the key before starting the upload and before completing it.
+    store = wharf.Store(root)
+    store.put("taken", b"ORIGINAL")
+    with pytest.raises(wharf.AlreadyExistsError, match="already exists"):
+        with wharf.open(root + "taken", "xb") as f:
+            f.write(b"N" * (2 * PART + 1))  # S3: refused as the upload would start
+    assert bytes(store.get("taken")) == b"ORIGINAL"
+    # Taken after the upload started: refused at the completion.
+    f = wharf.open(root + "late", "xb")
+    f.write(b"N" * (PART + 1))
+    store.put("late", b"FIRST")
+    f.write(b"N" * PART)
+    with pytest.raises(FileExistsError):
+        f.close()
+    assert bytes(store.get("late")) == b"FIRST"
+    with wharf.open(root + "fresh", "xb") as f:
+        f.write(b"F" * (2 * PART + 1))
+    assert store.head("fresh")["size"] == 2 * PART + 1
+
+
 def test_a_file_dropped_without_close_aborts(s3_env, bucket, s3_client):
     f = wharf.open(f"s3://{bucket}/dropped", "wb")
     f.write(_bytes(PART + 1))

@@ -64,6 +64,17 @@ def root(request, aws, tmp_path):
 # ---------------------------------------------------------------- the methods, one by one
 
 
+def test_the_root_above_the_buckets_lists_them(fs, bucket):
+    # As s3fs: ls("s3://") (or "" on the s3 filesystem) gives the buckets, as directories.
+    listed = fs.ls("s3://")
+    assert {"name": f"s3://{bucket}", "size": 0, "type": "directory"} in listed
+    assert f"s3://{bucket}" in fs.ls("s3://", detail=False)
+    s3 = WharfS3FileSystem(skip_instance_cache=True)
+    assert bucket in s3.ls("", detail=False)
+    assert s3.info("")["type"] == "directory"
+    assert {b["name"] for b in wharf.list_buckets("s3")} >= {bucket}
+
+
 def test_ls_info_isdir_isfile_exists(fs, root):
     fs.pipe({join(root, "a.txt"): b"hello", join(root, "d/b.bin"): b"12345678",
              join(root, "d/e/c"): b"", join(root, "d.txt"): b"x"})
@@ -234,6 +245,23 @@ def test_open_read_write_exclusive(fs, root):
         fs.open(join(root, "x"), "rb", no_such_option=1)
     with fs.open(join(root, "x"), "rb", cache_type="readahead") as f:  # fsspec's: ignored
         assert f.read() == b"first"
+
+
+def test_text_and_compressed_writes_that_raise_leave_nothing(fs, root):
+    # fsspec's text mode and compression wrap the binary file and close it on the way out of
+    # their block, exception or not: nothing may appear.
+    with pytest.raises(RuntimeError):
+        with fs.open(join(root, "t.txt"), "w") as t:
+            t.write("first half\n")
+            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError):
+        with fsspec.core.OpenFile(fs, join(root, "t.gz"), "wt", compression="gzip") as t:
+            t.write("half" * 10000)
+            raise RuntimeError("boom")
+    assert not fs.exists(join(root, "t.txt")) and not fs.exists(join(root, "t.gz"))
+    with fs.open(join(root, "t.txt"), "w") as t:
+        t.write("whole\n")
+    assert fs.cat(join(root, "t.txt")) == b"whole\n"
 
 
 def test_exclusive_create_is_decided_by_the_store(fs, root):
@@ -450,7 +478,7 @@ def test_paths_and_names():
     with pytest.raises(ValueError, match="not a URI"):
         fs.ls("bucket/key")
     with pytest.raises(ValueError, match="names no bucket"):
-        fs.ls("s3://")
+        fs.cat_file("s3://")
     assert fs.unstrip_protocol("s3://b/k") == "s3://b/k"
     # fsspec URLs of the wharf protocol carry the URI: wharf://s3://bucket/key
     url_fs, path = fsspec.core.url_to_fs("wharf://s3://b/k")
@@ -503,6 +531,9 @@ def test_gs_on_the_emulator(gcs_emulator, gcs_bucket, monkeypatch):
     fs = WharfFileSystem(skip_instance_cache=True)
     root = f"gs://{gcs_bucket}/t"
     fs.pipe({join(root, "a"): b"alpha", join(root, "d/b"): b"beta"})
+    # The root above the buckets lists them, as gcsfs does.
+    assert f"gs://{gcs_bucket}" in fs.ls("gs://", detail=False)
+    assert fs.info("gs://")["type"] == "directory"
     assert fs.find(root) == [join(root, "a"), join(root, "d/b")]
     assert fs.ls(root, detail=False) == [join(root, "a"), join(root, "d")]
     assert fs.cat_file(join(root, "a"), 1, 3) == b"lp"

@@ -171,6 +171,23 @@ def test_csv_and_jsonl_as_pandas_writes_them(root):
     assert _rows(ds, "text") == df["text"].tolist()
 
 
+def test_csv_quoted_newlines_and_long_rows_at_any_size(root):
+    # Blocks are whole rows cut outside quotes; pyarrow parses each as one chunk, so a quoted
+    # field full of newlines (here across many blocks, and longer than pyarrow's 1 MiB chunk)
+    # and a row longer than a block read as pandas reads them, without newlines_in_values.
+    store = wharf.Store(root)
+    many = b"id,text\n" + b"".join(b'%d,"line\nnext %d"\n' % (i, i) for i in range(60_000))
+    field = b'id,text\n1,"' + b"abcdefghi\n" * 150_000 + b'"\n2,b\n'
+    huge = b"id,text\n1," + b"z" * (3 << 20) + b"\n2,b\n"  # the first block: the header alone
+    for key, data in (("many.csv", many), ("field.csv", field), ("huge.csv", huge)):
+        store.put(key, data)
+        want = pd.read_csv(io.BytesIO(data))
+        ds = IterableDataset.from_files(root + key, shuffle=False)
+        ds._text_block = 1 << 20
+        got = pa.Table.from_batches(list(ds)).to_pandas()
+        pd.testing.assert_frame_equal(got, want, check_dtype=False)
+
+
 def test_malformed_csv_and_jsonl_name_the_object_and_where(root):
     store = wharf.Store(root)
     # A bad JSON line in the third block: the error names the file and the block's first byte

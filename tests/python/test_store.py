@@ -11,6 +11,9 @@ import wharf
 def store(request, tmp_path, monkeypatch):
     if request.param == "file":
         yield wharf.Store(f"file://{tmp_path}/data/")
+    elif request.param == "gs":
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", request.getfixturevalue("gcs_emulator"))
+        yield wharf.Store(f"gs://{request.getfixturevalue('gcs_bucket')}/data/")
     else:
         s3_env = request.getfixturevalue("s3_env")
         for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -33,6 +36,37 @@ def test_put_get_list_delete(store):
     store.delete("a/one.bin")
     store.delete("a/one.bin")  # idempotent
     assert [o["key"] for o in store.list()] == ["b/two.bin", "c.bin"]
+
+
+@pytest.mark.parametrize("store", ["file", "s3", "gs"], indirect=True)
+def test_ranges_read_like_slices(store):
+    data = b"0123456789"
+    store.put("r", data)
+    for start, end in [(None, None), (0, 0), (5, 5), (7, 3), (3, None), (None, 4), (8, 20),
+                       (10, None), (12, None), (12, 20), (0, 10), (9, 10)]:
+        assert bytes(store.get("r", start, end)) == data[start:end], (start, end)
+    store.put("empty", b"")
+    assert bytes(store.get("empty")) == b""
+    assert bytes(store.get("empty", 0, 0)) == b""
+    assert bytes(store.get("empty", 3)) == b""
+    # An empty range of a missing object still says that it is missing.
+    for start, end in [(0, 0), (5, None), (None, None)]:
+        with pytest.raises(FileNotFoundError, match="missing"):
+            store.get("missing", start, end)
+
+
+@pytest.mark.parametrize("store", ["file", "s3", "gs"], indirect=True)
+def test_list_limit_is_at_most_that_many_entries(store):
+    for key in ("a", "b/1", "b/2", "c", "d/1", "e"):
+        store.put(key, b"x")
+    for limit in (1, 2, 3, 5):
+        flat = store.list(limit=limit)
+        assert [o["key"] for o in flat] == ["a", "b/1", "b/2", "c", "d/1", "e"][:limit]
+        rolled = store.list(recursive=False, limit=limit)
+        names = sorted(o.get("key", o.get("prefix")) for o in rolled)
+        assert names == ["a", "b/", "c", "d/", "e"][:limit], (limit, rolled)
+    with pytest.raises(ValueError, match="limit"):
+        store.list(limit=-1)
 
 
 def test_buffers_are_zero_copy_views(store):

@@ -203,3 +203,28 @@ def test_memory_budget_caps_what_the_shard_readers_hold(target):
     assert peak(memory_budget=cap, shuffle_buffer=8) <= cap
     with pytest.raises(ValueError, match="memory_budget"):
         iter(IterableDataset.from_shards(uri + "big/", format="tfrecord", memory_budget="lots"))
+
+
+def test_bad_arguments_fail_where_the_dataset_is_made(tmp_path):
+    # Checked by the constructor, not at the first iteration (in a DataLoader worker, as a
+    # pybind signature dump); a misspelled argument is named as one, not as a store option.
+    root = f"file://{tmp_path}/"
+    store = wharf.Store(root)
+    store.put("s0.tar", tar_bytes([("a.txt", b"1")]))
+    store.put("obj", b"x")
+    for kwargs, error, match in [
+            (dict(seed=-1), ValueError, "seed must be >= 0"),
+            (dict(seed=1.5), TypeError, "seed must be an int"),
+            (dict(shuffle_buffer=-1), ValueError, "shuffle_buffer must be >= 0"),
+            (dict(world_size=0, rank=0), ValueError, "world_size must be >= 1"),
+            (dict(world_size=2, rank=2), ValueError, "rank 2 is not below world_size 2"),
+            (dict(shufle=True), TypeError, "unexpected keyword argument 'shufle'")]:
+        with pytest.raises(error, match=match):
+            IterableDataset.from_shards(root, format="tar", **kwargs)
+    with pytest.raises(ValueError, match="rows_per_item must be >= 1"):
+        IterableDataset.from_shards(root, format="csv", shards=["s0.tar"], rows_per_item=0)
+    for kwargs, error in [(dict(seed=-1), ValueError), (dict(rank=0, world_size=0), ValueError)]:
+        with pytest.raises(error):
+            IterableDataset.from_prefix(root, **kwargs)
+    import numpy as np
+    assert len(IterableDataset.from_prefix(root, seed=np.int64(7), rank=0, world_size=1)) == 2

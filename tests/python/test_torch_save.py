@@ -88,3 +88,15 @@ def test_a_save_that_raises_leaves_nothing(root):
     assert wharf.Store(root).list() == []
     with pytest.raises(FileNotFoundError):
         wharf.torch.load(root + "e.pt")
+
+
+def test_a_store_error_during_a_large_save_is_the_error_raised(s3_env, monkeypatch):
+    # torch's zip writer turns a failed write into "unexpected pos": the store's error (the
+    # bucket, the credentials) is what the caller gets, above one part as below it.
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, s3_env[k])
+    big = {"w": torch.randn(3 << 20)}  # 12 MiB: parts go up while torch writes
+    uri = "s3://wharf-no-such-bucket-3f9c/ck.pt"
+    for state in (big, {"w": torch.ones(4)}):
+        with pytest.raises(FileNotFoundError, match="wharf-no-such-bucket-3f9c"):
+            wharf.torch.save(state, uri)

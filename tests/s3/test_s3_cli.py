@@ -320,3 +320,22 @@ def test_copy_between_buckets_of_the_same_server(bucket, s3_env, s3_client):
         for o in s3_client.list_objects_v2(Bucket=other).get("Contents", []):
             s3_client.delete_object(Bucket=other, Key=o["Key"])
         s3_client.delete_bucket(Bucket=other)
+
+
+def test_ls_of_an_empty_bucket_is_empty_and_a_missing_prefix_an_error(bucket, s3_env,
+                                                                      s3_client):
+    out = run_wharf("ls", f"s3://{bucket}/", env=s3_env)
+    assert out.returncode == 0 and out.stdout == b"" and out.stderr == "", out
+    missing = run_wharf("ls", f"s3://{bucket}/nothing/", env=s3_env)
+    assert missing.returncode == 1 and "no objects match" in missing.stderr
+    # A key ending in '/' that is an object (a folder marker, or data under such a name) is
+    # one for stat and rm too, as for cat.
+    s3_client.put_object(Bucket=bucket, Key="d/marker/", Body=b"data")
+    s3_client.put_object(Bucket=bucket, Key="d/marker/inside", Body=b"x")
+    stat = run_wharf("stat", "--json", f"s3://{bucket}/d/marker/", env=s3_env, check=True)
+    assert json.loads(stat.stdout)["size"] == 4
+    run_wharf("rm", f"s3://{bucket}/d/marker/", env=s3_env, check=True)
+    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert keys == ["d/marker/inside"]
+    gone = run_wharf("stat", f"s3://{bucket}/d/marker/", env=s3_env)
+    assert gone.returncode == 1 and "a prefix, not an object" in gone.stderr

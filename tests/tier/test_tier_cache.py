@@ -189,8 +189,12 @@ if __name__ == "__main__":
 def test_cache_needs_no_init_and_bad_paths_fail_clearly(tmp_path, bucket, s3_env, s3_client):
     s3_client.put_object(Bucket=bucket, Key="x", Body=b"x")
     tier = tmp_path / "fresh" / "tier"  # not a tier yet: it becomes one with defaults
-    run_wharf("cat", "--cache", tier, f"s3://{bucket}/x", env=s3_env, check=True)
+    first = run_wharf("cat", "--cache", tier, f"s3://{bucket}/x", env=s3_env, check=True)
     assert (tier / ".wharf" / "tier.json").exists()
+    # Creating a tier says so once (a mistyped path does not silently become a second cache).
+    assert f"created one at {tier}" in first.stderr, first.stderr
+    again = run_wharf("cat", "--cache", tier, f"s3://{bucket}/x", env=s3_env, check=True)
+    assert again.stdout == b"x" and "created" not in again.stderr, again.stderr
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
     bad = run_wharf("cat", "--cache", blocker / "tier", f"s3://{bucket}/x", env=s3_env)

@@ -286,8 +286,10 @@ def test_every_failed_object_of_an_import_is_named_and_counted(tmp_path, bucket,
     assert "2 of 4 objects failed" in summary["error"], summary
     lines = proc.stderr.splitlines()
     assert any("escape" in line and "refusing the key" in line for line in lines), lines
+    # d/a and d/a/b are fetched at once: whichever is published second is the one refused.
     assert any(line.endswith("d/a' is an object, so it cannot also be a prefix of other keys")
-               for line in lines), lines
+               or line.endswith("other keys have this key as their prefix, so it cannot also "
+                                "be an object") for line in lines), lines
     assert (tmp_path / "t" / "p" / "ok").read_bytes() == b"p/ok"
 
 

@@ -70,6 +70,7 @@ import torch.utils.data
 
 from wharf import _profile, _wharf
 from wharf.torch import _ahead
+from wharf.torch._args import _check_int
 from wharf.torch._ahead import ReadAheadSampler
 from wharf._file import ObjectFile
 from wharf._runtime import split_budget_for_worker
@@ -137,6 +138,10 @@ class _Distributed:
     process group, so the main process's view is recorded when the dataset is pickled."""
 
     def _init_dist(self, rank, world_size):
+        _check_int("rank", rank, 0, optional=True)
+        _check_int("world_size", world_size, 1, optional=True)
+        if rank is not None and world_size is not None and rank >= world_size:
+            raise ValueError(f"rank {rank} is not below world_size {world_size}")
         self._rank_arg, self._world_arg = rank, world_size
         self._dist_snapshot = None
 
@@ -250,6 +255,7 @@ class _GlobalOrder(_EpochSync, _Distributed):
 
     def _init_order(self, index: "_wharf.SampleIndex", shuffle: bool, seed: int,
                     drop_last: bool, rank: Optional[int], world_size: Optional[int]) -> None:
+        _check_int("seed", seed, 0)
         self._index = index
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -812,6 +818,15 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         formats = _wharf.record_formats()
         if format not in formats:
             raise ValueError(f"format {format!r}: expected one of {sorted(formats)}")
+        unknown = sorted(set(store) - set(_STORE_OPTIONS))
+        if unknown:  # a misspelled argument reads better as that than as a store option
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r} (neither an argument "
+                            f"of the record dataset nor a store option: "
+                            f"{', '.join(_STORE_OPTIONS)})")
+        _check_int("seed", seed, 0)
+        _check_int("shuffle_buffer", shuffle_buffer, 0)
+        _check_int("rows_per_item", rows_per_item, 1, optional=True)
+        _check_int("list_workers", list_workers, 1)
         info = _wharf.record_format(format)
         if rows_per_item is not None and not info["rows"]:
             rows = [name for name in formats if _wharf.record_format(name)["rows"]]
@@ -978,7 +993,14 @@ def save(obj: Any, uri: str, *, pickle_protocol: int = 2, **store_options) -> No
         torch.save(obj, uri, pickle_protocol=pickle_protocol)
         return
     with ObjectFile(uri, "wb", **store_options) as f:
-        torch.save(obj, f, pickle_protocol=pickle_protocol)
+        try:
+            torch.save(obj, f, pickle_protocol=pickle_protocol)
+        except Exception as e:
+            # A store error in a write reaches the caller as torch's zip writer's RuntimeError
+            # ("unexpected pos"): raise the store's (NotFoundError, PermissionDeniedError, ...).
+            if f._write_error is not None and f._write_error is not e:
+                raise f._write_error from None
+            raise
 
 
 def load(uri: str, map_location=None, *, weights_only: Optional[bool] = None,

@@ -33,6 +33,7 @@ import torch
 from wharf import _profile, _wharf
 from wharf._file import open as _open_object
 from wharf.torch import _ShardEpochs
+from wharf.torch._args import _check_int
 
 FORMATS = {"parquet": (".parquet", ".parq"), "avro": (".avro",),
            "csv": (".csv", ".csv.gz"),
@@ -340,6 +341,7 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
         self.files = listed  # (key relative to uri, size, etag)
         self.batch_rows = int(batch_rows)
         self.columns = None if columns is None else list(columns)
+        _check_int("seed", seed, 0)
         self.shuffle, self.seed, self.transform = shuffle, int(seed), transform
         self.split_bytes = _wharf.parse_size(split_bytes)
         self.coalesce_gap = _wharf.parse_size(coalesce_gap)
@@ -547,11 +549,15 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
             """(table, the column names for later blocks) of a block of whole rows, typed as
             `schema` when given (the first block's)."""
             if csv:
-                kw = read_kw
+                kw = dict(read_kw)
                 if names:  # later blocks: no header, nothing to skip
                     kw = {k: v for k, v in read_kw.items() if k not in (
                         "skip_rows", "skip_rows_after_names", "autogenerate_column_names")}
                     kw["column_names"] = names
+                # The block is whole rows, cut outside quotes: pyarrow parses it as one chunk
+                # (its own chunker, cutting at every newline, would split a quoted field that
+                # holds newlines, and refuses a row longer than its block).
+                kw["block_size"] = max(int(kw.get("block_size") or 0), len(rows) + 1)
                 read = pcsv.ReadOptions(**kw)
                 convert = pcsv.ConvertOptions(**convert_kw)
                 if schema is not None:
@@ -586,8 +592,15 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
                     # The last row end outside quotes (RFC 4180: a newline is inside a quoted
                     # field exactly when an odd number of quote characters precede it).
                     cut = data.rfind(b"\n")
-                    while cut >= 0 and quote and (quotes + data.count(quote, 0, cut)) % 2:
-                        cut = data.rfind(b"\n", 0, cut)
+                    if quote and cut >= 0:
+                        # Stepping back newline by newline, the quotes before each one are
+                        # those before the last step less those between: linear in the block
+                        # (a quoted field of many lines is not counted again for each).
+                        before = quotes + data.count(quote, 0, cut)
+                        while cut >= 0 and before % 2:
+                            prev = data.rfind(b"\n", 0, cut)
+                            before -= data.count(quote, max(prev, 0), cut)
+                            cut = prev
                     if cut < 0:
                         carry = data  # one row longer than a block: read on
                         continue
@@ -606,6 +619,13 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
                     # pyarrow counts rows from the block it was given: say where that is.
                     raise ValueError(f"read {self.format} {uri}: in the rows from byte {offset} "
                                      f"(line {line} is their row 0): {e}") from None
+                if csv and schema is None and block and table.num_rows == 0:
+                    # The first block held the header alone (the next row is longer than a
+                    # block): its columns' types would be null; read on to a row.
+                    carry, names = rows + carry, None
+                    if quote:
+                        quotes -= rows.count(quote)
+                    continue
                 offset += len(rows)
                 line += rows.count(b"\n")
                 if schema is None:

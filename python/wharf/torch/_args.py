@@ -1,0 +1,17 @@
+"""Checks of the datasets' arguments, made where a dataset is made."""
+import operator
+
+
+def _check_int(name: str, value, minimum: int, optional: bool = False) -> None:
+    """An int argument at least `minimum` (None too when optional): checked where the dataset
+    is made, not at its first iteration (in a DataLoader worker)."""
+    if value is None and optional:
+        return
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)  # ints, numpy's integers
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
