@@ -1,4 +1,5 @@
 // wharf rm: deletes one object, or every object below a prefix with -r.
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -127,6 +128,16 @@ absl::Status RunRm(const RmArgs& args) {
   }
   WHARF_RETURN_IF_ERROR(store.Delete(key));
   if (args.recursive) PrintDeleted(1, args.quiet);  // a plain rm is silent, as rm(1)
+  if (!args.recursive && !key.empty() && key.back() == '/') {
+    // The object named "dir/" (a folder marker) is gone; what is below it is not.
+    absl::StatusOr<bool> more = PrefixHasObjects(store, key);
+    if (more.ok() && *more) {
+      std::fprintf(stderr,
+                   "wharf: deleted the object %s; the objects below it are kept (rm -r "
+                   "removes them)\n",
+                   OneLine(uri).c_str());
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -687,7 +687,8 @@ void AddTier(CLI::App& app, TierArgs& args) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   import->add_flag("--json", args.json,
-                   "Print a JSON summary: objects, bytes, fetched, skipped, failed, seconds, "
+                   "Print a JSON summary: source, dest, tier, objects, bytes, fetched, "
+                   "skipped, failed, deleted (gone from the source), garbage_removed, seconds, "
                    "tree_bytes");
   import->add_flag("-q,--quiet", args.quiet,
                    "No progress line and no summary (warnings still go to stderr)");
@@ -717,7 +718,8 @@ void AddTier(CLI::App& app, TierArgs& args) {
   AddFilterFlags(exp, args.include, args.exclude, "TIER_PATH");
   AddUploadFlags(exp, args.upload);
   exp->add_flag("--json", args.json,
-                "Print a JSON summary: objects, bytes, uploaded, skipped, failed, seconds");
+                "Print a JSON summary: source, dest, tier, objects, bytes, uploaded, "
+                "skipped, failed, aborted_uploads, seconds");
   exp->add_flag("-q,--quiet", args.quiet, "No progress line and no summary");
   exp->add_option("TIER_PATH", args.path, "A file or directory inside a tier")->required();
   exp->add_option("DST_URI", args.dst, "The destination prefix (s3://, gs://, file://)")

@@ -52,7 +52,8 @@ GetAllResult GetAll(ObjectStore& store, std::vector<GetRequest> requests,
           result->bytes != *expected) {
         result = absl::DataLossError(absl::StrCat(
             "get ", uri, " bytes [", offset, ", ", offset + *expected, "): short read of ",
-            result->bytes, " bytes (object changed while reading?)"));
+            result->bytes,
+            " bytes (the object is shorter than expected: truncated, or changed while reading)"));
       }
       if (on_done != nullptr) (*on_done)(i, result);
       absl::MutexLock lock(&shared->mu);

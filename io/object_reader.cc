@@ -406,7 +406,8 @@ void ObjectReader::Issue(std::shared_ptr<Chunk> chunk) {
     if (status.ok() && result->bytes != chunk->size && !(at_end && result->bytes < chunk->size)) {
       status = absl::DataLossError(absl::StrCat(
           "get ", uri, " bytes [", chunk->offset, ", ", chunk->offset + chunk->size,
-          "): short read of ", result->bytes, " bytes (object changed while reading?)"));
+          "): short read of ", result->bytes,
+          " bytes (the object is shorter than expected: truncated, or changed while reading)"));
     }
     Block drop;  // declared before the lock: released after it is dropped
     absl::MutexLock lock(&shared->mu);

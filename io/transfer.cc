@@ -92,6 +92,8 @@ struct DstEntry {
   bool seen = false;
 };
 using DstIndex = absl::flat_hash_map<uint64_t, DstEntry>;
+// The size of an entry deleted during the transfer (no source object has it).
+constexpr uint64_t kGone = ~uint64_t{0};
 
 uint64_t HashKey(absl::string_view s) {
   return std::hash<std::string_view>()(std::string_view(s.data(), s.size()));
@@ -535,7 +537,8 @@ class Engine {
     // another part size): nothing compares the bytes without reading them, so a destination
     // at least as new as its source is current, as aws s3 sync decides (a copy is always
     // newer than its source, so a rerun copies nothing twice).
-    if (options_.mode == TransferMode::kSync && !src_local_ && !dst_local_ && !same_store_) {
+    if (options_.mode == TransferMode::kSync && !src_local_ && !dst_local_ && !same_store_ &&
+        meta.mtime != absl::InfinitePast()) {
       return have->mtime_s >= Seconds(meta.mtime);
     }
     return false;
@@ -690,8 +693,11 @@ class Engine {
     {
       absl::MutexLock lock(&select_mu_);
       absl::string_view rel = meta.key;
-      if (absl::ConsumePrefix(&rel, src_prefix_) && !InShard(rel)) return false;
+      const bool inside = absl::ConsumePrefix(&rel, src_prefix_);
+      if (inside && !InShard(rel)) return false;
       ++listed_;
+      // Filtered out before anything else: a key the filters exclude is not refused either.
+      if (inside && !rel.empty() && !PassesFilters(options_.filters, rel)) return false;
       dst_key = Destination(meta, &rel);
       if (!dst_key) return false;
       DstEntry* have = nullptr;
@@ -838,11 +844,11 @@ class Engine {
       return absl::NotFoundError(
           absl::StrCat(op_, " ", src_.store->Uri(src_.key), ": no such object or prefix"));
     }
-    WHARF_RETURN_IF_ERROR(Annotate(listing, what));
     {
       absl::MutexLock lock(&select_mu_);
       summary.deleted += deleted_early_;
     }
+    WHARF_RETURN_IF_ERROR(Annotate(listing, what));
     if (options_.delete_extra) {
       WHARF_RETURN_IF_ERROR(DeleteExtra(summary));
     }
@@ -885,6 +891,7 @@ class Engine {
       if (it == existing_.end() || it->second.seen) continue;
       if (!PassesFilters(options_.filters, folder) || !InShard(folder)) continue;
       it->second.seen = true;
+      it->second.size = kGone;  // deleted: never up to date for a source object of this name
       out.emplace_back(folder);
     }
     if (!have_file && dst_dirs_.erase(HashKey(rel)) > 0) out.push_back(absl::StrCat(rel, "/"));
@@ -920,6 +927,7 @@ class Engine {
         if (!PassesFilters(options_.filters, sub) || !InShard(sub)) continue;
         if (options_.deletable && !options_.deletable(m)) continue;
         it->second.seen = true;  // deleted here, not again by DeleteExtra
+        it->second.size = kGone;
         doomed.push_back(m.key);
       }
     }

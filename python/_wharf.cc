@@ -253,7 +253,7 @@ class Store {
     ByteRange range;
     if (start || end) range = end ? ByteRange::Of(from, *end - from) : ByteRange::From(from);
     absl::StatusOr<std::string> data = WithoutGil([&] { return s->Read(Key(key), range); });
-    if (!data.ok() && data.status().code() == absl::StatusCode::kOutOfRange && from > 0) {
+    if (!data.ok() && data.status().code() == absl::StatusCode::kOutOfRange) {
       // A range starting at or past the end: b"" like a slice, once the size confirms it.
       absl::StatusOr<ObjectMeta> meta = WithoutGil([&] { return s->Head(Key(key)); });
       if (meta.ok() && from >= meta->size) return Buffer::FromString(std::string());

@@ -218,6 +218,11 @@ class PyCheckpointRoot {
         [&] { return root_->store()->Put(root_->prefix() + key, absl::Cord(std::move(bytes))); }));
   }
 
+  // Deleting a missing key succeeds.
+  void DeleteObject(const std::string& key) {
+    Check(WithoutGil([&] { return root_->store()->Delete(root_->prefix() + key); }));
+  }
+
   bool Exists(const std::string& key) {
     auto head = WithoutGil([&] { return root_->store()->Head(root_->prefix() + key); });
     if (absl::IsNotFound(head.status())) return false;
@@ -272,6 +277,7 @@ void RegisterCheckpoint(py::module_& m) {
            py::arg("coalesce_gap") = uint64_t{256} << 10)
       .def("read_object", &PyCheckpointRoot::ReadObject, py::arg("key"))
       .def("put_object", &PyCheckpointRoot::PutObject, py::arg("key"), py::arg("data"))
+      .def("delete_object", &PyCheckpointRoot::DeleteObject, py::arg("key"))
       .def("exists", &PyCheckpointRoot::Exists, py::arg("key"));
 
   m.def(

@@ -8,8 +8,9 @@ takes them.
 
 A "wb" or "xb" file commits on close() only: leaving its `with` block by an exception, abort(), or
 being garbage-collected unclosed drops the upload, and nothing appears. So does a close() that
-a wrapper's `with` makes while an exception unwinds (io.TextIOWrapper, gzip, fsspec's
-OpenFile, pandas' handles close what they wrap on the way out of their block, as on success).
+a wrapper's `with` makes while an exception unwinds (io.TextIOWrapper, fsspec's OpenFile,
+pandas' handles close what they wrap on the way out of their block, as on success); a close()
+of one's own always commits.
 """
 import dis
 import io
@@ -23,24 +24,34 @@ _CLOSED = "I/O operation on closed file."
 _WITH_EXCEPT_START = dis.opmap.get("WITH_EXCEPT_START")
 
 
+# Modules whose Python __exit__ closes what it wraps, exception or not: fsspec's OpenFile,
+# pandas' IOHandles, the standard library's file wrappers.
+_WRAPPER_MODULES = ("fsspec", "pandas", "gzip", "bz2", "lzma", "zipfile", "tarfile", "codecs",
+                    "_compression", "_pyio", "io")
+
+
 def _unwinding(exc_at_open):
-    """Whether the caller's close() runs inside a `with` statement's exit (a Python __exit__,
-    or a C one such as io's, called by the with statement's own instruction) while an
-    exception raised since the file was opened unwinds. A close() in an `except` clause of
-    one's own is not that: it commits."""
+    """Whether close() is a wrapper's `with` exit while an exception raised since the file was
+    opened unwinds: past the `close` methods that called it (the wrappers' chain), the caller
+    is a `with` statement's own exit of a C wrapper (io.TextIOWrapper; the frame is at
+    WITH_EXCEPT_START) or the __exit__ of a known wrapper module. A close() of one's own (in an
+    `except` clause, a `finally`, one's own __exit__) commits, as it says."""
     exc = sys.exc_info()[1]
-    if exc is None or exc is exc_at_open:
+    if exc is None or id(exc) == exc_at_open:
         return False
     frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "__exit__":
-            return True
-        lasti = frame.f_lasti
-        if (_WITH_EXCEPT_START is not None and 0 <= lasti < len(frame.f_code.co_code)
-                and frame.f_code.co_code[lasti] == _WITH_EXCEPT_START):
-            return True
+    while frame is not None and (frame.f_code.co_name == "close"
+                                 or frame.f_globals.get("__name__") in ("wharf._file",
+                                                                       "wharf.fsspec")):
         frame = frame.f_back
-    return False
+    if frame is None:
+        return False
+    if frame.f_code.co_name == "__exit__":
+        module = frame.f_globals.get("__name__", "")
+        return module.split(".")[0] in _WRAPPER_MODULES
+    lasti = frame.f_lasti
+    return (_WITH_EXCEPT_START is not None and 0 <= lasti < len(frame.f_code.co_code)
+            and frame.f_code.co_code[lasti] == _WITH_EXCEPT_START)
 
 
 class ObjectFile(io.BufferedIOBase):
@@ -53,7 +64,7 @@ class ObjectFile(io.BufferedIOBase):
 
     _raw = None  # until opened: __del__ and closed work on a file whose open raised
     _write_error = None  # the first failed write's exception
-    _exc_at_open = None
+    _exc_at_open = None  # id() of the exception being handled as it opened
 
     def __init__(self, uri, mode="rb", *, chunk_size=0, read_ahead=-1, access="auto",
                  **store_options):
@@ -75,7 +86,8 @@ class ObjectFile(io.BufferedIOBase):
         else:
             # An exception being handled as the file opens (one writes an error report in an
             # `except` clause) is not one that interrupted its writing.
-            self._exc_at_open = sys.exc_info()[1]
+            exc = sys.exc_info()[1]
+            self._exc_at_open = None if exc is None else id(exc)  # not the exception itself
             self._raw = _wharf._ObjectWriteFile(self._uri, exclusive=mode == "xb",
                                                 **store_options)
 

@@ -285,6 +285,32 @@ def test_loading_from_a_bucket_that_does_not_exist_says_so(aws):
 
 
 @pytest.mark.parametrize("kind", ["s3", "local"])
+def test_a_save_that_dies_over_a_checkpoint_leaves_none_not_a_mix(kind, request, tmp_path):
+    # Overwriting (DCP's default): the old .metadata goes before any file is written, so a
+    # save that dies after writing some files leaves no checkpoint, never the old metadata
+    # over a mix of old and new files.
+    at = where(kind, request, tmp_path)
+    dcp.save({"a": torch.ones(100)}, storage_writer=StorageWriter(at.uri, files_per_rank=1))
+
+    class DiesAfterWriting(StorageWriter):
+        def write_data(self, plan, planner):
+            done = super().write_data(plan, planner)
+            done.wait()  # the files are written
+            raise RuntimeError("killed")
+
+    with pytest.raises(CheckpointException, match="killed"):
+        dcp.save({"a": torch.full((100,), 3.0)},
+                 storage_writer=DiesAfterWriting(at.uri, files_per_rank=1))
+    assert ".metadata" not in at.names()
+    with pytest.raises(CheckpointException, match="no such checkpoint"):
+        dcp.load({"a": torch.zeros(100)}, storage_reader=StorageReader(at.uri))
+    dcp.save({"a": torch.full((100,), 5.0)}, storage_writer=StorageWriter(at.uri))
+    out = {"a": torch.zeros(100)}
+    dcp.load(out, storage_reader=StorageReader(at.uri))
+    assert torch.equal(out["a"], torch.full((100,), 5.0))
+
+
+@pytest.mark.parametrize("kind", ["s3", "local"])
 def test_a_missing_data_file_is_an_error_naming_it(kind, request, tmp_path):
     at = where(kind, request, tmp_path)
     sd = {"a": torch.randn(100, 10), "b": torch.arange(50)}

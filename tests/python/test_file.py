@@ -254,7 +254,9 @@ def test_a_wrapper_closing_while_an_exception_unwinds_writes_nothing(root):
         with io.TextIOWrapper(wharf.open(root + "text", "wb"), encoding="utf-8") as t:
             t.write("x" * (2 * PART + 3))  # parts already uploaded on S3
             raise RuntimeError("boom")
-    # A contextmanager of one's own that closes in `finally`, the same.
+    assert store.list() == []
+    # A close() of one's own commits whatever is unwinding: in a contextmanager's `finally`
+    # or in one's own __exit__ (a run log kept for a crashed run).
     import contextlib
 
     @contextlib.contextmanager
@@ -265,11 +267,22 @@ def test_a_wrapper_closing_while_an_exception_unwinds_writes_nothing(root):
         finally:
             f.close()
 
+    class RunLog:
+        def __enter__(self):
+            self.f = wharf.open(root + "log", "wb")
+            return self.f
+
+        def __exit__(self, *exc):
+            self.f.close()
+
     with pytest.raises(KeyError):
         with writing(root + "mine") as f:
             f.write(b"half")
             raise KeyError("x")
-    assert store.list() == []
+    with pytest.raises(KeyError):
+        with RunLog() as log:
+            log.write(b"crashed at step 7")
+            raise KeyError("x")
     # A close() of one's own in an `except` clause commits (the exception was handled), and
     # so does a file written while an exception is being handled (an error report).
     f = wharf.open(root + "explicit", "wb")
@@ -286,7 +299,8 @@ def test_a_wrapper_closing_while_an_exception_unwinds_writes_nothing(root):
     with io.TextIOWrapper(wharf.open(root + "plain", "wb"), encoding="utf-8") as t:
         t.write("ok")
     assert {o["key"]: bytes(store.get(o["key"])) for o in store.list()} == {
-        "explicit": b"kept", "report": b"error: failed", "plain": b"ok"}
+        "mine": b"half", "log": b"crashed at step 7", "explicit": b"kept",
+        "report": b"error: failed", "plain": b"ok"}
 
 
 def test_exclusive_create_of_a_large_object_keeps_what_is_there(root):

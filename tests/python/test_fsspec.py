@@ -258,7 +258,20 @@ def test_text_and_compressed_writes_that_raise_leave_nothing(fs, root):
         with fsspec.core.OpenFile(fs, join(root, "t.gz"), "wt", compression="gzip") as t:
             t.write("half" * 10000)
             raise RuntimeError("boom")
+    # pandas writing into a text file: a cell that fails to format midway leaves no truncated
+    # CSV.
+    import pandas as pd
+
+    class Bad:
+        def __str__(self):
+            raise RuntimeError("bad cell")
+
+    frame = pd.DataFrame({"a": range(50_000), "b": ["x"] * 49_999 + [Bad()]})
+    with pytest.raises(RuntimeError, match="bad cell"):
+        with fs.open(join(root, "t.csv"), "w") as out:
+            frame.to_csv(out)
     assert not fs.exists(join(root, "t.txt")) and not fs.exists(join(root, "t.gz"))
+    assert not fs.exists(join(root, "t.csv"))
     with fs.open(join(root, "t.txt"), "w") as t:
         t.write("whole\n")
     assert fs.cat(join(root, "t.txt")) == b"whole\n"
@@ -635,6 +648,17 @@ def test_install_pandas_and_pyarrow_read_through_wharf(aws, bucket, installed):
     df.to_csv(f"s3://{bucket}/tables/t.csv", index=False)
     assert pandas.read_csv(f"s3://{bucket}/tables/t.csv").equals(df)
     assert requests("put") > puts and requests("get") > gets
+    # A to_csv that fails midway (a cell that cannot be formatted) leaves no truncated CSV:
+    # pandas closes its handles on the way out of its block, and that close aborts.
+
+    class Bad:
+        def __str__(self):
+            raise RuntimeError("bad cell")
+
+    bad = pandas.DataFrame({"a": range(50_000), "b": ["x"] * 49_999 + [Bad()]})
+    with pytest.raises(RuntimeError, match="bad cell"):
+        bad.to_csv(f"s3://{bucket}/tables/bad.csv")
+    assert not fsspec.filesystem("s3").exists(f"{bucket}/tables/bad.csv")
     # s3fs's storage options reach wharf's store
     opts = {"client_kwargs": {"endpoint_url": aws["AWS_ENDPOINT_URL"]}, "anon": False}
     assert pandas.read_csv(f"s3://{bucket}/tables/t.csv", storage_options=opts).equals(df)

@@ -49,6 +49,7 @@ def test_ranges_read_like_slices(store):
     assert bytes(store.get("empty")) == b""
     assert bytes(store.get("empty", 0, 0)) == b""
     assert bytes(store.get("empty", 3)) == b""
+    assert bytes(store.get("empty", 0, 1)) == b"" and bytes(store.get("empty", None, 5)) == b""
     # An empty range of a missing object still says that it is missing.
     for start, end in [(0, 0), (5, None), (None, None)]:
         with pytest.raises(FileNotFoundError, match="missing"):

@@ -334,8 +334,24 @@ def test_ls_of_an_empty_bucket_is_empty_and_a_missing_prefix_an_error(bucket, s3
     s3_client.put_object(Bucket=bucket, Key="d/marker/inside", Body=b"x")
     stat = run_wharf("stat", "--json", f"s3://{bucket}/d/marker/", env=s3_env, check=True)
     assert json.loads(stat.stdout)["size"] == 4
-    run_wharf("rm", f"s3://{bucket}/d/marker/", env=s3_env, check=True)
+    removed = run_wharf("rm", f"s3://{bucket}/d/marker/", env=s3_env, check=True)
+    assert "the objects below it are kept" in removed.stderr, removed.stderr
     keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"]]
     assert keys == ["d/marker/inside"]
     gone = run_wharf("stat", f"s3://{bucket}/d/marker/", env=s3_env)
     assert gone.returncode == 1 and "a prefix, not an object" in gone.stderr
+
+
+def test_keys_the_filters_exclude_are_not_refused_either(tmp_path, bucket, s3_env, s3_client):
+    # A listing may hold keys that cannot be files ('..', '//'): refused one by one when
+    # selected, but a key the filters exclude is skipped before that, failing nothing.
+    for key in ("p/esc/../evil", "p/esc//x", "p/big.bin", "p/other.txt"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    ok = run_wharf("cp", "-r", f"s3://{bucket}/p/", tmp_path / "d", "--exclude", "*",
+                   "--include", "big.bin", env=s3_env)
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(p.name for p in (tmp_path / "d").rglob("*") if p.is_file()) == ["big.bin"]
+    selected = run_wharf("cp", "-r", f"s3://{bucket}/p/", tmp_path / "e", env=s3_env)
+    assert selected.returncode == 1 and selected.stderr.count("refusing the key") == 2, \
+        selected.stderr
+    assert not (tmp_path / "evil").exists() and (tmp_path / "e" / "big.bin").exists()

@@ -58,8 +58,10 @@ _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=Fa
 def canonical_request(request) -> bytes:
     """The bytes a request is keyed by: bytes, bytearray and memoryview (and their subclasses)
     as they are; anything else as compact JSON with sorted keys (so {"b": 1, "a": 2} and
-    {"a": 2, "b": 1} are one request). Other buffers (array.array, numpy arrays) are refused:
-    their bytes alone drop the dtype and shape that tell two requests apart."""
+    {"a": 2, "b": 1} are one request). Requests are equal when their JSON is: a dict's keys
+    become strings ({1: "x"} is {"1": "x"}) and tuples lists ((1, 2) is [1, 2]). Other buffers
+    (array.array, numpy arrays) are refused: their bytes alone drop the dtype and shape that
+    tell two requests apart."""
     if type(request) is bytes:
         return request
     if isinstance(request, (bytes, bytearray, memoryview)):
@@ -68,6 +70,8 @@ def canonical_request(request) -> bytes:
         return _dumps(request).encode()
     except (TypeError, ValueError) as e:
         why = str(e)
+        if "not supported between instances" in why:
+            why = f"a dict's keys are of types JSON cannot sort together: {why}"
     try:
         memoryview(request)
         why = (f"got {type(request).__name__}: pass its bytes, with its shape and dtype when "

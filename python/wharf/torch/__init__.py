@@ -818,7 +818,10 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         formats = _wharf.record_formats()
         if format not in formats:
             raise ValueError(f"format {format!r}: expected one of {sorted(formats)}")
-        unknown = sorted(set(store) - set(_STORE_OPTIONS))
+        # Store options, and the listing's options when the shards are listed (index_cache=,
+        # page_size=, keep_directory_markers=, as SampleIndex.from_prefix takes them).
+        unknown = sorted(set(store) - set(_STORE_OPTIONS) - {
+            "index_cache", "page_size", "keep_directory_markers"})
         if unknown:  # a misspelled argument reads better as that than as a store option
             raise TypeError(f"unexpected keyword argument {unknown[0]!r} (neither an argument "
                             f"of the record dataset nor a store option: "

@@ -248,9 +248,14 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
             raise RuntimeError(f"a checkpoint exists at {self.uri} and overwrite=False")
         if self.rank is not None and not self.use_collectives:
             plan = dataclasses.replace(plan, storage_data=_Prefix(f"__{self.rank}_"))
+            self._drop_old_metadata()
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        # Overwriting: the old .metadata goes before any rank writes (DCP scatters this plan
+        # only after it returns), so a save that dies midway leaves no checkpoint rather
+        # than the old metadata over a mix of old and new files.
+        self._drop_old_metadata()
         return [dataclasses.replace(p, storage_data=_Prefix(f"__{i}_"))
                 if p.storage_data is None else p for i, p in enumerate(plans)]
 
@@ -313,6 +318,15 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
         if self.state_dict_cache is None:
             self.state_dict_cache = _StagingCache()
         return self.state_dict_cache.stage(state_dict)
+
+    def _drop_old_metadata(self) -> None:
+        """Deletes the metadata of a checkpoint this save overwrites. Credentials that may
+        write but not read or delete (a first save needs neither) skip it."""
+        try:
+            if self.root.exists(self._metadata_name()):
+                self.root.delete_object(self._metadata_name())
+        except PermissionError:
+            pass
 
     def _metadata_name(self) -> str:
         if not self.use_collectives and self.rank is not None:
