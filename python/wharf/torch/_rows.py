@@ -554,18 +554,28 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
                     kw = {k: v for k, v in read_kw.items() if k not in (
                         "skip_rows", "skip_rows_after_names", "autogenerate_column_names")}
                     kw["column_names"] = names
-                # The block is whole rows, cut outside quotes: pyarrow parses it as one chunk
-                # (its own chunker, cutting at every newline, would split a quoted field that
-                # holds newlines, and refuses a row longer than its block).
-                kw["block_size"] = max(int(kw.get("block_size") or 0), len(rows) + 1)
-                read = pcsv.ReadOptions(**kw)
                 convert = pcsv.ConvertOptions(**convert_kw)
                 if schema is not None:
                     convert.column_types = schema
                 if self.columns is not None:
                     convert.include_columns = self.columns
-                table = pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, rows)), read_options=read,
-                                      parse_options=parse, convert_options=convert)
+                # pyarrow's chunker cuts its chunks at newlines: a quoted field holding a
+                # newline across a cut misparses, and a row longer than a chunk is refused.
+                # The block is whole rows cut outside quotes, so where quotes are (or the
+                # chunker refused a long row) it is parsed as one chunk, on one thread.
+                whole = dict(kw, block_size=max(int(kw.get("block_size") or 0), len(rows) + 1))
+                read = pcsv.ReadOptions(**(whole if quote and quote in rows else kw))
+                try:
+                    table = pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, rows)),
+                                          read_options=read, parse_options=parse,
+                                          convert_options=convert)
+                except pa.ArrowInvalid as e:
+                    if "straddl" not in str(e):
+                        raise
+                    read = pcsv.ReadOptions(**whole)
+                    table = pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, rows)),
+                                          read_options=read, parse_options=parse,
+                                          convert_options=convert)
                 if names is None:
                     names = read.column_names or _csv_names(pcsv, rows, read_kw, parse)
                 return table, names
