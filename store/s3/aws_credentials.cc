@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "base/file_io.h"
 #include "base/hash.h"
+#include "base/interrupt.h"
 #include "base/runtime.h"
 #include "base/status.h"
 #include "http/curl_transport.h"
@@ -179,7 +180,10 @@ absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duratio
   sigset_t none;
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  // Its own process group, so an interrupted run can end the command and whatever it started
+  // (below); a terminal's Ctrl-C reaches it through that.
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
   const char* argv[] = {"sh", "-c", command.c_str(), nullptr};
   pid_t pid = 0;
   const int spawn_error =
@@ -193,6 +197,10 @@ absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duratio
     close(err_pipe[0]);
     return ErrnoToStatus(spawn_error, "starting /bin/sh");
   }
+
+  // Ctrl-C or SIGTERM of the CLI while the command runs: the command's group is ended too
+  // (it survived the CLI's exit).
+  InterruptCleanup end_command([pid] { kill(-pid, SIGTERM); });
 
   ProcessResult result;
   const absl::Time deadline = absl::Now() + timeout;
@@ -234,7 +242,8 @@ absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duratio
   for (pollfd& fd : fds) {
     if (fd.fd >= 0) close(fd.fd);
   }
-  if (timed_out || too_long) kill(pid, SIGKILL);
+  if (timed_out || too_long) kill(-pid, SIGKILL);
+  end_command.Reset();  // before the wait reaps it: the id may be reused after
   while (waitpid(pid, &result.wait_status, 0) < 0) {
     if (errno != EINTR) return ErrnoToStatus(errno, "waiting for the command");
   }

@@ -360,3 +360,39 @@ def test_a_signal_the_parent_ignores_stays_ignored(tmp_path):
             proc.kill()
             proc.wait()
     assert target.read_bytes() == b"x" * 100_000 + b"y" * 10
+
+
+def test_an_interrupt_ends_a_credential_process_that_is_still_running(tmp_path, s3_env):
+    """A credential_process still running when the CLI gets SIGTERM ends with it (it and what
+    it started run in their own process group, which the interrupt ends)."""
+    marker = f"sleep 60.{uuid.uuid4().int % 10**9:09d}"  # a command line of its own
+    script = tmp_path / "cred.sh"
+    script.write_text(f"#!/bin/sh\n{marker}\n")
+    script.chmod(0o755)
+    config = tmp_path / "config"
+    config.write_text(f"[profile slow]\ncredential_process = sh -c '{script}; true'\n")
+    env = {k: v for k, v in s3_env.items()
+           if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+    env.update(AWS_CONFIG_FILE=str(config), AWS_PROFILE="slow")
+
+    def running():
+        found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+        return found.stdout.split()
+
+    proc = subprocess.Popen([wharf_bin(), "ls", "s3://wharf-cred-probe/"], env=env,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not running():
+            assert time.monotonic() < deadline and proc.poll() is None, "no credential process"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while running():
+        assert time.monotonic() < deadline, f"still running: {running()}"
+        time.sleep(0.05)
