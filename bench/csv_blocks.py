@@ -4,6 +4,7 @@ block, against pandas.read_csv of the same bytes (file://, no server). Prints se
     .venv/bin/python bench/csv_blocks.py [LINES ...]
 """
 import io
+import os
 import sys
 import tempfile
 import time
@@ -20,7 +21,6 @@ def main(counts):
             head = b"id,text\n" + row * ((4 * 1024 * 1024 - 9 * n // 2) // len(row))
             body = head + b'999999,"' + b"line-xyz\n" * n + b'"\n'
             path = f"{tmp}/q{n}/x.csv"
-            import os
             os.makedirs(os.path.dirname(path))
             with open(path, "wb") as f:
                 f.write(body)
