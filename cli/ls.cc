@@ -1,8 +1,5 @@
 // wharf ls: lists objects and common prefixes, streaming page by page; `wharf ls s3://`
 // lists the endpoint's buckets.
-#include <sys/stat.h>
-
-#include <cstring>
 #include <optional>
 #include <string>
 
@@ -17,6 +14,7 @@
 #include "cli/verbs.h"
 #include "io/parallel_list.h"
 #include "nlohmann/json.hpp"
+#include "store/keys.h"
 #include "store/registry.h"
 
 namespace wharf::cli {
@@ -126,12 +124,7 @@ void AddLs(CLI::App& app, LsArgs& args) {
 // bucket's root or a local directory that exists and is empty (as aws s3 ls and ls(1)).
 absl::Status NothingListed(const ObjectStore& store, const std::string& key) {
   const std::string uri = store.Uri(key);
-  if (key.empty()) return absl::OkStatus();
-  if (absl::StartsWith(uri, "file://")) {
-    struct stat st;
-    const std::string path = uri.substr(std::strlen("file://"));
-    if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return absl::OkStatus();
-  }
+  if (key.empty() || IsLocalDirectory(uri)) return absl::OkStatus();
   return absl::NotFoundError(absl::StrCat("ls ", uri, ": no objects match"));
 }
 

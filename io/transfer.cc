@@ -3,12 +3,10 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <malloc.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -475,16 +473,6 @@ absl::StatusOr<DstIndex> IndexDestination(ObjectStore& dst, const std::string& p
   return index;
 }
 
-// Whether `prefix` of a local store names a directory (an empty one, when listing found
-// nothing): a folder that exists is an empty source, not a missing one (sync --delete from
-// it empties the destination, as rsync's would).
-bool IsEmptyLocalFolder(const ObjectStore& store, const std::string& prefix) {
-  if (!IsLocal(store)) return false;
-  const std::string path = store.Uri(prefix).substr(std::strlen("file://"));
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
 class Engine {
  public:
   Engine(const TransferEndpoint& src, const TransferEndpoint& dst, const TransferOptions& options,
@@ -705,7 +693,6 @@ class Engine {
         have = &it->second;
         have->seen = true;
       }
-      if (!PassesFilters(options_.filters, rel)) return false;
       if (resolve_conflicts_ && !options_.dryrun) {
         // A file where the source has a folder, or a folder where it has a file: the copy
         // could not land until sync --delete removed them, so they go now (see below).
@@ -840,7 +827,9 @@ class Engine {
       summary.listed = listed_;
       summary.skipped = skipped_;
     }
-    if (summary.listed == 0 && listing.ok() && !IsEmptyLocalFolder(*src_.store, src_prefix_)) {
+    // An existing empty local folder is an empty source (sync --delete from it empties the
+    // destination, as rsync's would), not a missing one.
+    if (summary.listed == 0 && listing.ok() && !IsLocalDirectory(src_.store->Uri(src_prefix_))) {
       return absl::NotFoundError(
           absl::StrCat(op_, " ", src_.store->Uri(src_.key), ": no such object or prefix"));
     }

@@ -1,5 +1,10 @@
 #include "store/keys.h"
 
+#include <sys/stat.h>
+
+#include <string>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -45,6 +50,12 @@ std::string JoinKey(absl::string_view prefix, absl::string_view rel) {
 absl::string_view Basename(absl::string_view key) {
   const size_t slash = key.rfind('/');
   return slash == absl::string_view::npos ? key : key.substr(slash + 1);
+}
+
+bool IsLocalDirectory(absl::string_view uri) {
+  if (!absl::ConsumePrefix(&uri, "file://")) return false;
+  struct stat st;
+  return stat(std::string(uri).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 absl::Status RequireObjectKey(absl::string_view op, absl::string_view uri, absl::string_view key) {

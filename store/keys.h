@@ -29,6 +29,10 @@ std::string JoinKey(absl::string_view prefix, absl::string_view rel);
 // The last path component of `key` (the part after the last '/').
 absl::string_view Basename(absl::string_view key);
 
+// Whether `uri` is a file:// URI naming an existing directory (a local folder, empty or not,
+// that a listing of it found nothing in is an empty source, not a missing one).
+bool IsLocalDirectory(absl::string_view uri);
+
 // InvalidArgument "<op> <uri>: no object key (...)" when `key` is empty: a request for the
 // empty key addresses the bucket itself (an S3 GET of it is a listing), never an object.
 absl::Status RequireObjectKey(absl::string_view op, absl::string_view uri, absl::string_view key);

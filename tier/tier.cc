@@ -445,10 +445,13 @@ std::optional<std::string> TierBelow(const std::string& root, size_t max_dirs = 
 }
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<Tier>> Tier::FindOrCreate(const std::string& dir) {
+absl::StatusOr<std::shared_ptr<Tier>> Tier::FindOrCreate(const std::string& dir, bool* created) {
+  if (created != nullptr) *created = false;
   auto found = Find(dir);
   if (found.ok() || found.status().code() != absl::StatusCode::kNotFound) return found;
-  return Init(dir, TierConfig{});
+  auto made = Init(dir, TierConfig{});
+  if (created != nullptr) *created = made.ok();
+  return made;
 }
 
 absl::StatusOr<std::shared_ptr<Tier>> Tier::Init(const std::string& dir, const TierConfig& config) {

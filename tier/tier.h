@@ -129,8 +129,9 @@ class Tier : public std::enable_shared_from_this<Tier> {
   static absl::StatusOr<std::shared_ptr<Tier>> Find(const std::string& path);
   // Whether `dir` is a tier's root (holds .wharf/tier.json).
   static bool IsRoot(const std::string& dir);
-  // Find(), or else `dir` becomes a tier with the default settings.
-  static absl::StatusOr<std::shared_ptr<Tier>> FindOrCreate(const std::string& dir);
+  // Find(), or else `dir` becomes a tier with the default settings (`*created` says which).
+  static absl::StatusOr<std::shared_ptr<Tier>> FindOrCreate(const std::string& dir,
+                                                            bool* created = nullptr);
   // Makes `dir` a tier with `config`, or sets the config of the tier rooted there.
   // FailedPrecondition when the file system has no user extended attributes (the tier keeps
   // its entries' metadata in them), when `dir` is inside another tier, or when a new tier's

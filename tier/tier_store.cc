@@ -1912,11 +1912,10 @@ void RegisterTierCache(StoreRegistry& registry) {
   registry.SetCacheDecorator(
       [](std::shared_ptr<ObjectStore> store, const std::string& dir,
          std::shared_ptr<Runtime> runtime) -> absl::StatusOr<std::shared_ptr<ObjectStore>> {
-        // A cache directory that is in no tier becomes one with the default settings (its
-        // parents made as needed); a mistyped path should not silently become a second cache,
-        // so creating one says so.
-        const bool created = !dir.empty() && !Tier::Find(dir).ok();
-        auto tier = Tier::FindOrCreate(dir);
+        // A mistyped cache path should not silently become a second cache: creating a tier
+        // says so.
+        bool created = false;
+        auto tier = Tier::FindOrCreate(dir, &created);
         if (!tier.ok()) return Annotate(tier.status(), absl::StrCat("cache=", dir));
         if (created) {
           LogLine(

@@ -298,9 +298,9 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         return out if detail else [e["name"] for e in out]
 
     def info(self, path, **kwargs):
-        if self._split(path)[1] == "" and self._split(path)[0] != "file":
-            return {"name": self._name(self._split(path)[0], "", ""), "size": 0,
-                    "type": "directory"}  # the root above the buckets
+        scheme, bucket, _ = self._split(path)
+        if not bucket and scheme != "file":  # the root above the buckets
+            return {"name": self._name(scheme, "", ""), "size": 0, "type": "directory"}
         store, key, (scheme, bucket) = self._resolve(path)
         if not key:
             store.list("", recursive=False, limit=1)  # NotFoundError: no such bucket

@@ -172,6 +172,10 @@ def _pop_store_options(kwargs: dict) -> dict:
     return {k: kwargs.pop(k) for k in _STORE_OPTIONS if k in kwargs}
 
 
+# What SampleIndex.from_prefix takes beside store options.
+_LISTING_OPTIONS = ("index_cache", "page_size", "keep_directory_markers")
+
+
 def _pop_index_options(kwargs: dict) -> dict:
     # index_cache=: where the index file of a listing or manifest goes (None: the default
     # cache, $WHARF_INDEX_CACHE or ~/.cache/wharf/index; False: keep the index in memory).
@@ -820,8 +824,7 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
             raise ValueError(f"format {format!r}: expected one of {sorted(formats)}")
         # Store options, and the listing's options when the shards are listed (index_cache=,
         # page_size=, keep_directory_markers=, as SampleIndex.from_prefix takes them).
-        unknown = sorted(set(store) - set(_STORE_OPTIONS) - {
-            "index_cache", "page_size", "keep_directory_markers"})
+        unknown = sorted(set(store) - set(_STORE_OPTIONS) - set(_LISTING_OPTIONS))
         if unknown:  # a misspelled argument reads better as that than as a store option
             raise TypeError(f"unexpected keyword argument {unknown[0]!r} (neither an argument "
                             f"of the record dataset nor a store option: "

@@ -564,18 +564,19 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
                 # The block is whole rows cut outside quotes, so where quotes are (or the
                 # chunker refused a long row) it is parsed as one chunk, on one thread.
                 whole = dict(kw, block_size=max(int(kw.get("block_size") or 0), len(rows) + 1))
-                read = pcsv.ReadOptions(**(whole if quote and quote in rows else kw))
+
+                def read_with(options):
+                    read = pcsv.ReadOptions(**options)
+                    return read, pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, rows)),
+                                               read_options=read, parse_options=parse,
+                                               convert_options=convert)
+
                 try:
-                    table = pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, rows)),
-                                          read_options=read, parse_options=parse,
-                                          convert_options=convert)
+                    read, table = read_with(whole if quote and quote in rows else kw)
                 except pa.ArrowInvalid as e:
                     if "straddl" not in str(e):
                         raise
-                    read = pcsv.ReadOptions(**whole)
-                    table = pcsv.read_csv(pa.BufferReader(_arrow_owned(pa, rows)),
-                                          read_options=read, parse_options=parse,
-                                          convert_options=convert)
+                    read, table = read_with(whole)
                 if names is None:
                     names = read.column_names or _csv_names(pcsv, rows, read_kw, parse)
                 return table, names

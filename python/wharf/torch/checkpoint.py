@@ -320,11 +320,11 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
         return self.state_dict_cache.stage(state_dict)
 
     def _drop_old_metadata(self) -> None:
-        """Deletes the metadata of a checkpoint this save overwrites. Credentials that may
-        write but not read or delete (a first save needs neither) skip it."""
+        """Deletes the metadata of a checkpoint this save overwrites (deleting a missing one
+        succeeds). Credentials that may write but not delete (a first save needs no delete)
+        skip it."""
         try:
-            if self.root.exists(self._metadata_name()):
-                self.root.delete_object(self._metadata_name())
+            self.root.delete_object(self._metadata_name())
         except PermissionError:
             pass
 
