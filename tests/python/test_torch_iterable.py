@@ -157,3 +157,14 @@ def test_a_prefix_with_no_objects_is_an_error_not_an_empty_epoch(make, tmp_path)
     with pytest.raises(ValueError, match=r"no objects ending in \.jpg, \.png found"):
         make(f"file://{tmp_path}/d/", suffixes=[".jpg", ".png"])
     assert len(make(f"file://{tmp_path}/d/")) == 1
+
+
+@pytest.mark.parametrize("make", [IterableDataset.from_keys, MapDataset.from_keys])
+def test_from_keys_refuses_no_keys_and_one_string(make, tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"x")
+    uri = f"file://{tmp_path}/"
+    with pytest.raises(ValueError, match="no keys given"):
+        make(uri, [])
+    with pytest.raises(TypeError, match=r"not one string \('a.txt'\): pass \['a.txt'\]"):
+        make(uri, "a.txt")
+    assert len(make(uri, iter(["a.txt"]))) == 1

@@ -84,6 +84,11 @@ def test_compressed_shards_and_other_formats_are_refused(target):  # noqa: F811
         MapDataset.from_shards(uri + "gz/", format="tar")
     with pytest.raises(ValueError, match="random access"):
         MapDataset.from_shards(uri + "gz/", format="csv")
+    # beside plain shards a compressed one is left out, with a warning naming it
+    store.put("gz/b.tar", _wds_shard([{"__key__": "s0", "txt": b"t"}]))
+    with pytest.warns(UserWarning, match=r"1 compressed shard\(s\) .*/gz/a\.tar\.gz"):
+        ds = MapDataset.from_shards(uri + "gz/", format="tar")
+    assert len(ds) == 1
 
 
 def _gets() -> int:

@@ -182,22 +182,30 @@ def _pop_index_options(kwargs: dict) -> dict:
     return {"index_cache": kwargs.pop("index_cache")} if "index_cache" in kwargs else {}
 
 
-def _index_for(uri: str, keys=None, suffixes: Sequence[str] = (), list_workers: int = 16,
+def _index_for(uri: str, suffixes: Sequence[str] = (), list_workers: int = 16,
                index_cache=None, **store):
-    """The index of a dataset factory. From a listing or a manifest it is an index file,
-    mapped and shared by every process that opens it (it pickles as the file's path), so no
+    """The index of from_prefix: an index file (as from a manifest), mapped and shared by every process that opens it (it pickles as the file's path), so no
     per-sample list lives in the dataset or travels to DataLoader workers."""
-    if keys is None:
-        index = _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes),
-                                               workers=list_workers, index_cache=index_cache,
-                                               **store)
-        if len(index) == 0:
-            # A typo in a path or prefix would otherwise train on nothing, "finishing" at once.
-            what = f"objects ending in {', '.join(suffixes)}" if suffixes else "objects"
-            raise ValueError(f"no {what} found at {uri} (a dataset needs at least one; is the "
-                             f"path or prefix right?)")
-        return index
-    return _wharf.SampleIndex.from_keys(uri, list(keys), **store)
+    index = _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes), workers=list_workers,
+                                           index_cache=index_cache, **store)
+    if len(index) == 0:
+        # A typo in a path or prefix would otherwise train on nothing, "finishing" at once.
+        what = f"objects ending in {', '.join(suffixes)}" if suffixes else "objects"
+        raise ValueError(f"no {what} found at {uri} (a dataset needs at least one; is the "
+                         f"path or prefix right?)")
+    return index
+
+
+def _key_list(uri: str, keys: Iterable[str]) -> list:
+    """from_keys' keys as a list: one string is refused (list("a.jpg") would be five keys of
+    one letter), and so is an empty list (an epoch of nothing "finishes" at once)."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"from_keys: keys must be a list of keys relative to {uri}, not one "
+                        f"string ({keys!r}): pass [{keys!r}]")
+    keys = list(keys)
+    if not keys:
+        raise ValueError(f"from_keys: no keys given for {uri} (a dataset needs at least one)")
+    return keys
 
 
 def _manifest_index(uri: str, format: str, index_cache=None, **store):
@@ -436,7 +444,7 @@ class MapDataset(torch.utils.data.Dataset):
         from_manifest): the directory of the index file, which every process of the node
         maps (None: $WHARF_INDEX_CACHE or ~/.cache/wharf/index; False: in memory)."""
         store = _pop_store_options(engine)
-        return cls(_index_for(uri, None, suffixes, list_workers, **_pop_index_options(engine),
+        return cls(_index_for(uri, suffixes, list_workers, **_pop_index_options(engine),
                               **store), transform, **engine)
 
     @classmethod
@@ -453,7 +461,8 @@ class MapDataset(torch.utils.data.Dataset):
                   **engine) -> "MapDataset":
         """The objects `keys` (relative to `uri`), in that order."""
         store = _pop_store_options(engine)
-        return cls(_wharf.SampleIndex.from_keys(uri, list(keys), **store), transform, **engine)
+        return cls(_wharf.SampleIndex.from_keys(uri, _key_list(uri, keys), **store), transform,
+                   **engine)
 
     @staticmethod
     def from_shards(uri: str, shards: Union[None, str, Sequence[str]] = None,
@@ -605,7 +614,7 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
         """Every object below `uri` (listed once, in parallel, sorted by key); none is a
         ValueError."""
         store = _pop_store_options(kwargs)
-        return cls(_index_for(uri, None, suffixes, list_workers, **_pop_index_options(kwargs),
+        return cls(_index_for(uri, suffixes, list_workers, **_pop_index_options(kwargs),
                               **store), **kwargs)
 
     @classmethod
@@ -617,7 +626,7 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
     @classmethod
     def from_keys(cls, uri: str, keys: Iterable[str], **kwargs) -> "IterableDataset":
         store = _pop_store_options(kwargs)
-        return cls(_wharf.SampleIndex.from_keys(uri, list(keys), **store), **kwargs)
+        return cls(_wharf.SampleIndex.from_keys(uri, _key_list(uri, keys), **store), **kwargs)
 
     @staticmethod
     def from_shards(uri: str, shards: Union[None, str, Sequence[str]] = None,

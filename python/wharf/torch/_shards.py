@@ -26,6 +26,7 @@ import struct
 import sys
 import tarfile
 import tempfile
+import warnings
 from array import array
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -55,6 +56,11 @@ class ShardMapDataset(torch.utils.data.Dataset):
                 raise ValueError(f"MapDataset.from_shards: {uri}{compressed[0]} is compressed; "
                                  "records of compressed shards have no random access (read "
                                  "them with IterableDataset.from_shards)")
+            if listed and compressed:
+                warnings.warn(f"MapDataset.from_shards: {len(compressed)} compressed shard(s) "
+                              f"below {uri} left out (the first: {uri}{compressed[0]}): "
+                              "records of compressed shards have no random access (read "
+                              "them with IterableDataset.from_shards)", stacklevel=3)
         else:
             listed = []
             for k in shards:
