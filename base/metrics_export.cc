@@ -15,6 +15,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -22,6 +23,7 @@
 #include "base/file_io.h"
 #include "base/fork.h"
 #include "base/runtime.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
@@ -30,7 +32,10 @@
 namespace wharf {
 namespace {
 
-using nlohmann::json;
+// Ordered: a series is matched by name and labels in their order, so a reporter's labels
+// must come back in the order its registry gave them (a sorted object made the workers'
+// series a second one beside the server's own).
+using json = nlohmann::ordered_json;
 using Kind = MetricsRegistry::Kind;
 
 const char* KindName(Kind kind) {
@@ -103,6 +108,31 @@ bool OwnedSpool(const std::string& dir) {
 
 std::vector<std::string> SpoolFiles(const std::string& dir) { return ListFiles(dir, ".json"); }
 
+// The serving process's pid, in its spool: a process that finds the port taken reports there
+// only while that process lives (a folder left by a killed server, and another program on
+// the port, must not swallow its metrics).
+constexpr char kServerPidFile[] = "server.pid";
+
+bool ServerAlive(const std::string& spool) {
+  std::string text;
+  int64_t pid = 0;
+  return ReadFile(absl::StrCat(spool, "/", kServerPidFile), &text) &&
+         absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &pid) && pid != getpid() &&
+         ProcessAlive(pid);
+}
+
+void RemoveSpool(const std::string& spool) {
+  for (const std::string& f : SpoolFiles(spool)) unlink(f.c_str());
+  unlink(absl::StrCat(spool, "/", kServerPidFile).c_str());
+  rmdir(spool.c_str());
+}
+
+// The spool of this process's server, removed at exit (the server itself is not destroyed
+// then) by the process that made it, not by a forked child that exits.
+absl::Mutex serving_mu(absl::kConstInit);
+std::string* serving_spool ABSL_GUARDED_BY(serving_mu) = nullptr;
+pid_t serving_pid ABSL_GUARDED_BY(serving_mu) = 0;
+
 prometheus::MetricType PromType(Kind kind) {
   switch (kind) {
     case Kind::kCounter:
@@ -167,8 +197,9 @@ class Server : public MetricsExporter {
   ~Server() override {
     exposer_.reset();  // stops serving before the bridge and the spool go
     if (spool_.empty()) return;
-    for (const std::string& f : SpoolFiles(spool_)) unlink(f.c_str());
-    rmdir(spool_.c_str());
+    RemoveSpool(spool_);
+    absl::MutexLock lock(&serving_mu);
+    if (serving_spool != nullptr && *serving_spool == spool_) serving_spool->clear();
   }
 
   // A fresh private spool (stale files of an earlier run on this port would count twice).
@@ -181,6 +212,20 @@ class Server : public MetricsExporter {
           absl::StrCat("metrics spool ", dir, ": not a private folder of this user"));
     }
     for (const std::string& f : SpoolFiles(dir)) unlink(f.c_str());
+    WHARF_RETURN_IF_ERROR(
+        WriteFileAtomically(absl::StrCat(dir, "/", kServerPidFile), absl::StrCat(getpid(), "\n")));
+    {
+      absl::MutexLock lock(&serving_mu);
+      if (serving_spool == nullptr) {
+        serving_spool = new std::string;
+        std::atexit([] {
+          absl::MutexLock lock(&serving_mu);
+          if (!serving_spool->empty() && serving_pid == getpid()) RemoveSpool(*serving_spool);
+        });
+      }
+      *serving_spool = dir;
+      serving_pid = getpid();
+    }
     spool_ = std::move(dir);
     return absl::OkStatus();
   }
@@ -489,7 +534,7 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
     return std::unique_ptr<MetricsExporter>(std::move(server));
   }
   const std::string spool = options.spool_dir.empty() ? DefaultSpool(port) : options.spool_dir;
-  if (port != 0 && OwnedSpool(spool)) {
+  if (port != 0 && OwnedSpool(spool) && ServerAlive(spool)) {
     return std::unique_ptr<MetricsExporter>(
         new Reporter(runtime, spool, port, options.report_interval));
   }

@@ -173,7 +173,16 @@ int Main(int argc, char** argv) {
                       "' was taken as the AWS profile: before the verb, --profile names one "
                       "(the profiler's --profile goes after the verb: wharf fetch --profile URI)");
     }
-    PrintError(unknown.empty() ? e.what() : unknown);
+    // `wharf cat --profile URI`: after a verb other than fetch, --profile is still the AWS
+    // profile's flag, so the URI went to it as a value.
+    std::string message = unknown.empty() ? e.what() : unknown;
+    if (unknown.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
+        absl::StrContains(store_flags.profile, "://")) {
+      absl::StrAppend(&message, "; '", store_flags.profile,
+                      "' was taken as the AWS profile: --profile names one (the profiler is "
+                      "`wharf fetch --profile URI`, or WHARF_PROFILE=1 for any verb)");
+    }
+    PrintError(message);
     std::fprintf(stderr, "Run 'wharf %s--help' for usage.\n",
                  verb.empty() ? "" : (verb + " ").c_str());
     return kExitUsage;

@@ -145,13 +145,14 @@ absl::Status RunImport(const TierArgs& args) {
   options.list_workers = args.list_workers;
   if (!target.is_object) {
     // What the source no longer has goes from the tree too (after a complete listing), so
-    // the tree stays the source's copy: the entries this source filled, not a user's own
-    // files there, nor what the user pinned.
+    // the tree stays the source's copy: the entries this import filled for that very key
+    // (the source URI it would write there), not a user's own files, not another import's
+    // tree below this one (its entries name other keys), nor what the user pinned.
     options.delete_extra = true;
     options.deletable = [dest, from = src.store->Uri(target.prefix)](const ObjectMeta& m) {
       const std::string path = absl::StrCat(dest, "/", m.key);
       const std::optional<TierEntry> entry = ReadEntryAttr(path);
-      return entry.has_value() && absl::StartsWith(entry->source, from) && !IsPinned(path);
+      return entry.has_value() && entry->source == absl::StrCat(from, m.key) && !IsPinned(path);
     };
   }
   if (local_source) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <utility>
@@ -104,6 +105,11 @@ struct Group {
   // group's buffer ([begin, end) = [0, their total size)), one slice each.
   std::vector<ComposedReads::Source> composed;
   size_t first_item = 0;
+  // Planned from a probe's answer: the probe's buffer, whose `prefilled` bytes are the
+  // first of [begin, end). They are copied into the group's buffer when it gets one, and its
+  // GETs fetch only the rest (the probe's bytes are not read twice).
+  Block prefill;
+  uint64_t prefilled = 0;
 
   // Filled while running.
   Block block;
@@ -503,6 +509,12 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       const uint64_t bytes = front.end - front.begin;
       // The ticket: the request's buffer, reserved before the request is scheduled.
       Block block = common_->budget->TryAllocate(common_->account, bytes);
+      if (!block && front.prefilled > 0) {
+        // The probe's buffer may be what the budget lacks: give it up and read those bytes
+        // again (the release wakes this batch).
+        deferred.garbage.push_back(std::move(front.prefill));
+        front.prefilled = 0;
+      }
       if (!block) {
         if (budget_stalled_since_ == absl::InfiniteFuture()) budget_stalled_since_ = absl::Now();
         break;
@@ -519,11 +531,17 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       }
       front.block = std::move(block);
       peak_held_ = std::max(peak_held_, common_->account->held());
+      if (front.prefilled > 0) {
+        std::memcpy(front.block.data(), front.prefill.data(), front.prefilled);
+        deferred.garbage.push_back(std::move(front.prefill));
+        front.bytes_received = front.prefilled;
+      }
+      const uint64_t fetch = bytes - front.prefilled;
       // A probe is one GET whatever its size: its answer is what tells the object's size.
-      const uint64_t part = bytes > options_.split_threshold && !front.probe_item.has_value()
+      const uint64_t part = fetch > options_.split_threshold && !front.probe_item.has_value()
                                 ? options_.part_size
-                                : bytes;
-      front.parts = static_cast<int>((bytes + part - 1) / part);
+                                : fetch;
+      front.parts = static_cast<int>((fetch + part - 1) / part);
       front.started = absl::Now();
       running_.push_back(std::make_shared<Group>(std::move(front)));
       queue_.pop_front();
@@ -536,7 +554,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
 
   void StartPartsLocked(const std::shared_ptr<Group>& g, Deferred& deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint64_t total = g->end - g->begin;
+    const uint64_t total = g->end - g->begin - g->prefilled;  // what the GETs fetch
     const uint64_t part = total > options_.split_threshold ? options_.part_size : total;
     while (g->next_part < g->parts && in_flight_ < common_->MaxInFlight() &&
            g->next_part - g->parts_done < options_.max_parts_per_object) {
@@ -566,10 +584,11 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       // a ranged read (RGW: ~80 us more CPU per GET, ~9% of small-object throughput when it
       // is the bottleneck). An object grown past the buffer then fails (OutOfRange) instead
       // of passing a prefix off as the object.
-      const bool whole_object =
-          g->parts == 1 && g->begin == 0 && g->object_size.has_value() && g->end >= *g->object_size;
-      request.range = whole_object ? ByteRange::All() : ByteRange::Of(g->begin + off, len);
-      request.buffer = absl::Span<char>(g->block.data() + off, len);
+      const bool whole_object = g->parts == 1 && g->begin == 0 && g->prefilled == 0 &&
+                                g->object_size.has_value() && g->end >= *g->object_size;
+      const uint64_t at = g->prefilled + off;  // from the group's first byte
+      request.range = whole_object ? ByteRange::All() : ByteRange::Of(g->begin + at, len);
+      request.buffer = absl::Span<char>(g->block.data() + at, len);
       request.if_match = g->etag;  // every range of one object from the same version
       request.cancel = cancel_;
       deferred.calls.push_back([self = shared_from_this(), g, request = std::move(request),
@@ -660,7 +679,9 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
         ObjectMeta meta;
         meta.size = *g->object_size;
         meta.etag = g->etag;
-        PlanLocked(g->first_item, *std::move(g->probe_item), meta, deferred);
+        const uint64_t probed = g->end - g->begin;
+        PlanLocked(g->first_item, *std::move(g->probe_item), meta, deferred, g->begin,
+                   std::move(g->block), probed);
       } else {
         queue_.push_front(HeadGroup(g->first_item, *std::move(g->probe_item)));
       }
@@ -758,7 +779,9 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
 
   // Now that the size is known (a HEAD, or a probe's answer), plans the item again at the
   // front of the queue. The caller pumps.
-  void PlanLocked(size_t index, FetchItem item, const ObjectMeta& m, Deferred& deferred)
+  // `prefill`: a probe's buffer holding the `prefilled` bytes from `prefill_begin`.
+  void PlanLocked(size_t index, FetchItem item, const ObjectMeta& m, Deferred& deferred,
+                  uint64_t prefill_begin = 0, Block prefill = Block(), uint64_t prefilled = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto extent = item.range.Resolve(m.size);
     if (!extent.ok()) {
@@ -780,8 +803,13 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       g.end = extent->second;
       g.first_item = index;
       g.slices.push_back({index, extent->first, extent->second});
+      if (prefill && prefill_begin == g.begin && prefilled < g.end - g.begin) {
+        g.prefill = std::move(prefill);
+        g.prefilled = prefilled;
+      }
       queue_.push_front(std::move(g));
     }
+    if (prefill) deferred.garbage.push_back(std::move(prefill));  // released outside the lock
   }
 
   const std::shared_ptr<ObjectStore> store_;

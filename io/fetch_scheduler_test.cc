@@ -157,9 +157,33 @@ TEST_F(FetchSchedulerTest, ObjectsOfUnknownSizeCostOneGetUnlessLongerThanTheFirs
   EXPECT_EQ(slow->heads_.load(), 3);
   // The large object's whole read took a second GET after the first; its last 100 KiB ended
   // inside the first.
+  // The second GET of the whole read fetches only what the first did not: the first's bytes
+  // are kept, never read twice.
   int large_gets = 0;
-  for (const auto& g : slow->gets()) large_gets += g.key == "u/large";
+  uint64_t large_bytes = 0;
+  for (const auto& g : slow->gets()) {
+    if (g.key != "u/large") continue;
+    ++large_gets;
+    large_bytes += std::min<uint64_t>(g.length, large.size() - g.offset);
+  }
   EXPECT_EQ(large_gets, 3);
+  EXPECT_EQ(large_bytes, large.size() + (100 << 10));  // the whole object and its tail
+  EXPECT_EQ(batch->stats().bytes, large.size() + (100 << 10) + small.size() * 2 + 1);
+}
+
+TEST_F(FetchSchedulerTest, AProbesBytesAreReadAgainWhenTheBudgetLacksThem) {
+  // A budget that holds the object but not the object and the first GET's bytes at once:
+  // the second GET reads the whole object (nothing waits for memory that never frees).
+  const std::string large = RandomBytes(600 << 10, 3);
+  ASSERT_TRUE(local_->Put("u/large", absl::Cord(large)).ok());
+  auto slow = std::make_shared<Recorder>(local_, absl::Milliseconds(1));
+  FetchScheduler scheduler(slow, {.max_in_flight = 8, .memory_budget = 700 << 10});
+  auto batch = scheduler.Fetch({{.key = "u/large"}});
+  auto r = batch->Next();
+  ASSERT_TRUE(r.has_value());
+  ASSERT_TRUE(r->data.ok()) << r->data.status();
+  EXPECT_EQ(r->data->view(), large);
+  EXPECT_FALSE(batch->Next().has_value());
 }
 
 TEST_F(FetchSchedulerTest, MemoryBudgetBoundsBytesHeld) {

@@ -15,9 +15,11 @@ namespace internal {
 enum Op { kList, kHead, kGet, kPut, kWrite, kDelete, kDeleteMany, kCopy, kCompose, kOps };
 constexpr const char* kOpNames[kOps] = {"list",   "head",        "get",  "put",    "write",
                                         "delete", "delete_many", "copy", "compose"};
-enum Class { kOk, kNotFound, kPrecondition, kCancelled, kError, kClasses };
-constexpr const char* kClassNames[kClasses] = {"ok", "not_found", "precondition", "cancelled",
-                                               "error"};
+// out_of_range: a range that starts past the object's end, which a read of an object of
+// unknown size may ask for by design (the first GET of an empty one), so not an error.
+enum Class { kOk, kNotFound, kPrecondition, kCancelled, kOutOfRange, kError, kClasses };
+constexpr const char* kClassNames[kClasses] = {"ok",        "not_found",    "precondition",
+                                               "cancelled", "out_of_range", "error"};
 
 Class ClassOf(const absl::Status& s) {
   switch (s.code()) {
@@ -29,6 +31,8 @@ Class ClassOf(const absl::Status& s) {
       return kPrecondition;
     case absl::StatusCode::kCancelled:
       return kCancelled;
+    case absl::StatusCode::kOutOfRange:
+      return kOutOfRange;
     default:
       return kError;
   }

@@ -42,7 +42,6 @@ constexpr char kImportsDir[] = "imports";
 constexpr char kStatsDir[] = "stats";
 // stats/folded.json: the counters of dead owners (owners' names always hold a '-').
 constexpr char kFoldedStats[] = "folded";
-constexpr char kStatsLock[] = "locks/stats";
 constexpr char kProbeXattr[] = "user.wharf.probe";
 
 bool Exists(const std::string& path) {
@@ -652,9 +651,10 @@ bool OwnerIsGone(const std::string& temp_root, const std::string& owner) {
 
 }  // namespace
 
-int Tier::LockStats(int operation) const {
+int Tier::LockFile(const char* name, int operation) const {
   if (MakeDirs(MetaPath("locks")).ok()) {
-    const int fd = open(MetaPath(kStatsLock).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int fd =
+        open(MetaPath(absl::StrCat("locks/", name)).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd >= 0 && flock(fd, operation) == 0) return fd;
     if (fd >= 0) close(fd);
   }
@@ -704,7 +704,7 @@ Tier::Stats Tier::ReadStats() const {
 absl::StatusOr<uint64_t> Tier::FoldStats() {
   const std::string dir = MetaPath(kStatsDir);
   const int lock = LockStats(LOCK_EX);
-  if (lock < 0) return ErrnoToStatus(errno, absl::StrCat("locking ", MetaPath(kStatsLock)));
+  if (lock < 0) return ErrnoToStatus(errno, absl::StrCat("locking ", MetaPath("locks/stats")));
   auto docs = ReadJsonFiles(dir);
   if (!docs.ok()) {
     close(lock);
@@ -759,12 +759,33 @@ std::optional<uint64_t> Tier::LastUsage() const {
   return j["bytes"].get<uint64_t>();
 }
 
-absl::Status Tier::RecordUsage(uint64_t bytes) const {
+namespace {
+absl::Status WriteUsage(const std::string& path, uint64_t bytes) {
   json j;
   j["bytes"] = bytes;
   j["time"] = absl::ToUnixSeconds(absl::Now());
   // Not synced: a hint that a crash may lose (the next pass writes it again).
-  return WriteSmallFile(MetaPath("usage.json"), j.dump() + "\n", "", /*sync=*/false);
+  return WriteSmallFile(path, j.dump() + "\n", "", /*sync=*/false);
+}
+}  // namespace
+
+absl::Status Tier::RecordUsage(uint64_t bytes) const {
+  const int lock = LockFile(kUsageLockFile, LOCK_EX);
+  absl::Status s = WriteUsage(MetaPath("usage.json"), bytes);
+  if (lock >= 0) close(lock);
+  return s;
+}
+
+absl::Status Tier::AddUsage(uint64_t bytes) const {
+  const int lock = LockFile(kUsageLockFile, LOCK_EX);
+  absl::Status s;
+  // No record: no pass has measured the tier, and the first fill of the next process that
+  // has a size bound runs one (TierStore::MaybeEvict).
+  if (std::optional<uint64_t> last = LastUsage()) {
+    s = WriteUsage(MetaPath("usage.json"), *last + bytes);
+  }
+  if (lock >= 0) close(lock);
+  return s;
 }
 
 namespace {

@@ -187,6 +187,11 @@ class Tier : public std::enable_shared_from_this<Tier> {
   // (a hint: processes filled or removed entries since), nullopt when no pass recorded it.
   std::optional<uint64_t> LastUsage() const;
   absl::Status RecordUsage(uint64_t bytes) const;
+  // Adds `bytes` (filled by a process since its last pass, or since it started) to the
+  // recorded usage, if any: so processes that exit before their fills put the tier over its
+  // bound (one `wharf cat` each) leave the next one a hint that counts them. Read, add and
+  // write under the usage lock, as RecordUsage.
+  absl::Status AddUsage(uint64_t bytes) const;
 
   // Records that the objects below `source` are files below `dir` (tier-relative), and lists
   // the imports: one per source and directory, complete when an unsharded run completed, or
@@ -207,7 +212,11 @@ class Tier : public std::enable_shared_from_this<Tier> {
   Tier(std::string root, TierConfig config);
   static absl::StatusOr<std::shared_ptr<Tier>> Open(const std::string& root);
   // The stats lock taken with flock `operation` (waits); -1 when it cannot be had.
-  int LockStats(int operation) const;
+  int LockStats(int operation) const { return LockFile(kStatsLockFile, operation); }
+  // .wharf/locks/<name> taken with flock `operation` (waits); -1 when it cannot be had.
+  int LockFile(const char* name, int operation) const;
+  static constexpr char kStatsLockFile[] = "stats";
+  static constexpr char kUsageLockFile[] = "usage";
   // Removes this process's temporary directory and releases its lock.
   void ReleaseTempDirLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

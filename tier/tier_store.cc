@@ -459,6 +459,9 @@ void TierStore::AtExit() {
 }
 
 void TierStore::FlushStatsLocked() {
+  // What this process filled since its last pass counts in the tier's usage hint for the
+  // processes after it (best effort, as the counters).
+  if (const uint64_t filled = unrecorded_.exchange(0); filled > 0) (void)tier_->AddUsage(filled);
   const Stats now = stats();
   Tier::Stats delta{now.hits - flushed_.hits, now.misses - flushed_.misses,
                     now.fills - flushed_.fills, now.fill_bytes - flushed_.fill_bytes};
@@ -1255,6 +1258,7 @@ void TierStore::MaybeEvict(uint64_t filled) {
   // Usage is disk space (evict.h): the new entry's until the next pass measures it.
   filled = EstimatedDiskBytes(filled);
   filled_since_pass_.fetch_add(filled, std::memory_order_relaxed);
+  unrecorded_.fetch_add(filled, std::memory_order_relaxed);
   filled_since_free_check_.fetch_add(filled, std::memory_order_relaxed);
   // What the tier holds: known after this process's first pass, plus what it filled since.
   // Before that, a tier bounded only by free space is checked with statvfs alone, so a
@@ -1284,10 +1288,12 @@ void TierStore::MaybeEvict(uint64_t filled) {
   }
   while (over() && !evicting_.exchange(true)) {
     filled_since_pass_.store(0);
+    const uint64_t unrecorded = unrecorded_.exchange(0);
     std::string warning;
     auto pass = EvictToBounds(*tier_, /*wait=*/false, &warning);
     if (!warning.empty()) std::fprintf(stderr, "wharf: %s\n", warning.c_str());
     const bool ran = pass.ok() && pass->ran;
+    if (!ran) unrecorded_.fetch_add(unrecorded);  // no pass measured them: still to record
     if (ran) {
       usage_.store(static_cast<int64_t>(pass->disk_bytes - pass->evicted_disk_bytes));
       evictions_.fetch_add(pass->evicted, std::memory_order_relaxed);

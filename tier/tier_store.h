@@ -243,6 +243,9 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   std::unordered_map<std::string, HeadMemo> heads_ ABSL_GUARDED_BY(heads_mu_);
   std::atomic<int64_t> usage_{-1};       // bytes of entries after this process's last pass
   std::atomic<bool> usage_read_{false};  // the tier's recorded usage was looked up
+  // Disk bytes this process filled that no pass of its own measured: added to the tier's
+  // recorded usage when its counters are flushed (Tier::AddUsage).
+  std::atomic<uint64_t> unrecorded_{0};
   std::atomic<bool> evicting_{false};
   // After a pass that could evict nothing (all that is left is being read, pinned or local),
   // the next one waits until this process filled this many more bytes: else every fill

@@ -1,6 +1,8 @@
 #include "tier/tree_store.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <optional>
@@ -61,6 +63,13 @@ class TierWriter : public ObjectWriter {
   uint64_t bytes_ = 0;
 };
 
+// A CRC32C entry's own ETag: "crc32c-<CRC>-<time in ns, hex>" (32 characters, as an MD5's
+// hex: the file store's ETag cache holds either).
+std::string OwnEtagPrefix(absl::string_view crc32c) { return absl::StrCat("crc32c-", crc32c, "-"); }
+std::string OwnEtag(absl::string_view crc32c, absl::Time at) {
+  return absl::StrCat(OwnEtagPrefix(crc32c), absl::Hex(absl::ToUnixNanos(at)));
+}
+
 // Seals `temp` as the entry for `key`: checks the content against a source ETag that is an
 // MD5 and writes the entry attribute. A CRC32C temporary file (TierTreeOptions::
 // written_checksum) gets an ETag of its own, recorded in the entry and in the file store's
@@ -82,8 +91,7 @@ absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
     entry.local = options.source_uri.empty();
     if (m.etag.empty()) {  // a CRC32C file (only without provenance: see NewTemp)
       entry.crc32c = temp.checksum();
-      own_etag = entry.etag =
-          absl::StrCat("crc32c-", entry.crc32c, "-", absl::Hex(absl::ToUnixNanos(entry.filled)));
+      own_etag = entry.etag = OwnEtag(entry.crc32c, entry.filled);
       struct stat st;
       if (fstat(fd, &st) == 0) StoreLocalEtag(fd, st, own_etag);
     } else {
@@ -99,10 +107,14 @@ absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
 }
 
 // The ETag the file store gives the entry's file: its MD5, or the ETag of its own that a
-// CRC32C entry's file carries in the file store's cache ("" when neither is known).
+// CRC32C entry's file carries in the file store's cache ("crc32c-<its CRC>-<time>", kept with
+// the file's size and mtime). "" when the cache holds none for this CRC: the file was written
+// since it was sealed (a listing may have cached the MD5 of what it holds now).
 std::string FileEtag(const TierEntry& entry, const std::string& path, const struct stat& st) {
   if (!entry.md5.empty()) return entry.md5;
-  return CachedLocalEtag(-1, path, st).value_or("");
+  std::optional<std::string> cached = CachedLocalEtag(-1, path, st);
+  if (!cached.has_value() || !absl::StartsWith(*cached, OwnEtagPrefix(entry.crc32c))) return "";
+  return *std::move(cached);
 }
 
 }  // namespace
@@ -222,16 +234,64 @@ void TierTreeStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       file_etag = FileEtag(*entry, path, st);
     }
   }
+  if (entry.has_value() && file_etag.empty() && entry->md5.empty()) {
+    // A CRC32C entry's own ETag is kept with the file's size and mtime (the file store's ETag
+    // cache): gone, the file was written since it was sealed (or the attribute was lost). Its
+    // content decides, on the blocking pool: the same bytes get their ETag back; others are
+    // never served as the entry (an export would upload damage as the checkpoint).
+    runtime_->blocking_pool().Schedule([this, request = std::move(request),
+                                        entry = *std::move(entry),
+                                        done = std::move(done)]() mutable {
+      const std::string path = absl::StrCat(dir_, "/", request.key);
+      const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st;
+      absl::StatusOr<std::string> crc = absl::NotFoundError("no such file");
+      std::string own;
+      if (fd >= 0 && fstat(fd, &st) == 0 && IsCompleteEntry(entry, st)) {
+        crc = ChecksumOfFile(fd, st.st_size, Checksum::kCrc32c);
+        if (crc.ok() && *crc == entry.crc32c) {
+          own = OwnEtag(entry.crc32c, absl::Now());
+          StoreLocalEtag(fd, st, own);
+        }
+      }
+      if (fd >= 0) close(fd);
+      if (!crc.ok() || *crc != entry.crc32c) {
+        std::move(done)(absl::DataLossError(absl::StrCat(
+            "get ", Uri(request.key), ": the file no longer holds its tier entry's data (",
+            crc.ok() ? absl::StrCat("CRC32C ", *crc, ", the entry says ", entry.crc32c)
+                     : std::string(crc.status().message()),
+            "): written since it was sealed, or damaged; see `wharf tier verify`")));
+        return;
+      }
+      GetEntryAsync(std::move(request), std::move(entry), std::move(own), std::move(done));
+    });
+    return;
+  }
+  GetEntryAsync(std::move(request), std::move(entry), std::move(file_etag), std::move(done));
+}
+
+void TierTreeStore::GetEntryAsync(GetRequest request, std::optional<TierEntry> entry,
+                                  std::string file_etag, Callback<GetResult> done) {
+  bool translated = false;
   if (entry.has_value()) {
     const std::string listed = EntryEtag(*entry);
-    if (request.if_match == listed) request.if_match = file_etag;
+    if (request.if_match == listed) {
+      request.if_match = file_etag;
+      translated = !file_etag.empty();
+    }
     if (request.if_none_match == listed) request.if_none_match = file_etag;
   }
   local_->GetAsync(std::move(request), [entry = std::move(entry), file_etag = std::move(file_etag),
-                                        done = std::move(done)](
+                                        translated, done = std::move(done)](
                                            absl::StatusOr<GetResult> result) mutable {
     if (result.ok() && entry.has_value() && !file_etag.empty() && result->meta.etag == file_etag) {
       result->meta.etag = EntryEtag(*entry);
+    } else if (translated && absl::IsFailedPrecondition(result.status())) {
+      // The entry still describes the file, whose content is no longer what it recorded.
+      result = absl::DataLossError(absl::StrCat(
+          result.status().message(),
+          ": the file no longer holds its tier entry's data (written since it was sealed, or "
+          "damaged; see `wharf tier verify`)"));
     }
     std::move(done)(std::move(result));
   });

@@ -135,6 +135,9 @@ class TierTreeStore : public ForwardingStore {
   // drops the tier's own folder.
   void Describe(ListPage& page) const;
   absl::StatusOr<ObjectMeta> Describe(ObjectMeta meta) const;
+  // GetAsync once the entry (nullopt: not an entry) and its file's ETag are known.
+  void GetEntryAsync(GetRequest request, std::optional<TierEntry> entry, std::string file_etag,
+                     Callback<GetResult> done);
   void CommitLoop();
   void PublishBatch(std::vector<Sealed> batch);
 

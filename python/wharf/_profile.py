@@ -56,7 +56,12 @@ class Profile:
 
     def __init__(self, trace: Union[None, bool, str] = None):
         # trace: a path, None for WHARF_PROFILE_TRACE or wharf-trace-<pid>.json, False for none.
-        self._trace_arg = trace
+        if trace is True:
+            trace = None
+        if not (trace is None or trace is False or isinstance(trace, (str, os.PathLike))):
+            raise TypeError(f"wharf.profile(trace=...): a path, None (the default path) or "
+                            f"False (no trace), not {trace!r}")
+        self._trace_arg = os.fspath(trace) if isinstance(trace, os.PathLike) else trace
         self.trace: Optional[str] = None
         self.report: Optional[dict] = None
         self._table = ""

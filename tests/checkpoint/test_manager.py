@@ -265,6 +265,12 @@ def test_restore_in_place_into_a_fresh_model_and_optimizer(tier):
     assert state["epoch"] == 7
     assert_same(fresh.state_dict(), model.state_dict())
     assert_same(fresh_opt.state_dict(), opt.state_dict())
+    # An optimizer that has not stepped gets the saved state too (it was skipped in silence:
+    # DCP loads into the tensors the caller's state holds, and it held none).
+    unstepped = small_model(5)
+    unstepped_opt = torch.optim.Adam(unstepped.parameters(), lr=1e-2)
+    mgr.restore(3, state={"model": unstepped, "optim": unstepped_opt})
+    assert_same(unstepped_opt.state_dict(), opt.state_dict())
     # A model of another shape is refused, not half loaded.
     other = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8),
                                 torch.nn.Linear(8, 2))
@@ -272,6 +278,35 @@ def test_restore_in_place_into_a_fresh_model_and_optimizer(tier):
     with pytest.raises(RuntimeError, match="Missing key.*model.3.weight"):
         mgr.restore(3, state={"model": other})
     assert torch.equal(other[3].weight, before)
+    mgr.close()
+
+
+def test_restore_in_place_gives_a_dataset_the_state_it_saved(tier, tmp_path):
+    # A dataset in `state` is saved as its state_dict. In place it was loaded through DCP
+    # into the fresh dataset's own state, whose stream is None where the saved one has the
+    # position: "Missing key in checkpoint state_dict: data.stream.". It now gets the state
+    # it saved through load_state_dict.
+    import io
+    import tarfile
+    from wharf.torch import IterableDataset
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for s in range(2):
+        with tarfile.open(shards / f"{s}.tar", "w") as t:
+            for i in range(10):
+                body = f"{s}-{i}".encode()
+                info = tarfile.TarInfo(f"s{s}_{i:03d}.txt")
+                info.size = len(body)
+                t.addfile(info, io.BytesIO(body))
+    ds = IterableDataset.from_shards(f"file://{shards}/", seed=3)
+    it = iter(ds)
+    [next(it) for _ in range(7)]
+    mgr = CheckpointManager(tier / "ds")
+    mgr.save(1, {"data": ds, "model": small_model(1)}).result()
+    rest = [s.key for s in it]
+    fresh = IterableDataset.from_shards(f"file://{shards}/", seed=3)
+    mgr.restore(1, state={"data": fresh, "model": small_model(2)})
+    assert [s.key for s in fresh] == rest
     mgr.close()
 
 

@@ -519,6 +519,10 @@ def test_command_lines_a_verb_cannot_take_exit_2(tmp_path):
     # Before the verb, --profile is the AWS profile's flag: the verb became its value.
     mixed = run("--profile", "fetch", tmp_path / "src" / "f", check=2)
     assert "'fetch' was taken as the AWS profile" in mixed.stderr.decode(), mixed.stderr
+    # After another verb too: the URI became its value.
+    uri = f"file://{tmp_path}/src/f"
+    taken = run("cat", "--profile", uri, check=2).stderr.decode()
+    assert f"'{uri}' was taken as the AWS profile" in taken and "WHARF_PROFILE=1" in taken
 
 
 def test_rm_recursive_refuses_the_file_system_root():

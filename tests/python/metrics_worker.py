@@ -17,6 +17,9 @@ def identity(batch):
 
 def main():
     uri, workers = sys.argv[1], int(sys.argv[2])
+    # One read in this process too: its series and the workers' must add up as one.
+    store = wharf.Store(uri)
+    store.get(next(iter(store.list()))["key"])
     ds = IterableDataset.from_prefix(uri, shuffle=False)
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers,
                                          collate_fn=identity)

@@ -136,6 +136,8 @@ def test_one_profile_at_a_time_and_results_only_after_it(dataset):
     finally:
         p.stop()
     assert p.verdict in ("store-latency", "bandwidth", "client-cpu", "parse", "consumer")
+    with pytest.raises(TypeError, match="not 5"):
+        wharf.profile(trace=5)
 
 
 def test_wharf_profile_env_profiles_the_whole_process(dataset, tmp_path):

@@ -231,6 +231,21 @@ def test_bounded_tier_evicts_by_itself_and_on_request(tmp_path, bucket, s3_env, 
     assert status(tier)["disk_bytes"] == to["disk_bytes"] - to["evicted_disk_bytes"]
 
 
+def test_a_bound_holds_when_each_read_is_a_process_of_its_own(tmp_path, bucket, s3_env,
+                                                              s3_client):
+    # Before, each process started from the usage the last pass recorded, added only its own
+    # fill, stayed under the bound and exited without a pass: 30 `wharf cat`s grew a 60 KB
+    # tier to 30 entries. Each now adds what it filled to the record as it exits.
+    put_objects(s3_client, bucket, "one/", 30, size=5000)
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", "--max-size", "60000", "--min-free", "0", tier, check=True)
+    for i in range(30):
+        run_wharf("cat", "--cache", tier, f"s3://{bucket}/one/{i:04d}.bin", env=s3_env,
+                  check=True)
+    s = status(tier)
+    assert s["misses"] == 30 and s["disk_bytes"] <= 2 * 60000, s
+
+
 def test_gc_folds_the_counters_of_finished_readers(tmp_path, bucket, s3_env, s3_client):
     """Each reading process leaves one counters file; `tier gc` folds those of finished
     processes into one, and `tier status` reports the same totals before, during and after

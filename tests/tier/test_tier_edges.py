@@ -261,6 +261,29 @@ def test_a_rerun_removes_what_the_source_deleted(tmp_path, bucket, s3_env, s3_cl
     assert cat.returncode == 1 and "NoSuchKey" in cat.stderr
 
 
+def test_importing_a_parent_prefix_keeps_another_imports_tree(tmp_path, bucket, s3_env,
+                                                               s3_client):
+    # Before, the parent's delete pass removed t/other/*: their entries' sources lay below
+    # the parent's prefix, though not at the keys the parent would write there.
+    for key in ("np/sub/a", "np/sub/b", "np/top"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    tier = tmp_path / "t"
+    run_wharf("tier", "init", "-q", tier, check=True)
+    run_wharf("tier", "import", "-q", f"s3://{bucket}/np/sub/", tier / "other", env=s3_env,
+              check=True)
+    got = json.loads(run_wharf("tier", "import", "--json", f"s3://{bucket}/np/", tier,
+                               env=s3_env, check=True).stdout)
+    assert (got["objects"], got["deleted"]) == (3, 0), got
+    assert (tier / "other" / "a").read_bytes() == b"np/sub/a"
+    assert (tier / "sub" / "a").read_bytes() == b"np/sub/a"
+    # What the parent's own source deleted still goes.
+    s3_client.delete_object(Bucket=bucket, Key="np/top")
+    got = json.loads(run_wharf("tier", "import", "--json", f"s3://{bucket}/np/", tier,
+                               env=s3_env, check=True).stdout)
+    assert got["deleted"] == 1 and not (tier / "top").exists()
+    assert sorted(p.name for p in (tier / "other").iterdir()) == ["a", "b"]
+
+
 def test_empty_sizes_and_a_ttl_beyond_json_are_usage_errors(tmp_path):
     tier = tmp_path / "t"
     run_wharf("tier", "init", "-q", tier, check=True)

@@ -250,3 +250,34 @@ def test_a_users_own_big_file_is_uploaded_once(tmp_path, bucket, s3_env, s3_clie
     (tier / "user" / "weights.bin").write_bytes(os.urandom(17 * MiB + 1))
     third = export_json(tier, dst, env=s3_env)
     assert (third["uploaded"], third["skipped"]) == (1, 0)
+
+
+def test_a_checkpoint_file_changed_in_the_tier_is_not_exported(tmp_path, bucket, s3_env,
+                                                                s3_client):
+    # Checkpoint files carry a CRC32C and an ETag of their own, kept with the file's size and
+    # mtime. Before, a file written since it was sealed was uploaded as the checkpoint and lost
+    # `local` (so eviction could remove the only good copy's name); now its content decides:
+    # the same bytes (only touched) are exported, other bytes are refused by name.
+    import torch
+    from wharf.torch import CheckpointManager
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    CheckpointManager(str(tier / "run")).save(1, {"w": torch.arange(50000.0)}).result()
+    step = tier / "run" / "step-000000000001"
+    files = sorted(p for p in step.iterdir() if p.suffix == ".distcp")
+    damaged, touched = files[0], step / "manifest.json"
+    assert entry_of(damaged)["local"] and entry_of(damaged)["crc32c"]
+    with open(damaged, "r+b") as f:
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(touched, (time.time() + 5, time.time() + 5))
+    proc = run_wharf("tier", "export", tier / "run", f"s3://{bucket}/ck/", env=s3_env)
+    assert proc.returncode == 1
+    assert damaged.name in proc.stderr and "no longer holds its tier entry's data" in proc.stderr
+    assert entry_of(damaged)["local"], "a refused file must stay local"
+    got = bucket_objects(s3_client, bucket, "ck/")
+    assert f"step-000000000001/{damaged.name}" not in got
+    assert got["step-000000000001/manifest.json"] == touched.read_bytes()
+    assert not entry_of(touched)["local"]

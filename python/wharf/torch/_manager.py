@@ -135,6 +135,33 @@ class _LoadPlanner(DefaultLoadPlanner):
         return not any(d == fqn or d.startswith(fqn + ".") for d in getattr(self, "dropped", ()))
 
 
+def _give_optimizers_state(state: dict, reader) -> None:
+    """DCP loads into the tensors the caller's state holds. An optimizer that has not stepped
+    holds none, so the checkpoint's (Adam's moments, its step counts) would be left out without
+    a word: such an optimizer first gets its state as DCP's own set_state_dict gives it (one
+    step with zero gradients at learning rate 0, which the load then overwrites). One that
+    still has none (its parameters hold gradients) is refused by name."""
+    fresh = {k: v for k, v in state.items()
+             if isinstance(v, torch.optim.Optimizer) and not v.state}
+    if not fresh:
+        return
+    saved = reader.read_metadata().state_dict_metadata
+    for k, opt in fresh.items():
+        if not any(key.startswith(f"{k}.state.") for key in saved):
+            continue  # the checkpoint holds no state for it either (a stateless optimizer)
+        try:
+            from torch.distributed.checkpoint.state_dict import _init_optim_state
+            _init_optim_state(opt)
+        except ImportError:  # pragma: no cover - torch without it
+            pass
+        if not opt.state:
+            raise ValueError(
+                f"state[{k!r}]: the checkpoint holds optimizer state, and this optimizer has "
+                f"none to load it into (it has not stepped, and its parameters hold "
+                f"gradients): call opt.zero_grad(set_to_none=True) first, or restore() "
+                f"without state= and load it with opt.load_state_dict")
+
+
 def _int_keyed(obj, path=(), out=None) -> list:
     """[[path, [int keys]], ...]: the dicts in `obj` with int keys (an optimizer's state:
     {param index: ...}), which DCP stores as strings; path as DCP walks it (str(key) in a
@@ -742,8 +769,10 @@ class CheckpointManager:
         """Loads a checkpoint: "latest", a step (int), "best" (by the manager's metric), or a
         datetime (the latest committed at or before it). Without `state`, returns the state
         that was saved (tensors on CPU; modules and optimizers as their state_dicts). With
-        `state`, loads into it in place through DCP (any world size; tensors, including
-        optimizer state, must exist, as DCP requires) and returns it. Reads from the tier
+        `state`, loads into it and returns it: modules and optimizers in place through DCP
+        (any world size; an optimizer that has not stepped gets its state first, as DCP's
+        set_state_dict gives it), other stateful objects (datasets, schedulers) through their
+        load_state_dict with the state they saved, plain values replaced. Reads from the tier
         when the checkpoint is there, else copies it from the bucket into the tier first.
         Pending saves and exports are waited for first; their failures are left to their
         handles and to wait() (what they did not write is not listed)."""
@@ -775,14 +804,32 @@ class CheckpointManager:
             return loaded
         if not isinstance(state, dict):
             raise TypeError("state must be a dict")
-        to_load = dict(state)
+        from torch.distributed.checkpoint.stateful import Stateful
+        _give_optimizers_state(state, reader)
+        # Modules and optimizers load in place, into the tensors they hold; other stateful
+        # objects (datasets, schedulers) get the state they saved through load_state_dict,
+        # whatever the shape of their state now (a fresh dataset's has None where the saved
+        # one has its position).
+        as_saved = [k for k, v in state.items() if isinstance(v, Stateful)
+                    and not isinstance(v, (torch.nn.Module, torch.optim.Optimizer))]
+        to_load = {k: v for k, v in state.items() if k not in as_saved}
         if own_saved and restore_rng and self.record_rng:
             to_load[_OWN] = {"step": 0, "rng": {f"rank{self.rank}": _rng_state()}}
         planner = _LoadPlanner()
         with _phase("load"):
             _dcp(dcp.load, to_load, storage_reader=reader, planner=planner,
                  process_group=self._pg)
-        from torch.distributed.checkpoint.stateful import Stateful
+        if as_saved:
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+            reader = StorageReader(self.root.step_uri(step), etags=etags, **self._store_options)
+            with _phase("load"):
+                saved = _dcp(_load_state_dict_from_keys, keys=set(as_saved),
+                             storage_reader=reader, process_group=self._pg)
+            for k in as_saved:
+                if k not in saved:
+                    raise RuntimeError(f"Missing key in checkpoint state_dict: {k} (step {step} "
+                                       f"has no state saved for it)")
+                state[k].load_state_dict(saved[k])
         for k in state:
             if not isinstance(state[k], Stateful):
                 state[k] = to_load[k]
