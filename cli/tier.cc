@@ -306,6 +306,14 @@ absl::Status RunExport(const TierArgs& args) {
   if (!found.ok()) return Annotate(found.status(), "tier export");
   std::shared_ptr<Tier> tier = *std::move(found);
   WHARF_ASSIGN_OR_RETURN(OpenedUri dst, OpenCliUri(args.dst));
+  if (dst.uri.scheme == "file") {
+    // An export into its own source would export its own copies, a level deeper each run.
+    const std::string to = AbsolutePath(absl::StrCat("/", dst.uri.key));
+    if (to == path || absl::StartsWith(to, path == "/" ? path : path + "/")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tier export: the destination ", to, " is inside the source ", path));
+    }
+  }
 
   Progress progress(Progress::ShouldShow(args.quiet || args.json));
   ProgressObserver observer(progress);

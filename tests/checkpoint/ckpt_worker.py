@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--endpoint", default=None)
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--export-to", default=None)
+    p.add_argument("--again", action="store_true", help="the second save is of step 1 again")
     args = p.parse_args()
     options = {"endpoint": args.endpoint} if args.endpoint else {}
     mgr = CheckpointManager(args.root, export_to=args.export_to, async_save=False, **options)
@@ -41,7 +42,7 @@ def main() -> None:
     half = (args.mib << 20) // 2 // 4  # float32 elements per tensor
     big = {"a": torch.full((half,), 2.0), "b": torch.full((half,), 3.0), "meta": {"step": 2}}
     print("SAVING 2", flush=True)
-    mgr.save(2, big)
+    mgr.save(1 if args.again else 2, big)
     print("SAVED 2", flush=True)
     time.sleep(600)
 

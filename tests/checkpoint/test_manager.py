@@ -281,6 +281,57 @@ def test_restore_in_place_into_a_fresh_model_and_optimizer(tier):
     mgr.close()
 
 
+class _Unpicklable:
+    """Copies for the async staging, and fails when DCP pickles it into the checkpoint."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise RuntimeError("cannot pickle this")
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_failed_save_of_a_committed_step_keeps_the_old_checkpoint(tier, async_save):
+    # The save of a step that has a checkpoint cleared it first (manifest first), so a save
+    # that then failed, or was killed, lost the last good checkpoint. It is now written aside
+    # (<root>/.replacing) and swapped in once committed.
+    mgr = CheckpointManager(tier / "again", keep_last=1, async_save=async_save)
+    mgr.save(5, {"x": torch.full((3,), 5.0)}).result()
+    with pytest.raises(Exception, match="cannot pickle this"):
+        mgr.save(5, {"x": torch.full((3,), 55.0), "bad": _Unpicklable()}).result()
+    if async_save:  # wait() reports a failed background save too, once
+        with pytest.raises(Exception, match="cannot pickle this"):
+            mgr.wait()
+    assert [m["step"] for m in mgr.list()] == [5]
+    assert torch.equal(mgr.restore("latest")["x"], torch.full((3,), 5.0))
+    # A save that succeeds replaces it, and leaves nothing aside.
+    mgr.save(5, {"x": torch.full((3,), 56.0)}).result()
+    assert torch.equal(mgr.restore(5)["x"], torch.full((3,), 56.0))
+    assert not any((tier / "again" / ".replacing").iterdir())
+    mgr.close()
+
+
+def test_a_replacement_killed_between_its_renames_is_finished_by_the_next_manager(tier):
+    mgr = CheckpointManager(tier / "gap")
+    mgr.save(3, {"x": torch.full((2,), 3.0)}).result()
+    mgr.save(3, {"x": torch.full((2,), 33.0)}).result()
+    mgr.close()
+    # As if killed between the swap's two renames: the step's directory gone, the committed
+    # replacement still aside; and a killed save's leftovers beside it.
+    root = tier / "gap"
+    aside = root / ".replacing"
+    aside.mkdir(exist_ok=True)
+    os.rename(root / "step-000000000003", aside / "step-000000000003")
+    (aside / "step-000000000009").mkdir()
+    (aside / "step-000000000009" / "__0_0.distcp").write_bytes(b"partial")
+    again = CheckpointManager(root)
+    assert [m["step"] for m in again.list()] == [3]
+    assert torch.equal(again.restore(3)["x"], torch.full((2,), 33.0))
+    assert not any(aside.iterdir())
+    again.close()
+
+
 def test_restore_in_place_gives_a_dataset_the_state_it_saved(tier, tmp_path):
     # A dataset in `state` is saved as its state_dict. In place it was loaded through DCP
     # into the fresh dataset's own state, whose stream is None where the saved one has the
@@ -430,6 +481,20 @@ def test_kill_during_a_save_to_a_tier(tier, s3_env, rng):
     assert not step2.exists()
     assert tier_steps(root) == [1, 3]
     assert _ls_steps(root, s3_env) == [1, 3]
+    mgr.close()
+
+
+def test_kill_during_a_save_again_of_a_step_keeps_its_checkpoint(tier, s3_env, rng):
+    # The second save is of step 1 again: it is written under .replacing, so the kill leaves
+    # step 1 as it was (it was cleared first, and lost).
+    root = tier / "again"
+    proc = _start_worker(root, s3_env, "--mib", "128", "--again")
+    _poll((root / ".replacing" / step_dir(1)).exists, "the replacement's directory")
+    _kill(proc, rng.uniform(0, 0.1))
+    assert _ls_steps(root, s3_env) == [1]
+    mgr = CheckpointManager(root)
+    assert_same(mgr.restore("latest"), step1_state())
+    assert not any((root / ".replacing").iterdir())  # the killed save's files are gone
     mgr.close()
 
 

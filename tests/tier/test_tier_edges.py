@@ -238,6 +238,12 @@ def test_a_local_source_never_gives_its_tier_files_nor_imports_into_itself(tmp_p
     assert proc.returncode == 1
     assert f"the destination {src / 'imp'} is inside the source {src}" in proc.stderr
     assert not (src / "imp").exists()
+    # An export into its own source likewise (a level deeper each run).
+    for dest in (f"file://{one}/copy/", str(one / "copy")):
+        proc = run_wharf("tier", "export", one, dest)
+        assert proc.returncode == 1
+        assert f"the destination {one / 'copy'} is inside the source {one}" in proc.stderr
+        assert not (one / "copy").exists()
 
 
 def test_a_rerun_removes_what_the_source_deleted(tmp_path, bucket, s3_env, s3_client):

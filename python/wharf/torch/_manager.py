@@ -24,6 +24,7 @@ import operator
 import os
 import pickle
 import random
+import shutil
 import sys
 import threading
 import time
@@ -133,6 +134,41 @@ class _LoadPlanner(DefaultLoadPlanner):
     def loaded(self, fqn: str) -> bool:
         """Whether the entry at `fqn` (or below it) came from the checkpoint."""
         return not any(d == fqn or d.startswith(fqn + ".") for d in getattr(self, "dropped", ()))
+
+
+# A local root's checkpoint of a step saved again is written here first (as a root of its
+# own), then swapped in once committed: until then the step's old checkpoint stays whole.
+_REPLACING = ".replacing"
+
+
+def _step_name(step: int) -> str:
+    return f"step-{step:012d}"
+
+
+def _step_of(name: str) -> Optional[int]:
+    digits = name[len("step-"):]
+    return int(digits) if name.startswith("step-") and digits.isdigit() else None
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swaps two paths in one step (renameat2 RENAME_EXCHANGE); False where the system or the
+    file system cannot (then the caller renames in two steps)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _give_optimizers_state(state: dict, reader) -> None:
@@ -446,6 +482,7 @@ class CheckpointManager:
                 except _wharf.WharfError as e:
                     warnings.warn(f"wharf: could not record the checkpoint settings in "
                                   f"{root.uri}: {e}", stacklevel=2)
+            self._finish_replacements()
             if self.export_root is not None:
                 self._resume_exports()
 
@@ -524,14 +561,72 @@ class CheckpointManager:
                 f"the abandoned run above {step} win over this run's; remove them (wharf ckpt rm "
                 f"URI --step N, in {where})", RuntimeWarning, stacklevel=3)
 
+    # ---- a step saved again ----
+    def _replacing_dir(self) -> str:
+        return os.path.join(self.root.local_dir, _REPLACING)
+
+    def _replaces(self, step: int) -> bool:
+        """Whether this save of `step` replaces a committed checkpoint of a local root (rank
+        0 decides for every rank): then it is written under <root>/.replacing first and
+        swapped in once committed, so a save that fails or is killed leaves the old one."""
+        replace = False
+        if self.rank == 0 and self.root.is_local:
+            replace = os.path.exists(os.path.join(self.root.local_dir, _step_name(step),
+                                                  "manifest.json"))
+        if self.distributed and self.world_size > 1:
+            box = [replace]
+            dist.broadcast_object_list(box, src=0, group=self._pg)
+            replace = box[0]
+        return replace
+
+    def _swap_in(self, step: int) -> None:
+        """Puts the committed checkpoint of `step` under .replacing in the root's place, and
+        removes the one it replaces. One atomic exchange where the file system has it; else
+        two renames, whose gap a restarted manager closes (_finish_replacements)."""
+        name = _step_name(step)
+        staged = os.path.join(self._replacing_dir(), name)
+        current = os.path.join(self.root.local_dir, name)
+        if _exchange(staged, current):
+            old = staged
+        else:
+            old = os.path.join(self._replacing_dir(), f"{name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(current, old)
+            os.rename(staged, current)
+        _fsync_dir(self.root.local_dir)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _finish_replacements(self) -> None:
+        """What a killed manager left under .replacing (rank 0, at start): a committed
+        replacement whose step has no checkpoint any more (killed between the two renames of
+        a swap) is put in place; everything else there (a save killed before its commit, the
+        old half of a swap) is removed."""
+        if not self.root.is_local or not os.path.isdir(self._replacing_dir()):
+            return
+        for name in sorted(os.listdir(self._replacing_dir())):
+            path = os.path.join(self._replacing_dir(), name)
+            current = os.path.join(self.root.local_dir, name)
+            if (_step_of(name) is not None and os.path.exists(os.path.join(path, "manifest.json"))
+                    and not os.path.exists(os.path.join(current, "manifest.json"))):
+                shutil.rmtree(current, ignore_errors=True)
+                os.rename(path, current)
+                _fsync_dir(self.root.local_dir)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+
     def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
+        replace = self._replaces(step)
+        target = self.root
+        if replace:
+            target = _wharf.CheckpointRoot(self._replacing_dir(), **self._store_options)
+
         def clear():  # on the coordinator, between planning and writing
-            self.root.delete(step)
+            target.delete(step)
 
         # Whatever fails before the write ends frees the staged copy too: else the next
         # async save would wait for it forever.
         try:
-            uri = self.root.step_uri(step)
+            uri = target.step_uri(step)
             with self._lock:
                 exporting = self._export_futures.get(step)
             if exporting is not None:
@@ -560,8 +655,10 @@ class CheckpointManager:
                     user["wharf"]["nonfinite_metrics"] = {
                         k: repr(v) for k, v in metrics.items() if k not in finite}
                 with _phase("commit"):
-                    manifest = _with_nonfinite(self.root.commit(
+                    manifest = _with_nonfinite(target.commit(
                         step, finite, self.world_size, "dcp", json.dumps(user), writer.files))
+                    if replace:
+                        self._swap_in(step)
             except BaseException as e:  # every rank learns that the commit failed
                 error, failure = f"{type(e).__name__}: {e}", e
         if self.distributed and self.world_size > 1:
