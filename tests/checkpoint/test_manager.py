@@ -291,12 +291,14 @@ class _Unpicklable:
         raise RuntimeError("cannot pickle this")
 
 
-@pytest.mark.parametrize("async_save", [True, False])
-def test_a_failed_save_of_a_committed_step_keeps_the_old_checkpoint(tier, async_save):
+@pytest.mark.parametrize("where,async_save", [("tier", True), ("tier", False), ("bucket", True)])
+def test_a_failed_save_of_a_committed_step_keeps_the_old_checkpoint(tier, bucket, aws, s3_client,
+                                                                    where, async_save):
     # The save of a step that has a checkpoint cleared it first (manifest first), so a save
     # that then failed, or was killed, lost the last good checkpoint. It is now written aside
-    # (<root>/.replacing) and swapped in once committed.
-    mgr = CheckpointManager(tier / "again", keep_last=1, async_save=async_save)
+    # (<root>/.replacing) and put in place once committed (a bucket: copied server-side).
+    root = tier / "again" if where == "tier" else f"s3://{bucket}/again"
+    mgr = CheckpointManager(root, keep_last=1, async_save=async_save)
     mgr.save(5, {"x": torch.full((3,), 5.0)}).result()
     with pytest.raises(Exception, match="cannot pickle this"):
         mgr.save(5, {"x": torch.full((3,), 55.0), "bad": _Unpicklable()}).result()
@@ -308,7 +310,12 @@ def test_a_failed_save_of_a_committed_step_keeps_the_old_checkpoint(tier, async_
     # A save that succeeds replaces it, and leaves nothing aside.
     mgr.save(5, {"x": torch.full((3,), 56.0)}).result()
     assert torch.equal(mgr.restore(5)["x"], torch.full((3,), 56.0))
-    assert not any((tier / "again" / ".replacing").iterdir())
+    if where == "tier":
+        assert not any((tier / "again" / ".replacing").iterdir())
+    else:
+        left = s3_client.list_objects_v2(Bucket=bucket, Prefix="again/.replacing/")
+        assert left.get("KeyCount", 0) == 0, left
+        assert s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
     mgr.close()
 
 
@@ -329,6 +336,26 @@ def test_a_replacement_killed_between_its_renames_is_finished_by_the_next_manage
     assert [m["step"] for m in again.list()] == [3]
     assert torch.equal(again.restore(3)["x"], torch.full((2,), 33.0))
     assert not any(aside.iterdir())
+    again.close()
+
+
+def test_a_bucket_replacement_killed_while_copied_in_is_finished_by_the_next_manager(
+        bucket, aws, s3_client):
+    root = f"s3://{bucket}/gap"
+    mgr = CheckpointManager(root)
+    mgr.save(3, {"x": torch.full((2,), 3.0)}).result()
+    mgr.close()
+    # As if killed while the committed replacement was copied in: the step's old manifest
+    # gone, the replacement whole under .replacing.
+    staged = CheckpointManager(f"{root}/.replacing")
+    staged.save(3, {"x": torch.full((2,), 33.0)}).result()
+    staged.close()
+    s3_client.delete_object(Bucket=bucket, Key="gap/step-000000000003/manifest.json")
+    again = CheckpointManager(root)
+    assert [m["step"] for m in again.list()] == [3]
+    assert torch.equal(again.restore(3)["x"], torch.full((2,), 33.0))
+    left = s3_client.list_objects_v2(Bucket=bucket, Prefix="gap/.replacing/step-")
+    assert left.get("KeyCount", 0) == 0, left
     again.close()
 
 

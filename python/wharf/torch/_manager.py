@@ -565,24 +565,44 @@ class CheckpointManager:
     def _replacing_dir(self) -> str:
         return os.path.join(self.root.local_dir, _REPLACING)
 
+    def _replacing_root(self):
+        """The root a save of a committed step is written to first: <root>/.replacing/."""
+        if self.root.is_local:
+            return _wharf.CheckpointRoot(self._replacing_dir(), **self._store_options)
+        return _wharf.CheckpointRoot(self.root.uri.rstrip("/") + f"/{_REPLACING}/",
+                                     **self._store_options)
+
+    @staticmethod
+    def _committed(root, step: int) -> bool:
+        """Whether `root` holds a checkpoint of `step` (complete and readable: a damaged one
+        has nothing worth keeping)."""
+        try:
+            root.read(step)
+            return True
+        except _wharf.WharfError:
+            return False
+
     def _replaces(self, step: int) -> bool:
-        """Whether this save of `step` replaces a committed checkpoint of a local root (rank
-        0 decides for every rank): then it is written under <root>/.replacing first and
-        swapped in once committed, so a save that fails or is killed leaves the old one."""
-        replace = False
-        if self.rank == 0 and self.root.is_local:
-            replace = os.path.exists(os.path.join(self.root.local_dir, _step_name(step),
-                                                  "manifest.json"))
+        """Whether this save of `step` replaces a committed checkpoint (rank 0 decides for
+        every rank): then it is written under <root>/.replacing first and put in the step's
+        place once committed there, so a save that fails or is killed leaves the old one."""
+        replace = self.rank == 0 and self._committed(self.root, step)
         if self.distributed and self.world_size > 1:
             box = [replace]
             dist.broadcast_object_list(box, src=0, group=self._pg)
             replace = box[0]
         return replace
 
-    def _swap_in(self, step: int) -> None:
-        """Puts the committed checkpoint of `step` under .replacing in the root's place, and
-        removes the one it replaces. One atomic exchange where the file system has it; else
-        two renames, whose gap a restarted manager closes (_finish_replacements)."""
+    def _swap_in(self, step: int, staging) -> None:
+        """Puts the checkpoint of `step` committed in `staging` (<root>/.replacing) in the
+        root's place, and removes the one it replaces. A local root: one atomic exchange
+        where the file system has it, else two renames. A bucket: copied in (server-side; the
+        old manifest goes first, the new one last), then removed from .replacing. A manager
+        restarted after a kill in between finishes it (_finish_replacements)."""
+        if not self.root.is_local:
+            _wharf.copy_checkpoint(staging, self.root, step)
+            staging.delete(step)
+            return
         name = _step_name(step)
         staged = os.path.join(self._replacing_dir(), name)
         current = os.path.join(self.root.local_dir, name)
@@ -598,10 +618,24 @@ class CheckpointManager:
 
     def _finish_replacements(self) -> None:
         """What a killed manager left under .replacing (rank 0, at start): a committed
-        replacement whose step has no checkpoint any more (killed between the two renames of
-        a swap) is put in place; everything else there (a save killed before its commit, the
-        old half of a swap) is removed."""
-        if not self.root.is_local or not os.path.isdir(self._replacing_dir()):
+        replacement whose step has no checkpoint any more (killed in the middle of putting
+        it in place) is put in place; everything else there (a save killed before its
+        commit, the old half of a swap) is removed."""
+        if not self.root.is_local:
+            try:
+                staging = self._replacing_root()
+                listing = staging.list()
+                for m in listing["complete"]:
+                    if not self._committed(self.root, m["step"]):
+                        _wharf.copy_checkpoint(staging, self.root, m["step"])
+                    staging.delete(m["step"])
+                if listing["incomplete"]:
+                    staging.remove_abandoned(10 ** 12)
+            except _wharf.WharfError as e:
+                warnings.warn(f"wharf: finishing the replaced checkpoints in "
+                              f"{self.root.uri}: {e}", stacklevel=3)
+            return
+        if not os.path.isdir(self._replacing_dir()):
             return
         for name in sorted(os.listdir(self._replacing_dir())):
             path = os.path.join(self._replacing_dir(), name)
@@ -616,9 +650,7 @@ class CheckpointManager:
 
     def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
         replace = self._replaces(step)
-        target = self.root
-        if replace:
-            target = _wharf.CheckpointRoot(self._replacing_dir(), **self._store_options)
+        target = self._replacing_root() if replace else self.root
 
         def clear():  # on the coordinator, between planning and writing
             target.delete(step)
@@ -658,7 +690,7 @@ class CheckpointManager:
                     manifest = _with_nonfinite(target.commit(
                         step, finite, self.world_size, "dcp", json.dumps(user), writer.files))
                     if replace:
-                        self._swap_in(step)
+                        self._swap_in(step, target)
             except BaseException as e:  # every rank learns that the commit failed
                 error, failure = f"{type(e).__name__}: {e}", e
         if self.distributed and self.world_size > 1:
