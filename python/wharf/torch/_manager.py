@@ -631,6 +631,8 @@ class CheckpointManager:
                     staging.delete(m["step"])
                 if listing["incomplete"]:
                     staging.remove_abandoned(10 ** 12)
+            except _wharf.NotFoundError:
+                pass  # no bucket: nothing was left there (saves say what is wrong)
             except _wharf.WharfError as e:
                 warnings.warn(f"wharf: finishing the replaced checkpoints in "
                               f"{self.root.uri}: {e}", stacklevel=3)
