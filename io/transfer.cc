@@ -560,11 +560,21 @@ class Engine {
     return same.ok() && *same;
   }
 
-  // An object found already at its destination: counted, and told to the observer.
-  void Skipped(const ObjectMeta& meta, const std::string& dst_key) {
+  // An object found already at its destination: counted, and told to the observer. With
+  // `ask`, the destination's ETag differs from the source's (the same bytes in other parts),
+  // so a remote destination is asked for its own description: an observer that records what
+  // is there (tier export's marks) must not take the source's ETag for it. Unconfirmed, it
+  // is not reported.
+  void Skipped(const ObjectMeta& meta, const std::string& dst_key, bool ask = false) {
     if (!observer_) return;
     ObjectMeta dst = meta;
     dst.key = dst_key;
+    if (ask && !dst_local_) {
+      absl::StatusOr<ObjectMeta> there = dst_.store->Head(dst_key);
+      if (!there.ok() || there->size != meta.size) return;
+      dst = *std::move(there);
+      dst.key = dst_key;
+    }
     observer_->OnObjectAt(meta, dst, /*copied=*/false);
   }
 
@@ -718,7 +728,7 @@ class Engine {
             absl::MutexLock lock(&select_mu_);
             ++skipped_;
           }
-          Skipped(meta, dst_key);
+          Skipped(meta, dst_key, /*ask=*/true);
           return;
         }
         if (observer_) observer_->OnPlanned(1, meta.size);

@@ -281,3 +281,24 @@ def test_a_checkpoint_file_changed_in_the_tier_is_not_exported(tmp_path, bucket,
     assert f"step-000000000001/{damaged.name}" not in got
     assert got["step-000000000001/manifest.json"] == touched.read_bytes()
     assert not entry_of(touched)["local"]
+
+
+def test_an_upload_whose_mark_was_lost_is_marked_with_the_destinations_etag(tmp_path, bucket,
+                                                                            s3_env, s3_client):
+    # An export killed after an upload completed and before its entry was marked: the rerun
+    # finds the same bytes there in parts (a multipart ETag, not the file's MD5) and skips
+    # them. It marked the entry with the file's MD5 as the destination's ETag; it now asks
+    # the destination.
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    data = os.urandom(17 * MiB + 5)
+    write_local_entry(str(tier / "big.bin"), data)
+    before = os.getxattr(tier / "big.bin", "user.wharf.entry")
+    export_json(tier, f"s3://{bucket}/m/", env=s3_env)
+    etag = s3_client.head_object(Bucket=bucket, Key="m/big.bin")["ETag"].strip('"')
+    assert etag.endswith("-3") and entry_of(tier / "big.bin")["etag"] == etag
+    os.setxattr(tier / "big.bin", "user.wharf.entry", before)  # the mark lost
+    got = export_json(tier, f"s3://{bucket}/m/", env=s3_env)
+    assert (got["uploaded"], got["skipped"]) == (0, 1), got
+    entry = entry_of(tier / "big.bin")
+    assert not entry["local"] and entry["etag"] == etag, entry
