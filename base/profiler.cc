@@ -145,7 +145,10 @@ void ProfileReport::Decide() {
   }
   verdict = "store-latency";
   if (gets == 0) {
-    reason = "no store requests were recorded; the loader waited for bytes";
+    const uint64_t pages = (*this)[S::kList].count;
+    reason = pages > 0 ? absl::StrFormat("no GETs were recorded; %d listing request%s took %.2f s",
+                                         pages, pages == 1 ? "" : "s", sec(S::kList))
+                       : "no store requests were recorded; the loader waited for bytes";
     return;
   }
   reason = absl::StrFormat(

@@ -96,6 +96,14 @@ TEST(ProfileVerdict, NoRequestsAndNoComputeIsStoreLatency) {
   EXPECT_NE(r.Table().find("verdict: store-latency"), std::string::npos);
 }
 
+TEST(ProfileVerdict, OnlyListingsSayHowManyTheyWere) {
+  ProfileReport r = Report(1, 0.1, 2);
+  Set(r, S::kList, 0.5, 3);
+  r.Decide();
+  EXPECT_EQ(r.verdict, "store-latency");
+  EXPECT_EQ(r.reason, "no GETs were recorded; 3 listing requests took 0.50 s");
+}
+
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;

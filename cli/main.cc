@@ -6,6 +6,7 @@
 //   128 + N  interrupted by signal N (SIGINT 130, SIGTERM 143, SIGHUP 129), after aborting the
 //      uploads and removing the temporary files in progress.
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -198,15 +199,23 @@ int Main(int argc, char** argv) {
     PrintError(s.message());
     return kExitUsage;
   }
-  if (!metrics_file.empty()) {
-    // Said before the run, not after a long transfer that then fails for its report.
-    const size_t slash = metrics_file.rfind('/');
+  // A report file that cannot be written is said before the run, not after a long transfer
+  // that then fails for its report: "" when `path` can be written.
+  auto unwritable = [](const std::string& path) -> std::string {
+    const size_t slash = path.rfind('/');
     const std::string dir = slash == std::string::npos ? "."
                             : slash == 0               ? "/"
-                                                       : metrics_file.substr(0, slash);
+                                                       : path.substr(0, slash);
     if (access(dir.c_str(), W_OK | X_OK) != 0) {
-      PrintError(absl::StrCat("--metrics ", metrics_file, ": cannot write in ", dir, " (",
-                              std::strerror(errno), ")"));
+      return absl::StrCat("cannot write in ", dir, " (", std::strerror(errno), ")");
+    }
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return "is a directory";
+    return "";
+  };
+  if (!metrics_file.empty()) {
+    if (const std::string why = unwritable(metrics_file); !why.empty()) {
+      PrintError(absl::StrCat("--metrics ", metrics_file, ": ", why));
       return kExitUsage;
     }
   }
@@ -214,7 +223,14 @@ int Main(int argc, char** argv) {
   cp.filters = sync.filters = rm.filters = tier.filters = filters;
 
   const bool profile = (verb == "fetch" && fetch.profile) || ProfileRequestedByEnvironment();
-  if (profile) (void)Profiler::Get().Start();
+  if (profile) {
+    const std::string trace = DefaultProfileTracePath();
+    if (const std::string why = unwritable(trace); !why.empty()) {
+      PrintError(absl::StrCat("the profiler's trace ", trace, " (WHARF_PROFILE_TRACE): ", why));
+      return kExitUsage;
+    }
+    (void)Profiler::Get().Start();
+  }
 
   absl::Status status;
   try {

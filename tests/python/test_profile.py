@@ -179,11 +179,16 @@ def test_cli_fetch_profile(dataset, tmp_path):
         assert e["ts"] >= by_slot.get(e["tid"], 0) - 0.002  # no overlap on one lane
         by_slot[e["tid"]] = e["ts"] + e["dur"]
     assert stat.S_IMODE(os.stat(trace).st_mode) == 0o600
-    # A trace that cannot be written fails the run with one line naming it.
-    bad = run_wharf("fetch", "-r", f"file://{dataset}/", "--profile",
-                    env=dict(env, WHARF_PROFILE_TRACE=str(tmp_path / "missing" / "t.json")))
-    assert bad.returncode == 1
-    assert f"profile trace: create {tmp_path}/missing/t.json" in bad.stderr, bad.stderr
+    # A trace that cannot be written is a usage error said before the run, naming it (it
+    # failed a fetch that had succeeded).
+    for path, why in ((tmp_path / "missing" / "t.json", "cannot write in"),
+                      (tmp_path, "is a directory")):
+        bad = run_wharf("fetch", "-r", f"file://{dataset}/", "--profile",
+                        env=dict(env, WHARF_PROFILE_TRACE=str(path)))
+        assert bad.returncode == 2, bad.stderr
+        assert f"the profiler's trace {path} (WHARF_PROFILE_TRACE): {why}" in bad.stderr, \
+            bad.stderr
+        assert not bad.stdout  # nothing was fetched
 
 
 def test_the_aws_profile_flag_is_still_there(tmp_path):
