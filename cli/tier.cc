@@ -135,6 +135,10 @@ absl::Status RunImport(const TierArgs& args) {
                                               ": no such object or prefix"));
     }
   }
+  if (struct stat st; stat(dest.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tier import ", dest, ": not a directory (the imported tree is one)"));
+  }
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::FindOrCreate(dest));
   // What killed runs left (their temporary files) goes first.
   WHARF_ASSIGN_OR_RETURN(Tier::Garbage garbage, tier->CollectGarbage());

@@ -149,3 +149,26 @@ def test_index_files_go_to_the_tier_read_through(s3_env, bucket, tmp_path, monke
     assert it.index.path.startswith(str(tier / ".wharf" / "index") + "/l-")
     explicit = IterableDataset.from_prefix(uri, cache=str(tier), index_cache=tmp_path / "mine")
     assert explicit.index.path.startswith(str(tmp_path / "mine") + "/l-")
+
+
+def test_distributed_sampler_shards_the_records(tmp_path):
+    # wharf's DistributedSampler took a from_shards dataset for a SampleIndex and failed at
+    # the first iteration ('ShardMapDataset' object has no attribute 'fingerprint').
+    from wharf.torch import DistributedSampler
+    for s in range(3):
+        (tmp_path / f"{s}.tar").write_bytes(_wds_shard(
+            [{"__key__": f"s{s}-{i}", "txt": f"{s}-{i}".encode()} for i in range(5 + s)]))
+    ds = MapDataset.from_shards(f"file://{tmp_path}/", index_cache=False)
+    assert len(ds) == 18
+    shares = [list(DistributedSampler(ds, seed=1, rank=r, world_size=2)) for r in range(2)]
+    assert sorted(shares[0] + shares[1]) == list(range(18))
+    got = [ds[i].key for i in shares[0]]
+    assert len(set(got)) == 9
+    # Resumed mid-epoch: the rest of the same order.
+    sampler = DistributedSampler(ds, seed=1, rank=0, world_size=2)
+    state = sampler.state_dict(steps=2, batch_size=2)
+    resumed = DistributedSampler(ds, seed=1, rank=0, world_size=2)
+    resumed.load_state_dict(state)
+    assert list(resumed) == shares[0][4:]
+    with pytest.raises(TypeError, match="not list"):
+        DistributedSampler([1, 2, 3], rank=0, world_size=1)

@@ -157,6 +157,11 @@ def test_sizes_take_fractions_and_a_file_is_no_tier(tmp_path):
     afile.write_bytes(b"x")
     proc = run_wharf("tier", "init", afile)
     assert proc.returncode != 0 and "not a directory" in proc.stderr, proc.stderr
+    # An import names itself, not `tier init`.
+    proc = run_wharf("tier", "import", f"file://{tmp_path}/t/", afile)
+    assert proc.returncode == 1 and f"tier import {afile}: not a directory" in proc.stderr, \
+        proc.stderr
+    assert afile.read_bytes() == b"x"
 
 
 def test_a_tier_this_user_cannot_write_is_read_around(tmp_path, bucket, s3_env, s3_client):

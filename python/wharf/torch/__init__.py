@@ -343,6 +343,7 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
     mid-epoch, also with another world size:
 
         sampler = DistributedSampler(ds, seed=0)          # ds: a MapDataset (or a SampleIndex)
+                                                           # or MapDataset.from_shards' records
         loader = DataLoader(ds, batch_size=64, sampler=sampler, num_workers=8)
         sampler.set_epoch(epoch)
         ...  ckpt["data"] = sampler.state_dict(steps=step + 1, batch_size=64)
@@ -358,7 +359,12 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
     def __init__(self, dataset: Union["MapDataset", "_wharf.SampleIndex"], *,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  rank: Optional[int] = None, world_size: Optional[int] = None):
-        index = dataset.index if isinstance(dataset, MapDataset) else dataset
+        from wharf.torch._shards import ShardMapDataset
+        index = dataset.index if isinstance(dataset, (MapDataset, ShardMapDataset)) else dataset
+        if not (hasattr(index, "fingerprint") and hasattr(index, "__len__")):
+            raise TypeError(f"DistributedSampler orders a wharf MapDataset (from_prefix, "
+                            f"from_keys, from_manifest, from_shards) or a SampleIndex, not "
+                            f"{type(dataset).__name__} (use torch's DistributedSampler)")
         self._init_order(index, shuffle, seed, drop_last, rank, world_size)
         self._yielded = 0  # indices handed out since the last __iter__
         # A MapDataset read by this sampler is told the indices to come (its read-ahead).

@@ -37,6 +37,16 @@ from wharf import _wharf
 _RANDOM_ACCESS = {"tar": (".tar",), "tfrecord": (".tfrecord", ".tfrecords")}
 
 
+class _RecordIndex:
+    """A ShardMapDataset's records as wharf.torch.DistributedSampler orders them."""
+
+    def __init__(self, count: int, fingerprint: str):
+        self._count, self.fingerprint = count, fingerprint
+
+    def __len__(self) -> int:
+        return self._count
+
+
 class ShardMapDataset(torch.utils.data.Dataset):
     """Records of tar / TFRecord shards as a map-style dataset; see MapDataset.from_shards."""
 
@@ -203,6 +213,21 @@ class ShardMapDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self._begin)
+
+    @property
+    def fingerprint(self) -> str:
+        """Names the records: the format, every shard's key, size and ETag, and the count. A
+        sampler's state carries it, so a resume over other shards is refused."""
+        h = hashlib.md5(self.format.encode())
+        for key, size, etag in self.shards:
+            h.update(f"\0{key}\0{size}\0{etag}".encode())
+        h.update(f"\0{len(self)}".encode())
+        return h.hexdigest()
+
+    @property
+    def index(self) -> "_RecordIndex":
+        """What wharf.torch.DistributedSampler orders: the records (count and fingerprint)."""
+        return _RecordIndex(len(self), self.fingerprint)
 
     def __getitem__(self, i: int) -> Any:
         return self.__getitems__([i])[0]
