@@ -69,6 +69,13 @@ class Profile:
         self._saved_env: Optional[str] = None
 
     def start(self) -> "Profile":
+        if self._trace_arg is not False:
+            # Said now, not after the work it profiles: a trace that cannot be written.
+            path = self._trace_arg or _wharf._profile_trace_path()
+            folder = os.path.dirname(os.path.abspath(path))
+            if os.path.isdir(path) or not os.access(folder, os.W_OK | os.X_OK):
+                why = "is a directory" if os.path.isdir(path) else f"cannot write in {folder}"
+                raise ValueError(f"wharf.profile: the trace {path}: {why} (trace=False for none)")
         _wharf._profile_start()  # raises if one runs already
         self._spool = tempfile.mkdtemp(prefix=f"wharf-profile-{os.getpid()}-")
         self._saved_env = os.environ.get(_SPOOL_ENV)
@@ -258,7 +265,12 @@ def _install() -> None:
     if owner and owner != str(os.getpid()):
         return  # a child of a profiled process: the after-fork hook spools it
     whole = Profile()
-    whole.start()
+    try:
+        whole.start()
+    except ValueError as e:  # an import must not fail for its report: no trace then
+        sys.stderr.write(f"wharf: {e}; profiling without it\n")
+        whole = Profile(trace=False)
+        whole.start()
     pid = os.getpid()
 
     def report() -> None:

@@ -138,6 +138,10 @@ def test_one_profile_at_a_time_and_results_only_after_it(dataset):
     assert p.verdict in ("store-latency", "bandwidth", "client-cpu", "parse", "consumer")
     with pytest.raises(TypeError, match="not 5"):
         wharf.profile(trace=5)
+    with pytest.raises(ValueError, match="cannot write in .*/missing"):
+        wharf.profile(trace=f"{dataset}/missing/t.json").start()
+    with pytest.raises(ValueError, match="is a directory"):
+        wharf.profile(trace=str(dataset)).start()
 
 
 def test_wharf_profile_env_profiles_the_whole_process(dataset, tmp_path):
