@@ -141,10 +141,6 @@ class _LoadPlanner(DefaultLoadPlanner):
 _REPLACING = ".replacing"
 
 
-def _step_name(step: int) -> str:
-    return f"step-{step:012d}"
-
-
 def _step_of(name: str) -> Optional[int]:
     digits = name[len("step-"):]
     return int(digits) if name.startswith("step-") and digits.isdigit() else None
@@ -603,7 +599,7 @@ class CheckpointManager:
             _wharf.copy_checkpoint(staging, self.root, step)
             staging.delete(step)
             return
-        name = _step_name(step)
+        name = _wharf.CheckpointRoot.step_dir(step)
         staged = os.path.join(self._replacing_dir(), name)
         current = os.path.join(self.root.local_dir, name)
         if _exchange(staged, current):
