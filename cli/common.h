@@ -185,6 +185,7 @@ class ProgressObserver : public TransferObserver {
   void OnError(const absl::Status& status) override {
     progress_.PrintLine(absl::StrCat("wharf: ", OneLine(status.message())));
   }
+  bool ShowsErrors() const override { return true; }
   void OnDryrun(absl::string_view op, const std::string& src, const std::string& dst) override {
     absl::MutexLock lock(&mu_);
     Print(dst.empty()

@@ -480,6 +480,10 @@ class Engine {
       : src_(src), dst_(dst), options_(options), observer_(observer), outcome_(observer) {
     if (!options_.runtime) options_.runtime = Runtime::Default();
     same_store_ = src_.store == dst_.store;
+    // A server-side copy keeps the source's metadata and settings (ObjectStore::Copy takes no
+    // options): with upload options, the bytes go through this machine so that none is
+    // silently dropped.
+    server_side_ = same_store_ && options_.put.is_default();
     src_local_ = IsLocal(*src_.store);
     dst_local_ = IsLocal(*dst_.store);
     op_ = same_store_                 ? "copy"
@@ -591,7 +595,7 @@ class Engine {
   absl::Status CopyOne(FetchScheduler& parts, const ObjectMeta& meta, const std::string& dst_key) {
     const std::string src_uri = src_.store->Uri(meta.key);
     const std::string dst_uri = dst_.store->Uri(dst_key);
-    if (same_store_) {
+    if (server_side_) {
       // Server-side: no bytes pass through this machine.
       WHARF_ASSIGN_OR_RETURN(ObjectMeta copied, src_.store->Copy(meta.key, dst_key));
       outcome_.Bytes(copied.size);
@@ -747,7 +751,7 @@ class Engine {
       if (observer_) observer_->OnDryrun(op_, src_.store->Uri(meta.key), dst_.store->Uri(*dst_key));
       return false;
     }
-    if (same_store_ || meta.size > options_.stream_threshold) {
+    if (server_side_ || meta.size > options_.stream_threshold) {
       workers.Run([this, &parts, meta, dst_key = *std::move(dst_key)] {
         absl::Status s = CopyOne(parts, meta, dst_key);
         if (!s.ok()) outcome_.Fail(s);
@@ -766,6 +770,12 @@ class Engine {
     if (same_store_ && absl::StartsWith(dst_prefix_, src_prefix_)) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": the destination is inside the source"));
+    }
+    // --delete removes what the source does not hold below the destination: the source
+    // itself, when it lies there.
+    if (same_store_ && options_.delete_extra && absl::StartsWith(src_prefix_, dst_prefix_)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the source is inside the destination, where --delete would remove it"));
     }
     dst_keeps_markers_ = dst_.store->capabilities().trailing_slash_keys;
     {
@@ -801,8 +811,8 @@ class Engine {
       fo.split_threshold = std::numeric_limits<uint64_t>::max();
       fo.wait_for_release = true;  // fetched objects are released as their puts complete
       FetchScheduler small(src_.store, fo);
-      Workers workers(same_store_ ? std::clamp(inflight_ > 0 ? inflight_ : 32, 1, 32)
-                                  : kStreamWorkers);
+      Workers workers(server_side_ ? std::clamp(inflight_ > 0 ? inflight_ : 32, 1, 32)
+                                   : kStreamWorkers);
       // The listing runs this many selected small objects ahead of the puts: enough to keep
       // every request slot busy, few enough that their metadata stays small.
       const size_t ahead = std::max<size_t>(256, 2 * static_cast<size_t>(small.max_in_flight()));
@@ -853,9 +863,13 @@ class Engine {
     }
     if (const uint64_t failed = outcome_.failed(); failed > 0) {
       // Each failure went to the observer as it happened; the code is the first one's.
+      // Without an observer nobody saw them: the first one's cause goes with the count.
+      const absl::Status first = outcome_.first_error();
       return absl::Status(
-          outcome_.first_error().code(),
-          absl::StrCat(what, ": ", failed, " of ", summary.listed, " objects failed"));
+          first.code(), absl::StrCat(what, ": ", failed, " of ", summary.listed, " objects failed",
+                                     observer_ && observer_->ShowsErrors()
+                                         ? ""
+                                         : absl::StrCat(" (the first: ", first.message(), ")")));
     }
     return absl::OkStatus();
   }
@@ -971,10 +985,11 @@ class Engine {
             return absl::OkStatus();
           }
           const size_t n = doomed.size();
+          // A failure is counted (and shown) once, and the other pages are still deleted.
           absl::Status s = dst_.store->DeleteMany(std::move(doomed));
           if (!s.ok()) {
             outcome_.Fail(s);
-            return s;
+            return absl::OkStatus();
           }
           summary.deleted += n;
           return absl::OkStatus();
@@ -985,7 +1000,7 @@ class Engine {
   TransferOptions options_;
   TransferObserver* const observer_;
   Outcome outcome_;
-  bool same_store_ = false, src_local_ = false, dst_local_ = false;
+  bool same_store_ = false, server_side_ = false, src_local_ = false, dst_local_ = false;
   bool dst_keeps_markers_ = true;
   std::string op_;
   int inflight_ = 0;

@@ -111,6 +111,9 @@ class TransferObserver {
   // One object of a recursive transfer failed (or was refused); the transfer goes on with the
   // others. A single-object transfer returns its failure instead (reported once).
   virtual void OnError(const absl::Status& /*status*/) {}
+  // Whether OnError shows each failure to the user (the CLI's lines). Where it does not, a
+  // transfer's count of failures carries the first one's cause.
+  virtual bool ShowsErrors() const { return false; }
   // kDryrun: an operation that would run: op is "copy", "upload", "download" or "delete".
   virtual void OnDryrun(absl::string_view /*op*/, const std::string& /*src_uri*/,
                         const std::string& /*dst_uri*/) {}

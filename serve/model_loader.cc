@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
     std::string file;
   };
   std::vector<Promise> promised;
+  std::map<std::string, std::string> named_by;  // a shard's URI -> the index naming it
   for (const std::string& uri : uris) {
     std::vector<std::string> expanded;
     if (IsIndex(uri)) {
@@ -84,7 +85,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
       if (index.files.empty()) {
         return absl::DataLossError(absl::StrCat(uri, ": the index's weight_map names no file"));
       }
-      for (const std::string& name : index.files) expanded.push_back(Folder(uri) + name);
+      for (const std::string& name : index.files) {
+        expanded.push_back(Folder(uri) + name);
+        named_by.emplace(expanded.back(), uri);
+      }
       for (auto& [tensor, name] : index.weight_map) {
         promised.push_back({&uri, tensor, Folder(uri) + name});
       }
@@ -130,6 +134,11 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
         if (absl::IsOutOfRange(r.status())) {
           return absl::DataLossError(
               absl::StrCat(f.uri, ": not a valid safetensors file: the file is empty"));
+        }
+        if (auto by = named_by.find(f.uri); by != named_by.end() && absl::IsNotFound(r.status())) {
+          return Annotate(r.status(), absl::StrCat("the index ", by->second,
+                                                   " names a shard "
+                                                   "that does not exist"));
         }
         return r.status();
       }

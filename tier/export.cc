@@ -57,6 +57,7 @@ class ExportMarker : public TransferObserver {
   void OnError(const absl::Status& status) override {
     if (next_ != nullptr) next_->OnError(status);
   }
+  bool ShowsErrors() const override { return next_ != nullptr && next_->ShowsErrors(); }
   void OnDryrun(absl::string_view op, const std::string& src_uri,
                 const std::string& dst_uri) override {
     if (next_ != nullptr) next_->OnDryrun(op, src_uri, dst_uri);

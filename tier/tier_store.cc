@@ -901,6 +901,22 @@ void TierStore::HeadAsync(std::string key, Callback<ObjectMeta> done) {
       });
 }
 
+namespace {
+
+// Whether an MD5 entry's file (an imported one, or data written to the tier) still holds the
+// entry's data: its size and mtime are those the file store's ETag cache has the entry's MD5
+// for (one attribute read), else its content decides (a file only touched is served, and
+// its cache renewed; one edited in place since it was sealed is not the object).
+bool HoldsEntryData(int fd, const struct stat& st, const TierEntry& entry) {
+  if (CachedLocalEtag(fd, "", st) == entry.md5) return true;
+  absl::StatusOr<std::string> md5 = ChecksumOfFile(fd, st.st_size, Checksum::kMd5);
+  if (!md5.ok() || *md5 != entry.md5) return false;
+  StoreLocalEtag(fd, st, *md5);
+  return true;
+}
+
+}  // namespace
+
 bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
   const GetRequest& req = read.request;
   const std::string op = absl::StrCat("get ", inner_->Uri(req.key));
@@ -912,7 +928,8 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
     struct stat st;
     std::optional<TierEntry> entry;
     if (fstat(fd, &st) == 0) entry = ReadEntryAttr(fd);
-    const bool complete = IsCompleteEntry(entry, st);
+    const bool complete =
+        IsCompleteEntry(entry, st) && (entry->md5.empty() || HoldsEntryData(fd, st, *entry));
     bool fresh = complete && (after_fill || tier_->config().mode == TierConfig::Mode::kImmutable);
     if (complete && !fresh) {
       const absl::Duration ttl = std::max(tier_->config().ttl, req.max_staleness);

@@ -105,6 +105,15 @@ def _datetime(seconds):
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
 
 
+def _reopen(fs, path, position, closed):
+    f = fs.open(path, "rb")
+    if closed:
+        f.close()
+    else:
+        f.seek(position)
+    return f
+
+
 class _File(ObjectFile):
     """What fs.open returns: wharf.open's ObjectFile, with fsspec's file attributes (fs,
     path), and for "xb" an existence check just before the (conditional) commit."""
@@ -117,6 +126,14 @@ class _File(ObjectFile):
 
     def info(self):
         return self.fs.info(self.path)
+
+    def __reduce__(self):
+        # As fsspec's own files: one open for reading pickles as the filesystem, the path and
+        # the position, and opens the object again there (a multiprocessing or dask worker).
+        if self._mode != "rb":
+            raise TypeError(f"cannot pickle {self.path}: a file open for writing (only one "
+                            "open for reading pickles)")
+        return _reopen, (self.fs, self.path, 0 if self.closed else self.tell(), self.closed)
 
     def close(self):
         if self.closed:

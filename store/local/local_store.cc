@@ -37,6 +37,10 @@ namespace wharf {
 namespace {
 
 constexpr absl::string_view kTempPrefix = kLocalTempPrefix;
+// A tier's metadata folder and the file that makes a folder a tier (tier/tier.h: Tier::kMetaDir
+// and its config file; the store layer sits below the tier's).
+constexpr absl::string_view kTierMetaDir = ".wharf";
+constexpr absl::string_view kTierConfig = "tier.json";
 constexpr size_t kChunk = 1 << 20;
 // The most one pread into a caller's buffer reads, so a cancel is seen within this many bytes
 // (large enough that the extra syscalls cost nothing measurable).
@@ -176,6 +180,7 @@ class Lister {
             absl::StrCat("skipping ", path, ": ",
                          err == ENOENT  ? "a symbolic link to nothing"
                          : err == ELOOP ? "a symbolic link to a directory it is in (it would loop)"
+                         : err == 0     ? "not a file or a folder (a FIFO, socket or device)"
                                         : strerror(err)));
   }
 
@@ -206,6 +211,12 @@ class Lister {
         if (absl::StartsWith(name, kLockedTempPrefix)) RemoveAbandonedTemp(dirfd(dir), e->d_name);
         continue;
       }
+      // A tier's own folder (its settings, entries' records, cached objects): never objects,
+      // so no listing copies it, syncs it away, or feeds it to a dataset as samples.
+      if (name == kTierMetaDir &&
+          faccessat(dirfd(dir), absl::StrCat(name, "/", kTierConfig).c_str(), F_OK, 0) == 0) {
+        continue;
+      }
       bool is_dir = e->d_type == DT_DIR;
       bool is_file = e->d_type == DT_REG;
       if (e->d_type == DT_UNKNOWN || e->d_type == DT_LNK) {
@@ -223,7 +234,10 @@ class Lister {
           continue;
         }
       }
-      if (!is_dir && !is_file) continue;  // sockets, fifos, devices are not objects
+      if (!is_dir && !is_file) {  // sockets, fifos, devices are not objects
+        SkipWarning(path, name, 0);
+        continue;
+      }
       entries.push_back({is_dir ? absl::StrCat(name, "/") : std::string(name), is_dir});
     }
     closedir(dir);

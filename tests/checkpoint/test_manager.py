@@ -359,6 +359,61 @@ def test_a_bucket_replacement_killed_while_copied_in_is_finished_by_the_next_man
     again.close()
 
 
+def test_a_failed_export_of_a_step_saved_again_keeps_the_buckets_older_copy(tier, bucket, aws,
+                                                                            s3_env, s3_client):
+    # The export of a step the bucket already held (the step saved again) removed the
+    # bucket's checkpoint of it first (its manifest), so an export that failed left the
+    # bucket without it. The older one is now kept aside (<export>/.replacing) until the new
+    # one is committed, and put back when the export fails.
+    from fault_proxy import FaultProxy
+    root, dest = tier / "reexp", f"s3://{bucket}/reexp"
+    mgr = CheckpointManager(root, export_to=dest)
+    mgr.save(5, {"x": torch.full((3,), 5.0)})
+    mgr.close()
+    upstream = s3_env["WHARF_S3_ENDPOINT"].split("://", 1)[1]
+    with FaultProxy(upstream) as proxy:
+        proxy.set_faults([{"match": {"method": "PUT",
+                                     "path_regex": r"/reexp/step-\d+/[^/]+\.distcp$"},
+                           "action": "status", "status": 403, "code": "AccessDenied",
+                           "count": None}])
+        mgr = CheckpointManager(root, export_to=dest, endpoint=proxy.url)
+        mgr.save(5, {"x": torch.full((3,), 55.0)}).result()
+        with pytest.raises(wharf.PermissionDeniedError, match="AccessDenied"):
+            mgr.wait()
+        mgr.close()
+        assert any(e["fault"] for e in proxy.log()), "the export never failed"
+    bucket_root = CheckpointManager(dest)
+    assert torch.equal(bucket_root.restore(5)["x"], torch.full((3,), 5.0))
+    bucket_root.close()
+    left = s3_client.list_objects_v2(Bucket=bucket, Prefix="reexp/.replacing/")
+    assert left.get("KeyCount", 0) == 0, left
+    # The next manager exports the step again: the bucket's copy is another checkpoint.
+    mgr = CheckpointManager(root, export_to=dest)
+    mgr.wait()
+    mgr.close()
+    bucket_root = CheckpointManager(dest)
+    assert torch.equal(bucket_root.restore(5)["x"], torch.full((3,), 55.0))
+    bucket_root.close()
+
+    # Killed in the middle of such an export: the older copy aside, the step's manifest gone.
+    # The next manager puts the older one back, then exports the tier's again.
+    mgr = CheckpointManager(root, export_to=dest)
+    mgr.save(5, {"x": torch.full((3,), 555.0)}, metrics={}).result()
+    mgr.close()
+    aside = CheckpointManager(f"{dest}/.replacing")
+    aside.save(5, {"x": torch.full((3,), 55.0)}).result()
+    aside.close()
+    s3_client.delete_object(Bucket=bucket, Key="reexp/step-000000000005/manifest.json")
+    mgr = CheckpointManager(root, export_to=dest)
+    mgr.wait()
+    mgr.close()
+    bucket_root = CheckpointManager(dest)
+    assert torch.equal(bucket_root.restore(5)["x"], torch.full((3,), 555.0))
+    bucket_root.close()
+    left = s3_client.list_objects_v2(Bucket=bucket, Prefix="reexp/.replacing/")
+    assert left.get("KeyCount", 0) == 0, left
+
+
 def test_restore_in_place_gives_a_dataset_the_state_it_saved(tier, tmp_path):
     # A dataset in `state` is saved as its state_dict. In place it was loaded through DCP
     # into the fresh dataset's own state, whose stream is None where the saved one has the

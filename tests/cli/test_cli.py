@@ -485,6 +485,60 @@ def test_sync_delete_replaces_a_file_by_a_folder_and_back_in_one_run(tmp_path):
     assert tree_of(tmp_path / "dst3")["a"] == b"old"
 
 
+def test_sync_delete_with_the_source_inside_the_destination_is_refused(tmp_path):
+    # It deleted the source: everything below the destination that the source did not list,
+    # the source's own files included.
+    make_tree(tmp_path / "rec", {"deep/d.txt": b"d", "x.txt": b"x"})
+    proc = run("sync", "--delete", tmp_path / "rec" / "deep", tmp_path / "rec", check=1)
+    assert "the source is inside the destination" in proc.stderr.decode(), proc.stderr
+    assert tree_of(tmp_path / "rec") == {"deep/d.txt": b"d", "x.txt": b"x"}
+    # Without --delete it copies, as before.
+    run("sync", "-q", tmp_path / "rec" / "deep", tmp_path / "rec", check=0)
+    assert tree_of(tmp_path / "rec")["d.txt"] == b"d"
+
+
+def test_a_tiers_own_folder_is_never_listed_copied_or_synced_away(tmp_path):
+    # `sync --delete` into a tier deleted its settings and import records (the folder then
+    # was no tier), and `cp -r TIER` copied them: a plain listing showed .wharf/ as data.
+    make_tree(tmp_path / "src", {"a.txt": b"a", "d/b.txt": b"b"})
+    tier = tmp_path / "tier"
+    run("tier", "import", "-q", tmp_path / "src", tier, check=0)
+    run("tier", "init", "-q", tier, "--max-size", "1G", check=0)
+    root_key = str(tier).lstrip("/") + "/"
+    keys = [e["key"][len(root_key):] for e in json_lines(run("ls", "-r", "--json", tier, check=0))]
+    assert sorted(keys) == ["a.txt", "d/b.txt"], keys
+    run("sync", "-q", "--delete", tmp_path / "src", tier, check=0)
+    status = json.loads(run("tier", "status", "--json", tier, check=0).stdout)
+    assert status["max_size"] == 1 << 30, status
+    run("cp", "-r", "-q", tier, tmp_path / "copy", check=0)
+    assert tree_of(tmp_path / "copy") == {"a.txt": b"a", "d/b.txt": b"b"}
+    # Named on its own, the folder still lists (it is the tier's, not hidden from its owner).
+    assert b"tier.json" in run("ls", "-r", tier / ".wharf", check=0).stdout
+
+
+def test_a_failed_delete_of_sync_delete_is_reported_once_and_the_rest_deleted(tmp_path):
+    make_tree(tmp_path / "src", {"keep": b"k"})
+    make_tree(tmp_path / "dst", {"keep": b"k", "a/x1": b"1", "a/x2": b"2", "a/x3": b"3"})
+    stuck = tmp_path / "dst" / "a" / "x2"
+    if subprocess.run(["chattr", "+i", stuck], capture_output=True).returncode != 0:
+        pytest.fail("chattr +i is needed to make a delete fail (root on ext4)")
+    try:
+        proc = run("sync", "-q", "--delete", tmp_path / "src", tmp_path / "dst", check=1)
+    finally:
+        subprocess.run(["chattr", "-i", stuck], check=True)
+    lines = [line for line in stderr_lines(proc) if "x2" in line]
+    assert len(lines) == 1, stderr_lines(proc)
+    assert tree_of(tmp_path / "dst") == {"keep": b"k", "a/x2": b"2"}
+
+
+def test_a_fifo_in_a_source_is_skipped_with_a_warning(tmp_path):
+    make_tree(tmp_path / "src", {"f": b"1"})
+    os.mkfifo(tmp_path / "src" / "pipe")
+    proc = run("cp", "-r", "-q", tmp_path / "src", tmp_path / "dst", check=0)
+    assert tree_of(tmp_path / "dst") == {"f": b"1"}
+    assert "pipe: not a file or a folder" in proc.stderr.decode(), proc.stderr
+
+
 def test_symbolic_links_are_followed_except_into_a_loop_and_dangling_ones_are_named(tmp_path):
     src = tmp_path / "src"
     make_tree(src, {"d/f": b"1", "other/g": b"2"})

@@ -535,6 +535,28 @@ def test_pickles_to_spawned_workers(aws, bucket):
     assert got == [(b"zero", "WharfFileSystem"), (b"one", "WharfFileSystem")]
 
 
+def _read_rest(f):
+    return f.tell(), f.read()
+
+
+def test_a_file_open_for_reading_pickles_at_its_position(aws, bucket):
+    # As fsspec's own files (a dask or multiprocessing worker gets the file itself): it
+    # raised TypeError (cannot pickle the native reader).
+    fs = WharfFileSystem(endpoint=aws["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+    fs.pipe_file(f"s3://{bucket}/pk/r.bin", b"0123456789")
+    with fs.open(f"s3://{bucket}/pk/r.bin", "rb") as f:
+        f.seek(3)
+        copy = pickle.loads(pickle.dumps(f))
+        assert copy is not f and copy.path == f.path and _read_rest(copy) == (3, b"3456789")
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            assert pool.submit(_read_rest, f).result(timeout=120) == (3, b"3456789")
+        assert f.read() == b"3456789"  # the original is where it was
+    with fs.open(f"s3://{bucket}/pk/w.bin", "wb") as w:
+        with pytest.raises(TypeError, match="open for writing"):
+            pickle.dumps(w)
+
+
 def test_gs_on_the_emulator(gcs_emulator, gcs_bucket, monkeypatch):
     for k in [k for k in os.environ if k.startswith("WHARF_GS_")]:
         monkeypatch.delenv(k)

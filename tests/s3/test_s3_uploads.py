@@ -121,6 +121,28 @@ def test_content_type_and_storage_class_reach_the_object(tmp_path, bucket, s3_en
         "binary/octet-stream", "application/octet-stream")
 
 
+def test_upload_options_reach_a_copy_within_the_bucket(bucket, s3_env, s3_client):
+    # A copy within one store is server-side, which keeps the source's settings: the options
+    # were dropped without a word (exit 0). With options the bytes now go through wharf.
+    s3_client.put_object(Bucket=bucket, Key="m/b.json", Body=b"{}",
+                         ContentType="application/json")
+    run_wharf("cp", "-q", "--content-type", "text/plain", f"s3://{bucket}/m/b.json",
+              f"s3://{bucket}/one/b.json", env=s3_env, check=True)
+    run_wharf("cp", "-r", "-q", "--content-type", "text/plain", f"s3://{bucket}/m/",
+              f"s3://{bucket}/many/", env=s3_env, check=True)
+    for key in ("one/b.json", "many/b.json"):
+        assert s3_client.head_object(Bucket=bucket, Key=key)["ContentType"] == "text/plain", key
+    # SSE: RGW refuses it over plain HTTP, so the copy fails instead of succeeding without it.
+    proc = run_wharf("cp", "--sse", "aws:kms", f"s3://{bucket}/m/b.json", f"s3://{bucket}/e",
+                     env=s3_env)
+    assert proc.returncode == 1 and "InvalidRequest" in proc.stderr, proc.stderr
+    # Without options it stays server-side and keeps the source's type.
+    run_wharf("cp", "-q", f"s3://{bucket}/m/b.json", f"s3://{bucket}/kept.json", env=s3_env,
+              check=True)
+    assert s3_client.head_object(Bucket=bucket, Key="kept.json")["ContentType"] == \
+        "application/json"
+
+
 def test_storage_class_the_server_lacks_is_one_line(tmp_path, bucket, s3_env):
     src = tmp_path / "f"
     src.write_bytes(b"x")

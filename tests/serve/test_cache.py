@@ -285,6 +285,45 @@ def test_metrics_counters_move(make_cache):
 
 
 # ------------------------------------------------------------------------------ memory only
+_FORK_SCRIPT = r"""
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from wharf.serve import PredictionCache
+kw = {"key_prefix": sys.argv[3]} if sys.argv[2].startswith("redis://") else {}
+cache = PredictionCache(sys.argv[2], **kw)
+started = threading.Event()
+def parent_compute(request):
+    started.set()
+    time.sleep(1.0)
+    return b"parent"
+threading.Thread(target=cache.get_or_compute, args=("v", "k", parent_compute)).start()
+started.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)
+    got = cache.get_or_compute("v", "k", lambda r: b"child")
+    os._exit(0 if got in (b"child", b"parent") else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_while_a_compute_runs_does_not_wait_for_it_forever(make_cache, tmp_path,
+                                                                         request):
+    # The child inherited the parent's compute in flight (its event never set there: the
+    # thread computing is not in the child) and waited for it forever, on every backend.
+    backend = {"memory": "memory", "dir": str(tmp_path / "predictions")}.get(make_cache.kind)
+    prefix = ""
+    if backend is None:
+        backend, prefix = request.getfixturevalue("redis_url"), \
+            request.getfixturevalue("redis_prefix")
+    out = subprocess.run([sys.executable, "-c", _FORK_SCRIPT,
+                          str(pathlib.Path(wharf.__file__).parents[1]), backend, prefix],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0", (out.stdout, out.stderr)
+
+
 def test_memory_lru_is_bounded_by_bytes():
     # an entry counts its value and its 40-byte key: 3 entries of 290 + 40 fit in 1000 bytes
     cache = PredictionCache("memory", max_bytes=1000)

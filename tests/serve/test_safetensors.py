@@ -201,10 +201,31 @@ def test_missing_files_and_bad_indexes(aws, bucket, s3_client):
         load_safetensors(f"s3://{bucket}/m/model.safetensors.index.json")
     put(s3_client, bucket, "m/model.safetensors.index.json",
         json.dumps({"weight_map": {"w": "model-1.safetensors"}}).encode())
-    with pytest.raises(wharf.NotFoundError, match="model-1.safetensors"):
+    with pytest.raises(wharf.NotFoundError, match="the index .*/m/model.safetensors.index.json "
+                                                  "names a shard that does not exist: .*"
+                                                  "model-1.safetensors"):
         load_safetensors(f"s3://{bucket}/m/model.safetensors.index.json")
     with pytest.raises(ValueError):
         load_safetensors([])
+
+
+def test_shapes_and_devices_torch_cannot_hold_are_refused_by_name(tmp_path):
+    # An empty tensor whose shape torch cannot stride, and a device this process lacks,
+    # came back as torch's own errors, naming neither the file nor the tensor.
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes(header_file({"ok": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                                  "a": {"dtype": "F32", "shape": [0, 2**40, 2**40],
+                                        "data_offsets": [4, 4]}}, bytes(4)))
+    for load in (load_safetensors, lambda p: dict(iter_safetensors(p))):
+        with pytest.raises(ValueError, match=f"{path}: tensor 'a': torch cannot make a tensor "
+                                             r"of shape \[0, 1099511627776, 1099511627776\]"):
+            load(str(path))
+    if not torch.cuda.is_available():
+        good = tmp_path / "good.safetensors"
+        save_file({"w": torch.ones(2)}, str(good))
+        for load in (load_safetensors, iter_safetensors):
+            with pytest.raises(ValueError, match="cannot place tensors on device 'cuda'"):
+                load(str(good), device="cuda")
 
 
 def test_an_index_that_does_not_match_its_shards_is_refused(aws, bucket, s3_client, tmp_path):

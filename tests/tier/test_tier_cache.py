@@ -49,6 +49,29 @@ def test_cli_reads_fill_once_then_hit(tmp_path, bucket, s3_env, s3_client):
     assert run_wharf("cat", f"s3://{bucket}/p/0003.bin", env=s3_env, check=True).stdout == b"new"
 
 
+def test_an_imported_file_edited_in_place_is_not_served_as_the_object(tmp_path, bucket, s3_env,
+                                                                       s3_client):
+    # An imported file rewritten in place at the same size kept its entry (attribute, size):
+    # reads through --cache served the edit as the bucket's object. Its content now decides
+    # once its mtime is not the one sealed: a touched file is still served, an edited one is
+    # read from the source.
+    s3_client.put_object(Bucket=bucket, Key="ed/a.txt", Body=b"HELLO\n")
+    s3_client.put_object(Bucket=bucket, Key="ed/b.txt", Body=b"same\n")
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", "-q", tier, env=s3_env, check=True)
+    run_wharf("tier", "import", "-q", f"s3://{bucket}/ed/", tier / "ed", env=s3_env, check=True)
+    (tier / "ed" / "a.txt").write_bytes(b"WORLD\n")
+    os.utime(tier / "ed" / "b.txt")
+    for _ in range(2):
+        for key, data in (("a.txt", b"HELLO\n"), ("b.txt", b"same\n")):
+            got = run_wharf("--cache", tier, "cat", f"s3://{bucket}/ed/{key}", env=s3_env,
+                            check=True)
+            assert got.stdout == data, key
+    counts = status(tier)
+    assert counts["fills"] == 1, counts  # a.txt, once; b.txt from the import
+    assert (tier / "ed" / "a.txt").read_bytes() == b"WORLD\n"  # the user's file is theirs
+
+
 def test_reads_through_the_tier_keep_the_objects_modification_time(tmp_path, bucket, s3_env,
                                                                     s3_client):
     # An entry's file carries the object's time (as a download does), so stat and HEAD

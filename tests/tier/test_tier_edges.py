@@ -158,7 +158,9 @@ def test_sizes_take_fractions_and_a_file_is_no_tier(tmp_path):
     proc = run_wharf("tier", "init", afile)
     assert proc.returncode != 0 and "not a directory" in proc.stderr, proc.stderr
     # An import names itself, not `tier init`.
-    proc = run_wharf("tier", "import", f"file://{tmp_path}/t/", afile)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f").write_bytes(b"f")
+    proc = run_wharf("tier", "import", f"file://{tmp_path}/src/", afile)
     assert proc.returncode == 1 and f"tier import {afile}: not a directory" in proc.stderr, \
         proc.stderr
     assert afile.read_bytes() == b"x"

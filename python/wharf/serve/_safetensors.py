@@ -66,7 +66,11 @@ def _stream(load, device) -> Iterator[Tuple[str, torch.Tensor]]:
                 raise ValueError(f"{files[file]['uri']}: tensor '{name}': an F4 tensor needs an "
                                  f"even last dimension for torch's float4_e2m1fn_x2, not {shape}")
             shape[-1] //= 2
-        tensors.append(torch.empty(shape, dtype=tdtype, pin_memory=pin))
+        try:
+            tensors.append(torch.empty(shape, dtype=tdtype, pin_memory=pin))
+        except (RuntimeError, TypeError, OverflowError) as e:  # a shape torch cannot hold
+            raise ValueError(f"{files[file]['uri']}: tensor '{name}': torch cannot make a "
+                             f"tensor of shape {list(shape)}: {str(e).splitlines()[0]}") from None
         names.append(name)
     # The tensors stay referenced here until the reads have ended (close() waits for them).
     load.start([t.data_ptr() if t.numel() else 0 for t in tensors])
@@ -97,9 +101,21 @@ def iter_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu"
     Errors: wharf.NotFoundError for a missing file; wharf.WharfError naming the file and the
     tensor for a malformed file or a file replaced during the load; ValueError for a dtype
     this torch cannot hold. Leaving the loop early cancels the reads still in flight."""
-    # The files are opened and their headers checked now, not at the first next().
+    # The device and the files (their headers) are checked now, not at the first next().
+    _check_device(device)
     load = _open(uris, max_in_flight, store_options)
     return _stream(load, device)
+
+
+def _check_device(device) -> None:
+    """A device this process cannot place tensors on is refused before anything is read."""
+    try:
+        dev = torch.device(device)
+        if dev.type != "cpu":
+            torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError, TypeError, ValueError) as e:
+        raise ValueError(f"wharf.serve: cannot place tensors on device {device!r}: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def load_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu", *,
@@ -108,6 +124,7 @@ def load_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu"
     files, or an index JSON; see iter_safetensors for the arguments and errors). Ordered as
     the files were named (an index's shards sorted by name), by offset within a file (as
     load_file orders them)."""
+    _check_device(device)
     load = _open(uris, max_in_flight, store_options)
     order = [name for name, *_ in load.tensors]
     got = dict(_stream(load, device))

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from urllib.parse import unquote, urlsplit
 
 __all__ = ["PredictionCache", "PredictionCacheWarning", "canonical_request"]
@@ -588,6 +589,21 @@ def _parse_max_bytes(value):
 # ------------------------------------------------------------------------------------ cache
 
 
+# Every cache of this process: a child made by fork() starts each with no computes in
+# flight and fresh locks (the threads that were computing, and that held them, are not in
+# the child, so waiting for them would never end).
+_CACHES = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for cache in list(_CACHES):
+        cache._forget_threads()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _Flight:
     """One computation in progress in this process; identical requests wait for it."""
     __slots__ = ("event", "value", "error")
@@ -635,6 +651,7 @@ class PredictionCache:
         self._failed_write = False  # the failure that degraded it was a write
         self._retry_at = 0.0        # monotonic: a degraded backend is skipped until then
         self._closed = False
+        _CACHES.add(self)
         # The runtime's metrics, looked up once (recording is an atomic add).
         from wharf import _wharf
         labels = [("backend", self._b.name)]
@@ -695,6 +712,15 @@ class PredictionCache:
             with self._flights_lock:
                 del self._flights[key]
             flight.event.set()
+
+    def _forget_threads(self):
+        """In a child made by fork(): the parent's computes in flight and held locks are
+        not this process's."""
+        self._flights = {}
+        self._flights_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        if hasattr(self._b, "_lock"):
+            self._b._lock = threading.Lock()
 
     def get(self, model_version, request):
         """The cached prediction, or None."""

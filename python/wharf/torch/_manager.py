@@ -561,12 +561,30 @@ class CheckpointManager:
     def _replacing_dir(self) -> str:
         return os.path.join(self.root.local_dir, _REPLACING)
 
-    def _replacing_root(self):
-        """The root a save of a committed step is written to first: <root>/.replacing/."""
-        if self.root.is_local:
-            return _wharf.CheckpointRoot(self._replacing_dir(), **self._store_options)
-        return _wharf.CheckpointRoot(self.root.uri.rstrip("/") + f"/{_REPLACING}/",
+    def _replacing_root(self, root=None):
+        """<root>/.replacing/: where a save of a committed step is written first, and where
+        an export that replaces the destination's other checkpoint of its step keeps that
+        one until the export is committed."""
+        root = root or self.root
+        if root.is_local:
+            return _wharf.CheckpointRoot(os.path.join(root.local_dir, _REPLACING),
+                                         **self._store_options)
+        return _wharf.CheckpointRoot(root.uri.rstrip("/") + f"/{_REPLACING}/",
                                      **self._store_options)
+
+    @staticmethod
+    def _same(a: Optional[dict], b: Optional[dict]) -> bool:
+        """Whether two manifests (as list() and read() give them) are the same checkpoint."""
+        return a is not None and b is not None and (
+            json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True))
+
+    @staticmethod
+    def _manifest(root, step: int) -> Optional[dict]:
+        """The manifest of `step` in `root`, or None where it has no complete checkpoint."""
+        try:
+            return root.read(step)
+        except _wharf.NotFoundError:
+            return None
 
     @staticmethod
     def _committed(root, step: int) -> bool:
@@ -617,21 +635,10 @@ class CheckpointManager:
         replacement whose step has no checkpoint any more (killed in the middle of putting
         it in place) is put in place; everything else there (a save killed before its
         commit, the old half of a swap) is removed."""
+        if self.export_root is not None:
+            self._finish_copied_replacements(self.export_root)
         if not self.root.is_local:
-            try:
-                staging = self._replacing_root()
-                listing = staging.list()
-                for m in listing["complete"]:
-                    if not self._committed(self.root, m["step"]):
-                        _wharf.copy_checkpoint(staging, self.root, m["step"])
-                    staging.delete(m["step"])
-                if listing["incomplete"]:
-                    staging.remove_abandoned(10 ** 12)
-            except _wharf.NotFoundError:
-                pass  # no bucket: nothing was left there (saves say what is wrong)
-            except _wharf.WharfError as e:
-                warnings.warn(f"wharf: finishing the replaced checkpoints in "
-                              f"{self.root.uri}: {e}", stacklevel=3)
+            self._finish_copied_replacements(self.root)
             return
         if not os.path.isdir(self._replacing_dir()):
             return
@@ -645,6 +652,26 @@ class CheckpointManager:
                 _fsync_dir(self.root.local_dir)
             else:
                 shutil.rmtree(path, ignore_errors=True)
+
+    def _finish_copied_replacements(self, root) -> None:
+        """_finish_replacements where a checkpoint is put in place by a copy (a bucket, and
+        any export destination): a committed checkpoint in <root>/.replacing whose step has
+        none in `root` (a replacement, or the older checkpoint an export was replacing, killed
+        before it was committed) is copied in; then .replacing is emptied."""
+        try:
+            staging = self._replacing_root(root)
+            listing = staging.list()
+            for m in listing["complete"]:
+                if not self._committed(root, m["step"]):
+                    _wharf.copy_checkpoint(staging, root, m["step"])
+                staging.delete(m["step"])
+            if listing["incomplete"]:
+                staging.remove_abandoned(10 ** 12)
+        except _wharf.NotFoundError:
+            pass  # no bucket: nothing was left there (saves say what is wrong)
+        except _wharf.WharfError as e:
+            warnings.warn(f"wharf: finishing the replaced checkpoints in {root.uri}: {e}",
+                          stacklevel=4)
 
     def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
         replace = self._replaces(step)
@@ -742,8 +769,11 @@ class CheckpointManager:
             return
         if self._highest is None:  # the two listings _check_order would make again
             self._highest = max([-1] + [m["step"] for m in here + there])
-        selected = ({m["step"] for m in here if _own_user_data(m).get("export")} -
-                    {m["step"] for m in there})
+        # A step there that is another checkpoint (this step saved again, its export not
+        # completed) is exported again.
+        there = {m["step"]: m for m in there}
+        selected = {m["step"] for m in here
+                    if _own_user_data(m).get("export") and not self._same(m, there.get(m["step"]))}
         with self._lock:
             self._to_export |= selected
         self._submit_exports()
@@ -755,7 +785,7 @@ class CheckpointManager:
     def _export(self, step: int) -> dict:
         try:
             with _phase("export"):
-                summary = _wharf.copy_checkpoint(self.root, self.export_root, step)
+                summary = self._copy_out(step)
         finally:
             with self._lock:
                 self._queued.discard(step)
@@ -775,6 +805,32 @@ class CheckpointManager:
             warnings.warn(f"wharf: cleaning up abandoned exports in {self.export_root.uri}: {e}")
         self._retain(self.export_root, protect=set())
         self._retain(self.root, protect=self._exporting())
+        return summary
+
+    def _copy_out(self, step: int) -> dict:
+        """Copies checkpoint `step` to the export destination. One of this step there that is
+        another checkpoint (the step saved again) stops existing while the copy runs (its
+        manifest goes first), so it is first copied to <export>/.replacing and copied back
+        if the export fails; a manager started after a kill in between puts it back
+        (_finish_replacements) and exports again (_resume_exports)."""
+        there = self._manifest(self.export_root, step)
+        if there is None or self._same(there, self.root.read(step)):
+            return _wharf.copy_checkpoint(self.root, self.export_root, step)
+        kept = self._replacing_root(self.export_root)
+        _wharf.copy_checkpoint(self.export_root, kept, step)
+        try:
+            summary = _wharf.copy_checkpoint(self.root, self.export_root, step)
+        except BaseException:
+            try:
+                if not self._committed(self.export_root, step):
+                    _wharf.copy_checkpoint(kept, self.export_root, step)
+                kept.delete(step)
+            except _wharf.WharfError as e:
+                warnings.warn(f"wharf: putting back the older checkpoint {step} in "
+                              f"{self.export_root.uri} after its export failed: {e} (the next "
+                              f"manager started there puts it back)", RuntimeWarning)
+            raise
+        kept.delete(step)
         return summary
 
     def _retain(self, root, protect: set) -> None:
