@@ -174,8 +174,10 @@ absl::StatusOr<Manifest> Select(const std::vector<Manifest>& complete, const Sel
       return absl::NotFoundError(
           absl::StrCat("no complete checkpoint of step ", selector.step, " in ", root_uri));
     case Selector::Kind::kBest:
+      // Manifests keep finite values only (NaN and infinity rank nowhere).
       return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", root_uri,
-                                              " records the metric '", selector.metric, "'"));
+                                              " records a finite value of the metric '",
+                                              selector.metric, "'"));
     default:
       return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", root_uri));
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -232,6 +233,11 @@ absl::Status RunCkptCopy(const CkptArgs& args) {
   if (to->uri() == from.uri()) {
     return UsageError(
         absl::StrCat("ckpt ", args.action, ": ", to->uri(), " is where the checkpoint is"));
+  }
+  if (absl::StartsWith(to->uri(), from.uri())) {
+    // Inside the root: its copy would become part of what later copies of the root carry.
+    return UsageError(absl::StrCat("ckpt ", args.action, ": ", to->uri(), " is inside ", from.uri(),
+                                   ", the checkpoints' own root"));
   }
   Progress progress(Progress::ShouldShow(args.quiet || args.json));
   ProgressObserver observer(progress);

@@ -230,6 +230,11 @@ def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):
     out = ckpt("restore", root, "--latest", a_file, env=aws)
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert "is a file, not a directory" in out.stderr
+    # Into the root itself, below one of its checkpoints: refused (later copies of the root
+    # carried the copy along).
+    inside = f"{root}/step-000000000003/copy"
+    out = ckpt("export", root, "--latest", inside, env=aws)
+    assert out.returncode == 2 and "the checkpoints' own root" in out.stderr, out.stderr
 
 
 def test_only_complete_checkpoints_are_listed(tmp_path, bucket, aws, s3_client):

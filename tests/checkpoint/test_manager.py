@@ -359,6 +359,39 @@ def test_a_bucket_replacement_killed_while_copied_in_is_finished_by_the_next_man
     again.close()
 
 
+def test_a_step_saved_again_while_retention_removes_its_older_copy(tier, bucket, aws,
+                                                                  monkeypatch):
+    # The save decided it replaced the committed step before it waited for that step's
+    # export, whose retention then removed the older copy: the swap failed with a raw
+    # FileNotFoundError and the new checkpoint (the best) stayed aside, never listed.
+    root = tier / "gone"
+    mgr = CheckpointManager(root, export_to=f"s3://{bucket}/gone", keep_last=1, keep_best=1,
+                            metric="loss")
+    mgr.save(10, {"x": torch.tensor([10.0])}, metrics={"loss": 0.5}).result()
+    mgr.wait()
+    with pytest.warns(RuntimeWarning, match="below the latest"):
+        mgr.save(5, {"x": torch.tensor([1.0]), "pad": torch.randn(1 << 20)},
+                 metrics={"loss": 0.9}).result()
+    mgr.save(5, {"x": torch.tensor([2.0])}, metrics={"loss": 0.1}).result()
+    mgr.wait()
+    assert sorted(m["step"] for m in mgr.list()) == [5, 10]
+    assert mgr.restore("best")["x"].tolist() == [2.0]
+    # The older copy removed by anything else between the decision and the swap.
+    replaces = mgr._replaces
+
+    def replaces_then_removed(step):
+        decided = replaces(step)
+        shutil.rmtree(root / step_dir(step))
+        return decided
+
+    monkeypatch.setattr(mgr, "_replaces", replaces_then_removed)
+    mgr.save(5, {"x": torch.tensor([3.0])}, metrics={"loss": 0.05}).result()
+    mgr.wait()
+    assert mgr.restore("best")["x"].tolist() == [3.0]
+    assert not any((root / ".replacing").iterdir())
+    mgr.close()
+
+
 def test_a_failed_export_of_a_step_saved_again_keeps_the_buckets_older_copy(tier, bucket, aws,
                                                                             s3_env, s3_client):
     # The export of a step the bucket already held (the step saved again) removed the
@@ -478,7 +511,42 @@ def test_restore_after_the_tier_is_lost(tier, bucket, aws):
     assert mgr.restore(aware)["marker"].tolist() == [3]
     with pytest.raises(FileNotFoundError):
         mgr.restore(datetime.datetime.fromtimestamp(times[1] - 60))
+    # A checkpoint's own time, as a datetime (microseconds: it may round below the float).
+    for m in mgr.list():
+        at = datetime.datetime.fromtimestamp(m["time"], tz=datetime.timezone.utc)
+        assert mgr.restore(at)["marker"].tolist() == [m["step"]], m
+    # Steps as save() takes them.
+    import numpy
+    assert mgr.restore(numpy.int64(3))["marker"].tolist() == [3]
+    assert mgr.restore(torch.tensor(4))["marker"].tolist() == [4]
+    with pytest.raises(TypeError, match="which must be .* not float 2.5"):
+        mgr.restore(2.5)
+    with pytest.raises(TypeError, match="which must be"):
+        mgr.restore(True)
     mgr.close()
+
+
+def test_a_manager_opened_without_export_to_takes_the_recorded_one(tier, bucket, aws):
+    # It took the recorded metric and mode but not export_to: a manager opened to restore
+    # saw only the tier and restored an older step than `wharf ckpt restore --latest` did.
+    root = tier / "rec"
+    mgr = CheckpointManager(root, export_to=f"s3://{bucket}/rec")
+    for step in (1, 2):
+        mgr.save(step, {"x": torch.tensor([float(step)])})
+    mgr.close()
+    shutil.rmtree(root / step_dir(2))
+    again = CheckpointManager(root)
+    assert again.export_root is not None and again.export_root.uri == f"s3://{bucket}/rec/"
+    assert [(m["step"], m["where"]) for m in again.list()] == [(1, "both"), (2, "bucket")]
+    assert again.restore("latest")["x"].tolist() == [2.0]
+    again.close()
+    ls = [json.loads(line) for line in
+          run_wharf("ckpt", "ls", "--json", root, check=True).stdout.splitlines()]
+    assert [(c["step"], c["where"]) for c in ls] == [(1, "both"), (2, "both")]  # restored
+    # export_to="" opens it without the destination.
+    alone = CheckpointManager(root, export_to="")
+    assert alone.export_root is None
+    alone.close()
 
 
 # ---- 4. kill -9 in the middle of a save ----
@@ -657,6 +725,11 @@ def test_argument_errors(tmp_path):
         mgr.restore("newest")  # a bad argument is reported as such, checkpoints or not
     with pytest.raises(TypeError, match="checkpoint 1: metric 'acc' must be a number, not 'high'"):
         mgr.save(1, {"x": torch.ones(2)}, metrics={"acc": "high"})
+    for bad in ({"acc": "0.5"}, {"acc": True}):  # float() would take them
+        with pytest.raises(TypeError, match="metric 'acc' must be a number"):
+            mgr.save(1, {"x": torch.ones(2)}, metrics=bad)
+    with pytest.raises(TypeError, match="metrics must be a dict"):
+        mgr.save(1, {"x": torch.ones(2)}, metrics=[("acc", 1.0)])
     mgr.save(1, {"x": torch.ones(2)}).result()
     with pytest.raises(ValueError, match="metric"):
         mgr.restore("best")  # the manager has no metric

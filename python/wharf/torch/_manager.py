@@ -260,9 +260,12 @@ def _portable(e: Optional[BaseException]) -> Optional[BaseException]:
 
 def _metric_value(step: int, name, value) -> float:
     """A metric as a float; TypeError naming the metric and the step otherwise."""
+    # float() would take "0.5" and True; a metric is a number (a tensor of one, numpy's).
+    if isinstance(value, (str, bytes, bool)) or getattr(value, "dtype", None) is torch.bool:
+        raise TypeError(f"checkpoint {step}: metric {name!r} must be a number, not {value!r}")
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"checkpoint {step}: metric {name!r} must be a number, not "
                         f"{value!r}") from None
 
@@ -375,7 +378,9 @@ class CheckpointManager:
 
     export_to: a URI the selected checkpoints are exported to in the background (every
       `export_every`-th save; the tier copies then become evictable). A manager that starts
-      resumes the exports of its root's checkpoints that a crash interrupted.
+      resumes the exports of its root's checkpoints that a crash interrupted. Recorded in the
+      root: a manager opened without it takes the recorded one (lists and restores from it
+      too, as `wharf ckpt` does).
     keep_last / keep_best: retention, in both places, counting only complete checkpoints
       (and, in the bucket, completed exports): the `keep_last` latest and the `keep_best` best
       by `metric` (mode "min" or "max") are kept; None keeps all. keep_last is at least 1.
@@ -391,7 +396,9 @@ class CheckpointManager:
     files_per_rank: files each rank writes (in parallel). Store options (endpoint=, ...) apply
       to both places. With torch.distributed initialized, every rank makes the same calls;
       rank 0 commits, applies retention and exports (it must see every rank's files: one node,
-      or a tier on a shared file system).
+      or a tier on a shared file system). One run saves into a root at a time: a second
+      manager saving into the same root meanwhile has its saves below the other's latest
+      removed as abandoned (managers that only list and restore are fine).
     """
 
     def __init__(self, dir_or_uri, export_to: Optional[str] = None, *,
@@ -410,14 +417,17 @@ class CheckpointManager:
         if export_every < 1:
             raise ValueError("export_every must be at least 1")
         self.root = _wharf.CheckpointRoot(str(dir_or_uri), **store_options)
-        self.export_root = (_wharf.CheckpointRoot(str(export_to), **store_options)
-                            if export_to else None)
-        # What the root records (checkpoints.json): a manager opened without metric= or mode=
-        # (to restore, say) ranks as the run that saved did, and never erases the settings.
+        # What the root records (checkpoints.json): a manager opened without export_to=,
+        # metric= or mode= (to restore, say) exports, lists and ranks as the run that saved
+        # did (and as `wharf ckpt` does), and never erases the settings.
         try:
             recorded = self.root.read_config()
         except _wharf.WharfError:
             recorded = {"export_to": "", "metric": "", "mode": "min"}
+        if export_to is None and recorded["export_to"]:
+            export_to = recorded["export_to"]
+        self.export_root = (_wharf.CheckpointRoot(str(export_to), **store_options)
+                            if export_to else None)
         if metric is None and recorded["metric"]:
             metric = recorded["metric"]
             if mode is None:
@@ -494,6 +504,9 @@ class CheckpointManager:
         step = _checked_step(step)
         if self.rank == 0:
             self._check_order(step)
+        if metrics is not None and not isinstance(metrics, dict):
+            raise TypeError(f"checkpoint {step}: metrics must be a dict of numbers by name, "
+                            f"not {type(metrics).__name__}")
         metrics = {str(k): _metric_value(step, k, v) for k, v in (metrics or {}).items()}
         nonfinite = sorted(k for k, v in metrics.items() if not math.isfinite(v))
         if nonfinite:
@@ -625,7 +638,10 @@ class CheckpointManager:
         else:
             old = os.path.join(self._replacing_dir(), f"{name}.old")
             shutil.rmtree(old, ignore_errors=True)
-            os.rename(current, old)
+            try:
+                os.rename(current, old)
+            except FileNotFoundError:
+                pass  # retention (after an export) removed the old one meanwhile
             os.rename(staged, current)
         _fsync_dir(self.root.local_dir)
         shutil.rmtree(old, ignore_errors=True)
@@ -674,21 +690,22 @@ class CheckpointManager:
                           stacklevel=4)
 
     def _save_now(self, step: int, state: dict, metrics: dict, written=None) -> dict:
-        replace = self._replaces(step)
-        target = self._replacing_root() if replace else self.root
-
-        def clear():  # on the coordinator, between planning and writing
-            target.delete(step)
-
         # Whatever fails before the write ends frees the staged copy too: else the next
         # async save would wait for it forever.
         try:
-            uri = target.step_uri(step)
             with self._lock:
                 exporting = self._export_futures.get(step)
             if exporting is not None:
-                # The same step saved again: its export reads the files this save replaces.
+                # The same step saved again: its export reads the files this save replaces,
+                # and the retention after it may remove them (decided below, after it).
                 concurrent.futures.wait([exporting])
+            replace = self._replaces(step)
+            target = self._replacing_root() if replace else self.root
+
+            def clear():  # on the coordinator, between planning and writing
+                target.delete(step)
+
+            uri = target.step_uri(step)
             writer = _Writer(uri, clear, files_per_rank=self.files_per_rank,
                              **self._store_options)
             with _phase("write"):
@@ -1060,8 +1077,12 @@ class CheckpointManager:
         return choice
 
     def _select(self, complete: list, which) -> dict:
-        if isinstance(which, bool) or not isinstance(which, (int, str, datetime.datetime)):
-            raise TypeError("which must be 'latest', 'best', a step or a datetime")
+        if not isinstance(which, (str, datetime.datetime)):
+            try:  # a step as save() takes it: an int, numpy's, a one-element integer tensor
+                which = _checked_step(which)
+            except TypeError:
+                raise TypeError("which must be 'latest', 'best', a step or a datetime, not "
+                                f"{type(which).__name__} {which!r}") from None
         if isinstance(which, str) and which not in ("latest", "best"):
             raise ValueError(f"which must be 'latest', 'best', a step or a datetime, "
                              f"not {which!r}")
@@ -1078,7 +1099,9 @@ class CheckpointManager:
                                        f"{self.root.uri}" + (f" or {self.export_root.uri}"
                                                              if self.export_root else ""))
         if isinstance(which, datetime.datetime):
-            t = which.timestamp()
+            # A datetime holds microseconds: a checkpoint's own time (a float of seconds)
+            # given back as one may round below it.
+            t = which.timestamp() + 1e-6
             before = [m for m in complete if m["time"] <= t]
             if not before:
                 raise _wharf.NotFoundError(f"no checkpoint committed at or before {which}")
