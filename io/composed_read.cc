@@ -175,7 +175,7 @@ absl::StatusOr<int> ComposedReads::Sweep(ObjectStore& store, absl::Duration max_
   for (const ObjectMeta& o : listed.objects) {
     // .wharf-compose/<host>/<pid>-<start>/<seq>
     std::vector<std::string> parts =
-        absl::StrSplit(absl::string_view(o.key).substr(sizeof(kTempRoot) - 1), '/');
+        absl::StrSplit(absl::string_view(o.key).substr(absl::string_view(kTempRoot).size()), '/');
     bool dead = false;
     if (parts.size() == 3 && parts[0] == host) {
       std::vector<std::string> run = absl::StrSplit(parts[1], '-');

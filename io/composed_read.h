@@ -48,7 +48,7 @@ class ComposedReads {
   // GCS composes at most 32 sources into one object.
   static constexpr int kMaxSources = 32;
   // Where temporaries live, under the bucket's root.
-  static constexpr char kTempRoot[] = ".wharf-compose/";
+  static constexpr const char* kTempRoot = kComposeTempRoot;
 
   // REQUIRES: store->capabilities().compose.
   explicit ComposedReads(std::shared_ptr<ObjectStore> store);

@@ -236,6 +236,12 @@ class ObjectWriter {
   virtual void Abort() = 0;
 };
 
+// Where composed reads (io/composed_read.h) keep their temporary objects, under the root of
+// a bucket that composes. A store that composes leaves the folder out of its listings unless
+// the listing's prefix is inside it: a temporary is never a user's object (a killed reader's
+// would be copied, fetched or fed to a dataset, and then swept away under it).
+inline constexpr char kComposeTempRoot[] = ".wharf-compose/";
+
 // What a backend can do, declared rather than probed (the conformance suite reads it too).
 struct Capabilities {
   // ComposeAsync concatenates existing objects server-side (GCS compose).

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -187,7 +188,7 @@ class Predictor:
         invalid is cached or looked up); Unprocessable, a ValueError, for a request whose
         outputs are not finite (not cached)."""
         rows = self.validate(request)
-        batched = isinstance(request["inputs"][0], list)
+        batched = bool(request["inputs"]) and isinstance(request["inputs"][0], list)
         # The cache key: the numbers as float64 bytes (and the shape), not the request's JSON:
         # 1 and 1.0 are one input, and packing 1,024 floats takes ~12 us where canonical JSON
         # of them takes ~340 us (float formatting).
@@ -234,10 +235,18 @@ def load_predictor(model_uri, cache="memory", *, ttl=None, max_bytes=None, model
 _ROUTES = {"/predict": "POST", "/healthz": "GET", "/metrics": "GET"}  # path -> its method
 
 
-def make_handler(predictor, verbose=False):
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def make_handler(predictor, verbose=False, in_flight=None):
+    in_flight = in_flight if in_flight is not None else _InFlight()
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "wharf-serving-example/1"
+        # A client that stops sending (a partial head or body) frees its thread after this
+        # many seconds; so does an idle keep-alive connection.
+        timeout = 30
 
         def _send(self, status, body, content_type="application/json", headers=()):
             self.send_response(status)
@@ -246,7 +255,8 @@ def make_handler(predictor, verbose=False):
             for k, v in headers:
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":
+                self.wfile.write(body)
 
         def _error(self, status, message):
             self._send(status, json.dumps({"error": message}).encode())
@@ -256,7 +266,8 @@ def make_handler(predictor, verbose=False):
             served with another method. The query string is ignored."""
             path = urlsplit(self.path).path
             allowed = _ROUTES.get(path)
-            if allowed == method:
+            if allowed is not None and (allowed == method or
+                                        (allowed == "GET" and self.command == "HEAD")):
                 return True
             self.close_connection = True  # a body it may have is not read
             if allowed is None:
@@ -265,6 +276,16 @@ def make_handler(predictor, verbose=False):
                 self._send(405, json.dumps({"error": f"{path}: use {allowed}"}).encode(),
                            headers=[("Allow", allowed)])
             return False
+
+        def _other(self):
+            """A method no path takes (PUT, DELETE, ...): 404, or 405 naming the method the
+            path takes."""
+            self._route(None)
+
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _other
+
+        def do_HEAD(self):  # GET's headers (load balancers' health checks)
+            self.do_GET()
 
         def do_GET(self):
             if not self._route("GET"):
@@ -277,17 +298,29 @@ def make_handler(predictor, verbose=False):
                 self._send(200, wharf.metrics_text().encode(), "text/plain; version=0.0.4")
 
         def do_POST(self):
+            with in_flight:  # from its head on: a stop waits for its answer
+                self._post()
+
+        def _post(self):
             if not self._route("POST"):
                 return
-            try:
-                length = int(self.headers.get("Content-Length", ""))
-            except ValueError:
+            # The body's framing must be unambiguous, else bytes of the body would be read as
+            # the next request on this connection (and a proxy in front could disagree).
+            # Any refusal here closes the connection: the body is never read.
+            lengths = self.headers.get_all("Content-Length") or []
+            if self.headers.get("Transfer-Encoding") is not None:
+                self.close_connection = True
+                self._error(400, "Transfer-Encoding is not supported: send Content-Length")
+                return
+            if not lengths:
+                self.close_connection = True
                 self._error(411, "Content-Length required")
                 return
-            if length < 0:
+            if len(set(v.strip() for v in lengths)) > 1 or not _DIGITS.fullmatch(lengths[0].strip()):
                 self.close_connection = True
-                self._error(400, "Content-Length must not be negative")
+                self._error(400, "Content-Length must be one whole number of bytes")
                 return
+            length = int(lengths[0].strip())
             if length > MAX_BODY:
                 self.close_connection = True
                 self._error(413, f"body over {MAX_BODY} bytes")
@@ -321,9 +354,44 @@ def make_handler(predictor, verbose=False):
     return Handler
 
 
+class _InFlight:
+    """Requests being answered (a context manager around each), and a wait for none."""
+
+    def __init__(self):
+        self._n = 0
+        self._idle = threading.Condition()
+
+    def __enter__(self):
+        with self._idle:
+            self._n += 1
+
+    def __exit__(self, *exc):
+        with self._idle:
+            self._n -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout):
+        with self._idle:
+            return self._idle.wait_for(lambda: self._n == 0, timeout)
+
+
+class _Server(ThreadingHTTPServer):
+    # The stdlib's backlog of 5 reset connections of a burst of clients.
+    request_queue_size = 128
+    daemon_threads = True  # idle keep-alive connections do not hold the exit
+
+
 def make_server(predictor, host="127.0.0.1", port=0, verbose=False):
-    server = ThreadingHTTPServer((host, port), make_handler(predictor, verbose))
-    server.daemon_threads = True
+    """The HTTP server; .in_flight counts the requests being answered. OSError when the
+    address cannot be bound."""
+    in_flight = _InFlight()
+    try:
+        server = _Server((host, port), make_handler(predictor, verbose, in_flight))
+    except OverflowError as e:  # a port beyond 65535
+        raise OSError(f"cannot listen on {host}:{port}: {e}") from None
+    except OSError as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    server.in_flight = in_flight
     return server
 
 
@@ -338,8 +406,11 @@ class Service:
                                        daemon=True)
         self.thread.start()
 
-    def close(self):
+    def close(self, drain_seconds=30.0):
+        """Stops accepting, lets the requests being answered finish (up to drain_seconds),
+        then closes."""
         self.server.shutdown()
+        self.server.in_flight.wait_idle(drain_seconds)
         self.server.server_close()
         self.thread.join()
         self.predictor.cache.close()
@@ -381,16 +452,30 @@ def main(argv=None):
     except (OSError, ValueError) as e:  # wharf.WharfError is an OSError
         print(f"server: {e}", file=sys.stderr)
         return 1
-    server = make_server(predictor, args.host, args.port, args.verbose)
+    try:
+        server = make_server(predictor, args.host, args.port, args.verbose)
+    except OSError as e:
+        print(f"server: {e}", file=sys.stderr)
+        predictor.cache.close()
+        return 1
     host, port = server.server_address[:2]
     print(f"serving {args.model} (version {predictor.model_version}, loaded in "
           f"{predictor.load_seconds * 1e3:.0f} ms) with cache {predictor.cache.backend} "
           f"on http://{host}:{port}", flush=True)
+
+    # SIGTERM (a container's stop, a supervisor) and SIGINT stop accepting, let the requests
+    # being answered finish, then exit 0.
+    def stop(signum, _frame):
+        print(f"server: {signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
+        if not server.in_flight.wait_idle(30.0):
+            print("server: requests still running after 30 s: exiting anyway", file=sys.stderr)
         server.server_close()
         predictor.cache.close()
     return 0

@@ -474,6 +474,8 @@ void GcsJsonStore::ListAsync(ListOptions options, std::string continuation,
     if (!j.ok()) return std::move(done)(j.status());
     const std::string& lo = options.start_after;
     const std::string& hi = options.end_before;
+    // Composed reads' temporaries: shown only to a listing inside their folder.
+    const bool hide_temps = !absl::StartsWith(options.prefix, kComposeTempRoot);
     bool past_end = false;
     ListPage page;
     if (auto items = j->find("items"); items != j->end() && items->is_array()) {
@@ -487,6 +489,7 @@ void GcsJsonStore::ListAsync(ListOptions options, std::string continuation,
           continue;
         }
         if (!absl::StartsWith(meta->key, options.prefix)) continue;
+        if (hide_temps && absl::StartsWith(meta->key, kComposeTempRoot)) continue;
         page.objects.push_back(*std::move(meta));
       }
     }
@@ -494,6 +497,7 @@ void GcsJsonStore::ListAsync(ListOptions options, std::string continuation,
       for (const json& p : *prefixes) {
         if (!p.is_string()) continue;
         std::string prefix = p.get<std::string>();
+        if (hide_temps && absl::StartsWith(prefix, kComposeTempRoot)) continue;
         // A common prefix holds keys above `lo` unless it sorts below it and does not contain it.
         if (!lo.empty() && prefix <= lo && !absl::StartsWith(lo, prefix)) continue;
         if (!hi.empty() && prefix >= hi) {

@@ -24,8 +24,12 @@ namespace {
 
 constexpr char kEtagXattr[] = "user.wharf.etag";
 
+// The size, mtime and inode a cached ETag belongs to. The inode tells a file replaced by
+// rename (a new file under the name, as tools that copy atomically and keep times make) from
+// the one that was hashed, even with the same size and mtime; a file rewritten in place with
+// both kept is beyond what metadata can tell (tier verify reads the content).
 std::string EtagStamp(const struct stat& st) {
-  return absl::StrCat(st.st_size, " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+  return absl::StrCat(st.st_size, " ", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, " ", st.st_ino);
 }
 
 // `temp_dir`/<n>, n the calling thread's number modulo kTempSubdirs.

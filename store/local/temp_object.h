@@ -142,9 +142,9 @@ inline absl::StatusOr<std::string> Md5OfFile(int fd, uint64_t size_hint) {
 std::string Crc32cHex(uint32_t crc);
 
 // The file:// store's ETag cache: the MD5 of a file's content kept in the attribute
-// "user.wharf.etag" with the size and modification time it belongs to. Store is best effort
-// (file systems without user attributes fall back to hashing on use); the cached value is
-// returned only while size and mtime still match `st`. `fd` may be -1 to read by path.
+// "user.wharf.etag" with the size, modification time and inode it belongs to. Store is best
+// effort (file systems without user attributes fall back to hashing on use); the cached value
+// is returned only while they still match `st`. `fd` may be -1 to read by path.
 void StoreLocalEtag(int fd, const struct stat& st, absl::string_view md5_hex);
 std::optional<std::string> CachedLocalEtag(int fd, const std::string& path, const struct stat& st);
 

@@ -630,6 +630,28 @@ def test_demo_reads_through_the_engine_within_a_small_budget(tmp_path):
     assert rows["read"].split("|")[3].strip() == str(60 * 100000)
 
 
+def test_a_file_replaced_by_rename_with_its_size_time_and_attributes_gets_its_own_etag(tmp_path):
+    # The ETag cache was keyed by size and mtime only: a file replaced by another of the same
+    # size and mtime, attributes copied (cp -a to a temporary, then mv), kept the old ETag, so
+    # a cache keyed by it (a model's version) served the old file's results.
+    import hashlib
+    (tmp_path / "d").mkdir()
+    f = tmp_path / "d" / "model.bin"
+    f.write_bytes(b"aaaa")
+    os.utime(f, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+
+    def etag():
+        return json_lines(run("ls", "--json", f, check=0))[0]["etag"]
+
+    assert etag() == hashlib.md5(b"aaaa").hexdigest()
+    new = tmp_path / "new.bin"
+    new.write_bytes(b"bbbb")
+    os.setxattr(new, "user.wharf.etag", os.getxattr(f, "user.wharf.etag"))
+    os.utime(new, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    os.replace(new, f)
+    assert etag() == hashlib.md5(b"bbbb").hexdigest()
+
+
 def test_demo_detects_bytes_that_do_not_match_the_etag(tmp_path):
     run("demo", "--objects", "20", "--size", "4096", "--dir", tmp_path / "ds", check=0)
     victim = tmp_path / "ds" / "train" / "class-03" / "img-000013.raw"

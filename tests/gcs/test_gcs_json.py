@@ -277,6 +277,29 @@ def test_composed_reads_leave_no_temporary_even_after_a_kill(gcs_emulator, gcs_c
     assert temporaries(gcs_client, gcs_bucket) == []
 
 
+def test_temporaries_a_killed_reader_left_are_not_the_buckets_objects(gcs_emulator, gcs_client,
+                                                                       gcs_bucket, tmp_path):
+    # Listings showed .wharf-compose/: a dataset over the bucket took a killed reader's
+    # temporaries for samples (then its own first composed read swept them away under it:
+    # NotFound mid-epoch), and cp -r copied them.
+    bucket = gcs_client.bucket(gcs_bucket)
+    bucket.blob("data/a").upload_from_string(b"a")
+    bucket.blob("b").upload_from_string(b"b")
+    bucket.blob(".wharf-compose/elsewhere/1-1/0").upload_from_string(b"x" * 100)
+    env = gcs_env(gcs_emulator)
+    listed = run_wharf("ls", "-r", f"gs://{gcs_bucket}/", env=env, check=True).stdout.decode()
+    assert "wharf-compose" not in listed and "data/a" in listed, listed
+    top = run_wharf("ls", f"gs://{gcs_bucket}/", env=env, check=True).stdout.decode()
+    assert "wharf-compose" not in top and "data/" in top, top
+    run_wharf("cp", "-r", "-q", f"gs://{gcs_bucket}/", tmp_path / "out", env=env, check=True)
+    assert sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*")
+                  if p.is_file()) == ["b", "data/a"]
+    # Listed on their own, they are there (the sweep finds them so).
+    inside = run_wharf("ls", "-r", f"gs://{gcs_bucket}/.wharf-compose/", env=env,
+                       check=True).stdout.decode()
+    assert "elsewhere/1-1/0" in inside, inside
+
+
 def test_sync_between_s3_parts_and_gs_copies_nothing_twice(gcs_emulator, gcs_bucket, bucket,
                                                           s3_env, tmp_path):
     # An object uploaded in parts (no MD5 in its ETag) against a gs:// object (a generation):

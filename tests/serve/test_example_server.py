@@ -290,6 +290,96 @@ def test_http_edges(model_file):
         assert call(service, "GET", "/nope?x=1")[0] == 404
 
 
+def raw_exchange(service, data: bytes) -> bytes:
+    """Sends raw bytes on one connection; everything the server answers until it closes."""
+    import socket
+    host, port = service.url.split("://")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize("framing", [
+    b"Transfer-Encoding: chunked\r\n",
+    b"Content-Length: abc\r\n",
+    b"Content-Length: 2_0\r\n",
+    b"Content-Length: 41\r\nContent-Length: 0\r\n",
+    b"Content-Length: 0\r\nTransfer-Encoding: chunked\r\n",
+])
+def test_a_body_of_ambiguous_framing_is_refused_and_never_read_as_a_request(model_file,
+                                                                             framing):
+    # The bytes after a refused head were parsed as the next request on the connection
+    # (a 411 kept it open; int() took "2_0"; the first of two lengths won).
+    _, path = model_file
+    with example.serve_in_thread(path) as service:
+        out = raw_exchange(service, b"POST /predict HTTP/1.1\r\nHost: x\r\n" + framing +
+                           b"\r\n" + SMUGGLED)
+    assert out.startswith(b"HTTP/1.1 400") or out.startswith(b"HTTP/1.1 411"), out
+    assert out.count(b"HTTP/1.1 ") == 1, out  # one answer: the rest was not a request
+
+
+def test_methods_head_bursts_and_a_port_in_use(model_file, capsys):
+    _, path = model_file
+    with example.serve_in_thread(path) as service:
+        for method in ("PUT", "DELETE", "PATCH", "OPTIONS"):
+            status, headers, data = call(service, method, "/predict")
+            assert status == 405 and headers["Allow"] == "POST", (method, data)
+            assert "use POST" in json.loads(data)["error"]
+        status, headers, data = call(service, "HEAD", "/healthz")
+        assert status == 200 and data == b"" and int(headers["Content-Length"]) > 0
+        assert call(service, "DELETE", "/nope")[0] == 404
+        # {"inputs": []}: a 400, not an IndexError 500
+        assert call(service, "POST", "/predict", b'{"inputs": []}')[0] == 400
+        # 64 clients at once: the stdlib's backlog of 5 reset some of them
+        results = []
+
+        def one():
+            results.append(call(service, "GET", "/healthz")[0])
+
+        threads = [threading.Thread(target=one) for _ in range(64)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [200] * 64
+        # Its port, taken: one line, exit 1, no traceback.
+        port = service.url.rsplit(":", 1)[1]
+        assert example.main(["--model", str(path), "--port", port]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"server: cannot listen on 127.0.0.1:{port}: ") and \
+            err.count("\n") == 1, err
+
+
+def test_sigterm_lets_the_requests_being_answered_finish(model_file, servers):
+    # SIGTERM killed the process at once: requests being answered got a reset.
+    import socket
+    _, path = model_file
+    server = servers("--model", path)
+    body = json.dumps({"inputs": [0.5, 0.25, 0.125, 1.0]}).encode()
+    with socket.create_connection((server.host, server.port), timeout=30) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                     % len(body) + body[:10])
+        time.sleep(0.5)  # the head is read; the body is still coming
+        server.proc.send_signal(15)
+        time.sleep(0.5)
+        sock.sendall(body[10:])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+            if b"\r\n\r\n" in answer and answer.endswith(b"]}") or answer.endswith(b"]"):
+                break
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert server.proc.wait(60) == 0
+    assert "SIGTERM: stopping" in server.proc.stderr.read()
+
+
 def test_model_replaced_during_the_load_is_loaded_again(tmp_path, monkeypatch):
     """The version is read before and after the load: weights loaded from a file that was
     replaced meanwhile are never filed under the new file's version."""
