@@ -358,9 +358,13 @@ void AddCkpt(CLI::App& app, CkptArgs& args) {
                                "The best by --metric (default: the metric the root records)");
     step->excludes(latest)->excludes(best);
     latest->excludes(best);
-    cmd->add_option("--metric", args.metric, "The metric --best ranks by");
-    cmd->add_option("--mode", args.mode, "min (default) or max: which --metric value is best")
-        ->check(CLI::IsMember({"min", "max"}));
+    auto* metric = cmd->add_option("--metric", args.metric, "The metric --best ranks by");
+    auto* mode =
+        cmd->add_option("--mode", args.mode, "min (default) or max: which --metric value is best")
+            ->check(CLI::IsMember({"min", "max"}));
+    // They only rank --best: given with another selector they would be ignored in silence.
+    metric->needs(best);
+    mode->needs(best);
     cmd->add_flag("--json", args.json, "Print a JSON summary");
     cmd->add_flag("-q,--quiet", args.quiet, "Print nothing on success");
     cmd->add_option("--inflight,-j,--jobs", args.jobs, "Requests in flight (default: derived)");

@@ -214,6 +214,9 @@ def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):
     assert ckpt("export", root, "--latest", env=aws).returncode == 2  # no destination
     assert ckpt("ls", env=aws).returncode == 2
     assert ckpt("export", root, "--best", "--mode", "median", dest, env=aws).returncode == 2
+    for extra in (["--mode", "max"], ["--metric", "loss"]):  # they rank --best only
+        out = ckpt("export", root, "--latest", *extra, dest, env=aws)
+        assert out.returncode == 2 and "requires --best" in out.stderr, out.stderr
     for verb in ("export", "restore"):  # no selector at all
         out = ckpt(verb, root, dest, env=aws)
         assert out.returncode == 2, out.stderr
