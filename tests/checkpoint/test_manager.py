@@ -392,6 +392,17 @@ def test_a_step_saved_again_while_retention_removes_its_older_copy(tier, bucket,
     mgr.close()
 
 
+def _in_bucket(dest, s3_client, bucket, prefix):
+    """What checkpoint 5 in `dest` holds ("x"), checking that nothing was left aside."""
+    left = s3_client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/.replacing/")
+    assert left.get("KeyCount", 0) == 0, left
+    bucket_root = CheckpointManager(dest)
+    try:
+        return bucket_root.restore(5)["x"]
+    finally:
+        bucket_root.close()
+
+
 def test_a_failed_export_of_a_step_saved_again_keeps_the_buckets_older_copy(tier, bucket, aws,
                                                                             s3_env, s3_client):
     # The export of a step the bucket already held (the step saved again) removed the
@@ -415,18 +426,12 @@ def test_a_failed_export_of_a_step_saved_again_keeps_the_buckets_older_copy(tier
             mgr.wait()
         mgr.close()
         assert any(e["fault"] for e in proxy.log()), "the export never failed"
-    bucket_root = CheckpointManager(dest)
-    assert torch.equal(bucket_root.restore(5)["x"], torch.full((3,), 5.0))
-    bucket_root.close()
-    left = s3_client.list_objects_v2(Bucket=bucket, Prefix="reexp/.replacing/")
-    assert left.get("KeyCount", 0) == 0, left
+    assert torch.equal(_in_bucket(dest, s3_client, bucket, "reexp"), torch.full((3,), 5.0))
     # The next manager exports the step again: the bucket's copy is another checkpoint.
     mgr = CheckpointManager(root, export_to=dest)
     mgr.wait()
     mgr.close()
-    bucket_root = CheckpointManager(dest)
-    assert torch.equal(bucket_root.restore(5)["x"], torch.full((3,), 55.0))
-    bucket_root.close()
+    assert torch.equal(_in_bucket(dest, s3_client, bucket, "reexp"), torch.full((3,), 55.0))
 
     # Killed in the middle of such an export: the older copy aside, the step's manifest gone.
     # The next manager puts the older one back, then exports the tier's again.
@@ -440,11 +445,7 @@ def test_a_failed_export_of_a_step_saved_again_keeps_the_buckets_older_copy(tier
     mgr = CheckpointManager(root, export_to=dest)
     mgr.wait()
     mgr.close()
-    bucket_root = CheckpointManager(dest)
-    assert torch.equal(bucket_root.restore(5)["x"], torch.full((3,), 555.0))
-    bucket_root.close()
-    left = s3_client.list_objects_v2(Bucket=bucket, Prefix="reexp/.replacing/")
-    assert left.get("KeyCount", 0) == 0, left
+    assert torch.equal(_in_bucket(dest, s3_client, bucket, "reexp"), torch.full((3,), 555.0))
 
 
 def test_restore_in_place_gives_a_dataset_the_state_it_saved(tier, tmp_path):
