@@ -6,6 +6,10 @@
 // addresses; the bytes then move on a thread of this object while next() hands out the index
 // of each tensor as it completes (waiting without the GIL). close() (and destruction) cancels
 // what is still in flight and waits for it, so no request touches a tensor after it returns.
+// read_spans() instead reads pieces of the files into given addresses and returns when they
+// are in (the GIL released; several threads may call it at once): the Python side stages a
+// model through a few pinned buffers on its way to an accelerator with it. close() cancels
+// those calls too (they raise); their callers wait for them before freeing the buffers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -13,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -30,7 +35,7 @@ class PySafetensorsLoad {
  public:
   PySafetensorsLoad(const std::vector<std::string>& uris, int max_in_flight,
                     uint64_t max_request_bytes, const py::kwargs& kwargs)
-      : generation_(ForkGeneration()) {
+      : generation_(ForkGeneration()), cancel_(NewCancelToken()) {
     ModelLoadOptions options;
     options.store = StoreOptionsFromKwargs(kwargs);
     options.max_in_flight = max_in_flight;
@@ -51,13 +56,14 @@ class PySafetensorsLoad {
     Stop();
   }
 
-  // (name, dtype, shape, nbytes, file index) per tensor, in load order.
+  // (name, dtype, shape, nbytes, file index, offset in the file) per tensor, in load order.
   py::list Tensors() const {
     py::list out;
     for (const serve::ModelTensor& t : model_->tensors()) {
       py::tuple shape(t.tensor->shape.size());
       for (size_t i = 0; i < t.tensor->shape.size(); ++i) shape[i] = t.tensor->shape[i];
-      out.append(py::make_tuple(t.tensor->name, t.tensor->dtype, shape, t.tensor->size, t.file));
+      out.append(py::make_tuple(t.tensor->name, t.tensor->dtype, shape, t.tensor->size, t.file,
+                                t.tensor->offset));
     }
     return out;
   }
@@ -83,7 +89,6 @@ class PySafetensorsLoad {
     }
     dsts_.reserve(addresses.size());
     for (uintptr_t a : addresses) dsts_.push_back(reinterpret_cast<char*>(a));
-    cancel_ = NewCancelToken();
     thread_ = std::make_unique<std::thread>(StartThread([this] {
       absl::StatusOr<ReadRangesStats> read = model_->Read(
           dsts_,
@@ -123,6 +128,22 @@ class PySafetensorsLoad {
     return py::int_(*index);
   }
 
+  // Reads (file index, offset, size, address) spans; returns the bytes read. Raises the
+  // read's error (a cancelled one after close()).
+  uint64_t ReadSpans(const std::vector<std::tuple<size_t, uint64_t, uint64_t, uintptr_t>>& spans) {
+    std::vector<serve::ModelSpan> todo;
+    todo.reserve(spans.size());
+    for (const auto& [file, offset, size, address] : spans) {
+      todo.push_back({file, offset, size, reinterpret_cast<char*>(address)});
+    }
+    absl::StatusOr<ReadRangesStats> read;
+    {
+      ReleaseGil release;
+      read = model_->ReadSpans(todo, nullptr, cancel_);
+    }
+    return Check(std::move(read)).bytes;
+  }
+
   void Close() {
     ReleaseGil release;
     Stop();
@@ -131,15 +152,15 @@ class PySafetensorsLoad {
  private:
   // Cancels what is in flight (nothing when finished) and waits for the thread.
   void Stop() {
+    cancel_->Cancel();
     if (thread_ == nullptr) return;
-    if (cancel_ != nullptr) cancel_->Cancel();
     if (thread_->joinable()) thread_->join();
   }
 
   const uint64_t generation_;
   std::unique_ptr<SafetensorsModel> model_;
   std::vector<char*> dsts_;
-  CancelToken cancel_;
+  const CancelToken cancel_;
   std::unique_ptr<std::thread> thread_;
   absl::Mutex mu_;
   std::deque<size_t> ready_ ABSL_GUARDED_BY(mu_);
@@ -157,6 +178,7 @@ void RegisterServe(py::module_& m) {
       .def_property_readonly("files", &PySafetensorsLoad::Files)
       .def("start", &PySafetensorsLoad::Start, py::arg("addresses"))
       .def("next", &PySafetensorsLoad::Next)
+      .def("read_spans", &PySafetensorsLoad::ReadSpans, py::arg("spans"))
       .def("close", &PySafetensorsLoad::Close);
 }
 

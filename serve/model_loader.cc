@@ -211,25 +211,49 @@ absl::StatusOr<ReadRangesStats> SafetensorsModel::Read(absl::Span<char* const> d
     return absl::InvalidArgumentError(absl::StrCat(
         "load safetensors: ", dsts.size(), " destinations for ", tensors_.size(), " tensors"));
   }
-  ReadRangesStats total;
-  // Per store: the ranges to fetch, and which tensor each is.
-  std::map<ObjectStore*, std::pair<std::vector<RangeToRead>, std::vector<size_t>>> by_store;
+  std::vector<ModelSpan> spans(tensors_.size());
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    const ModelFile& f = files_[tensors_[i].file];
     const SafetensorsTensor& t = *tensors_[i].tensor;
     if (t.size > 0 && dsts[i] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("load ", f.uri, ": tensor '", t.name,
-                                                     "': no destination for ", t.size, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("load ", files_[tensors_[i].file].uri,
+                                                     ": tensor '", t.name, "': no destination for ",
+                                                     t.size, " bytes"));
     }
-    if (t.offset + t.size <= f.head.size()) {
+    spans[i] = {tensors_[i].file, t.offset, t.size, dsts[i]};
+  }
+  return ReadSpans(spans, std::move(on_tensor), std::move(cancel));
+}
+
+absl::StatusOr<ReadRangesStats> SafetensorsModel::ReadSpans(absl::Span<const ModelSpan> spans,
+                                                            std::function<void(size_t)> on_span,
+                                                            CancelToken cancel) const {
+  ReadRangesStats total;
+  // Per store: the ranges to fetch, and which span each is.
+  std::map<ObjectStore*, std::pair<std::vector<RangeToRead>, std::vector<size_t>>> by_store;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const ModelSpan& s = spans[i];
+    if (s.file >= files_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("load safetensors: span ", i, " names file ",
+                                                     s.file, " of ", files_.size()));
+    }
+    const ModelFile& f = files_[s.file];
+    if (s.offset > f.size || s.size > f.size - s.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("load ", f.uri, ": bytes ", s.offset, "+",
+                                                     s.size, " lie beyond the file's ", f.size));
+    }
+    if (s.size > 0 && s.dst == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load ", f.uri, ": no destination for ", s.size, " bytes"));
+    }
+    if (s.offset + s.size <= f.head.size()) {
       // Already here: the header probe read it.
-      if (t.size > 0) std::memcpy(dsts[i], f.head.data() + t.offset, t.size);
-      total.bytes += t.size;
-      if (on_tensor) on_tensor(i);
+      if (s.size > 0) std::memcpy(s.dst, f.head.data() + s.offset, s.size);
+      total.bytes += s.size;
+      if (on_span) on_span(i);
       continue;
     }
     auto& [ranges, which] = by_store[f.store.get()];
-    ranges.push_back({f.key, t.offset, t.size, dsts[i], f.etag});
+    ranges.push_back({f.key, s.offset, s.size, s.dst, f.etag});
     which.push_back(i);
   }
   for (auto& [store, work] : by_store) {
@@ -241,8 +265,8 @@ absl::StatusOr<ReadRangesStats> SafetensorsModel::Read(absl::Span<char* const> d
     options.cancel = cancel;
     // Safetensors packs tensors back to back: neighbours share GETs up to the part size.
     options.coalesce_gap = 0;
-    if (on_tensor) {
-      options.on_range_done = [&on_tensor, &which](size_t r) { on_tensor(which[r]); };
+    if (on_span) {
+      options.on_range_done = [&on_span, &which](size_t r) { on_span(which[r]); };
     }
     WHARF_ASSIGN_OR_RETURN(ReadRangesStats stats, ReadRanges(*store, std::move(ranges), options));
     total.ranges += stats.ranges;

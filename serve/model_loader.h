@@ -59,6 +59,14 @@ struct ModelFile {
   std::string head;  // the file's first bytes, as the header probe read them
 };
 
+// Bytes [offset, offset + size) of files()[file], to land at dst.
+struct ModelSpan {
+  size_t file = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  char* dst = nullptr;  // REQUIRES: valid for `size` bytes until ReadSpans returns
+};
+
 struct ModelTensor {
   size_t file = 0;  // index into files()
   const SafetensorsTensor* tensor = nullptr;
@@ -88,6 +96,15 @@ class SafetensorsModel {
   absl::StatusOr<ReadRangesStats> Read(absl::Span<char* const> dsts,
                                        std::function<void(size_t)> on_tensor = nullptr,
                                        CancelToken cancel = nullptr) const;
+
+  // Reads arbitrary spans of the files (pieces of tensors, for a caller that stages a model
+  // through a bounded buffer on its way to an accelerator), each GET pinned to the file's
+  // ETag, neighbours coalesced and long spans split as Read does; on_span(i) as each is
+  // complete (transport thread). Read is ReadSpans over one span per tensor. Errors name the
+  // file. May run concurrently with other ReadSpans calls on disjoint destinations.
+  absl::StatusOr<ReadRangesStats> ReadSpans(absl::Span<const ModelSpan> spans,
+                                            std::function<void(size_t)> on_span = nullptr,
+                                            CancelToken cancel = nullptr) const;
 
  private:
   explicit SafetensorsModel(ModelLoadOptions options) : options_(std::move(options)) {}

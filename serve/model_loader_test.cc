@@ -159,5 +159,43 @@ TEST_F(ModelLoaderTest, AFileReplacedAfterItsHeaderWasReadFailsTheLoad) {
   EXPECT_EQ(stats.status().code(), absl::StatusCode::kFailedPrecondition) << stats.status();
 }
 
+TEST_F(ModelLoaderTest, ReadsArbitrarySpansOfTheFilesAndRefusesOnesBeyondThem) {
+  // What a load onto an accelerator reads: windows of the files' bytes that cut tensors in
+  // pieces, including bytes inside the header probe, from several files at once.
+  const std::string a = RandomBytes(3 << 20, 6), b = RandomBytes(5000, 7);
+  const std::string file0 = File({{"a", a}, {"b", b}}), file1 = File({{"c", b}});
+  Write("m/0.safetensors", file0);
+  Write("m/1.safetensors", file1);
+  ModelLoadOptions options;
+  options.max_request_bytes = 1 << 20;
+  auto model = SafetensorsModel::Open({Uri("m/0.safetensors"), Uri("m/1.safetensors")}, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const uint64_t start = (*model)->tensors()[0].tensor->offset;
+  std::string window(2 << 20, '\0'), tail(file0.size() - start - (2 << 20) + 10, '\0');
+  std::string head(16, '\0');
+  std::vector<ModelSpan> spans = {
+      {0, start, window.size(), window.data()},  // the first 2 MiB of "a"
+      {0, start + window.size(), file0.size() - start - window.size(), tail.data()},
+      {1, file1.size() - 10, 10, tail.data() + tail.size() - 10},  // "c"'s last bytes
+      {0, 0, head.size(), head.data()},                            // inside the header probe
+      {1, 3, 0, nullptr}};                                         // empty
+  std::vector<std::atomic<int>> done(spans.size());
+  auto stats = (*model)->ReadSpans(spans, [&](size_t i) { done[i].fetch_add(1); });
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  for (auto& d : done) EXPECT_EQ(d.load(), 1);
+  EXPECT_EQ(window, a.substr(0, window.size()));
+  EXPECT_EQ(tail.substr(0, tail.size() - 10), a.substr(window.size()) + b);
+  EXPECT_EQ(tail.substr(tail.size() - 10), b.substr(b.size() - 10));
+  EXPECT_EQ(head, file0.substr(0, 16));
+
+  std::string dst(100, '\0');
+  std::vector<ModelSpan> beyond = {{1, file1.size() - 50, 100, dst.data()}};
+  auto refused = (*model)->ReadSpans(beyond);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("1.safetensors: bytes"));
+  std::vector<ModelSpan> no_file = {{2, 0, 1, dst.data()}};
+  EXPECT_EQ((*model)->ReadSpans(no_file).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace wharf::serve

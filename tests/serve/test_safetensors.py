@@ -280,3 +280,40 @@ def test_a_bytes_path_and_bad_max_in_flight(tmp_path):
     for bad in (-1, 1.5, True, "8"):
         with pytest.raises(ValueError, match="max_in_flight must be an int >= 0"):
             load_safetensors(path, max_in_flight=bad)
+
+
+@pytest.mark.parametrize("window,buffers", [(4096, 1), (100_003, 2), (1 << 20, 4), (64 << 20, 4)])
+def test_the_staged_path_of_device_loads_gives_the_same_bytes(aws, bucket, s3_client, tmp_path,
+                                                              model_file, window, buffers):
+    # What a load onto a CUDA device runs (tensors made on the device, filled window by window
+    # through a few pinned buffers), here with CPU tensors: pieces of tensors cut across
+    # windows, tensors larger than a window, empty ones, ones inside the header probe, and
+    # several windows in flight give load_file's bytes. tests/gpu runs it on a GPU.
+    from wharf.serve._safetensors import _open, _stream_staged
+    state, files = sharded(tmp_path, shards=3, tensors=12)
+    for name in files + ["model.safetensors.index.json"]:
+        put(s3_client, bucket, f"staged/{name}", (tmp_path / name).read_bytes())
+    put(s3_client, bucket, "staged/all.safetensors", model_file.read_bytes())
+    cases = [(f"s3://{bucket}/staged/all.safetensors", load_file(str(model_file))),
+             (str(model_file), load_file(str(model_file)))]
+    want = {}
+    for name in files:
+        want.update(load_file(str(tmp_path / name)))
+    cases.append((f"s3://{bucket}/staged/model.safetensors.index.json", want))
+    for uri, expected in cases:
+        got = dict(_stream_staged(_open(uri, 0, {}), torch.device("cpu"), window, buffers))
+        assert_same({n: got[n] for n in expected}, expected)
+    # Leaving early cancels the windows in flight and waits for them.
+    it = _stream_staged(_open(cases[0][0], 0, {}), torch.device("cpu"), 4096, 2)
+    next(it)
+    it.close()
+
+
+def test_the_staged_path_refuses_shapes_torch_cannot_hold(tmp_path):
+    from wharf.serve._safetensors import _open, _stream_staged
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes(header_file({"ok": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                                  "a": {"dtype": "F32", "shape": [0, 2**40, 2**40],
+                                        "data_offsets": [4, 4]}}, bytes(4)))
+    with pytest.raises(ValueError, match=f"{path}: tensor 'a': torch cannot make a tensor "):
+        dict(_stream_staged(_open(str(path), 0, {}), torch.device("cpu")))

@@ -7,6 +7,7 @@ its bytes are in, so moving it to an accelerator overlaps the reads still in fli
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterator, List, Sequence, Tuple, Union
 
 import torch
@@ -46,31 +47,42 @@ def _open(uris: UriArg, max_in_flight: int, store_options: dict):
     return _wharf._SafetensorsLoad(_uris(uris), max_in_flight=max_in_flight, **store_options)
 
 
+def _torch_dtype_shape(files, name, dtype, shape):
+    tdtype = _DTYPES.get(dtype)
+    if tdtype is None:
+        raise ValueError(f"{files}: tensor '{name}': dtype {dtype} has no torch "
+                         f"dtype in torch {torch.__version__}")
+    if dtype == "F4":
+        # Two 4-bit values per element of torch's float4_e2m1fn_x2: the last dimension
+        # halves (as safetensors.torch gives it).
+        shape = list(shape)
+        if not shape or shape[-1] % 2:
+            raise ValueError(f"{files}: tensor '{name}': an F4 tensor needs an "
+                             f"even last dimension for torch's float4_e2m1fn_x2, not {shape}")
+        shape[-1] //= 2
+    return tdtype, shape
+
+
+def _allocate(uri, name, dtype, shape, device=None) -> torch.Tensor:
+    tdtype, shape = _torch_dtype_shape(uri, name, dtype, shape)
+    try:
+        return torch.empty(shape, dtype=tdtype, device=device)
+    except (RuntimeError, TypeError, OverflowError) as e:  # a shape torch cannot hold
+        raise ValueError(f"{uri}: tensor '{name}': torch cannot make a "
+                         f"tensor of shape {list(shape)}: {str(e).splitlines()[0]}") from None
+
+
 def _stream(load, device) -> Iterator[Tuple[str, torch.Tensor]]:
     """Allocates the tensors, starts the reads, yields each tensor as it completes."""
     device = torch.device(device)
-    pin = device.type == "cuda" and torch.cuda.is_available()
+    if device.type == "cuda":
+        yield from _stream_staged(load, device)
+        return
     files = load.files
     tensors: List[torch.Tensor] = []
     names: List[str] = []
-    for name, dtype, shape, _nbytes, file in load.tensors:
-        tdtype = _DTYPES.get(dtype)
-        if tdtype is None:
-            raise ValueError(f"{files[file]['uri']}: tensor '{name}': dtype {dtype} has no torch "
-                             f"dtype in torch {torch.__version__}")
-        if dtype == "F4":
-            # Two 4-bit values per element of torch's float4_e2m1fn_x2: the last dimension
-            # halves (as safetensors.torch gives it).
-            shape = list(shape)
-            if not shape or shape[-1] % 2:
-                raise ValueError(f"{files[file]['uri']}: tensor '{name}': an F4 tensor needs an "
-                                 f"even last dimension for torch's float4_e2m1fn_x2, not {shape}")
-            shape[-1] //= 2
-        try:
-            tensors.append(torch.empty(shape, dtype=tdtype, pin_memory=pin))
-        except (RuntimeError, TypeError, OverflowError) as e:  # a shape torch cannot hold
-            raise ValueError(f"{files[file]['uri']}: tensor '{name}': torch cannot make a "
-                             f"tensor of shape {list(shape)}: {str(e).splitlines()[0]}") from None
+    for name, dtype, shape, _nbytes, file, _offset in load.tensors:
+        tensors.append(_allocate(files[file]["uri"], name, dtype, shape))
         names.append(name)
     # The tensors stay referenced here until the reads have ended (close() waits for them).
     load.start([t.data_ptr() if t.numel() else 0 for t in tensors])
@@ -81,10 +93,104 @@ def _stream(load, device) -> Iterator[Tuple[str, torch.Tensor]]:
                 return
             t = tensors[i]
             if device.type != "cpu":
-                t = t.to(device, non_blocking=pin)
+                t = t.to(device)
             yield names[i], t
     finally:
         load.close()
+
+
+# Staging for loads onto an accelerator: this many pinned buffers of this many bytes.
+_STAGING_BUFFERS = 4
+_STAGING_BYTES = 64 << 20
+
+
+def _windows(tensors, window: int) -> list:
+    """Cuts the tensors' bytes (in load order) into windows of at most `window` bytes: per
+    window, pieces (tensor index, offset in the tensor, file, offset in the file, size, offset
+    in the window). A tensor larger than a window spans several; an empty one is a piece of
+    size 0 (handed out in its place)."""
+    windows, cur, used = [], [], 0
+    for i, (_name, _dtype, _shape, nbytes, file, offset) in enumerate(tensors):
+        done = 0
+        while True:
+            n = min(nbytes - done, window - used)
+            cur.append((i, done, file, offset + done, n, used))
+            used += n
+            done += n
+            if used == window:
+                windows.append(cur)
+                cur, used = [], 0
+            if done == nbytes:
+                break
+    if cur:
+        windows.append(cur)
+    return windows
+
+
+def _stream_staged(load, device, window: int = 0, buffers: int = 0
+                   ) -> Iterator[Tuple[str, torch.Tensor]]:
+    """The tensors made on `device` and filled through a few pinned staging buffers: each
+    window of the files' bytes is read into a buffer (several windows in flight) and copied to
+    the device asynchronously while later windows are read; a buffer is refilled once the
+    device has copied out of it. Host memory stays at buffers x window whatever the model's
+    size. A tensor is handed out once its last piece's copy is enqueued (on the current
+    stream, so work the caller queues after it sees the bytes)."""
+    window = window or _STAGING_BYTES
+    buffers = buffers or _STAGING_BUFFERS
+    cuda = device.type == "cuda"
+    files = load.files
+    meta = load.tensors
+    out = [_allocate(files[file]["uri"], name, dtype, shape, device=device)
+           for name, dtype, shape, _nbytes, file, _offset in meta]
+    flat = [t.reshape(-1).view(torch.uint8) if t.numel() else None for t in out]
+    plan = _windows(meta, window)
+    total = sum(m[3] for m in meta)
+    size = min(window, max(total, 1))
+    slabs = [torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
+             for _ in range(min(buffers, len(plan)))]
+    base = [s.data_ptr() for s in slabs]
+    pool = ThreadPoolExecutor(max_workers=len(slabs), thread_name_prefix="wharf-stage")
+    pending = {}
+
+    def read(k, after):
+        if after is not None:
+            after.synchronize()  # the device has copied the buffer's previous window out
+        slab = base[k % len(slabs)]
+        load.read_spans([(f, off, n, slab + at) for _i, _t, f, off, n, at in plan[k] if n])
+
+    try:
+        for k in range(len(slabs)):
+            pending[k] = pool.submit(read, k, None)
+        for k, pieces in enumerate(plan):
+            pending.pop(k).result()
+            slab = slabs[k % len(slabs)]
+            done = []
+            for i, at_t, _f, _off, n, at in pieces:
+                if n:
+                    flat[i][at_t:at_t + n].copy_(slab[at:at + n], non_blocking=cuda)
+                if at_t + n == meta[i][3]:
+                    done.append(i)
+            after = None
+            if cuda:
+                after = torch.cuda.Event()
+                after.record()
+            if k + len(slabs) < len(plan):
+                pending[k + len(slabs)] = pool.submit(read, k + len(slabs), after)
+            for i in done:
+                yield meta[i][0], out[i]
+    finally:
+        if pending:
+            load.close()  # cancels the reads still in flight
+        for f in pending.values():
+            try:
+                f.result()
+            except Exception:
+                pass
+        pool.shutdown(wait=True)
+        if cuda:
+            # The buffers are freed after the copies out of them (torch's pinned memory
+            # allocator also waits for them; this keeps it independent of that).
+            torch.cuda.current_stream(device).synchronize()
 
 
 def iter_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu", *,
@@ -95,8 +201,11 @@ def iter_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu"
     `uris`: one safetensors file, a list of them, or a Hugging Face index
     (`model.safetensors.index.json`, whose shards are read) on any wharf URI (s3://, gs://,
     file://, a local path, a path inside a tier); `store_options` are wharf.Store's (endpoint=,
-    profile=, cache="TIER_DIR" to read through a tier, ...). `device`: tensors are read into
-    CPU memory (pinned when the device is CUDA) and moved there as each completes.
+    profile=, cache="TIER_DIR" to read through a tier, ...). `device`: onto a CUDA device
+    the tensors are made there and filled through a few pinned buffers (4 x 64 MiB), each
+    tensor handed out once its copy is queued on the current stream: host memory stays
+    bounded whatever the model's size; elsewhere they are read into CPU
+    memory (and moved to another device as each completes).
     `max_in_flight`: ranged GETs at once (0: the runtime's setting, else 64).
     Errors: wharf.NotFoundError for a missing file; wharf.WharfError naming the file and the
     tensor for a malformed file or a file replaced during the load; ValueError for a dtype
