@@ -303,6 +303,12 @@ def test_the_staged_path_of_device_loads_gives_the_same_bytes(aws, bucket, s3_cl
     for uri, expected in cases:
         got = dict(_stream_staged(_open(uri, 0, {}), torch.device("cpu"), window, buffers))
         assert_same({n: got[n] for n in expected}, expected)
+    # A file of no tensors, and one of empty tensors only.
+    for i, state in enumerate(({}, {"e": torch.empty(0), "f": torch.empty(2, 0)})):
+        save_file(state, str(tmp_path / f"e{i}.safetensors"))
+        got = dict(_stream_staged(_open(str(tmp_path / f"e{i}.safetensors"), 0, {}),
+                                  torch.device("cpu"), window, buffers))
+        assert_same(got, load_file(str(tmp_path / f"e{i}.safetensors")))
     # Leaving early cancels the windows in flight and waits for them.
     it = _stream_staged(_open(cases[0][0], 0, {}), torch.device("cpu"), 4096, 2)
     next(it)

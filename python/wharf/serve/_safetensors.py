@@ -149,7 +149,7 @@ def _stream_staged(load, device, window: int = 0, buffers: int = 0
     slabs = [torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
              for _ in range(min(buffers, len(plan)))]
     base = [s.data_ptr() for s in slabs]
-    pool = ThreadPoolExecutor(max_workers=len(slabs), thread_name_prefix="wharf-stage")
+    pool = ThreadPoolExecutor(max_workers=max(1, len(slabs)), thread_name_prefix="wharf-stage")
     pending = {}
 
     def read(k, after):
