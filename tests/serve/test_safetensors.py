@@ -308,7 +308,10 @@ def test_the_staged_path_of_device_loads_gives_the_same_bytes(aws, bucket, s3_cl
         save_file(state, str(tmp_path / f"e{i}.safetensors"))
         got = dict(_stream_staged(_open(str(tmp_path / f"e{i}.safetensors"), 0, {}),
                                   torch.device("cpu"), window, buffers))
-        assert_same(got, load_file(str(tmp_path / f"e{i}.safetensors")))
+        expected = load_file(str(tmp_path / f"e{i}.safetensors"))
+        # Empty tensors share an offset: load_file orders such ties at random (a hash map).
+        assert sorted(got) == sorted(expected)
+        assert_same({n: got[n] for n in expected}, expected)
     # Leaving early cancels the windows in flight and waits for them.
     it = _stream_staged(_open(cases[0][0], 0, {}), torch.device("cpu"), 4096, 2)
     next(it)

@@ -56,6 +56,11 @@ RAW_DESCRIPTOR = "wharf.raw/1"
 _METADATA = ".metadata"
 _SUFFIX = ".distcp"
 DCP_VERSION = "1.0.0"
+# Tensors on an accelerator are copied to host memory to be written. Up to this many bytes of
+# them at once: a rank's device state larger than that is written in waves of files through two
+# pinned buffers of this size (a tensor larger than a wave gets a buffer of its own size), so a
+# synchronous save holds a bounded amount of host memory whatever the state's size.
+_DEVICE_WAVE_BYTES = 256 << 20
 
 
 @dataclasses.dataclass
@@ -207,7 +212,9 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
     """DCP StorageWriter on any wharf URI (the checkpoint's directory).
 
     files_per_rank: files each rank writes, written in parallel (each as parallel parts);
-    default 4. overwrite: replace a checkpoint already at the URI (as DCP's FileSystemWriter,
+    default 4. A rank's tensors on an accelerator (CUDA) go through pinned host buffers: more
+    than 256 MiB of them are written in waves of `files_per_rank` files each, two waves at a
+    time, so a save holds at most two waves in host memory. overwrite: replace a checkpoint already at the URI (as DCP's FileSystemWriter,
     default True). cache_staged_state_dict: dcp.async_save keeps the CPU copy it stages into
     across saves (faster staging, one copy of the state held). Store options (endpoint=,
     region=, ...) as wharf.Store's.
@@ -259,26 +266,44 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
         return [dataclasses.replace(p, storage_data=_Prefix(f"__{i}_"))
                 if p.storage_data is None else p for i, p in enumerate(plans)]
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
-        prefix = plan.storage_data.prefix
-        regions, sizes, keep = [], [], []
-        for item in plan.items:
-            memory, nbytes, owner = _region(planner.resolve_data(item))
-            regions.append(memory)
-            sizes.append(nbytes)
-            keep.append(owner)
-        results, files = [], []
-        for n, members in enumerate(_balance(plan.items, sizes, self.files_per_rank)):
-            name = f"{prefix}{n}{_SUFFIX}"
+    # Tests set this to stage CPU tensors too (the device path without a device).
+    _stage_all = False
+    _wave_bytes = _DEVICE_WAVE_BYTES
+
+    def _on_device(self, data) -> bool:
+        return isinstance(data, torch.Tensor) and (data.device.type != "cpu" or self._stage_all)
+
+    def _files(self, prefix: str, first: int, items: list, sizes: list, regions: list,
+               results: list) -> list:
+        """The files of `items` (balanced over files_per_rank, numbered from `first`); appends
+        their WriteResults."""
+        files = []
+        for n, members in enumerate(_balance(items, sizes, self.files_per_rank)):
+            name = f"{prefix}{first + n}{_SUFFIX}"
             offset = 0
             for i in members:
-                item = plan.items[i]
                 results.append(WriteResult(
-                    index=item.index, size_in_bytes=sizes[i],
+                    index=items[i].index, size_in_bytes=sizes[i],
                     storage_data=_StorageInfo(name, offset, sizes[i],
                                               transform_descriptors=[RAW_DESCRIPTOR])))
                 offset += sizes[i]
             files.append((name, [regions[i] for i in members]))
+        return files
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        prefix = plan.storage_data.prefix
+        datas = [planner.resolve_data(item) for item in plan.items]
+        on_device = sum(d.numel() * d.element_size() for d in datas if self._on_device(d))
+        if on_device > self._wave_bytes:
+            return self._write_waves(prefix, plan.items, datas)
+        regions, sizes, keep = [], [], []
+        for data in datas:
+            memory, nbytes, owner = _region(data)
+            regions.append(memory)
+            sizes.append(nbytes)
+            keep.append(owner)
+        results: list = []
+        files = self._files(prefix, 0, plan.items, sizes, regions, results)
         future: Future = Future()
         try:
             self.root.write_files(files, self.max_files_in_flight)  # GIL released inside
@@ -286,6 +311,79 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
         except BaseException as e:  # the future carries it to DCP
             future.set_exception(e)
         del keep
+        return future
+
+    def _write_waves(self, prefix: str, items: list, datas: list) -> Future:
+        """A rank's accelerator tensors, more than one wave of them: each wave's are copied
+        into a pinned buffer (asynchronously, then synchronized) and written as files of their
+        own while the next wave is copied into the other buffer."""
+        from concurrent.futures import ThreadPoolExecutor
+        waves, cur, used = [], [], 0
+        for i, d in enumerate(datas):
+            n = d.numel() * d.element_size() if self._on_device(d) else 0
+            if cur and n and used + n > self._wave_bytes:
+                waves.append(cur)
+                cur, used = [], 0
+            cur.append(i)
+            used += n
+        waves.append(cur)
+        largest = max((d.numel() * d.element_size() for d in datas if self._on_device(d)),
+                      default=0)
+        size = max(self._wave_bytes, largest)
+        pin = torch.cuda.is_available()
+        buffers: list = []
+        results: list = []
+        future: Future = Future()
+        writes: list = []
+        kept: list = []
+        first = 0
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="wharf-ckpt-wave")
+        try:
+            for k, wave in enumerate(waves):
+                if k >= 2:
+                    writes[k - 2].result()  # its buffer is free again
+                if len(buffers) <= k % 2:
+                    buffers.append(torch.empty(size, dtype=torch.uint8, pin_memory=pin))
+                buf = buffers[k % 2]
+                regions, sizes, keep, devices = [], [], [], set()
+                at = 0
+                for i in wave:
+                    d = datas[i]
+                    if not self._on_device(d):
+                        memory, nbytes, owner = _region(d)
+                        regions.append(memory)
+                        sizes.append(nbytes)
+                        keep.append(owner)
+                        continue
+                    t = d.detach().resolve_conj().resolve_neg()
+                    nbytes = t.numel() * t.element_size()
+                    if nbytes:
+                        if not t.is_contiguous():
+                            t = t.contiguous()
+                        buf[at:at + nbytes].copy_(t.reshape(-1).view(torch.uint8),
+                                                  non_blocking=t.device.type == "cuda")
+                        devices.add(t.device)
+                    regions.append((buf.data_ptr() + at, nbytes))
+                    sizes.append(nbytes)
+                    at += nbytes
+                for dev in devices:
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                files = self._files(prefix, first, [items[i] for i in wave], sizes, regions,
+                                    results)
+                first += len(files)
+                writes.append(pool.submit(self.root.write_files, files,
+                                          self.max_files_in_flight))
+                kept.append(keep)  # copies _region made stay alive until written
+            for w in writes:
+                w.result()
+            future.set_result(results)
+        except BaseException as e:  # the future carries it to DCP
+            for w in writes:
+                w.cancel()
+            future.set_exception(e)
+        finally:
+            pool.shutdown(wait=True)  # no write still reads a buffer when they are freed
         return future
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
@@ -423,8 +521,12 @@ class StorageReader(_Located, _StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
+    # Tests set this to stage CPU destinations too (the device path without a device).
+    _stage_all = False
+    _wave_bytes = _DEVICE_WAVE_BYTES
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        ranges, after = [], []
+        ranges, after, staged = [], [], []
         for req in plan.items:
             info = self.storage_data[req.storage_index]
             etag = self.etags.get(info.relative_path, "")
@@ -445,7 +547,13 @@ class StorageReader(_Located, _StorageReader):
             if count == 0:
                 after.append((self._commit, req, target, None))
                 continue
-            if (_contiguous_box(offsets, lengths, sizes) and target.is_cpu
+            last = _flat([o + n - 1 for o, n in zip(offsets, lengths)], sizes)
+            if not target.is_cpu or self._stage_all:
+                # Into an accelerator: through pinned buffers, in waves (_read_waves).
+                staged.append((req, info, etag, dtype, first, last, target,
+                               lengths, [math.prod(sizes[j + 1:]) for j in range(len(sizes))]))
+                continue
+            if (_contiguous_box(offsets, lengths, sizes)
                     and target.is_contiguous() and target.dtype == dtype
                     and not target.is_conj() and not target.is_neg()):
                 ranges.append((info.relative_path, info.offset + first * elt, count * elt,
@@ -453,7 +561,6 @@ class StorageReader(_Located, _StorageReader):
                 after.append((self._commit, req, target, None))
                 continue
             # The byte window from the box's first element to its last, then the box's view.
-            last = _flat([o + n - 1 for o, n in zip(offsets, lengths)], sizes)
             window = torch.empty(last - first + 1, dtype=dtype)
             ranges.append((info.relative_path, info.offset + first * elt, window.numel() * elt,
                            (window.data_ptr(), window.numel() * elt), etag))
@@ -465,10 +572,81 @@ class StorageReader(_Located, _StorageReader):
             self.stats = self.root.read_ranges(ranges, self.max_in_flight)  # GIL released
             for fn, *args in after:
                 fn(planner, *args)
+            if staged:
+                self._read_waves(planner, staged)
             future.set_result(None)
         except BaseException as e:
             future.set_exception(e)
         return future
+
+    def _read_waves(self, planner, staged: list) -> None:
+        """Items whose destinations are on an accelerator: their byte windows are read into
+        pinned buffers, wave by wave (at most `_wave_bytes` each; an item larger than that
+        alone), up to four waves in flight; as a wave is in, its boxes are copied to their
+        destinations asynchronously and the buffer is read into again once the device has
+        copied out of it. Host memory: the buffers, whatever the state's size."""
+        from concurrent.futures import ThreadPoolExecutor
+        align = 64
+        waves, cur, used = [], [], 0
+        for entry in staged:
+            _req, _info, _etag, dtype, first, last, *_ = entry
+            n = -(-(last - first + 1) * torch._utils._element_size(dtype) // align) * align
+            if cur and used + n > self._wave_bytes:
+                waves.append((cur, used))
+                cur, used = [], 0
+            cur.append((entry, used))
+            used += n
+        waves.append((cur, used))
+        size = max(used for _, used in waves)
+        cuda = torch.cuda.is_available() and any(not e[6].is_cpu for e in staged)
+        buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
+                   for _ in range(min(4, len(waves)))]
+
+        def read(k, after):
+            if after is not None:
+                after.synchronize()  # the device has copied this buffer's last wave out
+            buf = buffers[k % len(buffers)]
+            ranges = []
+            for (_req, info, etag, dtype, first, last, *_), at in waves[k][0]:
+                elt = torch._utils._element_size(dtype)
+                n = (last - first + 1) * elt
+                ranges.append((info.relative_path, info.offset + first * elt, n,
+                               (buf.data_ptr() + at, n), etag))
+            return self.root.read_ranges(ranges, self.max_in_flight)
+
+        pool = ThreadPoolExecutor(max_workers=len(buffers), thread_name_prefix="wharf-ckpt-wave")
+        pending = {k: pool.submit(read, k, None) for k in range(len(buffers))}
+        devices = set()
+        try:
+            for k, (wave, _) in enumerate(waves):
+                stats = pending.pop(k).result()
+                for key in ("ranges", "requests", "bytes", "bytes_fetched"):
+                    if key in stats:
+                        self.stats[key] = self.stats.get(key, 0) + stats[key]
+                buf = buffers[k % len(buffers)]
+                for (req, _info, _etag, dtype, first, last, target, lengths, strides), at in wave:
+                    n = (last - first + 1) * torch._utils._element_size(dtype)
+                    window = buf[at:at + n].view(dtype)
+                    view = window.as_strided(lengths, strides, window.storage_offset())
+                    target.copy_(view, non_blocking=target.device.type == "cuda")
+                    if target.device.type == "cuda":
+                        devices.add(target.device)
+                    planner.commit_tensor(req, target)
+                after = None
+                if cuda:
+                    after = torch.cuda.Event()
+                    after.record()
+                if k + len(buffers) < len(waves):
+                    pending[k + len(buffers)] = pool.submit(read, k + len(buffers), after)
+        finally:
+            for f in pending.values():  # after an error: the reads still in flight end
+                try:
+                    f.result()
+                except Exception:
+                    pass
+            pool.shutdown(wait=True)
+            for dev in devices:  # the copies out of the buffers are done before they go
+                torch.cuda.synchronize(dev)
 
     # ---- helpers ----
     def _chunk(self, req):
