@@ -47,24 +47,21 @@ def _open(uris: UriArg, max_in_flight: int, store_options: dict):
     return _wharf._SafetensorsLoad(_uris(uris), max_in_flight=max_in_flight, **store_options)
 
 
-def _torch_dtype_shape(files, name, dtype, shape):
+def _allocate(uri, name, dtype, shape, device=None) -> torch.Tensor:
+    """An empty tensor for a safetensors entry; a dtype or shape torch cannot hold is a
+    ValueError naming the file and the tensor."""
     tdtype = _DTYPES.get(dtype)
     if tdtype is None:
-        raise ValueError(f"{files}: tensor '{name}': dtype {dtype} has no torch "
+        raise ValueError(f"{uri}: tensor '{name}': dtype {dtype} has no torch "
                          f"dtype in torch {torch.__version__}")
     if dtype == "F4":
         # Two 4-bit values per element of torch's float4_e2m1fn_x2: the last dimension
         # halves (as safetensors.torch gives it).
         shape = list(shape)
         if not shape or shape[-1] % 2:
-            raise ValueError(f"{files}: tensor '{name}': an F4 tensor needs an "
+            raise ValueError(f"{uri}: tensor '{name}': an F4 tensor needs an "
                              f"even last dimension for torch's float4_e2m1fn_x2, not {shape}")
         shape[-1] //= 2
-    return tdtype, shape
-
-
-def _allocate(uri, name, dtype, shape, device=None) -> torch.Tensor:
-    tdtype, shape = _torch_dtype_shape(uri, name, dtype, shape)
     try:
         return torch.empty(shape, dtype=tdtype, device=device)
     except (RuntimeError, TypeError, OverflowError) as e:  # a shape torch cannot hold
@@ -181,12 +178,7 @@ def _stream_staged(load, device, window: int = 0, buffers: int = 0
     finally:
         if pending:
             load.close()  # cancels the reads still in flight
-        for f in pending.values():
-            try:
-                f.result()
-            except Exception:
-                pass
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True)  # and waits for them
         if cuda:
             # The buffers are freed after the copies out of them (torch's pinned memory
             # allocator also waits for them; this keeps it independent of that).
@@ -204,8 +196,8 @@ def iter_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu"
     profile=, cache="TIER_DIR" to read through a tier, ...). `device`: onto a CUDA device
     the tensors are made there and filled through a few pinned buffers (4 x 64 MiB), each
     tensor handed out once its copy is queued on the current stream: host memory stays
-    bounded whatever the model's size; elsewhere they are read into CPU
-    memory (and moved to another device as each completes).
+    bounded whatever the model's size; elsewhere they are read into CPU memory (and moved to
+    another device as each completes).
     `max_in_flight`: ranged GETs at once (0: the runtime's setting, else 64).
     Errors: wharf.NotFoundError for a missing file; wharf.WharfError naming the file and the
     tensor for a malformed file or a file replaced during the load; ValueError for a dtype

@@ -56,10 +56,10 @@ RAW_DESCRIPTOR = "wharf.raw/1"
 _METADATA = ".metadata"
 _SUFFIX = ".distcp"
 DCP_VERSION = "1.0.0"
-# Tensors on an accelerator are copied to host memory to be written. Up to this many bytes of
-# them at once: a rank's device state larger than that is written in waves of files through two
-# pinned buffers of this size (a tensor larger than a wave gets a buffer of its own size), so a
-# synchronous save holds a bounded amount of host memory whatever the state's size.
+# Tensors on an accelerator are copied to host memory to be written (and read through it into
+# them), through pinned buffers of this size: a rank's device state larger than that is written
+# and read in waves (a tensor larger than a wave gets a buffer of its own size), so host memory
+# stays bounded whatever the state's size.
 _DEVICE_WAVE_BYTES = 256 << 20
 
 
@@ -90,6 +90,22 @@ def _region(data) -> tuple[Any, int, Any]:
         t = t.contiguous()
     nbytes = t.numel() * t.element_size()
     return (t.data_ptr(), nbytes), nbytes, t
+
+
+def _waves(sizes: list[int], limit: int, align: int = 1) -> list[tuple[list, int]]:
+    """Items cut, in order, into waves of at most `limit` bytes (an item larger than that is a
+    wave of its own): [([(item index, offset in the wave), ...], wave bytes), ...], each offset
+    a multiple of `align`. Items of size 0 ride along with the wave they fall in."""
+    waves, cur, used = [], [], 0
+    for i, size in enumerate(sizes):
+        n = -(-size // align) * align
+        if cur and n and used + n > limit:
+            waves.append((cur, used))
+            cur, used = [], 0
+        cur.append((i, used))
+        used += n
+    waves.append((cur, used))
+    return waves
 
 
 def _balance(items: list, sizes: list[int], bins: int) -> list[list[int]]:
@@ -214,8 +230,8 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
     files_per_rank: files each rank writes, written in parallel (each as parallel parts);
     default 4. A rank's tensors on an accelerator (CUDA) go through pinned host buffers: more
     than 256 MiB of them are written in waves of `files_per_rank` files each, two waves at a
-    time, so a save holds at most two waves in host memory. overwrite: replace a checkpoint already at the URI (as DCP's FileSystemWriter,
-    default True). cache_staged_state_dict: dcp.async_save keeps the CPU copy it stages into
+    time, so a save holds at most two waves in host memory. overwrite: replace a checkpoint
+    already at the URI (as DCP's FileSystemWriter, default True). cache_staged_state_dict: dcp.async_save keeps the CPU copy it stages into
     across saves (faster staging, one copy of the state held). Store options (endpoint=,
     region=, ...) as wharf.Store's.
     """
@@ -291,90 +307,58 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
         return files
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
-        prefix = plan.storage_data.prefix
-        datas = [planner.resolve_data(item) for item in plan.items]
-        on_device = sum(d.numel() * d.element_size() for d in datas if self._on_device(d))
-        if on_device > self._wave_bytes:
-            return self._write_waves(prefix, plan.items, datas)
-        regions, sizes, keep = [], [], []
-        for data in datas:
-            memory, nbytes, owner = _region(data)
-            regions.append(memory)
-            sizes.append(nbytes)
-            keep.append(owner)
-        results: list = []
-        files = self._files(prefix, 0, plan.items, sizes, regions, results)
-        future: Future = Future()
-        try:
-            self.root.write_files(files, self.max_files_in_flight)  # GIL released inside
-            future.set_result(results)
-        except BaseException as e:  # the future carries it to DCP
-            future.set_exception(e)
-        del keep
-        return future
-
-    def _write_waves(self, prefix: str, items: list, datas: list) -> Future:
-        """A rank's accelerator tensors, more than one wave of them: each wave's are copied
-        into a pinned buffer (asynchronously, then synchronized) and written as files of their
-        own while the next wave is copied into the other buffer."""
+        """Writes the rank's items as files of raw bytes. Tensors on an accelerator are copied
+        into a pinned buffer first (asynchronously, then synchronized), in waves of at most
+        `_wave_bytes` (a tensor larger than that alone): each wave is written as files of its
+        own while the next is copied into a second buffer. A state in CPU memory is one wave
+        written straight from its tensors' memory."""
         from concurrent.futures import ThreadPoolExecutor
-        waves, cur, used = [], [], 0
-        for i, d in enumerate(datas):
-            n = d.numel() * d.element_size() if self._on_device(d) else 0
-            if cur and n and used + n > self._wave_bytes:
-                waves.append(cur)
-                cur, used = [], 0
-            cur.append(i)
-            used += n
-        waves.append(cur)
-        largest = max((d.numel() * d.element_size() for d in datas if self._on_device(d)),
-                      default=0)
-        size = max(self._wave_bytes, largest)
-        pin = torch.cuda.is_available()
+        prefix = plan.storage_data.prefix
+        items = plan.items
+        datas = [planner.resolve_data(item) for item in items]
+        staged = [self._on_device(d) for d in datas]
+        waves = _waves([d.numel() * d.element_size() if on else 0
+                        for d, on in zip(datas, staged)], self._wave_bytes)
+        size = max(used for _, used in waves)
         buffers: list = []
         results: list = []
-        future: Future = Future()
         writes: list = []
-        kept: list = []
-        first = 0
+        kept: list = []  # what _region made (contiguous copies) lives until written
+        future: Future = Future()
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="wharf-ckpt-wave")
         try:
-            for k, wave in enumerate(waves):
+            first = 0
+            for k, (wave, _) in enumerate(waves):
                 if k >= 2:
                     writes[k - 2].result()  # its buffer is free again
-                if len(buffers) <= k % 2:
-                    buffers.append(torch.empty(size, dtype=torch.uint8, pin_memory=pin))
-                buf = buffers[k % 2]
-                regions, sizes, keep, devices = [], [], [], set()
-                at = 0
-                for i in wave:
-                    d = datas[i]
-                    if not self._on_device(d):
-                        memory, nbytes, owner = _region(d)
-                        regions.append(memory)
-                        sizes.append(nbytes)
-                        keep.append(owner)
-                        continue
-                    t = d.detach().resolve_conj().resolve_neg()
-                    nbytes = t.numel() * t.element_size()
-                    if nbytes:
-                        if not t.is_contiguous():
-                            t = t.contiguous()
-                        buf[at:at + nbytes].copy_(t.reshape(-1).view(torch.uint8),
-                                                  non_blocking=t.device.type == "cuda")
-                        devices.add(t.device)
-                    regions.append((buf.data_ptr() + at, nbytes))
+                if size and len(buffers) <= k % 2:
+                    buffers.append(torch.empty(size, dtype=torch.uint8,
+                                               pin_memory=torch.cuda.is_available()))
+                regions, sizes, devices = [], [], set()
+                for i, at in wave:
+                    if not staged[i]:
+                        memory, nbytes, owner = _region(datas[i])
+                        kept.append(owner)
+                    else:
+                        buf = buffers[k % 2]
+                        t = datas[i].detach().resolve_conj().resolve_neg()
+                        nbytes = t.numel() * t.element_size()
+                        if nbytes:
+                            buf[at:at + nbytes].copy_(
+                                t.contiguous().reshape(-1).view(torch.uint8),
+                                non_blocking=t.device.type == "cuda")
+                            devices.add(t.device)
+                        memory = (buf.data_ptr() + at, nbytes)
+                    regions.append(memory)
                     sizes.append(nbytes)
-                    at += nbytes
                 for dev in devices:
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
-                files = self._files(prefix, first, [items[i] for i in wave], sizes, regions,
+                files = self._files(prefix, first, [items[i] for i, _ in wave], sizes, regions,
                                     results)
                 first += len(files)
-                writes.append(pool.submit(self.root.write_files, files,
-                                          self.max_files_in_flight))
-                kept.append(keep)  # copies _region made stay alive until written
+                # GIL released inside write_files.
+                writes.append(pool.submit(self.root.write_files, files, self.max_files_in_flight))
             for w in writes:
                 w.result()
             future.set_result(results)
@@ -586,17 +570,11 @@ class StorageReader(_Located, _StorageReader):
         destinations asynchronously and the buffer is read into again once the device has
         copied out of it. Host memory: the buffers, whatever the state's size."""
         from concurrent.futures import ThreadPoolExecutor
-        align = 64
-        waves, cur, used = [], [], 0
-        for entry in staged:
-            _req, _info, _etag, dtype, first, last, *_ = entry
-            n = -(-(last - first + 1) * torch._utils._element_size(dtype) // align) * align
-            if cur and used + n > self._wave_bytes:
-                waves.append((cur, used))
-                cur, used = [], 0
-            cur.append((entry, used))
-            used += n
-        waves.append((cur, used))
+        # Offsets aligned for any dtype's view of the buffer.
+        waves = [([(staged[i], at) for i, at in wave], used) for wave, used in _waves(
+            [(last - first + 1) * torch._utils._element_size(dtype)
+             for _req, _info, _etag, dtype, first, last, *_ in staged],
+            self._wave_bytes, align=64)]
         size = max(used for _, used in waves)
         cuda = torch.cuda.is_available() and any(not e[6].is_cpu for e in staged)
         buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
@@ -639,12 +617,7 @@ class StorageReader(_Located, _StorageReader):
                 if k + len(buffers) < len(waves):
                     pending[k + len(buffers)] = pool.submit(read, k + len(buffers), after)
         finally:
-            for f in pending.values():  # after an error: the reads still in flight end
-                try:
-                    f.result()
-                except Exception:
-                    pass
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=True)  # after an error: the reads still in flight end
             for dev in devices:  # the copies out of the buffers are done before they go
                 torch.cuda.synchronize(dev)
 
