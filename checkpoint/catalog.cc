@@ -193,6 +193,11 @@ absl::StatusOr<std::shared_ptr<CheckpointRoot>> CheckpointRoot::Open(
     if (dir == "/") {
       return absl::InvalidArgumentError("a checkpoint root cannot be the file system root");
     }
+    // A file where the root should be: every verb would report "no checkpoint" for it.
+    if (struct stat st; ::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint root file://", dir, " is a file, not a directory of checkpoints"));
+    }
     root->local_dir_ = dir;
     root->uri_ = absl::StrCat("file://", dir, "/");
     auto tier = Tier::Find(dir);

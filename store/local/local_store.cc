@@ -418,13 +418,25 @@ absl::StatusOr<ListPage> LocalStore::List(const ListOptions& options,
   return page;
 }
 
+namespace {
+
+// What a path that is not a regular file is, for the NotFound a get or head of it returns
+// (objects are files; a directory is a prefix).
+absl::Status NotAnObject(absl::string_view op, const struct stat& st) {
+  return absl::NotFoundError(absl::StrCat(op, S_ISDIR(st.st_mode)
+                                                  ? ": no such object (a directory, not a file)"
+                                                  : ": no such object (not a regular file)"));
+}
+
+}  // namespace
+
 absl::StatusOr<ObjectMeta> LocalStore::Head(const std::string& key) {
   const std::string op = absl::StrCat("head ", Uri(key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
   const std::string path = PathOf(key);
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, op);
-  if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(op, ": no such object"));
+  if (!S_ISREG(st.st_mode)) return NotAnObject(op, st);
   ObjectMeta meta;
   meta.key = key;
   meta.size = st.st_size;
@@ -456,7 +468,7 @@ absl::StatusOr<GetResult> LocalStore::Get(const GetRequest& request) {
   } closer{fd};
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoToStatus(errno, op);
-  if (!S_ISREG(st.st_mode)) return absl::NotFoundError(absl::StrCat(op, ": no such object"));
+  if (!S_ISREG(st.st_mode)) return NotAnObject(op, st);
   GetResult result;
   result.meta.key = request.key;
   result.meta.size = st.st_size;

@@ -233,6 +233,13 @@ def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):
     out = ckpt("restore", root, "--latest", a_file, env=aws)
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert "is a file, not a directory" in out.stderr
+    # A file given as the root: an error for every verb, never "no complete checkpoint".
+    for verb, args in (("ls", [a_file]), ("export", [a_file, "--latest", dest]),
+                       ("rm", [a_file, "--step", "1"])):
+        out = ckpt(verb, *args, env=aws)
+        assert out.returncode == 1 and out.stderr.count("\n") == 1, (verb, out.stderr)
+        assert f"{a_file} is a file, not a directory of checkpoints" in out.stderr, out.stderr
+        assert out.stdout == b"", out.stdout
     # Into the root itself, below one of its checkpoints: refused (later copies of the root
     # carried the copy along).
     inside = f"{root}/step-000000000003/copy"

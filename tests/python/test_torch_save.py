@@ -90,6 +90,12 @@ def test_a_save_that_raises_leaves_nothing(root):
         wharf.torch.load(root + "e.pt")
 
 
+def test_loading_a_directory_says_it_is_one(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"ckpt: no such object \(a directory, not a file\)"):
+        wharf.torch.load(str(tmp_path / "ckpt"))
+
+
 def test_a_store_error_during_a_large_save_is_the_error_raised(s3_env, monkeypatch):
     # torch's zip writer turns a failed write into "unexpected pos": the store's error (the
     # bucket, the credentials) is what the caller gets, above one part as below it.
