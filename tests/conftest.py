@@ -37,6 +37,17 @@ def run_wharf(*args, env=None, input=None, check=False, timeout=300):
     return proc
 
 
+def random_bytes(n, seed):
+    """n bytes that look random, the same for the same seed (SHA-256 chained from it)."""
+    import hashlib
+    out = bytearray()
+    block = hashlib.sha256(str(seed).encode()).digest()
+    while len(out) < n:
+        block = hashlib.sha256(block).digest()
+        out += block * 64
+    return bytes(out[:n])
+
+
 def run_processes(argvs, env, timeout=120):
     """Starts one process per argv at once (the ranks of a multi-process test) and waits for
     all; returns [(returncode, output)], killing any still running on a timeout or error."""

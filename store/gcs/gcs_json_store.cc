@@ -20,6 +20,7 @@
 #include "base/timer.h"
 #include "http/bearer_signer.h"
 #include "nlohmann/json.hpp"
+#include "store/get_body.h"
 #include "store/keys.h"
 
 namespace wharf::gcs {
@@ -551,13 +552,11 @@ struct GetState {
   bool whole_object = false;  // the response is the whole object (its crc32c applies)
   std::optional<uint32_t> expected_crc;
   uint32_t crc = 0;
-  // This attempt: bytes of the response body seen, and of those delivered.
-  uint64_t attempt_seen = 0;
+  // This attempt: bytes of the response body delivered.
   uint64_t attempt_bytes = 0;
-  // The server answered a ranged request with the whole object (HTTP lets a server ignore
-  // Range; the emulator does for suffix ranges): only [skip, skip + want) is delivered.
-  bool ignored_range = false;
-  uint64_t skip = 0, want = 0;
+  // Active when the server answered a ranged request with 200 and the whole object (HTTP lets
+  // a server ignore Range; the emulator does for suffix ranges): the range of it is delivered.
+  RangeCut cut;
 };
 
 }  // namespace
@@ -618,35 +617,19 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       const GetRequest& req = state->request;
       if (IsCancelled(req.cancel)) return absl::CancelledError("cancelled");
       if (state->whole_object) state->crc = Crc32cExtend(state->crc, chunk.data(), chunk.size());
-      absl::string_view bytes(chunk.data(), chunk.size());
-      if (state->ignored_range) {  // keep [skip, skip + want) of the whole object
-        const uint64_t at = state->attempt_seen;
-        state->attempt_seen += bytes.size();
-        const uint64_t lo = std::max(at, state->skip);
-        const uint64_t hi = std::min(at + bytes.size(), state->skip + state->want);
-        bytes = lo < hi ? bytes.substr(lo - at, hi - lo) : absl::string_view();
-        if (bytes.empty()) return absl::OkStatus();
-      }
-      if (req.sink != nullptr) {
-        WHARF_RETURN_IF_ERROR(req.sink->Append(bytes));
-        state->attempt_bytes += bytes.size();
-        return absl::OkStatus();
-      }
+      const absl::string_view bytes =
+          state->cut.Take(absl::string_view(chunk.data(), chunk.size()));
+      if (bytes.empty()) return absl::OkStatus();
       // Bytes of this attempt land after those of earlier attempts.
-      absl::Span<char> rest = req.buffer.subspan(state->delivered);
-      const uint64_t at = state->attempt_bytes;
-      if (at + bytes.size() > rest.size()) {
-        return absl::OutOfRangeError(absl::StrCat("get ", state->uri, ": the buffer of ",
-                                                  req.buffer.size(), " bytes is too small"));
-      }
-      std::memcpy(rest.data() + at, bytes.data(), bytes.size());
+      WHARF_RETURN_IF_ERROR(
+          DeliverGetBytes(req, state->delivered + state->attempt_bytes, bytes, state->uri));
       state->attempt_bytes += bytes.size();
       return absl::OkStatus();
     });
   };
   call->on_headers = [state](const HttpResponse& r) {
     state->attempt_bytes = 0;
-    state->attempt_seen = 0;
+    state->cut = {};
     if (r.status / 100 != 2) return;
     const std::string generation = Header(r, "x-goog-generation");
     const GetRequest& req = state->request;
@@ -705,9 +688,7 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
           state->refused = Annotate(span.status(), absl::StrCat("get ", state->uri));
           return;
         }
-        state->ignored_range = true;
-        state->skip = span->first;
-        state->want = span->second - span->first;
+        state->cut = {.active = true, .skip = span->first, .want = span->second - span->first};
         state->begin = span->first;
         state->end = span->second;
       }
@@ -718,7 +699,7 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   call->on_transport_failure = [state, weak_call, set_request](const absl::Status&) {
     if (state->refused || state->not_modified) return false;
     const uint64_t got = state->attempt_bytes;
-    if (state->ignored_range || state->generation.empty()) {
+    if (state->cut.active || state->generation.empty()) {
       // Cannot resume safely (no generation to pin, or a server that ignores ranges): a
       // buffer is filled again from the start; bytes a sink already took cannot be retracted.
       if (got > 0 && state->request.sink != nullptr) return false;

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -554,11 +557,52 @@ namespace {
 // an interrupted transfer resumes where it stopped.
 struct GetState {
   GetRequest request;
+  std::string uri;
   uint64_t begin = 0;           // first byte wanted (known once the range is resolved)
-  uint64_t delivered = 0;       // bytes delivered so far
+  uint64_t delivered = 0;       // bytes delivered to the destination by earlier attempts
   std::optional<uint64_t> end;  // one past the last byte wanted, once known
   std::string etag;             // of the version being read, once known
+  // Set by on_headers or the body: the response cannot be delivered (the buffer is too small,
+  // or the range cannot be cut from a whole object); the call fails with it, not retried.
+  std::optional<absl::Status> refused;
+  // This attempt: bytes of the response body seen, and of those delivered.
+  uint64_t attempt_seen = 0;
+  uint64_t attempt_bytes = 0;
+  // The server answered a ranged request with 200 and the whole object (HTTP lets a server
+  // ignore Range; some S3-compatible servers and proxies do): only [skip, skip + want) of it
+  // is delivered, and the attempt cannot be resumed.
+  bool ignored_range = false;
+  uint64_t skip = 0, want = 0;
 };
+
+// Where a 200 to a ranged request puts the bytes wanted: [skip, skip + want) of the whole
+// object, or an error when they cannot be known.
+absl::Status CutIgnoredRange(GetState& state, const HttpResponse& r) {
+  const GetRequest& req = state.request;
+  uint64_t size = 0;
+  const bool sized = absl::SimpleAtoi(Header(r, "content-length"), &size);
+  uint64_t from = 0, to = std::numeric_limits<uint64_t>::max();
+  if (state.delivered > 0) {  // a resumed attempt: the rest of the range
+    from = state.begin + state.delivered;
+    if (state.end) to = *state.end;
+  } else if (sized) {
+    WHARF_ASSIGN_OR_RETURN(auto span, req.range.Resolve(size));
+    std::tie(from, to) = span;
+  } else if (!req.range.suffix) {
+    from = req.range.offset;
+    if (req.range.length) to = from + *req.range.length;
+  } else {
+    return absl::UnimplementedError(
+        "the server ignored the Range header and sent no Content-Length: the last bytes of "
+        "the object cannot be found");
+  }
+  if (sized) to = std::min(to, size);
+  if (sized && from == 0 && to == size) return absl::OkStatus();  // the whole object was asked
+  state.ignored_range = true;
+  state.skip = from;
+  state.want = to - from;
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -578,6 +622,7 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
   }
   auto state = std::make_shared<GetState>();
   state->request = std::move(request);
+  state->uri = uri;
   auto call = std::make_shared<Call>();
   call->op = "get";
   call->key = state->request.key;
@@ -606,45 +651,97 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
   };
   set_headers(*call);
   call->make_response_body = [state]() -> ResponseBody {
-    const GetRequest& req = state->request;
-    if (req.sink != nullptr) {
-      return ResponseBody::Stream([state](std::string_view chunk) -> absl::Status {
-        // A sink's own cancel (or another thread's) stops the stream before the next chunk.
-        if (IsCancelled(state->request.cancel)) return absl::CancelledError("cancelled");
-        return state->request.sink->Append(absl::string_view(chunk.data(), chunk.size()));
-      });
-    }
-    return ResponseBody::Buffer(req.buffer.subspan(state->delivered));
+    return ResponseBody::Stream([state](std::string_view chunk) -> absl::Status {
+      if (state->refused) return *state->refused;
+      const GetRequest& req = state->request;
+      // A sink's own cancel (or another thread's) stops the stream before the next chunk.
+      if (IsCancelled(req.cancel)) return absl::CancelledError("cancelled");
+      absl::string_view bytes(chunk.data(), chunk.size());
+      if (state->ignored_range) {  // keep [skip, skip + want) of the whole object
+        const uint64_t at = state->attempt_seen;
+        state->attempt_seen += bytes.size();
+        const uint64_t lo = std::max(at, state->skip);
+        const uint64_t stop = state->want > std::numeric_limits<uint64_t>::max() - state->skip
+                                  ? std::numeric_limits<uint64_t>::max()
+                                  : state->skip + state->want;
+        const uint64_t hi = std::min<uint64_t>(at + bytes.size(), stop);
+        bytes = lo < hi ? bytes.substr(lo - at, hi - lo) : absl::string_view();
+        if (bytes.empty()) return absl::OkStatus();
+      }
+      if (req.sink != nullptr) {
+        WHARF_RETURN_IF_ERROR(req.sink->Append(bytes));
+        state->attempt_bytes += bytes.size();
+        return absl::OkStatus();
+      }
+      // Bytes of this attempt land after those of earlier attempts.
+      const absl::Span<char> rest = req.buffer.subspan(state->delivered);
+      const uint64_t at = state->attempt_bytes;
+      if (bytes.size() > rest.size() - at) {
+        state->refused = absl::OutOfRangeError(
+            absl::StrCat("get ", state->uri, ": the response body of at least ",
+                         state->delivered + at + bytes.size(), " bytes does not fit the ",
+                         req.buffer.size(), "-byte buffer"));
+        return *state->refused;
+      }
+      std::memcpy(rest.data() + at, bytes.data(), bytes.size());
+      state->attempt_bytes += bytes.size();
+      return absl::OkStatus();
+    });
   };
   call->on_headers = [state](const HttpResponse& r) {
-    if (r.status / 100 != 2 || state->delivered > 0) return;
+    state->attempt_seen = 0;
+    state->attempt_bytes = 0;
+    state->ignored_range = false;
+    if (r.status / 100 != 2) return;
+    const GetRequest& req = state->request;
+    if (r.status == 200 && (state->delivered > 0 || !req.range.is_all())) {
+      if (absl::Status cut = CutIgnoredRange(*state, r); !cut.ok()) {
+        state->refused = Annotate(cut, absl::StrCat("get ", state->uri));
+        return;
+      }
+    }
+    if (state->delivered > 0) return;
     // The first response fixes the version and the extent that a resumed attempt continues.
     state->etag = Unquote(Header(r, "etag"));
     uint64_t first = 0, last = 0, total = 0, length = 0;
-    if (ParseContentRange(Header(r, "content-range"), &first, &last, &total)) {
+    if (state->ignored_range) {
+      state->begin = state->skip;
+      if (state->want != std::numeric_limits<uint64_t>::max()) {
+        state->end = state->skip + state->want;
+      }
+    } else if (ParseContentRange(Header(r, "content-range"), &first, &last, &total)) {
       state->begin = first;
       state->end = last + 1;
     } else if (absl::SimpleAtoi(Header(r, "content-length"), &length)) {
       state->begin = 0;
       state->end = length;
     }
+    // A buffer that cannot hold the body fails before any byte is read.
+    if (req.sink == nullptr && state->end && *state->end - state->begin > req.buffer.size()) {
+      state->refused = absl::OutOfRangeError(
+          absl::StrCat("get ", state->uri, ": the response body of ", *state->end - state->begin,
+                       " bytes does not fit the ", req.buffer.size(), "-byte buffer"));
+    }
   };
   std::weak_ptr<Call> weak_call = call;
-  call->on_transport_failure = [state, weak_call, set_headers](const absl::Status& s) {
-    const uint64_t got = DeliveredBytes(s);
-    // Resuming needs the version's ETag; a first attempt that delivered nothing restarts.
-    if (got > 0 && !state->etag.empty()) {
-      state->delivered += got;
-      if (auto c = weak_call.lock()) set_headers(*c);
-    } else if (got > 0) {
-      return false;  // bytes reached a sink but the version is unknown: cannot resume safely
+  call->on_transport_failure = [state, weak_call, set_headers](const absl::Status&) {
+    if (state->refused) return false;
+    const uint64_t got = state->attempt_bytes;
+    if (got == 0) return true;  // nothing delivered: the attempt starts over
+    if (state->ignored_range || state->etag.empty()) {
+      // Cannot resume (a server that ignores ranges, or no version to pin): a buffer is
+      // filled again from the start; bytes a sink already took cannot be retracted.
+      return state->request.sink == nullptr;
     }
+    state->delivered += got;
+    if (auto c = weak_call.lock()) set_headers(*c);
     return true;
   };
   // The ETag and extent are learned from the first response's headers.
   Execute(call, [call, state, uri, done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
     const int attempts = call->attempt;
     call.reset();  // breaks the cycle through call->on_* closures holding `state`
+    if (state->refused) return std::move(done)(*state->refused);
     if (!r.ok()) return std::move(done)(r.status());
     GetResult result;
     result.meta.key = state->request.key;
@@ -677,8 +774,8 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     } else if (!absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size)) {
       result.meta.size = r->body_bytes;  // a whole object sent without a Content-Length
     }
-    if (state->delivered > 0) result.offset = state->begin;
-    result.bytes = state->delivered + r->body_bytes;
+    if (state->delivered > 0 || state->ignored_range) result.offset = state->begin;
+    result.bytes = state->delivered + state->attempt_bytes;
     if (r->body_bytes != length) {
       return std::move(done)(absl::DataLossError(
           absl::StrCat("get ", uri, ": received ", r->body_bytes, " bytes, expected ", length)));

@@ -202,6 +202,104 @@ TEST(S3StoreTest, ShortBodyIntoASinkResumesWithoutSplicing) {
   EXPECT_EQ(calls.load(), 2);
 }
 
+// A server that ignores Range (HTTP allows it) answers 200 with the whole object.
+CannedHandler IgnoresRange(const std::string& data, std::atomic<int>* calls,
+                           size_t chunk_bytes = 7) {
+  return [&data, calls, chunk_bytes](const HttpRequest&) {
+    ++*calls;
+    CannedResponse r = Ok(data, {{"etag", "\"v\""}});
+    r.chunk_bytes = chunk_bytes;  // the range starts and ends inside chunks
+    return r;
+  };
+}
+
+class StringSink : public ReadSink {
+ public:
+  absl::Status Append(absl::string_view chunk) override {
+    absl::StrAppend(&bytes, chunk);
+    return absl::OkStatus();
+  }
+  std::string bytes;
+};
+
+TEST(S3StoreTest, ARangeTheServerIgnoredIsCutFromTheWholeObject) {
+  std::string data(1000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>('a' + i % 26);
+  std::atomic<int> calls{0};
+  auto store = MakeStore(std::make_shared<CannedTransport>(IgnoresRange(data, &calls)));
+  struct Case {
+    ByteRange range;
+    uint64_t begin, end;
+  };
+  for (const Case& c :
+       {Case{ByteRange::Of(100, 250), 100, 350}, Case{ByteRange::From(990), 990, 1000},
+        Case{ByteRange::Last(33), 967, 1000}, Case{ByteRange::Of(0, 5000), 0, 1000},
+        Case{ByteRange::Of(995, 10), 995, 1000}}) {
+    SCOPED_TRACE(c.range.ToHttp());
+    std::string buffer(c.end - c.begin, '\0');
+    auto got = store->Get({.key = "k", .range = c.range, .buffer = absl::MakeSpan(buffer)});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(buffer, data.substr(c.begin, c.end - c.begin));
+    EXPECT_EQ(got->offset, c.begin);
+    EXPECT_EQ(got->bytes, c.end - c.begin);
+    EXPECT_EQ(got->meta.size, data.size());
+    StringSink sink;
+    got = store->Get({.key = "k", .range = c.range, .sink = &sink});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(sink.bytes, data.substr(c.begin, c.end - c.begin));
+  }
+  // A range past the end is refused as S3 refuses it (416), once: not retried.
+  calls = 0;
+  std::string buffer(10, '\0');
+  auto past =
+      store->Get({.key = "k", .range = ByteRange::Of(1000, 10), .buffer = absl::MakeSpan(buffer)});
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange) << past.status();
+  EXPECT_THAT(past.status().message(), HasSubstr("s3://bkt/k"));
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST(S3StoreTest, AResumedRangeTheServerIgnoredIsCutFromTheWholeObject) {
+  std::string data(100000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13);
+  std::atomic<int> calls{0};
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
+    CannedResponse r = Ok(data, {{"etag", "\"v1\""}});
+    if (++calls == 1) {  // the whole object, cut off after 30,000 bytes
+      r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
+      r.fail_after_bytes = 30000;
+      return r;
+    }
+    bool ranged = false;
+    for (const auto& [k, v] : req.headers) ranged = ranged || k == "range";
+    EXPECT_TRUE(ranged);
+    return r;  // the resume's Range ignored: the whole object again
+  });
+  auto store = MakeStore(transport);
+  std::string buffer(data.size(), '\0');
+  auto got = store->Get({.key = "big", .buffer = absl::MakeSpan(buffer)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(buffer, data);
+  EXPECT_EQ(got->bytes, data.size());
+  EXPECT_EQ(calls.load(), 2);
+}
+
+TEST(S3StoreTest, ABufferTooSmallFailsBeforeTheBodyAndIsNotRetried) {
+  std::atomic<int> calls{0};
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
+    ++calls;
+    return Ok(std::string(100, 'x'));
+  });
+  auto store = MakeStore(transport);
+  std::string buffer(99, '\0');
+  auto got = store->Get({.key = "k", .buffer = absl::MakeSpan(buffer)});
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kOutOfRange) << got.status();
+  EXPECT_THAT(
+      got.status().message(),
+      HasSubstr("get s3://bkt/k: the response body of 100 bytes does not fit the 99-byte buffer"));
+  EXPECT_EQ(buffer, std::string(99, '\0'));
+  EXPECT_EQ(calls.load(), 1);
+}
+
 TEST(S3StoreTest, ChangedObjectDuringResumeFailsInsteadOfSplicing) {
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
     for (const auto& [k, v] : req.headers) {

@@ -1,6 +1,5 @@
 """The CLI on s3:// against the real Ceph RGW, cross-checked with an independent client
 (Debian's awscli v2), plus retries proven through a fault-injecting proxy."""
-import hashlib
 import json
 import os
 import time
@@ -9,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_wharf
+from conftest import random_bytes, run_wharf
 from fault_proxy import FaultProxy
 
 AWS = "/usr/bin/aws"  # Debian's awscli v2; the `aws` on PATH may be another version
@@ -26,15 +25,6 @@ def aws(s3_env, *args, check=True):
     env = dict(s3_env, AWS_CONFIG_FILE=str(cfg), AWS_PAGER="")
     return subprocess.run([AWS, "--endpoint-url", s3_env["WHARF_S3_ENDPOINT"], *args],
                           capture_output=True, env=env, check=check, timeout=300)
-
-
-def random_bytes(n, seed):
-    out = bytearray()
-    block = hashlib.sha256(str(seed).encode()).digest()
-    while len(out) < n:
-        block = hashlib.sha256(block).digest()
-        out += block * 64
-    return bytes(out[:n])
 
 
 def test_awscli_uploads_read_by_wharf(tmp_path, bucket, s3_env):
