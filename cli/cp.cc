@@ -74,6 +74,7 @@ void AddTransferFlags(CLI::App* cmd, CpArgs& args, bool stdio) {
 absl::StatusOr<TransferOptions> OptionsFrom(const CpArgs& args) {
   TransferOptions options;
   WHARF_ASSIGN_OR_RETURN(options.put, PutOptionsFrom(args.upload));
+  options.guess_content_type = !args.upload.no_guess_content_type;
   options.mode = args.sync ? TransferMode::kSync : TransferMode::kCopy;
   options.recursive = args.recursive || args.sync;
   options.delete_extra = args.delete_extra;

@@ -77,7 +77,11 @@ void AddFilterFlags(CLI::App* cmd, std::vector<std::string>& include,
 }
 
 void AddUploadFlags(CLI::App* cmd, UploadArgs& args) {
-  cmd->add_option("--content-type", args.content_type, "Content-Type of uploaded objects");
+  cmd->add_option("--content-type", args.content_type,
+                  "Content-Type of uploaded objects (default: the one the file's extension names, "
+                  "such as application/json for .json; the server's for other extensions)");
+  cmd->add_flag("--no-guess-content-type,--no-guess-mime-type", args.no_guess_content_type,
+                "Do not set a Content-Type from the extension: the server's default for all");
   cmd->add_option("--storage-class", args.storage_class,
                   "Storage class of uploaded objects (S3: STANDARD, STANDARD_IA, ...)");
   cmd->add_option("--sse", args.sse, "Server-side encryption of uploaded objects")

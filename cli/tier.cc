@@ -325,6 +325,7 @@ absl::Status RunExport(const TierArgs& args) {
   options.filters = args.filters;
   options.list_workers = args.list_workers;
   options.put = *std::move(put);
+  options.guess_content_type = !args.upload.no_guess_content_type;
   options.on_warning = [&progress](const absl::Status& s) {
     progress.PrintLine(absl::StrCat("wharf: ", OneLine(s.message())));
   };

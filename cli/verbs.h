@@ -48,6 +48,7 @@ void AddFilterFlags(CLI::App* cmd, std::vector<std::string>& include,
 // The upload options of every verb that uploads (cp, sync, tier export).
 struct UploadArgs {
   std::string content_type, storage_class, sse, sse_kms_key_id;
+  bool no_guess_content_type = false;
 };
 void AddUploadFlags(CLI::App* cmd, UploadArgs& args);
 // Their PutOptions; InvalidArgument for --sse-kms-key-id without --sse aws:kms.

@@ -585,6 +585,10 @@ class Engine {
   PutOptions PutFor(const ObjectMeta& meta) const {
     PutOptions put = options_.put;
     if (dst_local_ && meta.mtime != absl::InfinitePast()) put.mtime = meta.mtime;
+    if (!dst_local_ && put.content_type.empty() && options_.guess_content_type &&
+        dst_.store->capabilities().put_options) {
+      put.content_type = ContentTypeOfKey(meta.key);
+    }
     put.source_uri = src_.store->Uri(meta.key);
     put.source_etag = meta.etag;
     return put;

@@ -86,6 +86,9 @@ struct TransferOptions {
   int list_workers = 16;
   // How new objects are stored (content type, storage class, encryption).
   PutOptions put;
+  // Without put.content_type: each object uploaded to a store that keeps content types gets
+  // the one its key's extension names (ContentTypeOfKey; none for an unknown extension).
+  bool guess_content_type = true;
   // Objects larger than this are streamed in ordered parts of `part_size`, doubled every
   // 1,000 parts (0: from the runtime's link estimate of the source).
   uint64_t stream_threshold = uint64_t{16} << 20;

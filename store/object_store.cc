@@ -41,6 +41,60 @@ std::string ByteRange::ToHttp() const {
   return absl::StrCat(offset, "-", offset + *length - 1);
 }
 
+std::string ContentTypeOfKey(absl::string_view key) {
+  static constexpr std::pair<absl::string_view, absl::string_view> kTypes[] = {
+      {"avif", "image/avif"},
+      {"bmp", "image/bmp"},
+      {"bz2", "application/x-bzip2"},
+      {"css", "text/css"},
+      {"csv", "text/csv"},
+      {"flac", "audio/flac"},
+      {"gif", "image/gif"},
+      {"gz", "application/gzip"},
+      {"htm", "text/html"},
+      {"html", "text/html"},
+      {"ico", "image/vnd.microsoft.icon"},
+      {"jpeg", "image/jpeg"},
+      {"jpg", "image/jpeg"},
+      {"js", "text/javascript"},
+      {"json", "application/json"},
+      {"jsonl", "application/jsonl"},
+      {"md", "text/markdown"},
+      {"mjs", "text/javascript"},
+      {"mp3", "audio/mpeg"},
+      {"mp4", "video/mp4"},
+      {"ndjson", "application/x-ndjson"},
+      {"npy", "application/octet-stream"},
+      {"ogg", "audio/ogg"},
+      {"parquet", "application/vnd.apache.parquet"},
+      {"pdf", "application/pdf"},
+      {"png", "image/png"},
+      {"svg", "image/svg+xml"},
+      {"tar", "application/x-tar"},
+      {"tif", "image/tiff"},
+      {"tiff", "image/tiff"},
+      {"tsv", "text/tab-separated-values"},
+      {"txt", "text/plain"},
+      {"wav", "audio/wav"},
+      {"webm", "video/webm"},
+      {"webp", "image/webp"},
+      {"xml", "application/xml"},
+      {"yaml", "application/yaml"},
+      {"yml", "application/yaml"},
+      {"zip", "application/zip"},
+      {"zst", "application/zstd"},
+  };
+  const size_t slash = key.rfind('/');
+  const absl::string_view name = slash == absl::string_view::npos ? key : key.substr(slash + 1);
+  const size_t dot = name.rfind('.');
+  if (dot == absl::string_view::npos || dot == 0 || dot + 1 == name.size()) return "";
+  const std::string ext = absl::AsciiStrToLower(name.substr(dot + 1));
+  for (const auto& [e, type] : kTypes) {
+    if (e == ext) return std::string(type);
+  }
+  return "";
+}
+
 absl::Status ValidatePutOptions(const PutOptions& options) {
   if (!options.sse.empty() && options.sse != "AES256" && options.sse != "aws:kms") {
     return absl::InvalidArgumentError(

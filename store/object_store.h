@@ -117,6 +117,12 @@ struct PutOptions {
   }
 };
 
+// The Content-Type that a key's extension names (case-insensitive): "application/json" for
+// "a/b.json", "image/jpeg" for ".JPG", ...; empty for an extension not in wharf's table or
+// none. A fixed table, so every machine uploads the same types (as aws s3 cp and rclone guess
+// types from the extension on upload).
+std::string ContentTypeOfKey(absl::string_view key);
+
 // OK, or InvalidArgument naming the field: sse other than "", "AES256" or "aws:kms"; a KMS key
 // without sse "aws:kms"; a text field with a control character (it travels as a header).
 // Backends call it before anything is sent, so every backend refuses the same options.

@@ -198,6 +198,7 @@ absl::Status ExportTierPath(std::shared_ptr<Tier> tier, const std::string& path,
   transfer.filters = options.filters;
   transfer.list_workers = options.list_workers;
   transfer.put = options.put;
+  transfer.guess_content_type = options.guess_content_type;
   transfer.inflight = options.inflight;
   transfer.memory_budget = options.memory_budget;
   transfer.runtime = runtime;

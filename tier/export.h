@@ -30,8 +30,10 @@ struct TierExportOptions {
   std::vector<TransferFilter> filters;
   // Parallel list calls for the destination (a tier directory is walked by one).
   int list_workers = 16;
-  // How the exported objects are stored (content type, storage class, encryption).
+  // How the exported objects are stored (content type, storage class, encryption), and
+  // whether an object without put.content_type gets its extension's (as TransferOptions).
   PutOptions put;
+  bool guess_content_type = true;
   // Requests in flight (0: the runtime's setting) and the export's cap on the runtime's
   // memory budget (0: the whole budget).
   int inflight = 0;

@@ -115,10 +115,39 @@ def test_content_type_and_storage_class_reach_the_object(tmp_path, bucket, s3_en
         assert head["ContentType"] == "text/html; charset=utf-8", key
         # RGW names the class only when it is set; STANDARD is the one it has by default.
         assert head.get("StorageClass", "STANDARD") == "STANDARD", key
-    # Without options the server's default type.
+    # Without --content-type, the type the source's extension names (as aws s3 cp and rclone);
+    # --no-guess-content-type (or aws's --no-guess-mime-type) leaves the server's default.
     run_wharf("cp", small, f"s3://{bucket}/plain", env=s3_env, check=True)
-    assert s3_client.head_object(Bucket=bucket, Key="plain")["ContentType"] in (
-        "binary/octet-stream", "application/octet-stream")
+    assert s3_client.head_object(Bucket=bucket, Key="plain")["ContentType"] == "text/html"
+    for flag in ("--no-guess-content-type", "--no-guess-mime-type"):
+        run_wharf("cp", flag, small, f"s3://{bucket}/plain", env=s3_env, check=True)
+        assert s3_client.head_object(Bucket=bucket, Key="plain")["ContentType"] in (
+            "binary/octet-stream", "application/octet-stream"), flag
+
+
+def test_uploads_get_the_content_type_of_their_extension(tmp_path, bucket, s3_env, s3_client):
+    files = {"a.json": "application/json", "d/b.JPG": "image/jpeg", "c.csv": "text/csv",
+             "shard-0001.tar": "application/x-tar", "e.parquet": "application/vnd.apache.parquet",
+             "noext": None, "f.unknownext": None, ".hidden": None, "g.txt.gz": "application/gzip"}
+    for name in files:
+        (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / name).write_bytes(b"x" * 10)
+    big = tmp_path / "src" / "big.json"  # multipart: the type goes on the create
+    big.write_bytes(random_bytes(20 << 20, 32))
+    files["big.json"] = "application/json"
+    run_wharf("cp", "-r", "-q", tmp_path / "src", f"s3://{bucket}/up/", env=s3_env, check=True)
+    for name, want in files.items():
+        got = s3_client.head_object(Bucket=bucket, Key=f"up/{name}")["ContentType"]
+        if want is None:
+            assert got in ("binary/octet-stream", "application/octet-stream"), (name, got)
+        else:
+            assert got == want, (name, got)
+    # --content-type wins over the extension.
+    run_wharf("cp", "-r", "-q", "--content-type", "text/plain", tmp_path / "src",
+              f"s3://{bucket}/typed/", env=s3_env, check=True)
+    for name in files:
+        assert s3_client.head_object(Bucket=bucket, Key=f"typed/{name}")["ContentType"] == \
+            "text/plain", name
 
 
 def test_upload_options_reach_a_copy_within_the_bucket(bucket, s3_env, s3_client):

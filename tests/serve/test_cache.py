@@ -690,6 +690,72 @@ def test_redis_lock_is_released_and_expires(redis_url, redis_prefix):
     assert 0.3 < time.monotonic() - t0 < 3
 
 
+def test_redis_lock_is_renewed_while_a_long_compute_runs(redis_url, redis_prefix, monkeypatch):
+    """A compute longer than the lock's lease keeps the lock (its holder renews it): another
+    replica waits and gets that compute's value; nothing computes twice."""
+    from wharf.serve import cache as cache_module
+    monkeypatch.setattr(cache_module._RedisBackend, "LEASE", 0.3)
+    a = PredictionCache(redis_url, key_prefix=redis_prefix, lock_ttl=30)
+    b = PredictionCache(redis_url, key_prefix=redis_prefix, lock_ttl=30)
+    started = threading.Event()
+    computes = []
+
+    def slow(request):
+        computes.append("a")
+        started.set()
+        time.sleep(1.5)  # five leases
+        return b"from a"
+
+    out = {}
+    t = threading.Thread(target=lambda: out.update(a=a.get_or_compute("v1", "k", slow)))
+    t.start()
+    assert started.wait(10)
+    got = b.get_or_compute("v1", "k", lambda r: computes.append("b") or b"from b",
+                           with_outcome=True)
+    t.join()
+    assert got == (b"from a", "coalesced") and out["a"] == b"from a"
+    assert computes == ["a"]
+    client = redis.Redis.from_url(redis_url)
+    assert list(client.scan_iter(match=redis_prefix + "*:lock")) == []
+    client.close()
+    a.close()
+    b.close()
+
+
+HOLDER = """
+import sys, time
+from wharf.serve import PredictionCache
+cache = PredictionCache(sys.argv[1], key_prefix=sys.argv[2], lock_ttl=60)
+def forever(request):
+    print("computing", flush=True)
+    time.sleep(600)
+cache.get_or_compute("v1", "k", forever)
+"""
+
+
+def test_redis_lock_of_a_holder_killed_with_9_is_taken_over_within_the_lease(redis_url,
+                                                                             redis_prefix):
+    """A replica killed mid-compute stops renewing its lease: the others compute the key
+    within the lease (3 s), not after lock_ttl (60 s here)."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url, redis_prefix],
+                              stdout=subprocess.PIPE, env=dict(os.environ))
+    try:
+        assert holder.stdout.readline() == b"computing\n"
+        time.sleep(4)  # longer than a lease: the holder alive keeps renewing
+        client = redis.Redis.from_url(redis_url)
+        assert len(list(client.scan_iter(match=redis_prefix + "*:lock"))) == 1
+        client.close()
+        holder.kill()
+        holder.wait()
+        cache = PredictionCache(redis_url, key_prefix=redis_prefix, lock_ttl=60)
+        t0 = time.monotonic()
+        assert cache.get_or_compute("v1", "k", lambda r: b"taken over") == b"taken over"
+        assert time.monotonic() - t0 < 3.5
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # -------------------------------------------------------------------------------- arguments
 @pytest.mark.parametrize("backend, message", [
     ("memroy", "unknown backend 'memroy'"),

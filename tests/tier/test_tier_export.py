@@ -302,3 +302,21 @@ def test_an_upload_whose_mark_was_lost_is_marked_with_the_destinations_etag(tmp_
     assert (got["uploaded"], got["skipped"]) == (0, 1), got
     entry = entry_of(tier / "big.bin")
     assert not entry["local"] and entry["etag"] == etag, entry
+
+
+def test_exported_objects_get_the_content_type_of_their_extension(tmp_path, bucket, s3_env,
+                                                                   s3_client):
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    write_local_entry(str(tier / "run" / "metrics.json"), b"{}")
+    write_local_entry(str(tier / "run" / "model.safetensors"), b"x" * 100)
+    run_wharf("tier", "export", "-q", tier / "run", f"s3://{bucket}/guess/", env=s3_env,
+              check=True)
+    head = s3_client.head_object
+    assert head(Bucket=bucket, Key="guess/metrics.json")["ContentType"] == "application/json"
+    assert head(Bucket=bucket, Key="guess/model.safetensors")["ContentType"] in (
+        "binary/octet-stream", "application/octet-stream")
+    run_wharf("tier", "export", "-q", "--no-guess-content-type", tier / "run",
+              f"s3://{bucket}/plain/", env=s3_env, check=True)
+    assert head(Bucket=bucket, Key="plain/metrics.json")["ContentType"] in (
+        "binary/octet-stream", "application/octet-stream")

@@ -443,12 +443,20 @@ class _RedisBackend:
     """Redis: GET, SET with PX, and a lock key per computing key (SET NX PX, released by a
     compare-and-delete script). The total size is the server's business: its `maxmemory` and
     an eviction policy such as allkeys-lru (scripts/redis-server sets both); max_bytes only
-    caps one value."""
+    caps one value.
+
+    A lock is a lease of LEASE seconds (at most lock_ttl) that a thread of the holder renews
+    every LEASE / 3 while the compute runs (a compare-and-pexpire script): a holder killed
+    with -9 stops renewing, so the others take the key over within LEASE seconds, not after
+    lock_ttl; a live holder keeps its lock however long its compute takes."""
     name = "redis"
     shared = True
+    LEASE = 3.0
 
     _UNLOCK = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
                "return redis.call('del', KEYS[1]) else return 0 end")
+    _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+              "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
 
     def __init__(self, url, max_bytes, timeout, key_prefix):
         try:
@@ -470,6 +478,28 @@ class _RedisBackend:
                               socket_timeout=timeout, socket_connect_timeout=timeout,
                               retry=Retry(NoBackoff(), 0), health_check_interval=0)
         self._unlock = self._r.register_script(self._UNLOCK)
+        self._renew = self._r.register_script(self._RENEW)
+        self.after_fork()
+
+    def after_fork(self):
+        """Fresh lease state (in a child made by fork(): the parent's locks and its renewing
+        thread are not this process's)."""
+        self._held = {}  # lock key -> (token, lease in ms)
+        self._held_lock = threading.Lock()
+        self._renewer = None
+        self._stop = threading.Event()
+
+    def _renew_leases(self):
+        """The renewing thread: every LEASE / 3, each held lock's lease again (a lock lost
+        meanwhile, to expiry or a failover, is left alone: the script renews only its own)."""
+        while not self._stop.wait(self.LEASE / 3):
+            with self._held_lock:
+                held = list(self._held.items())
+            for lock_key, (token, lease_ms) in held:
+                try:
+                    self._renew(keys=[lock_key], args=[token, lease_ms])
+                except self.errors:
+                    pass  # the backend's failures are the cache's to handle on its own calls
 
     def describe(self):
         return self.url
@@ -491,17 +521,32 @@ class _RedisBackend:
 
     def try_lock(self, key, lock_ttl):
         token = uuid.uuid4().hex.encode()
-        ok = self._r.set(self._key(key) + b":lock", token, nx=True,
-                         px=max(1, int(lock_ttl * 1000)))
-        return token if ok else None
+        lock_key = self._key(key) + b":lock"
+        lease_ms = max(1, int(min(lock_ttl, self.LEASE) * 1000))
+        if not self._r.set(lock_key, token, nx=True, px=lease_ms):
+            return None
+        with self._held_lock:
+            self._held[lock_key] = (token, lease_ms)
+            if self._renewer is None:
+                self._renewer = threading.Thread(target=self._renew_leases, daemon=True,
+                                                 name="wharf-cache-lease")
+                self._renewer.start()
+        return token
 
     def unlock(self, key, token):
-        self._unlock(keys=[self._key(key) + b":lock"], args=[token])
+        lock_key = self._key(key) + b":lock"
+        with self._held_lock:
+            if self._held.get(lock_key, (None,))[0] == token:
+                del self._held[lock_key]
+        self._unlock(keys=[lock_key], args=[token])
 
     def stats(self):
         return {"url": self.url}
 
     def close(self):
+        self._stop.set()
+        with self._held_lock:
+            self._held.clear()
         self._r.close()
 
 
@@ -624,7 +669,8 @@ class PredictionCache:
         directory: the bound of its files (default none); all backends: no value larger than
         it is stored. Redis's total is bounded by the server (maxmemory + allkeys-lru).
     lock_ttl: seconds another process waits for the one computing a key before computing
-        itself (Redis: the lock key's expiry, so a crashed holder frees it).
+        itself. A holder that dies frees the key at once (directory: the kernel drops its
+        flock) or within 3 s (Redis: the lock is a lease its holder renews while computing).
     retry_after: seconds a failed backend is left alone before it is tried again.
     timeout: Redis socket timeout, seconds.
     key_prefix: Redis key prefix (separates caches sharing one database).
@@ -721,6 +767,8 @@ class PredictionCache:
         self._stats_lock = threading.Lock()
         if hasattr(self._b, "_lock"):
             self._b._lock = threading.Lock()
+        if hasattr(self._b, "after_fork"):
+            self._b.after_fork()
 
     def get(self, model_version, request):
         """The cached prediction, or None."""
