@@ -140,6 +140,7 @@ int Main(int argc, char** argv) {
   CpArgs cp;
   CpArgs sync;
   RmArgs rm;
+  CleanupArgs cleanup;
   DemoArgs demo;
   FetchArgs fetch;
   TierArgs tier;
@@ -150,6 +151,7 @@ int Main(int argc, char** argv) {
   AddCp(app, cp);
   AddSync(app, sync);
   AddRm(app, rm);
+  AddCleanup(app, cleanup);
   AddFetch(app, fetch);
   AddDemo(app, demo);
   AddTier(app, tier);
@@ -246,6 +248,8 @@ int Main(int argc, char** argv) {
       status = RunCp(sync);
     } else if (verb == "rm") {
       status = RunRm(rm);
+    } else if (verb == "cleanup") {
+      status = RunCleanup(cleanup);
     } else if (verb == "fetch") {
       status = RunFetch(fetch);
     } else if (verb == "demo") {

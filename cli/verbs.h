@@ -116,6 +116,17 @@ struct RmArgs {
 void AddRm(CLI::App& app, RmArgs& args);
 absl::Status RunRm(const RmArgs& args);
 
+// wharf cleanup [--older-than AGE] [--dryrun] [--json] [-q] URI
+struct CleanupArgs {
+  std::string uri;
+  std::string older_than = "24h";
+  bool dryrun = false;
+  bool json = false;
+  bool quiet = false;
+};
+void AddCleanup(CLI::App& app, CleanupArgs& args);
+absl::Status RunCleanup(const CleanupArgs& args);
+
 // wharf fetch [-r] [--json] [--inflight N] [--memory-budget SIZE] [--part-size-mb P]
 //             [--list-workers N] URI
 struct FetchArgs {

@@ -446,3 +446,48 @@ def test_an_interrupt_ends_a_credential_process_that_is_still_running(tmp_path, 
     while running():
         assert time.monotonic() < deadline, f"still running: {running()}"
         time.sleep(0.05)
+
+
+def test_cleanup_aborts_the_unfinished_uploads_below_a_prefix(bucket, s3_env, s3_client):
+    """What a writer killed with -9 leaves (an initiated upload with a part), made here with
+    boto3: `wharf cleanup` lists and aborts those below the prefix, started before
+    --older-than (default 24h, so uploads in progress are left alone)."""
+    def start(key):
+        u = s3_client.create_multipart_upload(Bucket=bucket, Key=key)
+        s3_client.upload_part(Bucket=bucket, Key=key, UploadId=u["UploadId"], PartNumber=1,
+                              Body=b"x" * 100)
+        return u["UploadId"]
+
+    ids = {key: start(key) for key in ("run/a.bin", "run/sub/b.bin", "other/c.bin")}
+
+    def pending():
+        return sorted(u["Key"] for u in
+                      s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []))
+
+    out = run_wharf("cleanup", f"s3://{bucket}/run/", env=s3_env, check=True)
+    assert out.stdout.decode() == "aborted 0 uploads (2 started within --older-than 24h kept)\n"
+    out = run_wharf("cleanup", "--older-than", "0", "--dryrun", f"s3://{bucket}/run/",
+                    env=s3_env, check=True)
+    lines = out.stdout.decode().splitlines()
+    assert lines[:2] == [f"(dryrun) abort upload of s3://{bucket}/run/a.bin"
+                         + lines[0][lines[0].index(" (started"):],
+                         f"(dryrun) abort upload of s3://{bucket}/run/sub/b.bin"
+                         + lines[1][lines[1].index(" (started"):]]
+    assert lines[2] == "would abort 2 uploads"
+    assert pending() == ["other/c.bin", "run/a.bin", "run/sub/b.bin"]
+    out = run_wharf("cleanup", "--older-than", "0", "--json", f"s3://{bucket}/run/",
+                    env=s3_env, check=True)
+    rows = [json.loads(line) for line in out.stdout.decode().splitlines()]
+    assert {(r["uri"], r["upload_id"], r["action"]) for r in rows[:-1]} == {
+        (f"s3://{bucket}/{k}", ids[k], "aborted") for k in ("run/a.bin", "run/sub/b.bin")}
+    assert rows[-1] == {"uploads": 2, "aborted": 2, "kept": 0, "failed": 0}
+    assert pending() == ["other/c.bin"]
+    # Usage errors exit 2; a store without multipart uploads says so; a missing bucket is one line.
+    out = run_wharf("cleanup", "--older-than", "3x", f"s3://{bucket}/", env=s3_env)
+    assert out.returncode == 2 and "--older-than: '3x' is not an age" in out.stderr
+    out = run_wharf("cleanup", "/tmp", env=s3_env, check=True)
+    assert b"keeps no unfinished multipart uploads" in out.stdout
+    out = run_wharf("cleanup", "s3://wharf-no-such-bucket-7c1d/", env=s3_env)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "NoSuchBucket" in out.stderr
+    run_wharf("cleanup", "--older-than", "0", "-q", f"s3://{bucket}/", env=s3_env, check=True)
+    assert pending() == []
