@@ -698,7 +698,9 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   std::weak_ptr<Call> weak_call = call;
   call->on_transport_failure = [state, weak_call, set_request](const absl::Status&) {
     if (state->refused || state->not_modified) return false;
-    const uint64_t got = state->attempt_bytes;
+    // This attempt's bytes, counted once: an attempt that fails before its headers (a refused
+    // connection) delivered nothing, and must not count the previous attempt's again.
+    const uint64_t got = std::exchange(state->attempt_bytes, 0);
     if (state->cut.active || state->generation.empty()) {
       // Cannot resume safely (no generation to pin, or a server that ignores ranges): a
       // buffer is filled again from the start; bytes a sink already took cannot be retracted.

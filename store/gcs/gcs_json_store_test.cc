@@ -233,6 +233,37 @@ TEST(GcsJsonStoreTest, InterruptedReadResumesFromTheNextByteOfTheSameGeneration)
   EXPECT_EQ(buffer, data);
 }
 
+TEST(GcsJsonStoreTest, AnAttemptThatFailsBeforeItsHeadersDoesNotCountThePreviousBytesAgain) {
+  std::string data(100000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 11);
+  std::atomic<int> calls{0};
+  auto transport = std::make_shared<CannedTransport>(
+      [&](const HttpRequest& r) -> absl::StatusOr<CannedResponse> {
+        const int call = ++calls;
+        if (call == 1) {
+          CannedResponse cut = Media(data, "42");
+          cut.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
+          cut.fail_after_bytes = 40000;
+          cut.chunk_bytes = 10000;
+          return cut;
+        }
+        if (call == 2) return absl::UnavailableError("Failed to connect: Connection refused");
+        EXPECT_EQ(HeaderOf(r, "range"), "bytes=40000-99999");
+        CannedResponse rest;
+        rest.status = 206;
+        rest.body = data.substr(40000);
+        rest.headers = {{"x-goog-generation", "42"}, {"content-range", "bytes 40000-99999/100000"}};
+        return rest;
+      });
+  auto store = MakeStore(transport);
+  std::string buffer(data.size(), '\0');
+  auto got = store->Get({.key = "big", .buffer = absl::MakeSpan(buffer)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->bytes, data.size());
+  EXPECT_EQ(buffer, data);
+  EXPECT_EQ(calls.load(), 3);
+}
+
 TEST(GcsJsonStoreTest, WholeObjectReadsAreCheckedAgainstTheServersCrc32c) {
   auto transport = std::make_shared<CannedTransport>([](const HttpRequest&) {
     CannedResponse r = Media("hello", "3");

@@ -25,6 +25,7 @@
 #include "base/timer.h"
 #include "http/curl_transport.h"
 #include "pugixml.hpp"
+#include "store/get_body.h"
 #include "store/keys.h"
 #include "store/s3/sigv4.h"
 
@@ -565,14 +566,12 @@ struct GetState {
   // Set by on_headers or the body: the response cannot be delivered (the buffer is too small,
   // or the range cannot be cut from a whole object); the call fails with it, not retried.
   std::optional<absl::Status> refused;
-  // This attempt: bytes of the response body seen, and of those delivered.
-  uint64_t attempt_seen = 0;
+  // This attempt: bytes of the response body delivered.
   uint64_t attempt_bytes = 0;
-  // The server answered a ranged request with 200 and the whole object (HTTP lets a server
-  // ignore Range; some S3-compatible servers and proxies do): only [skip, skip + want) of it
-  // is delivered, and the attempt cannot be resumed.
-  bool ignored_range = false;
-  uint64_t skip = 0, want = 0;
+  // Active when the server answered a ranged request with 200 and the whole object (HTTP
+  // lets a server ignore Range; some S3-compatible servers and proxies do): the attempt
+  // delivers the range of it, and cannot be resumed.
+  RangeCut cut;
 };
 
 // Where a 200 to a ranged request puts the bytes wanted: [skip, skip + want) of the whole
@@ -598,9 +597,7 @@ absl::Status CutIgnoredRange(GetState& state, const HttpResponse& r) {
   }
   if (sized) to = std::min(to, size);
   if (sized && from == 0 && to == size) return absl::OkStatus();  // the whole object was asked
-  state.ignored_range = true;
-  state.skip = from;
-  state.want = to - from;
+  state.cut = {.active = true, .skip = from, .want = to - from};
   return absl::OkStatus();
 }
 
@@ -656,42 +653,21 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
       const GetRequest& req = state->request;
       // A sink's own cancel (or another thread's) stops the stream before the next chunk.
       if (IsCancelled(req.cancel)) return absl::CancelledError("cancelled");
-      absl::string_view bytes(chunk.data(), chunk.size());
-      if (state->ignored_range) {  // keep [skip, skip + want) of the whole object
-        const uint64_t at = state->attempt_seen;
-        state->attempt_seen += bytes.size();
-        const uint64_t lo = std::max(at, state->skip);
-        const uint64_t stop = state->want > std::numeric_limits<uint64_t>::max() - state->skip
-                                  ? std::numeric_limits<uint64_t>::max()
-                                  : state->skip + state->want;
-        const uint64_t hi = std::min<uint64_t>(at + bytes.size(), stop);
-        bytes = lo < hi ? bytes.substr(lo - at, hi - lo) : absl::string_view();
-        if (bytes.empty()) return absl::OkStatus();
-      }
-      if (req.sink != nullptr) {
-        WHARF_RETURN_IF_ERROR(req.sink->Append(bytes));
-        state->attempt_bytes += bytes.size();
-        return absl::OkStatus();
-      }
+      const absl::string_view bytes =
+          state->cut.Take(absl::string_view(chunk.data(), chunk.size()));
+      if (bytes.empty()) return absl::OkStatus();
       // Bytes of this attempt land after those of earlier attempts.
-      const absl::Span<char> rest = req.buffer.subspan(state->delivered);
-      const uint64_t at = state->attempt_bytes;
-      if (bytes.size() > rest.size() - at) {
-        state->refused = absl::OutOfRangeError(
-            absl::StrCat("get ", state->uri, ": the response body of at least ",
-                         state->delivered + at + bytes.size(), " bytes does not fit the ",
-                         req.buffer.size(), "-byte buffer"));
-        return *state->refused;
-      }
-      std::memcpy(rest.data() + at, bytes.data(), bytes.size());
+      absl::Status delivered =
+          DeliverGetBytes(req, state->delivered + state->attempt_bytes, bytes, state->uri);
+      if (absl::IsOutOfRange(delivered) && req.sink == nullptr) state->refused = delivered;
+      if (!delivered.ok()) return delivered;
       state->attempt_bytes += bytes.size();
       return absl::OkStatus();
     });
   };
   call->on_headers = [state](const HttpResponse& r) {
-    state->attempt_seen = 0;
     state->attempt_bytes = 0;
-    state->ignored_range = false;
+    state->cut = {};
     if (r.status / 100 != 2) return;
     const GetRequest& req = state->request;
     if (r.status == 200 && (state->delivered > 0 || !req.range.is_all())) {
@@ -704,10 +680,10 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     // The first response fixes the version and the extent that a resumed attempt continues.
     state->etag = Unquote(Header(r, "etag"));
     uint64_t first = 0, last = 0, total = 0, length = 0;
-    if (state->ignored_range) {
-      state->begin = state->skip;
-      if (state->want != std::numeric_limits<uint64_t>::max()) {
-        state->end = state->skip + state->want;
+    if (state->cut.active) {
+      state->begin = state->cut.skip;
+      if (state->cut.want != std::numeric_limits<uint64_t>::max()) {
+        state->end = state->cut.skip + state->cut.want;
       }
     } else if (ParseContentRange(Header(r, "content-range"), &first, &last, &total)) {
       state->begin = first;
@@ -726,9 +702,11 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
   std::weak_ptr<Call> weak_call = call;
   call->on_transport_failure = [state, weak_call, set_headers](const absl::Status&) {
     if (state->refused) return false;
-    const uint64_t got = state->attempt_bytes;
+    // This attempt's bytes, counted once: an attempt that fails before its headers (a refused
+    // connection) delivered nothing, and must not count the previous attempt's again.
+    const uint64_t got = std::exchange(state->attempt_bytes, 0);
     if (got == 0) return true;  // nothing delivered: the attempt starts over
-    if (state->ignored_range || state->etag.empty()) {
+    if (state->cut.active || state->etag.empty()) {
       // Cannot resume (a server that ignores ranges, or no version to pin): a buffer is
       // filled again from the start; bytes a sink already took cannot be retracted.
       return state->request.sink == nullptr;
@@ -774,7 +752,7 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     } else if (!absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size)) {
       result.meta.size = r->body_bytes;  // a whole object sent without a Content-Length
     }
-    if (state->delivered > 0 || state->ignored_range) result.offset = state->begin;
+    if (state->delivered > 0 || state->cut.active) result.offset = state->begin;
     result.bytes = state->delivered + state->attempt_bytes;
     if (r->body_bytes != length) {
       return std::move(done)(absl::DataLossError(

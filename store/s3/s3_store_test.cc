@@ -175,6 +175,39 @@ TEST(S3StoreTest, InterruptedGetResumesFromDeliveredBytesOfTheSameVersion) {
   EXPECT_EQ(calls.load(), 2);
 }
 
+TEST(S3StoreTest, AnAttemptThatFailsBeforeItsHeadersDoesNotCountThePreviousBytesAgain) {
+  std::string data(100000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 11);
+  std::atomic<int> calls{0};
+  auto transport = std::make_shared<CannedTransport>(
+      [&](const HttpRequest& req) -> absl::StatusOr<CannedResponse> {
+        const int call = ++calls;
+        if (call == 1) {
+          CannedResponse r = Ok(data, {{"etag", "\"v1\""}});
+          r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
+          r.fail_after_bytes = 30000;
+          return r;
+        }
+        if (call == 2) return absl::UnavailableError("Failed to connect: Connection refused");
+        std::string range;
+        for (const auto& [k, v] : req.headers) {
+          if (k == "range") range = v;
+        }
+        EXPECT_EQ(range, "bytes=30000-99999");
+        CannedResponse r = Ok(data.substr(30000),
+                              {{"etag", "\"v1\""}, {"content-range", "bytes 30000-99999/100000"}});
+        r.status = 206;
+        return r;
+      });
+  auto store = MakeStore(transport);
+  std::string buffer(data.size(), '\0');
+  auto got = store->Get({.key = "big", .buffer = absl::MakeSpan(buffer)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(buffer, data);
+  EXPECT_EQ(got->bytes, data.size());
+  EXPECT_EQ(calls.load(), 3);
+}
+
 TEST(S3StoreTest, ShortBodyIntoASinkResumesWithoutSplicing) {
   const std::string data = "0123456789";
   std::atomic<int> calls{0};
