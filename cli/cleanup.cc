@@ -35,6 +35,7 @@ absl::StatusOr<absl::Duration> ParseAge(const std::string& text) {
 }
 
 std::string TimeText(absl::Time t) {
+  if (t == absl::InfinitePast()) return "unknown";
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
 }
 
@@ -82,10 +83,10 @@ absl::Status RunCleanup(const CleanupArgs& args) {
   absl::Status first_error;
   for (const PendingUpload& u : *uploads) {
     const std::string uri = store.Uri(u.key);
-    // An upload without a start time is taken for old (the server did not say).
-    // --older-than 0 is every upload, whatever the server's clock says.
-    if (age > absl::ZeroDuration() && u.initiated != absl::InfinitePast() &&
-        u.initiated > cutoff) {
+    // --older-than 0 is every upload, whatever the server's clock says; an upload whose
+    // start the server did not say is kept otherwise (it may be in progress).
+    if (age > absl::ZeroDuration() &&
+        (u.initiated == absl::InfinitePast() || u.initiated > cutoff)) {
       ++kept;
       continue;
     }

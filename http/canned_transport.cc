@@ -33,7 +33,7 @@ absl::StatusOr<HttpResponse> Deliver(const HttpRequest& request, const CannedRes
     has_length = has_length || absl::EqualsIgnoreCase(name, "content-length");
     ok = ok && builder.OnHeaderLine(absl::StrCat(name, ": ", value, "\r\n"));
   }
-  if (!has_length) {
+  if (!has_length && !canned.no_content_length) {
     ok = ok && builder.OnHeaderLine(absl::StrCat("Content-Length: ", canned.body.size(), "\r\n"));
   }
   ok = ok && builder.OnHeaderLine("\r\n");

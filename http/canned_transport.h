@@ -33,8 +33,10 @@ namespace wharf {
 struct CannedResponse {
   int status = 200;
   // Sent as given (names in any case); "content-length: <body size>" is added unless
-  // present. A HEAD request gets the headers and no body.
+  // present or `no_content_length` (a body whose size the headers do not say, as a chunked
+  // one). A HEAD request gets the headers and no body.
   std::vector<std::pair<std::string, std::string>> headers;
+  bool no_content_length = false;
   std::string body;
   // A simulated transport failure: when not OK, the exchange fails with this status (its
   // code kept, "HTTP <method> <url>: " prefixed) after the first `fail_after_bytes` bytes

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,6 +19,37 @@ absl::string_view RangeCut::Take(absl::string_view chunk) {
   const uint64_t lo = std::max(at, skip);
   const uint64_t hi = std::min<uint64_t>(at + chunk.size(), stop);
   return lo < hi ? chunk.substr(lo - at, hi - lo) : absl::string_view();
+}
+
+absl::StatusOr<RangeCut> CutFromWholeObject(const ByteRange& range, std::optional<uint64_t> size,
+                                            uint64_t begin, uint64_t delivered,
+                                            std::optional<uint64_t> end) {
+  constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
+  uint64_t from = 0, to = kUnbounded;
+  if (delivered > 0) {  // a resumed attempt: the rest of the extent
+    from = begin + delivered;
+    if (end) to = *end;
+  } else if (size) {
+    auto span = range.Resolve(*size);
+    if (!span.ok()) return span.status();
+    std::tie(from, to) = *span;
+  } else if (!range.suffix) {
+    from = range.offset;
+    if (range.length) to = from + *range.length;
+  } else {
+    return absl::UnimplementedError(
+        "the server ignored the Range header and sent no Content-Length: the last bytes of "
+        "the object cannot be found");
+  }
+  if (size) {
+    if (from > *size) {
+      return absl::DataLossError(absl::StrCat("the object is now ", *size,
+                                              " bytes, shorter than the ", from, " already read"));
+    }
+    to = std::min(to, *size);
+    if (from == 0 && to == *size) return RangeCut{};  // the whole object was wanted
+  }
+  return RangeCut{.active = true, .skip = from, .want = to == kUnbounded ? kUnbounded : to - from};
 }
 
 absl::Status DeliverGetBytes(const GetRequest& request, uint64_t filled, absl::string_view bytes,

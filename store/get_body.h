@@ -5,8 +5,10 @@
 #define WHARF_STORE_GET_BODY_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "store/object_store.h"
 
@@ -24,6 +26,16 @@ struct RangeCut {
   // The part of `chunk` (the next body bytes) inside the range; empty when none is.
   absl::string_view Take(absl::string_view chunk);
 };
+
+// The cut for a 200 (the whole object, `size` bytes when the response said) that answered a
+// ranged GET: of `range`, or on a resumed attempt (`delivered` > 0) of the rest of the
+// extent [begin, end) the first response fixed. Inactive when the whole object is what was
+// wanted. OutOfRange for a range past the end (as a 416), DataLoss when the object is now
+// shorter than what was already delivered, Unimplemented for a suffix range of an object of
+// unknown size.
+absl::StatusOr<RangeCut> CutFromWholeObject(const ByteRange& range, std::optional<uint64_t> size,
+                                            uint64_t begin, uint64_t delivered,
+                                            std::optional<uint64_t> end);
 
 // Appends `bytes` to the request's sink, or copies them into its buffer at `filled` (bytes
 // already there); OutOfRange naming `uri` when the buffer cannot take them.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -633,11 +634,27 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
     if (r.status / 100 != 2) return;
     const std::string generation = Header(r, "x-goog-generation");
     const GetRequest& req = state->request;
+    uint64_t length = 0;
+    std::optional<uint64_t> sized;
+    if (absl::SimpleAtoi(Header(r, "content-length"), &length)) sized = length;
     if (state->delivered > 0) {
       if (!generation.empty() && generation != state->generation) {
         state->refused = absl::FailedPreconditionError(
             absl::StrCat("get ", state->uri, ": the object changed from generation ",
                          state->generation, " to ", generation, " while it was read"));
+      } else if (r.status == 200) {
+        // The resume's Range ignored: the whole object again, of which the rest is cut, and
+        // whose CRC32C is then checked over this whole body.
+        absl::StatusOr<RangeCut> cut =
+            CutFromWholeObject(req.range, sized, state->begin, state->delivered, state->end);
+        if (!cut.ok()) {
+          state->refused = Annotate(cut.status(), absl::StrCat("get ", state->uri));
+          return;
+        }
+        state->cut = *cut;
+        state->crc = 0;
+        state->whole_object = true;
+        state->expected_crc = GoogCrc32c(r);
       }
       return;
     }
@@ -653,7 +670,7 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       return;
     }
     state->generation = generation;
-    uint64_t first = 0, last = 0, total = 0, length = 0;
+    uint64_t first = 0, last = 0, total = 0;
     const std::string content_range = Header(r, "content-range");
     if (!content_range.empty()) {
       if (!ParseContentRange(content_range, &first, &last, &total)) {
@@ -677,20 +694,24 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       state->begin = first;
       state->end = last + 1;
       state->whole_object = first == 0 && last + 1 == total;
-    } else if (absl::SimpleAtoi(Header(r, "content-length"), &length)) {
+    } else {
       state->whole_object = true;
       state->begin = 0;
-      state->end = length;
+      state->end = sized;
       if (!req.range.is_all()) {
         // A 200 to a ranged request: the whole object came; deliver the range of it.
-        auto span = req.range.Resolve(length);
-        if (!span.ok()) {
-          state->refused = Annotate(span.status(), absl::StrCat("get ", state->uri));
+        absl::StatusOr<RangeCut> cut = CutFromWholeObject(req.range, sized, 0, 0, std::nullopt);
+        if (!cut.ok()) {
+          state->refused = Annotate(cut.status(), absl::StrCat("get ", state->uri));
           return;
         }
-        state->cut = {.active = true, .skip = span->first, .want = span->second - span->first};
-        state->begin = span->first;
-        state->end = span->second;
+        state->cut = *cut;
+        if (cut->active) {
+          state->begin = cut->skip;
+          state->end = cut->want == std::numeric_limits<uint64_t>::max()
+                           ? std::nullopt
+                           : std::optional<uint64_t>(cut->skip + cut->want);
+        }
       }
     }
     if (state->whole_object) state->expected_crc = GoogCrc32c(r);

@@ -264,6 +264,39 @@ TEST(GcsJsonStoreTest, AnAttemptThatFailsBeforeItsHeadersDoesNotCountThePrevious
   EXPECT_EQ(calls.load(), 3);
 }
 
+TEST(GcsJsonStoreTest, AResumeAnsweredWithTheWholeObjectDeliversTheRestOfTheRange) {
+  std::string data(100000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
+  std::atomic<int> calls{0};
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
+    if (calls++ == 0) {
+      CannedResponse part;
+      part.status = 206;
+      part.body = data.substr(10000, 50000);
+      part.headers = {{"x-goog-generation", "42"}, {"content-range", "bytes 10000-59999/100000"}};
+      part.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
+      part.fail_after_bytes = 20000;
+      return part;
+    }
+    CannedResponse whole = Media(data, "42");  // the resume's Range ignored
+    whole.chunk_bytes = 9999;
+    return whole;
+  });
+  auto store = MakeStore(transport);
+  std::string buffer(50000, '\0');
+  auto got = store->Get(
+      {.key = "big", .range = ByteRange::Of(10000, 50000), .buffer = absl::MakeSpan(buffer)});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(buffer, data.substr(10000, 50000));
+  EXPECT_EQ(got->bytes, 50000u);
+  EXPECT_EQ(calls.load(), 2);
+  calls = 0;
+  absl::StatusOr<std::string> streamed = store->Read("big", ByteRange::Of(10000, 50000));
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(*streamed, data.substr(10000, 50000));
+  EXPECT_EQ(calls.load(), 2);
+}
+
 TEST(GcsJsonStoreTest, WholeObjectReadsAreCheckedAgainstTheServersCrc32c) {
   auto transport = std::make_shared<CannedTransport>([](const HttpRequest&) {
     CannedResponse r = Media("hello", "3");

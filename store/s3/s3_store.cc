@@ -574,33 +574,6 @@ struct GetState {
   RangeCut cut;
 };
 
-// Where a 200 to a ranged request puts the bytes wanted: [skip, skip + want) of the whole
-// object, or an error when they cannot be known.
-absl::Status CutIgnoredRange(GetState& state, const HttpResponse& r) {
-  const GetRequest& req = state.request;
-  uint64_t size = 0;
-  const bool sized = absl::SimpleAtoi(Header(r, "content-length"), &size);
-  uint64_t from = 0, to = std::numeric_limits<uint64_t>::max();
-  if (state.delivered > 0) {  // a resumed attempt: the rest of the range
-    from = state.begin + state.delivered;
-    if (state.end) to = *state.end;
-  } else if (sized) {
-    WHARF_ASSIGN_OR_RETURN(auto span, req.range.Resolve(size));
-    std::tie(from, to) = span;
-  } else if (!req.range.suffix) {
-    from = req.range.offset;
-    if (req.range.length) to = from + *req.range.length;
-  } else {
-    return absl::UnimplementedError(
-        "the server ignored the Range header and sent no Content-Length: the last bytes of "
-        "the object cannot be found");
-  }
-  if (sized) to = std::min(to, size);
-  if (sized && from == 0 && to == size) return absl::OkStatus();  // the whole object was asked
-  state.cut = {.active = true, .skip = from, .want = to - from};
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
@@ -671,10 +644,25 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     if (r.status / 100 != 2) return;
     const GetRequest& req = state->request;
     if (r.status == 200 && (state->delivered > 0 || !req.range.is_all())) {
-      if (absl::Status cut = CutIgnoredRange(*state, r); !cut.ok()) {
-        state->refused = Annotate(cut, absl::StrCat("get ", state->uri));
+      // The whole object for a ranged request: the server ignored Range (and on a resumed
+      // attempt maybe If-Match too, so the version is checked here).
+      const std::string etag = Unquote(Header(r, "etag"));
+      if (state->delivered > 0 && !etag.empty() && etag != state->etag) {
+        state->refused = absl::FailedPreconditionError(
+            absl::StrCat("get ", state->uri, ": the object changed from ETag ", state->etag, " to ",
+                         etag, " while it was read"));
         return;
       }
+      uint64_t size = 0;
+      std::optional<uint64_t> sized;
+      if (absl::SimpleAtoi(Header(r, "content-length"), &size)) sized = size;
+      absl::StatusOr<RangeCut> cut =
+          CutFromWholeObject(req.range, sized, state->begin, state->delivered, state->end);
+      if (!cut.ok()) {
+        state->refused = Annotate(cut.status(), absl::StrCat("get ", state->uri));
+        return;
+      }
+      state->cut = *cut;
     }
     if (state->delivered > 0) return;
     // The first response fixes the version and the extent that a resumed attempt continues.

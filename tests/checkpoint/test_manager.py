@@ -1188,3 +1188,46 @@ def test_a_failed_save_is_not_the_latest_step_and_file_objects_go_to_torch(tmp_p
         wharf.open(io.BytesIO(), "wb")  # str() of it named a local file
     wharf.torch.save({"b": 1}, tmp_path / "p.pt")  # a pathlib.Path is a path
     assert wharf.torch.load(tmp_path / "p.pt") == {"b": 1}
+
+
+WRITER = """
+import sys, time, torch
+from wharf.torch import CheckpointManager
+mgr = CheckpointManager(sys.argv[1], async_save=False)
+mgr.save(1, {"w": torch.ones(4)})
+print("saved", flush=True)
+time.sleep(600)
+"""
+
+
+def test_one_run_saves_into_a_root_at_a_time(node_dirs):
+    """A second manager's first save into a root another run is saving into raises, naming
+    the holder (its checkpoints would be removed as abandoned by the first's retention), on
+    one node and from another node of a shared file system; the lock goes when the holder
+    closes or is killed with -9. Listing and restoring need no lock."""
+    here, there = node_dirs
+    holder = subprocess.Popen([sys.executable, "-c", WRITER, str(here / "run")],
+                              stdout=subprocess.PIPE, env=dict(os.environ))
+    try:
+        assert holder.stdout.readline() == b"saved\n"
+        other = CheckpointManager(there / "run", async_save=False)
+        assert [m["step"] for m in other.list()] == [1]  # reading is fine
+        with pytest.raises(RuntimeError, match=rf"another CheckpointManager is saving into it "
+                                               rf"\(pid {holder.pid} on "):
+            other.save(2, {"w": torch.zeros(4)})
+        assert [m["step"] for m in other.list()] == [1]  # nothing written, nothing removed
+        holder.kill()
+        holder.wait()
+        other.save(2, {"w": torch.zeros(4)})  # the kernel dropped the dead holder's lock
+        assert [m["step"] for m in other.list()] == [1, 2]
+        # In one process: the lock is the saving manager's until close().
+        third = CheckpointManager(here / "run", async_save=False)
+        with pytest.raises(RuntimeError, match=f"pid {os.getpid()} on "):
+            third.save(3, {"w": torch.zeros(4)})
+        other.close()
+        third.save(3, {"w": torch.zeros(4)})
+        third.close()
+        assert [m["step"] for m in CheckpointManager(here / "run").list()] == [1, 2, 3]
+    finally:
+        holder.kill()
+        holder.wait()

@@ -492,9 +492,12 @@ class _RedisBackend:
     def _renew_leases(self):
         """The renewing thread: every LEASE / 3, each held lock's lease again (a lock lost
         meanwhile, to expiry or a failover, is left alone: the script renews only its own)."""
-        while not self._stop.wait(self.LEASE / 3):
+        tick = self.LEASE / 3
+        while not self._stop.wait(tick):
             with self._held_lock:
                 held = list(self._held.items())
+            # A third of the shortest lease held (a lock_ttl below LEASE shortens it).
+            tick = min([lease_ms / 3000 for _, (_, lease_ms) in held] + [self.LEASE / 3])
             for lock_key, (token, lease_ms) in held:
                 try:
                     self._renew(keys=[lock_key], args=[token, lease_ms])

@@ -139,6 +139,9 @@ class _LoadPlanner(DefaultLoadPlanner):
 # A local root's checkpoint of a step saved again is written here first (as a root of its
 # own), then swapped in once committed: until then the step's old checkpoint stays whole.
 _REPLACING = ".replacing"
+# In a local root: flocked by the saving run's rank 0 from its first save to close() (the
+# kernel drops it when the process dies), naming the holder.
+_WRITER_LOCK = ".writer.lock"
 
 
 def _step_of(name: str) -> Optional[int]:
@@ -396,9 +399,12 @@ class CheckpointManager:
     files_per_rank: files each rank writes (in parallel). Store options (endpoint=, ...) apply
       to both places. With torch.distributed initialized, every rank makes the same calls;
       rank 0 commits, applies retention and exports (it must see every rank's files: one node,
-      or a tier on a shared file system). One run saves into a root at a time: a second
-      manager saving into the same root meanwhile has its saves below the other's latest
-      removed as abandoned (managers that only list and restore are fine).
+      or a tier on a shared file system). One run saves into a root at a time: in a local
+      root (a directory, a tier, a shared file system) the first save takes the root's
+      writer lock until close(), and a second manager's first save raises RuntimeError
+      naming the holder (its checkpoints would be removed as abandoned by the other's
+      retention); a bucket root has no such lock. Managers that only list and restore are
+      fine.
     """
 
     def __init__(self, dir_or_uri, export_to: Optional[str] = None, *,
@@ -470,6 +476,10 @@ class CheckpointManager:
         self._queued: set[int] = set()  # exports submitted and not finished
         self._export_futures: dict[int, Future] = {}  # by step, while submitted
         self._saves = 0
+        # Rank 0's flock on a local root (_WRITER_LOCK): a file object, so that a manager
+        # dropped without close() releases it when it is collected.
+        self._writer_file = None
+        self._writer_checked = False
         self._highest: Optional[int] = None  # the highest step saved or found (rank 0)
         self._warned_lower = False
         self.last_restored: Optional[dict] = None  # the manifest restore() loaded
@@ -502,6 +512,8 @@ class CheckpointManager:
         if _OWN in state:
             raise ValueError(f"the key {_OWN!r} is the manager's own")
         step = _checked_step(step)
+        if not self._writer_checked:
+            self._take_writer_lock()
         if self.rank == 0:
             self._check_order(step)
         if metrics is not None and not isinstance(metrics, dict):
@@ -543,6 +555,49 @@ class CheckpointManager:
         with self._lock:
             self._pending.append(future)
         return SaveHandle(step, future)
+
+    def _take_writer_lock(self) -> None:
+        """At the first save: rank 0 takes the root's writer lock (a local root: an flock,
+        which works across the nodes of a shared file system and which the kernel drops when
+        the process dies), so that a second run saving into the same root fails at once
+        instead of having its checkpoints removed as abandoned by the first's retention.
+        Every rank raises the same error (a collective: save() is called by all ranks)."""
+        error = None
+        if self.rank == 0 and self.root.local_dir:
+            import fcntl
+            import socket
+            path = os.path.join(self.root.local_dir, _WRITER_LOCK)
+            os.makedirs(self.root.local_dir, exist_ok=True)
+            f = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), "r+b")
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                with f:
+                    holder = f.read(512).decode(errors="replace").strip()
+                error = (f"checkpoint root {self.root.uri}: another CheckpointManager is saving "
+                         f"into it ({holder or 'holder unknown'}); one run saves into a root "
+                         f"at a time (each would remove the other's newer checkpoints as "
+                         f"abandoned): close() the other, or save into a root of this run's own")
+            else:
+                self._writer_file = f
+                holder = (f"pid {os.getpid()} on {socket.gethostname()} since "
+                          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}")
+                f.truncate(0)
+                f.write(holder.encode())
+                f.flush()
+        if self.distributed and self.world_size > 1:
+            box = [error]
+            dist.broadcast_object_list(box, src=0, group=self._pg)
+            error = box[0]
+        if error is not None:
+            raise RuntimeError(error)
+        self._writer_checked = True
+
+    def _release_writer_lock(self) -> None:
+        f, self._writer_file = self._writer_file, None
+        if f is not None:
+            f.close()  # drops the flock
+        self._writer_checked = False
 
     def _check_order(self, step: int) -> None:
         """Warns (once) when `step` is below the latest checkpoint: training resumed from an
@@ -902,6 +957,7 @@ class CheckpointManager:
         finally:
             self._saver.shutdown(wait=True)
             self._exporter.shutdown(wait=True)
+            self._release_writer_lock()
 
     def __enter__(self):
         return self
