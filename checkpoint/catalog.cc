@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <set>
 #include <utility>
@@ -194,9 +195,15 @@ absl::StatusOr<std::shared_ptr<CheckpointRoot>> CheckpointRoot::Open(
       return absl::InvalidArgumentError("a checkpoint root cannot be the file system root");
     }
     // A file where the root should be: every verb would report "no checkpoint" for it.
-    if (struct stat st; ::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    struct stat st;
+    const int stat_rc = ::stat(dir.c_str(), &st);
+    if (stat_rc == 0 && !S_ISDIR(st.st_mode)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint root file://", dir, " is a file, not a directory of checkpoints"));
+    }
+    if (stat_rc != 0 && errno == ENOTDIR) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint root file://", dir, " is below a file, not a directory of checkpoints"));
     }
     root->local_dir_ = dir;
     root->uri_ = absl::StrCat("file://", dir, "/");

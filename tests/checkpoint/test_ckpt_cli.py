@@ -240,6 +240,9 @@ def test_usage_errors_exit_2_and_a_missing_step_exits_1(run, bucket, aws):
         assert out.returncode == 1 and out.stderr.count("\n") == 1, (verb, out.stderr)
         assert f"{a_file} is a file, not a directory of checkpoints" in out.stderr, out.stderr
         assert out.stdout == b"", out.stdout
+    out = ckpt("ls", a_file / "run", env=aws)
+    assert out.returncode == 1 and out.stdout == b"", out.stderr
+    assert f"{a_file}/run is below a file, not a directory of checkpoints" in out.stderr
     # Into the root itself, below one of its checkpoints: refused (later copies of the root
     # carried the copy along).
     inside = f"{root}/step-000000000003/copy"
