@@ -90,27 +90,23 @@ absl::Status RunCleanup(const CleanupArgs& args) {
       ++kept;
       continue;
     }
-    std::string action = args.dryrun ? "would abort" : "aborted";
-    if (!args.dryrun) {
-      if (absl::Status s = store.AbortUpload(u.key, u.upload_id); !s.ok()) {
-        ++failed;
-        const std::string line =
-            absl::StrCat("wharf: abort upload of ", uri, ": ", OneLine(s.message()), "\n");
-        std::fwrite(line.data(), 1, line.size(), stderr);
-        if (first_error.ok()) first_error = s;
-        action = "failed";
-      } else {
-        ++aborted;
-      }
-    } else {
+    const absl::Status s = args.dryrun ? absl::OkStatus() : store.AbortUpload(u.key, u.upload_id);
+    const char* action = !s.ok() ? "failed" : args.dryrun ? "would abort" : "aborted";
+    if (s.ok()) {
       ++aborted;
+    } else {
+      ++failed;
+      const std::string line =
+          absl::StrCat("wharf: abort upload of ", uri, ": ", OneLine(s.message()), "\n");
+      std::fwrite(line.data(), 1, line.size(), stderr);
+      if (first_error.ok()) first_error = s;
     }
     if (args.json) {
       Print(JsonLine({{"uri", uri},
                       {"upload_id", u.upload_id},
                       {"initiated", TimeText(u.initiated)},
                       {"action", action}}));
-    } else if (!args.quiet && action != "failed") {
+    } else if (!args.quiet && s.ok()) {
       Print(absl::StrCat(args.dryrun ? "(dryrun) abort" : "aborted", " upload of ", OneLine(uri),
                          " (started ", TimeText(u.initiated), ")\n"));
     }

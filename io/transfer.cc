@@ -486,6 +486,8 @@ class Engine {
     server_side_ = same_store_ && options_.put.is_default();
     src_local_ = IsLocal(*src_.store);
     dst_local_ = IsLocal(*dst_.store);
+    guess_types_ = !dst_local_ && options_.put.content_type.empty() &&
+                   options_.guess_content_type && dst_.store->capabilities().put_options;
     op_ = same_store_                 ? "copy"
           : src_local_ && !dst_local_ ? "upload"
           : !src_local_ && dst_local_ ? "download"
@@ -585,10 +587,7 @@ class Engine {
   PutOptions PutFor(const ObjectMeta& meta) const {
     PutOptions put = options_.put;
     if (dst_local_ && meta.mtime != absl::InfinitePast()) put.mtime = meta.mtime;
-    if (!dst_local_ && put.content_type.empty() && options_.guess_content_type &&
-        dst_.store->capabilities().put_options) {
-      put.content_type = ContentTypeOfKey(meta.key);
-    }
+    if (guess_types_) put.content_type = ContentTypeOfKey(meta.key);
     put.source_uri = src_.store->Uri(meta.key);
     put.source_etag = meta.etag;
     return put;
@@ -1005,6 +1004,7 @@ class Engine {
   TransferObserver* const observer_;
   Outcome outcome_;
   bool same_store_ = false, server_side_ = false, src_local_ = false, dst_local_ = false;
+  bool guess_types_ = false;  // uploads get their key's extension's Content-Type
   bool dst_keeps_markers_ = true;
   std::string op_;
   int inflight_ = 0;

@@ -6,25 +6,31 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 
 namespace wharf {
+
+constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
 
 absl::string_view RangeCut::Take(absl::string_view chunk) {
   if (!active) return chunk;
   const uint64_t at = seen;
   seen += chunk.size();
-  const uint64_t stop = want > std::numeric_limits<uint64_t>::max() - skip
-                            ? std::numeric_limits<uint64_t>::max()
-                            : skip + want;
+  const uint64_t stop = want > kUnbounded - skip ? kUnbounded : skip + want;
   const uint64_t lo = std::max(at, skip);
   const uint64_t hi = std::min<uint64_t>(at + chunk.size(), stop);
   return lo < hi ? chunk.substr(lo - at, hi - lo) : absl::string_view();
 }
 
-absl::StatusOr<RangeCut> CutFromWholeObject(const ByteRange& range, std::optional<uint64_t> size,
-                                            uint64_t begin, uint64_t delivered,
-                                            std::optional<uint64_t> end) {
-  constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
+std::optional<uint64_t> RangeCut::end() const {
+  if (want == kUnbounded) return std::nullopt;
+  return skip + want;
+}
+
+namespace {
+
+absl::StatusOr<RangeCut> Cut(const ByteRange& range, std::optional<uint64_t> size, uint64_t begin,
+                             uint64_t delivered, std::optional<uint64_t> end) {
   uint64_t from = 0, to = kUnbounded;
   if (delivered > 0) {  // a resumed attempt: the rest of the extent
     from = begin + delivered;
@@ -50,6 +56,16 @@ absl::StatusOr<RangeCut> CutFromWholeObject(const ByteRange& range, std::optiona
     if (from == 0 && to == *size) return RangeCut{};  // the whole object was wanted
   }
   return RangeCut{.active = true, .skip = from, .want = to == kUnbounded ? kUnbounded : to - from};
+}
+
+}  // namespace
+
+absl::StatusOr<RangeCut> CutFromWholeObject(const ByteRange& range, std::optional<uint64_t> size,
+                                            uint64_t begin, uint64_t delivered,
+                                            std::optional<uint64_t> end, absl::string_view uri) {
+  absl::StatusOr<RangeCut> cut = Cut(range, size, begin, delivered, end);
+  if (!cut.ok()) return Annotate(cut.status(), absl::StrCat("get ", uri));
+  return cut;
 }
 
 absl::Status DeliverGetBytes(const GetRequest& request, uint64_t filled, absl::string_view bytes,

@@ -25,6 +25,9 @@ struct RangeCut {
 
   // The part of `chunk` (the next body bytes) inside the range; empty when none is.
   absl::string_view Take(absl::string_view chunk);
+  // One past the range's last byte; nullopt for a range to the end of an object of unknown
+  // size.
+  std::optional<uint64_t> end() const;
 };
 
 // The cut for a 200 (the whole object, `size` bytes when the response said) that answered a
@@ -32,10 +35,10 @@ struct RangeCut {
 // extent [begin, end) the first response fixed. Inactive when the whole object is what was
 // wanted. OutOfRange for a range past the end (as a 416), DataLoss when the object is now
 // shorter than what was already delivered, Unimplemented for a suffix range of an object of
-// unknown size.
+// unknown size; errors start "get <uri>: ".
 absl::StatusOr<RangeCut> CutFromWholeObject(const ByteRange& range, std::optional<uint64_t> size,
                                             uint64_t begin, uint64_t delivered,
-                                            std::optional<uint64_t> end);
+                                            std::optional<uint64_t> end, absl::string_view uri);
 
 // Appends `bytes` to the request's sink, or copies them into its buffer at `filled` (bytes
 // already there); OutOfRange naming `uri` when the buffer cannot take them.

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <limits>
 #include <optional>
 #include <utility>
 
@@ -645,10 +644,10 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       } else if (r.status == 200) {
         // The resume's Range ignored: the whole object again, of which the rest is cut, and
         // whose CRC32C is then checked over this whole body.
-        absl::StatusOr<RangeCut> cut =
-            CutFromWholeObject(req.range, sized, state->begin, state->delivered, state->end);
+        absl::StatusOr<RangeCut> cut = CutFromWholeObject(req.range, sized, state->begin,
+                                                          state->delivered, state->end, state->uri);
         if (!cut.ok()) {
-          state->refused = Annotate(cut.status(), absl::StrCat("get ", state->uri));
+          state->refused = cut.status();
           return;
         }
         state->cut = *cut;
@@ -700,17 +699,16 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       state->end = sized;
       if (!req.range.is_all()) {
         // A 200 to a ranged request: the whole object came; deliver the range of it.
-        absl::StatusOr<RangeCut> cut = CutFromWholeObject(req.range, sized, 0, 0, std::nullopt);
+        absl::StatusOr<RangeCut> cut =
+            CutFromWholeObject(req.range, sized, 0, 0, std::nullopt, state->uri);
         if (!cut.ok()) {
-          state->refused = Annotate(cut.status(), absl::StrCat("get ", state->uri));
+          state->refused = cut.status();
           return;
         }
         state->cut = *cut;
         if (cut->active) {
           state->begin = cut->skip;
-          state->end = cut->want == std::numeric_limits<uint64_t>::max()
-                           ? std::nullopt
-                           : std::optional<uint64_t>(cut->skip + cut->want);
+          state->end = cut->end();
         }
       }
     }

@@ -88,6 +88,24 @@ CannedResponse Media(const std::string& data, const std::string& gen) {
   return r;
 }
 
+// `r` with the connection reset after `after` bytes of its body.
+CannedResponse ResetAfter(CannedResponse r, uint64_t after) {
+  r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
+  r.fail_after_bytes = after;
+  r.chunk_bytes = 10000;
+  return r;
+}
+
+// Bytes [from, to) of `data` at generation `gen`, as a 206 answers a ranged read.
+CannedResponse Part(const std::string& data, const std::string& gen, uint64_t from, uint64_t to) {
+  CannedResponse r;
+  r.status = 206;
+  r.body = data.substr(from, to - from);
+  r.headers = {{"x-goog-generation", gen},
+               {"content-range", absl::StrCat("bytes ", from, "-", to - 1, "/", data.size())}};
+  return r;
+}
+
 std::string HeaderOf(const HttpRequest& r, absl::string_view name) {
   for (const auto& [k, v] : r.headers) {
     if (absl::EqualsIgnoreCase(k, name)) return v;
@@ -209,20 +227,10 @@ TEST(GcsJsonStoreTest, InterruptedReadResumesFromTheNextByteOfTheSameGeneration)
   const std::string data(100000, 'x');
   std::atomic<int> calls{0};
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& r) {
-    if (calls++ == 0) {
-      CannedResponse cut = Media(data, "42");
-      cut.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
-      cut.fail_after_bytes = 40000;
-      cut.chunk_bytes = 10000;
-      return cut;
-    }
+    if (calls++ == 0) return ResetAfter(Media(data, "42"), 40000);
     EXPECT_EQ(HeaderOf(r, "range"), "bytes=40000-99999");
     EXPECT_THAT(r.url, HasSubstr("ifGenerationMatch=42"));
-    CannedResponse rest;
-    rest.status = 206;
-    rest.body = data.substr(40000);
-    rest.headers = {{"x-goog-generation", "42"}, {"content-range", "bytes 40000-99999/100000"}};
-    return rest;
+    return Part(data, "42", 40000, data.size());
   });
   auto store = MakeStore(transport);
   std::string buffer(data.size(), '\0');
@@ -240,20 +248,10 @@ TEST(GcsJsonStoreTest, AnAttemptThatFailsBeforeItsHeadersDoesNotCountThePrevious
   auto transport = std::make_shared<CannedTransport>(
       [&](const HttpRequest& r) -> absl::StatusOr<CannedResponse> {
         const int call = ++calls;
-        if (call == 1) {
-          CannedResponse cut = Media(data, "42");
-          cut.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
-          cut.fail_after_bytes = 40000;
-          cut.chunk_bytes = 10000;
-          return cut;
-        }
+        if (call == 1) return ResetAfter(Media(data, "42"), 40000);
         if (call == 2) return absl::UnavailableError("Failed to connect: Connection refused");
         EXPECT_EQ(HeaderOf(r, "range"), "bytes=40000-99999");
-        CannedResponse rest;
-        rest.status = 206;
-        rest.body = data.substr(40000);
-        rest.headers = {{"x-goog-generation", "42"}, {"content-range", "bytes 40000-99999/100000"}};
-        return rest;
+        return Part(data, "42", 40000, data.size());
       });
   auto store = MakeStore(transport);
   std::string buffer(data.size(), '\0');
@@ -269,15 +267,7 @@ TEST(GcsJsonStoreTest, AResumeAnsweredWithTheWholeObjectDeliversTheRestOfTheRang
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
   std::atomic<int> calls{0};
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
-    if (calls++ == 0) {
-      CannedResponse part;
-      part.status = 206;
-      part.body = data.substr(10000, 50000);
-      part.headers = {{"x-goog-generation", "42"}, {"content-range", "bytes 10000-59999/100000"}};
-      part.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
-      part.fail_after_bytes = 20000;
-      return part;
-    }
+    if (calls++ == 0) return ResetAfter(Part(data, "42", 10000, 60000), 20000);
     CannedResponse whole = Media(data, "42");  // the resume's Range ignored
     whole.chunk_bytes = 9999;
     return whole;

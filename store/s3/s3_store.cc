@@ -2,11 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
-#include <limits>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -656,10 +653,10 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
       uint64_t size = 0;
       std::optional<uint64_t> sized;
       if (absl::SimpleAtoi(Header(r, "content-length"), &size)) sized = size;
-      absl::StatusOr<RangeCut> cut =
-          CutFromWholeObject(req.range, sized, state->begin, state->delivered, state->end);
+      absl::StatusOr<RangeCut> cut = CutFromWholeObject(req.range, sized, state->begin,
+                                                        state->delivered, state->end, state->uri);
       if (!cut.ok()) {
-        state->refused = Annotate(cut.status(), absl::StrCat("get ", state->uri));
+        state->refused = cut.status();
         return;
       }
       state->cut = *cut;
@@ -670,9 +667,7 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     uint64_t first = 0, last = 0, total = 0, length = 0;
     if (state->cut.active) {
       state->begin = state->cut.skip;
-      if (state->cut.want != std::numeric_limits<uint64_t>::max()) {
-        state->end = state->cut.skip + state->cut.want;
-      }
+      state->end = state->cut.end();
     } else if (ParseContentRange(Header(r, "content-range"), &first, &last, &total)) {
       state->begin = first;
       state->end = last + 1;

@@ -68,6 +68,38 @@ CannedResponse Err(int status, absl::string_view code) {
   return r;
 }
 
+// n bytes of a pattern that differs at every offset (mod 256) for `step` odd.
+std::string Pattern(size_t n, int step) {
+  std::string data(n, '\0');
+  for (size_t i = 0; i < n; ++i) data[i] = static_cast<char>(i * step);
+  return data;
+}
+
+// `data` as version `etag`, the connection reset after `after` bytes of it.
+CannedResponse ResetAfter(const std::string& data, absl::string_view etag, uint64_t after) {
+  CannedResponse r = Ok(data, {{"etag", absl::StrCat("\"", etag, "\"")}});
+  r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
+  r.fail_after_bytes = after;
+  return r;
+}
+
+// The rest of `data` from byte `from`, as S3 answers a ranged GET (206).
+CannedResponse RestFrom(const std::string& data, absl::string_view etag, uint64_t from) {
+  CannedResponse r =
+      Ok(data.substr(from),
+         {{"etag", absl::StrCat("\"", etag, "\"")},
+          {"content-range", absl::StrCat("bytes ", from, "-", data.size() - 1, "/", data.size())}});
+  r.status = 206;
+  return r;
+}
+
+std::string HeaderOf(const HttpRequest& req, absl::string_view name) {
+  for (const auto& [k, v] : req.headers) {
+    if (absl::EqualsIgnoreCase(k, name)) return v;
+  }
+  return "";
+}
+
 Counter* Retries(const std::string& cause) {
   return Runtime::Default()->metrics().GetCounter("wharf_s3_retries_total", "", {{"cause", cause}});
 }
@@ -143,27 +175,13 @@ TEST(S3StoreTest, BadSignatureHintsAtTheSettingAndHidesTheSecret) {
 }
 
 TEST(S3StoreTest, InterruptedGetResumesFromDeliveredBytesOfTheSameVersion) {
-  std::string data(100000, '\0');
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
+  const std::string data = Pattern(100000, 7);
   std::atomic<int> calls{0};
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
-    if (++calls == 1) {
-      CannedResponse r = Ok(data, {{"etag", "\"v1\""}});
-      r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
-      r.fail_after_bytes = 30000;
-      return r;
-    }
-    std::string range, if_match;
-    for (const auto& [k, v] : req.headers) {
-      if (k == "range") range = v;
-      if (k == "if-match") if_match = v;
-    }
-    EXPECT_EQ(range, "bytes=30000-99999");
-    EXPECT_EQ(if_match, "\"v1\"");
-    CannedResponse r =
-        Ok(data.substr(30000), {{"etag", "\"v1\""}, {"content-range", "bytes 30000-99999/100000"}});
-    r.status = 206;
-    return r;
+    if (++calls == 1) return ResetAfter(data, "v1", 30000);
+    EXPECT_EQ(HeaderOf(req, "range"), "bytes=30000-99999");
+    EXPECT_EQ(HeaderOf(req, "if-match"), "\"v1\"");
+    return RestFrom(data, "v1", 30000);
   });
   auto store = MakeStore(transport);
   std::string buffer(data.size(), '\0');
@@ -176,28 +194,15 @@ TEST(S3StoreTest, InterruptedGetResumesFromDeliveredBytesOfTheSameVersion) {
 }
 
 TEST(S3StoreTest, AnAttemptThatFailsBeforeItsHeadersDoesNotCountThePreviousBytesAgain) {
-  std::string data(100000, '\0');
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 11);
+  const std::string data = Pattern(100000, 11);
   std::atomic<int> calls{0};
   auto transport = std::make_shared<CannedTransport>(
       [&](const HttpRequest& req) -> absl::StatusOr<CannedResponse> {
         const int call = ++calls;
-        if (call == 1) {
-          CannedResponse r = Ok(data, {{"etag", "\"v1\""}});
-          r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
-          r.fail_after_bytes = 30000;
-          return r;
-        }
+        if (call == 1) return ResetAfter(data, "v1", 30000);
         if (call == 2) return absl::UnavailableError("Failed to connect: Connection refused");
-        std::string range;
-        for (const auto& [k, v] : req.headers) {
-          if (k == "range") range = v;
-        }
-        EXPECT_EQ(range, "bytes=30000-99999");
-        CannedResponse r = Ok(data.substr(30000),
-                              {{"etag", "\"v1\""}, {"content-range", "bytes 30000-99999/100000"}});
-        r.status = 206;
-        return r;
+        EXPECT_EQ(HeaderOf(req, "range"), "bytes=30000-99999");
+        return RestFrom(data, "v1", 30000);
       });
   auto store = MakeStore(transport);
   std::string buffer(data.size(), '\0');
@@ -282,20 +287,12 @@ TEST(S3StoreTest, ARangeTheServerIgnoredIsCutFromTheWholeObject) {
 }
 
 TEST(S3StoreTest, AResumedRangeTheServerIgnoredIsCutFromTheWholeObject) {
-  std::string data(100000, '\0');
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13);
+  const std::string data = Pattern(100000, 13);
   std::atomic<int> calls{0};
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
-    CannedResponse r = Ok(data, {{"etag", "\"v1\""}});
-    if (++calls == 1) {  // the whole object, cut off after 30,000 bytes
-      r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
-      r.fail_after_bytes = 30000;
-      return r;
-    }
-    bool ranged = false;
-    for (const auto& [k, v] : req.headers) ranged = ranged || k == "range";
-    EXPECT_TRUE(ranged);
-    return r;  // the resume's Range ignored: the whole object again
+    if (++calls == 1) return ResetAfter(data, "v1", 30000);
+    EXPECT_EQ(HeaderOf(req, "range"), "bytes=30000-99999");
+    return Ok(data, {{"etag", "\"v1\""}});  // the resume's Range ignored: the whole object
   });
   auto store = MakeStore(transport);
   std::string buffer(data.size(), '\0');
@@ -336,12 +333,7 @@ TEST(S3StoreTest, AResumeAnsweredWithAnotherVersionsWholeObjectFails) {
   const std::string data(100000, 'a');
   std::atomic<int> calls{0};
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
-    if (++calls == 1) {
-      CannedResponse r = Ok(data, {{"etag", "\"v1\""}});
-      r.failure = absl::UnavailableError("Recv failure: Connection reset by peer");
-      r.fail_after_bytes = 30000;
-      return r;
-    }
+    if (++calls == 1) return ResetAfter(data, "v1", 30000);
     return Ok(std::string(100000, 'b'), {{"etag", "\"v2\""}});  // Range and If-Match ignored
   });
   auto store = MakeStore(transport);
@@ -382,13 +374,6 @@ TEST(S3StoreTest, ChangedObjectDuringResumeFailsInsteadOfSplicing) {
   });
   auto store = MakeStore(transport);
   EXPECT_EQ(store->Read("k").status().code(), absl::StatusCode::kFailedPrecondition);
-}
-
-std::string HeaderOf(const HttpRequest& req, absl::string_view name) {
-  for (const auto& [k, v] : req.headers) {
-    if (absl::EqualsIgnoreCase(k, name)) return v;
-  }
-  return "";
 }
 
 TEST(S3StoreTest, IfNoneMatchOfTheCurrentEtagIs304NotModified) {

@@ -446,7 +446,7 @@ class _RedisBackend:
     caps one value.
 
     A lock is a lease of LEASE seconds (at most lock_ttl) that a thread of the holder renews
-    every LEASE / 3 while the compute runs (a compare-and-pexpire script): a holder killed
+    every third of a lease while the compute runs (a compare-and-pexpire script): a holder killed
     with -9 stops renewing, so the others take the key over within LEASE seconds, not after
     lock_ttl; a live holder keeps its lock however long its compute takes."""
     name = "redis"
@@ -490,8 +490,9 @@ class _RedisBackend:
         self._stop = threading.Event()
 
     def _renew_leases(self):
-        """The renewing thread: every LEASE / 3, each held lock's lease again (a lock lost
-        meanwhile, to expiry or a failover, is left alone: the script renews only its own)."""
+        """The renewing thread: every third of the shortest lease held, each held lock's
+        lease again (a lock lost meanwhile, to expiry or a failover, is left alone: the script
+        renews only its own)."""
         tick = self.LEASE / 3
         while not self._stop.wait(tick):
             with self._held_lock:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import datetime
+import fcntl
 import json
 import math
 import operator
@@ -25,6 +26,7 @@ import os
 import pickle
 import random
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -564,8 +566,6 @@ class CheckpointManager:
         Every rank raises the same error (a collective: save() is called by all ranks)."""
         error = None
         if self.rank == 0 and self.root.local_dir:
-            import fcntl
-            import socket
             path = os.path.join(self.root.local_dir, _WRITER_LOCK)
             os.makedirs(self.root.local_dir, exist_ok=True)
             f = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), "r+b")
