@@ -165,11 +165,16 @@ class ObjectReadFile {
       Raise(absl::InvalidArgumentError(
           absl::StrCat("invalid whence (", whence, ", should be 0, 1 or 2)")));
     }
-    if (base + offset < 0) {
-      Raise(absl::InvalidArgumentError(absl::StrCat("negative seek position ", base + offset)));
+    int64_t target = 0;
+    if (__builtin_add_overflow(base, offset, &target)) {
+      PyErr_SetString(PyExc_OverflowError, "seek position out of range");
+      throw py::error_already_set();
+    }
+    if (target < 0) {
+      Raise(absl::InvalidArgumentError(absl::StrCat("negative seek position ", target)));
     }
     // The reader moves on the next read: seeking back and forth between reads costs nothing.
-    pos_ = static_cast<uint64_t>(base + offset);
+    pos_ = static_cast<uint64_t>(target);
     return pos_;
   }
 

@@ -9,10 +9,13 @@ takes them.
 A "wb" or "xb" file commits on close() only: leaving its `with` block by an exception, abort(), or
 being garbage-collected unclosed drops the upload, and nothing appears. So does a close() that
 a wrapper's `with` makes while an exception unwinds (io.TextIOWrapper, fsspec's OpenFile,
-pandas' handles close what they wrap on the way out of their block, as on success); a close()
-of one's own always commits.
+pandas' handles, contextlib.closing and ExitStack close what they wrap on the way out of their
+block, as on success), and a close() by a wrapper that is garbage-collected unclosed
+(io.TextIOWrapper, io.BufferedWriter: their finalizers close what they wrap); a close() of
+one's own always commits.
 """
 import dis
+import inspect
 import io
 import os
 import sys
@@ -25,19 +28,34 @@ _WITH_EXCEPT_START = dis.opmap.get("WITH_EXCEPT_START")
 
 
 # Modules whose Python __exit__ closes what it wraps, exception or not: fsspec's OpenFile,
-# pandas' IOHandles, the standard library's file wrappers.
+# pandas' IOHandles, the standard library's file wrappers and context managers.
 _WRAPPER_MODULES = ("fsspec", "pandas", "gzip", "bz2", "lzma", "zipfile", "tarfile", "codecs",
-                    "_compression", "_pyio", "io")
+                    "_compression", "_pyio", "io", "contextlib")
+
+
+def _exit_exception(frame):
+    """The exception an __exit__ frame received: __exit__(self, type, value, tb) or
+    __exit__(self, *exc_info) (contextlib's); None for a normal exit."""
+    code = frame.f_code
+    args = frame.f_locals
+    if code.co_argcount >= 3:
+        return args.get(code.co_varnames[2])
+    if code.co_flags & inspect.CO_VARARGS:
+        rest = args.get(code.co_varnames[code.co_argcount + code.co_kwonlyargcount], ())
+        if isinstance(rest, tuple) and len(rest) >= 2:
+            return rest[1]
+    return None
 
 
 def _unwinding(exc_at_open):
     """Whether close() is a wrapper's `with` exit while an exception raised since the file was
     opened unwinds: past the `close` methods that called it (the wrappers' chain), the caller
     is a `with` statement's own exit of a C wrapper (io.TextIOWrapper; the frame is at
-    WITH_EXCEPT_START) or the __exit__ of a known wrapper module. A close() of one's own (in an
-    `except` clause, a `finally`, one's own __exit__) commits, as it says."""
+    WITH_EXCEPT_START) or the __exit__ of a known wrapper module that received an exception. A
+    close() of one's own (in an `except` clause, a `finally`, one's own __exit__) commits, as it
+    says, and so does a wrapper's __exit__ on a normal exit (inside an `except` clause too)."""
     exc = sys.exc_info()[1]
-    if exc is None or id(exc) == exc_at_open:
+    if exc is None or exc is exc_at_open:
         return False
     frame = sys._getframe(1)
     while frame is not None and (frame.f_code.co_name == "close"
@@ -48,7 +66,10 @@ def _unwinding(exc_at_open):
         return False
     if frame.f_code.co_name == "__exit__":
         module = frame.f_globals.get("__name__", "")
-        return module.split(".")[0] in _WRAPPER_MODULES
+        if module.split(".")[0] not in _WRAPPER_MODULES:
+            return False
+        received = _exit_exception(frame)
+        return received is not None and received is not exc_at_open
     lasti = frame.f_lasti
     return (_WITH_EXCEPT_START is not None and 0 <= lasti < len(frame.f_code.co_code)
             and frame.f_code.co_code[lasti] == _WITH_EXCEPT_START)
@@ -64,7 +85,8 @@ class ObjectFile(io.BufferedIOBase):
 
     _raw = None  # until opened: __del__ and closed work on a file whose open raised
     _write_error = None  # the first failed write's exception
-    _exc_at_open = None  # id() of the exception being handled as it opened
+    _exc_at_open = None  # the exception being handled as it opened
+    _dropped = False  # a wrapper of it was garbage-collected unclosed (_dealloc_warn)
 
     def __init__(self, uri, mode="rb", *, chunk_size=0, read_ahead=-1, access="auto",
                  **store_options):
@@ -86,8 +108,8 @@ class ObjectFile(io.BufferedIOBase):
         else:
             # An exception being handled as the file opens (one writes an error report in an
             # `except` clause) is not one that interrupted its writing.
-            exc = sys.exc_info()[1]
-            self._exc_at_open = None if exc is None else id(exc)  # not the exception itself
+            # Held (not its id(), which a later exception may reuse) until the file closes.
+            self._exc_at_open = sys.exc_info()[1]
             self._raw = _wharf._ObjectWriteFile(self._uri, exclusive=mode == "xb",
                                                 **store_options)
 
@@ -187,10 +209,12 @@ class ObjectFile(io.BufferedIOBase):
         if self._interrupted():
             self.abort()
             return
+        self._exc_at_open = None
         self._raw.close()  # a writer's failure aborts the upload and raises
 
     def abort(self):
         """"wb", "xb": drops the upload; nothing appears. "rb": the same as close()."""
+        self._exc_at_open = None
         if self._raw is None or self._raw.closed:
             return
         if self._mode != "rb":
@@ -213,10 +237,20 @@ class ObjectFile(io.BufferedIOBase):
                           ResourceWarning, stacklevel=2)
         self.abort()
 
+    def _dealloc_warn(self, source):
+        # io's C wrappers (TextIOWrapper, BufferedWriter) call this on what they wrap when they
+        # are garbage-collected unclosed, right before closing it: that close must not commit.
+        if self._mode != "rb" and not self.closed:
+            self._dropped = True
+            warnings.warn(f"{type(source).__name__} over wharf.open({self._uri!r}, "
+                          f"{self._mode!r}) was garbage-collected without close(): the upload "
+                          "is aborted, nothing was written", ResourceWarning, stacklevel=2)
+
     # ---- helpers ----
     def _interrupted(self):
-        """A writer whose close() is a wrapper's `with` exit while an exception unwinds."""
-        return self._mode != "rb" and _unwinding(self._exc_at_open)
+        """A writer whose close() is a wrapper's `with` exit while an exception unwinds, or the
+        finalizer of a wrapper dropped unclosed."""
+        return self._mode != "rb" and (self._dropped or _unwinding(self._exc_at_open))
 
     def _check_open(self):
         if self.closed:

@@ -303,6 +303,74 @@ def test_a_wrapper_closing_while_an_exception_unwinds_writes_nothing(root):
         "report": b"error: failed", "plain": b"ok"}
 
 
+def test_context_managers_and_dropped_wrappers_never_commit_half_a_file(root):
+    import codecs
+    import contextlib
+    store = wharf.Store(root)
+    # contextlib.closing and ExitStack close what they hold while the exception unwinds.
+    with pytest.raises(RuntimeError):
+        with contextlib.closing(wharf.open(root + "closing", "wb")) as f:
+            f.write(b"half")
+            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError):
+        with contextlib.ExitStack() as stack:
+            t = stack.enter_context(
+                io.TextIOWrapper(wharf.open(root + "stack", "wb"), encoding="utf-8"))
+            t.write("x" * (PART + 1))
+            raise RuntimeError("boom")
+
+    # A wrapper abandoned by an exception and collected later: its finalizer closes what it
+    # wraps, with no exception in sight.
+    def abandoned(wrap, key):
+        t = wrap(wharf.open(root + key, "wb"))
+        t.write("partial" if isinstance(t, io.TextIOBase) else b"partial")
+        raise RuntimeError("export failed midway")
+
+    for key, wrap in (("text", lambda f: io.TextIOWrapper(f, encoding="utf-8")),
+                      ("buffered", io.BufferedWriter)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(RuntimeError):
+                abandoned(wrap, key)
+            gc.collect()
+        assert any(issubclass(w.category, ResourceWarning) for w in caught), key
+    assert store.list() == []
+
+    # A wrapper's normal exit inside an `except` clause commits (nothing interrupted it).
+    report = wharf.open(root + "report", "wb")
+    try:
+        1 / 0
+    except ZeroDivisionError as e:
+        with codecs.getwriter("utf-8")(report) as w:
+            w.write(f"failed: {e!r}")
+    # A file opened while one exception was handled, then written in a `with` a new exception
+    # interrupts (the first one is gone by then: its id() may be reused).
+    for i in range(10):
+        try:
+            raise ValueError(i)
+        except ValueError:
+            f = wharf.open(root + f"late-{i}", "wb")
+        with pytest.raises(RuntimeError):
+            with io.TextIOWrapper(f, encoding="utf-8") as t:
+                t.write("half")
+                raise RuntimeError("boom")
+    assert {o["key"]: bytes(store.get(o["key"])) for o in store.list()} == {
+        "report": b"failed: ZeroDivisionError('division by zero')"}
+
+
+def test_seek_out_of_range_is_an_overflow_error(root):
+    wharf.Store(root).put("o", b"0123456789")
+    with wharf.open(root + "o") as f:
+        with pytest.raises(OverflowError):
+            f.seek(2**63 - 1, 2)
+        f.seek(2**62, 1)
+        with pytest.raises(OverflowError):
+            f.seek(2**62, 1)
+        with pytest.raises(ValueError, match="negative seek position"):
+            f.seek(-11, 2)
+        assert f.seek(-4, 2) == 6 and f.read() == b"6789"
+
+
 def test_exclusive_create_of_a_large_object_keeps_what_is_there(root):
     # "xb" above one part: RGW ignores If-None-Match on a multipart completion, so the writer
     # checks the key before starting the upload and before completing it.

@@ -78,6 +78,25 @@ def test_weights_only_and_map_location_are_torch_loads(root):
     assert wharf.torch.load(root + "d.pt", weights_only=False)["f"] is _training_state
 
 
+def test_torch_save_and_load_arguments_pass_through(root):
+    import pickle
+    state = {"w": torch.arange(6.0), "name": "caf\u00e9"}
+    # The legacy (non-zip) format and a pickle module of one's own, byte for byte torch's.
+    legacy = io.BytesIO()
+    torch.save(state, legacy, pickle_module=pickle, _use_new_zipfile_serialization=False)
+    wharf.torch.save(state, root + "legacy.pt", pickle_module=pickle,
+                     _use_new_zipfile_serialization=False)
+    assert bytes(wharf.Store(root).get("legacy.pt")) == legacy.getvalue()
+    # The unpickler's arguments (encoding= for Python 2 pickles) and pickle_module.
+    out = wharf.torch.load(root + "legacy.pt", pickle_module=pickle, weights_only=False,
+                           encoding="latin1")
+    _assert_same(state, out)
+    with pytest.raises(TypeError, match="mmap"):
+        wharf.torch.load(root + "legacy.pt", mmap=True)
+    with pytest.raises(ValueError, match="unknown store option 'colour'"):
+        wharf.torch.load(root + "legacy.pt", colour="blue")
+
+
 def test_a_save_that_raises_leaves_nothing(root):
     class Unpicklable:
         def __reduce__(self):

@@ -1000,22 +1000,32 @@ def _no_store_options(verb: str, store_options: dict) -> None:
                         f"need a URI, not a file object")
 
 
-def save(obj: Any, uri: str, *, pickle_protocol: int = 2, **store_options) -> None:
+# torch.load's keyword arguments for its unpickler (**pickle_load_args), passed through.
+_PICKLE_LOAD_ARGS = ("encoding", "errors", "fix_imports", "buffers")
+
+
+def save(obj: Any, uri: str, pickle_module: Any = None, pickle_protocol: int = 2,
+         _use_new_zipfile_serialization: bool = True, **store_options) -> None:
     """torch.save(obj) to `uri` (s3://, gs://, file://, with wharf.Store's store options).
 
     The bytes are torch.save's into a file object, byte for byte (plain torch.load reads the
     object), streamed through wharf.open(uri, "wb"): tensors go up as parts while later ones
     are serialized, with no copy of the whole state in memory. The object appears atomically
     when the save completes; a save that raises leaves nothing (the upload is aborted).
-    A file object (anything with write()) is handed to torch.save as it is.
+    A file object (anything with write()) is handed to torch.save as it is. pickle_module,
+    pickle_protocol and _use_new_zipfile_serialization are torch.save's.
     """
+    torch_args = {"pickle_protocol": pickle_protocol,
+                  "_use_new_zipfile_serialization": _use_new_zipfile_serialization}
+    if pickle_module is not None:
+        torch_args["pickle_module"] = pickle_module
     if hasattr(uri, "write"):
         _no_store_options("save", store_options)
-        torch.save(obj, uri, pickle_protocol=pickle_protocol)
+        torch.save(obj, uri, **torch_args)
         return
     with ObjectFile(uri, "wb", **store_options) as f:
         try:
-            torch.save(obj, f, pickle_protocol=pickle_protocol)
+            torch.save(obj, f, **torch_args)
         except Exception as e:
             # A store error in a write reaches the caller as torch's zip writer's RuntimeError
             # ("unexpected pos"): raise the store's (NotFoundError, PermissionDeniedError, ...).
@@ -1024,25 +1034,30 @@ def save(obj: Any, uri: str, *, pickle_protocol: int = 2, **store_options) -> No
             raise
 
 
-def load(uri: str, map_location=None, *, weights_only: Optional[bool] = None,
-         chunk_size: int = 0, read_ahead: int = -1, **store_options) -> Any:
+def load(uri: str, map_location=None, pickle_module: Any = None, *,
+         weights_only: Optional[bool] = None, chunk_size: int = 0, read_ahead: int = -1,
+         **store_options) -> Any:
     """torch.load of the object at `uri`, read through wharf.open(uri, "rb").
 
     Reads are ranged GETs with parallel read-ahead pinned to the ETag seen at open (an
     overwrite meanwhile is an error, never a mix). `map_location` and `weights_only` are
-    torch.load's (None: torch's default). Reads anything torch.save wrote. A file object
-    (anything with read()) is handed to torch.load as it is.
+    torch.load's (None: torch's default), and so are pickle_module and the unpickler's
+    arguments (encoding=, errors=, fix_imports=). Reads anything torch.save wrote. A file
+    object (anything with read()) is handed to torch.load as it is.
     """
-    for name in ("mmap", "pickle_module"):
-        if name in store_options:
-            raise TypeError(f"wharf.torch.load: torch.load's {name}= is not supported here "
-                            f"(it reads local files); use torch.load for that")
+    if "mmap" in store_options:
+        raise TypeError("wharf.torch.load: torch.load's mmap= is not supported here "
+                        "(it maps local files); use torch.load for that")
+    torch_args = {name: store_options.pop(name) for name in _PICKLE_LOAD_ARGS
+                  if name in store_options}
+    if pickle_module is not None:
+        torch_args["pickle_module"] = pickle_module
     if hasattr(uri, "read"):
         _no_store_options("load", store_options)
-        return torch.load(uri, map_location=map_location, weights_only=weights_only)
+        return torch.load(uri, map_location=map_location, weights_only=weights_only, **torch_args)
     with ObjectFile(uri, "rb", chunk_size=chunk_size, read_ahead=read_ahead,
                     **store_options) as f:
-        return torch.load(f, map_location=map_location, weights_only=weights_only)
+        return torch.load(f, map_location=map_location, weights_only=weights_only, **torch_args)
 
 
 def __getattr__(name):
