@@ -153,6 +153,20 @@ absl::StatusOr<Target> ResolveTarget(ObjectStore& store, const std::string& key)
   return target;
 }
 
+absl::StatusOr<Target> ResolveRecursiveTarget(ObjectStore& store, const std::string& key,
+                                              absl::string_view what) {
+  WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(store, key));
+  if (!target.is_object) return target;
+  WHARF_ASSIGN_OR_RETURN(bool also_prefix, PrefixHasObjects(store, AsPrefix(key)));
+  if (also_prefix) {
+    return UsageError(absl::StrCat(what, " ", store.Uri(key),
+                                   ": names both an object and a prefix of other objects; "
+                                   "add '/' for the prefix (",
+                                   store.Uri(AsPrefix(key)), "), or leave out -r for the object"));
+  }
+  return target;
+}
+
 absl::StatusOr<bool> PrefixHasObjects(ObjectStore& store, const std::string& prefix) {
   ListOptions options;
   options.prefix = prefix;

@@ -78,6 +78,11 @@ struct Target {
   std::string prefix;  // when !is_object
 };
 absl::StatusOr<Target> ResolveTarget(ObjectStore& store, const std::string& key);
+// The same for a verb that works on a whole prefix (`what`: "cp -r", "rm -r", "sync", ...):
+// a key naming both an object and a prefix of other objects (an object store holds `run` and
+// `run/x`) is a usage error naming both ways out, rather than a guess of one of them.
+absl::StatusOr<Target> ResolveRecursiveTarget(ObjectStore& store, const std::string& key,
+                                              absl::string_view what);
 
 // True when at least one object has a key starting with `prefix`.
 absl::StatusOr<bool> PrefixHasObjects(ObjectStore& store, const std::string& prefix);

@@ -177,8 +177,13 @@ absl::Status RunCp(const CpArgs& args) {
 
   const std::string& key = src.uri.key;
   if (options.recursive) {
-    WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(*src.store, key));
+    WHARF_ASSIGN_OR_RETURN(Target target,
+                           ResolveRecursiveTarget(*src.store, key, args.sync ? "sync" : "cp -r"));
     if (target.is_object) {
+      if (options.delete_extra) {
+        return UsageError(absl::StrCat("sync --delete ", src.store->Uri(key),
+                                       ": an object, not a prefix; --delete needs a prefix"));
+      }
       options.recursive = false;
     } else {
       TransferSummary summary;

@@ -70,9 +70,11 @@ void AddFilterFlags(CLI::App* cmd, std::vector<std::string>& include,
                                "; '*' matches across '/'); rules apply in order, the last match "
                                "wins"))
       ->expected(1)
+      ->allow_extra_args(false)  // one word per flag: the positionals after it are theirs
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--exclude", exclude, "Exclude paths matching PATTERN (see --include)")
       ->expected(1)
+      ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 

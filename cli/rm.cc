@@ -90,9 +90,11 @@ void AddRm(CLI::App& app, RmArgs& args) {
                  "With -r: include keys matching PATTERN (relative to the prefix; '*' matches "
                  "across '/'); rules apply in order, the last match wins")
       ->expected(1)
+      ->allow_extra_args(false)  // one word per flag: the URI after it is the URI
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   rm->add_option("--exclude", args.exclude, "With -r: exclude keys matching PATTERN")
       ->expected(1)
+      ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   rm->add_option("URI", args.uri, "The object or prefix: a URI or a local path")->required();
 }
@@ -104,7 +106,7 @@ absl::Status RunRm(const RmArgs& args) {
   const std::string uri = store.Uri(key);
 
   if (args.recursive) {
-    WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(store, key));
+    WHARF_ASSIGN_OR_RETURN(Target target, ResolveRecursiveTarget(store, key, "rm -r"));
     if (!target.is_object) return RemovePrefix(store, opened.uri, target.prefix, args);
   } else {
     // Deleting a missing key succeeds on object stores; a CLI user who typed a name wants to

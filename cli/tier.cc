@@ -126,7 +126,8 @@ absl::Status RunImport(const TierArgs& args) {
     }
   }
   // The source first: a mistyped bucket or prefix creates no tier, folder or import record.
-  WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(*src.store, src.uri.key));
+  WHARF_ASSIGN_OR_RETURN(Target target,
+                         ResolveRecursiveTarget(*src.store, src.uri.key, "tier import"));
   if (!target.is_object) {
     absl::StatusOr<bool> any = PrefixHasObjects(*src.store, target.prefix);
     if (!any.ok()) return Annotate(any.status(), "tier import");

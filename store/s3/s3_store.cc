@@ -209,13 +209,15 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
   const bool bodyless = e.code.empty();  // HEAD responses have no body
   if (bodyless) {
     switch (response.status) {
-      case 404:
-        // A bodyless 404 on an object cannot tell a missing key from a missing bucket.
-        e.code = uri.find('/', uri.find("://") + 3) == absl::string_view::npos ||
-                         absl::EndsWith(uri, "/")
+      case 404: {
+        // A bodyless 404 on an object cannot tell a missing key from a missing bucket; on
+        // the bucket itself (no key: "s3://b" or "s3://b/") it is the bucket.
+        const size_t slash = uri.find('/', uri.find("://") + 3);
+        e.code = slash == absl::string_view::npos || slash + 1 == uri.size()
                      ? "NoSuchBucket"
                      : "NoSuchKey or NoSuchBucket";
         break;
+      }
       case 403:
         e.code = "AccessDenied";
         break;

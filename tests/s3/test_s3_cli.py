@@ -345,3 +345,82 @@ def test_keys_the_filters_exclude_are_not_refused_either(tmp_path, bucket, s3_en
     assert selected.returncode == 1 and selected.stderr.count("refusing the key") == 2, \
         selected.stderr
     assert not (tmp_path / "evil").exists() and (tmp_path / "e" / "big.bin").exists()
+
+
+def test_sync_decides_an_edit_within_the_second_of_the_copy_by_content(tmp_path, bucket, s3_env,
+                                                                     s3_client):
+    # S3 keeps whole seconds: a file rewritten (same size) in the second of its upload, or an
+    # object in the second of its download, ties on time; the MD5s decide then.
+    src = tmp_path / "up"
+    src.mkdir()
+    (src / "f").write_bytes(b"v1")
+    run_wharf("sync", "-q", src, f"s3://{bucket}/up", env=s3_env, check=True)
+    uploaded = s3_client.head_object(Bucket=bucket, Key="up/f")["LastModified"].timestamp()
+    (src / "f").write_bytes(b"v2")
+    os.utime(src / "f", (uploaded + 0.5, uploaded + 0.5))  # the upload's second
+    run_wharf("sync", "-q", src, f"s3://{bucket}/up", env=s3_env, check=True)
+    assert s3_client.get_object(Bucket=bucket, Key="up/f")["Body"].read() == b"v2"
+    # Unchanged now: nothing copied, however often.
+    proc = run_wharf("sync", src, f"s3://{bucket}/up", env=s3_env, check=True)
+    assert "skipped 1 up to date" in proc.stdout.decode()
+
+    down = tmp_path / "down"
+    run_wharf("sync", "-q", f"s3://{bucket}/up", down, env=s3_env, check=True)
+    assert (down / "f").read_bytes() == b"v2"
+    s3_client.put_object(Bucket=bucket, Key="up/f", Body=b"v3")
+    rewritten = s3_client.head_object(Bucket=bucket, Key="up/f")["LastModified"].timestamp()
+    os.utime(down / "f", (rewritten, rewritten))  # the download's time, the same second
+    run_wharf("sync", "-q", f"s3://{bucket}/up", down, env=s3_env, check=True)
+    assert (down / "f").read_bytes() == b"v3"
+    proc = run_wharf("sync", f"s3://{bucket}/up", down, env=s3_env, check=True)
+    assert "skipped 1 up to date" in proc.stdout.decode()
+
+
+def test_a_key_naming_an_object_and_a_prefix_is_not_guessed(tmp_path, bucket, s3_env, s3_client):
+    for key in ("run", "run/x", "run/y", "solo"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "stale").write_bytes(b"old")
+    for args in (("sync", "--delete", f"s3://{bucket}/run", tmp_path / "dst"),
+                 ("cp", "-r", f"s3://{bucket}/run", tmp_path / "dst"),
+                 ("rm", "-r", f"s3://{bucket}/run")):
+        proc = run_wharf(*args, env=s3_env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "names both an object and a prefix" in proc.stderr
+        assert f"s3://{bucket}/run/" in proc.stderr
+    listed = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert sorted(listed) == ["run", "run/x", "run/y", "solo"]
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == ["stale"]
+    # With '/' it is the prefix; --delete of a lone object is refused, not ignored.
+    run_wharf("sync", "-q", "--delete", f"s3://{bucket}/run/", tmp_path / "dst", env=s3_env,
+              check=True)
+    assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == ["x", "y"]
+    proc = run_wharf("sync", "--delete", f"s3://{bucket}/solo", tmp_path / "dst", env=s3_env)
+    assert proc.returncode == 2 and "--delete needs a prefix" in proc.stderr
+    run_wharf("rm", "-r", "-q", f"s3://{bucket}/run/", env=s3_env, check=True)
+    listed = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert sorted(listed) == ["run", "solo"]
+
+
+def test_filters_before_the_positionals_leave_them_alone(tmp_path, bucket, s3_env, s3_client):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"a")
+    (src / "b.tmp").write_bytes(b"b")
+    run_wharf("sync", "--exclude", "*.tmp", src, f"s3://{bucket}/f", "--delete", "-q",
+              env=s3_env, check=True)
+    run_wharf("cp", "-r", "--exclude=*.txt", src, f"s3://{bucket}/g", "-q", env=s3_env,
+              check=True)
+    listed = sorted(o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"])
+    assert listed == ["f/a.txt", "g/b.tmp"]
+    proc = run_wharf("rm", "-r", "--exclude", "b*", f"s3://{bucket}/g/", "--dryrun", env=s3_env)
+    assert proc.returncode == 1 and "no objects match" in proc.stderr  # the only key excluded
+    proc = run_wharf("rm", "-r", "--exclude", "b*", f"s3://{bucket}/f/", "--dryrun",
+                     env=s3_env, check=True)
+    assert proc.stdout.decode() == f"(dryrun) delete s3://{bucket}/f/a.txt\n"
+
+
+def test_a_missing_key_ending_in_a_slash_is_not_called_a_missing_bucket(bucket, s3_env):
+    proc = run_wharf("stat", f"s3://{bucket}/no-such-dir/", env=s3_env)
+    assert proc.returncode == 1
+    assert "NoSuchKey or NoSuchBucket" in proc.stderr, proc.stderr
