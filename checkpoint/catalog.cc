@@ -526,7 +526,7 @@ absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const Che
     }
   }
 
-  if (from.tier() != nullptr) {
+  if (from.tier() != nullptr && options.mark_exported) {
     // An export: the tier's own path, so the exported entries lose `local`.
     TierExportOptions eo;
     eo.filters = no_manifest;
@@ -562,7 +562,7 @@ absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const Che
     return Annotate(s, absl::StrCat(what, " (after the copy; the copy is not committed)"));
   }
   const std::string manifest_key = from.StepPrefix(step) + kManifestName;
-  if (from.tier() != nullptr) {
+  if (from.tier() != nullptr && options.mark_exported) {
     TierExportOptions eo;
     eo.put = options.put;
     auto exported = ExportTierPath(

@@ -178,6 +178,10 @@ struct CopyOptions {
   uint64_t memory_budget = 0;            // 0: the whole budget
   PutOptions put;                        // upload options at the destination
   TransferObserver* observer = nullptr;  // progress
+  // An export (CheckpointManager's export_to, `wharf ckpt export`): from a tier, the copied
+  // files lose `local` (kept elsewhere now, eviction may remove them). Any other copy (a
+  // restore into a directory) leaves the tier's copy as it is.
+  bool mark_exported = false;
 };
 struct CopySummary {
   Manifest manifest;
@@ -191,7 +195,7 @@ struct CopySummary {
 // the files first (in parallel, multipart for big ones; resumable: what the destination
 // holds with the same size and ETag is skipped), then a check that the destination holds
 // every file of the manifest with its size, then the manifest, so the copy exists only when
-// whole. From a tier to another root the copied files lose `local` (an export: eviction may
+// whole. With options.mark_exported, from a tier the copied files lose `local` (eviction may
 // now remove them). NotFound when `from` has no complete checkpoint `step`.
 absl::StatusOr<CopySummary> CopyCheckpoint(const CheckpointRoot& from, const CheckpointRoot& to,
                                            int64_t step, const CopyOptions& options = {});

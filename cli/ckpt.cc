@@ -142,7 +142,11 @@ absl::StatusOr<checkpoint::Selector> SelectorOf(const CkptArgs& args,
   } else if (args.best) {
     s.kind = checkpoint::Selector::Kind::kBest;
     s.metric = args.metric.empty() ? config.metric : args.metric;
-    const std::string mode = args.mode.empty() ? config.mode : args.mode;
+    // The recorded mode is the recorded metric's: another metric ranks by --mode, else "min"
+    // (as CheckpointManager ranks one).
+    const std::string mode = !args.mode.empty()          ? args.mode
+                             : s.metric == config.metric ? config.mode
+                                                         : "min";
     if (s.metric.empty()) {
       return UsageError(absl::StrCat("ckpt ", args.action,
                                      " --best: no metric (give --metric; the root records none)"));
@@ -243,6 +247,7 @@ absl::Status RunCkptCopy(const CkptArgs& args) {
   ProgressObserver observer(progress);
   checkpoint::CopyOptions options;
   options.observer = &observer;
+  options.mark_exported = args.action == "export";
   auto copied = checkpoint::CopyCheckpoint(from, *to, chosen.step, options);
   progress.Stop();
   if (!copied.ok()) return copied.status();

@@ -282,9 +282,11 @@ void RegisterCheckpoint(py::module_& m) {
 
   m.def(
       "copy_checkpoint",
-      [](const PyCheckpointRoot& from, const PyCheckpointRoot& to, int64_t step, int inflight) {
+      [](const PyCheckpointRoot& from, const PyCheckpointRoot& to, int64_t step, int inflight,
+         bool exported) {
         checkpoint::CopyOptions options;
         options.inflight = inflight;
+        options.mark_exported = exported;
         auto s = Check(WithoutGil(
             [&] { return checkpoint::CopyCheckpoint(from.root(), to.root(), step, options); }));
         py::dict d;
@@ -297,7 +299,9 @@ void RegisterCheckpoint(py::module_& m) {
         return d;
       },
       py::arg("src"), py::arg("dst"), py::arg("step"), py::arg("inflight") = 0,
-      "Copies complete checkpoint `step` from one root to another, manifest last");
+      py::arg("exported") = false,
+      "Copies complete checkpoint `step` from one root to another, manifest last; "
+      "exported=True: an export (from a tier, the copied files lose `local`)");
 }
 
 }  // namespace wharf::python

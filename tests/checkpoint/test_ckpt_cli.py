@@ -385,3 +385,33 @@ def test_an_export_carries_the_ranking_metric_and_a_damaged_source_is_named(run,
         out.stderr, out.stderr
     assert "nothing copied" in out.stderr
     assert not (pathlib.Path(root).parent / "again" / "step-000000000004").exists()
+
+
+def test_a_restore_out_of_the_tier_keeps_its_checkpoint_unevictable(run, tmp_path, aws):
+    # Step 3 is only in the tier: a restore into a scratch folder is a copy, not an export,
+    # so the tier's files stay `local` and eviction keeps them after the copy is gone.
+    root, _, _ = run
+    out = ckpt("restore", root, "--step", "3", "-q", tmp_path / "scratch", env=aws)
+    assert out.returncode == 0, out.stderr
+    for name in os.listdir(root / step_dir(3)):
+        entry = json.loads(os.getxattr(root / step_dir(3) / name, "user.wharf.entry"))
+        assert entry["local"] is True, name
+    out = run_wharf("tier", "evict", root, "--to", "0", env=aws, check=True)
+    assert [j["step"] for j in ls_json(root, aws) if j["where"] in ("tier", "both")] == [3]
+    same(CheckpointManager(root).restore(3), state_of(3))
+
+
+def test_best_by_a_metric_the_root_does_not_record_ranks_by_its_own_mode(tmp_path, aws):
+    root = tmp_path / "m"
+    mgr = CheckpointManager(root, metric="acc", mode="max", async_save=False)
+    for step, (acc, loss) in {1: (0.5, 0.9), 2: (0.9, 0.5), 3: (0.7, 0.1)}.items():
+        mgr.save(step, state_of(step), metrics={"acc": acc, "loss": loss})
+    mgr.close()
+    picked = {}
+    for args in ((), ("--metric", "acc"), ("--metric", "loss"), ("--metric", "loss", "--mode",
+                                                                   "max")):
+        out = ckpt("restore", root, "--best", *args, "--json", tmp_path / f"r{len(picked)}",
+                   env=aws)
+        assert out.returncode == 0, out.stderr
+        picked[args] = json.loads(out.stdout)["step"]
+    assert list(picked.values()) == [2, 2, 3, 1]  # acc: max (recorded); loss: min, or --mode

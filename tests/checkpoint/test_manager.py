@@ -1231,3 +1231,74 @@ def test_one_run_saves_into_a_root_at_a_time(node_dirs):
     finally:
         holder.kill()
         holder.wait()
+
+
+# ---- 12. managers that only read, and a closed manager ----
+
+class _Positions:
+    """A stateful object (not a module) whose state has int keys, as a sampler's may."""
+
+    def __init__(self):
+        self.pos = {}
+
+    def state_dict(self):
+        return {"pos": dict(self.pos)}
+
+    def load_state_dict(self, sd):
+        self.pos = dict(sd["pos"])
+
+
+def test_a_reading_manager_leaves_a_saving_runs_work_alone(tmp_path):
+    root = tmp_path / "run"
+    writer = CheckpointManager(root, async_save=False)
+    writer.save(1, {"w": torch.ones(4)})
+    # The writer's replacement of step 1 in progress (what a save of a committed step writes
+    # first): a manager opened meanwhile to list or restore must not clean it up.
+    staged = root / ".replacing" / step_dir(1)
+    staged.mkdir(parents=True)
+    (staged / "__0_0.distcp").write_bytes(b"in progress")
+    reader = CheckpointManager(root)
+    assert [m["step"] for m in reader.list()] == [1]
+    assert (staged / "__0_0.distcp").read_bytes() == b"in progress"
+    assert torch.equal(reader.restore(1)["w"], torch.ones(4))
+    writer.close()
+    # Once no run saves there, the next manager removes what is left (no manifest: a save
+    # killed before its commit).
+    CheckpointManager(root).close()
+    assert not staged.exists()
+
+
+def test_a_closed_manager_refuses_saves_and_frees_its_lock(tmp_path):
+    root = tmp_path / "run"
+    mgr = CheckpointManager(root)  # async
+    mgr.save(1, {"w": torch.ones(4)}).result()
+    mgr.close()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="is closed"):
+            mgr.save(2, {"w": torch.zeros(4)})
+    other = CheckpointManager(root, async_save=False)
+    other.save(2, {"w": torch.zeros(4)})  # the closed one holds no lock
+    other.close()
+    assert [m["step"] for m in other.list()] == [1, 2]
+
+
+def test_restore_in_place_gives_stateful_objects_their_int_keys(tmp_path):
+    mgr = CheckpointManager(tmp_path / "run", async_save=False)
+    saved = _Positions()
+    saved.pos = {0: 11, 1: 22}
+    mgr.save(1, {"positions": saved, "w": torch.ones(2)})
+    fresh = _Positions()
+    mgr.restore(1, state={"positions": fresh, "w": torch.zeros(2)})
+    assert fresh.pos == {0: 11, 1: 22}
+    assert mgr.restore(1)["positions"] == {"pos": {0: 11, 1: 22}}
+    mgr.close()
+
+
+def test_a_lower_step_saved_while_a_higher_one_saves_is_warned_about(tmp_path):
+    mgr = CheckpointManager(tmp_path / "run", keep_last=1)  # async: step 10 still saving
+    high = mgr.save(10, {"w": torch.ones(1 << 20)})
+    with pytest.warns(RuntimeWarning, match=r"checkpoint 5 is below the latest one \(10\)"):
+        low = mgr.save(5, {"w": torch.zeros(4)})
+    high.result()
+    low.result()
+    mgr.close()

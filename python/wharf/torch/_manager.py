@@ -474,6 +474,7 @@ class CheckpointManager:
         # and one would fail.
         self._deleting = threading.Lock()
         self._pending: list[Future] = []
+        self._saving: list[tuple[int, Future]] = []  # (step, its save) for _check_order
         self._to_export: set[int] = set()  # selected, export not completed: kept on the tier
         self._queued: set[int] = set()  # exports submitted and not finished
         self._export_futures: dict[int, Future] = {}  # by step, while submitted
@@ -484,6 +485,8 @@ class CheckpointManager:
         self._writer_checked = False
         self._highest: Optional[int] = None  # the highest step saved or found (rank 0)
         self._warned_lower = False
+        self._closed = False
+        self._recovered = False  # _recover() ran
         self.last_restored: Optional[dict] = None  # the manifest restore() loaded
         if self.rank == 0:
             config = {"export_to": (self.export_root.uri if self.export_root
@@ -500,9 +503,16 @@ class CheckpointManager:
                 except _wharf.WharfError as e:
                     warnings.warn(f"wharf: could not record the checkpoint settings in "
                                   f"{root.uri}: {e}", stacklevel=2)
-            self._finish_replacements()
-            if self.export_root is not None:
-                self._resume_exports()
+            # What a killed run left half-done, put right before anything is listed, and the
+            # exports it did not finish; not while another run saves into the root (its own
+            # work in progress is in there): then at this manager's first save, if it saves.
+            probe = self._writer_lock_file() if self.root.local_dir else None
+            if probe is not None or not self.root.local_dir:
+                try:
+                    self._recover()
+                finally:
+                    if probe is not None:
+                        probe.close()
 
     # ---- saving ----
     def save(self, step: int, state: dict, metrics: Optional[dict] = None) -> SaveHandle:
@@ -514,6 +524,8 @@ class CheckpointManager:
         if _OWN in state:
             raise ValueError(f"the key {_OWN!r} is the manager's own")
         step = _checked_step(step)
+        if self._closed:
+            raise RuntimeError(f"CheckpointManager({self.root.uri!r}) is closed: no more saves")
         if not self._writer_checked:
             self._take_writer_lock()
         if self.rank == 0:
@@ -556,6 +568,8 @@ class CheckpointManager:
                 raise
         with self._lock:
             self._pending.append(future)
+            if self.rank == 0:
+                self._saving.append((step, future))
         return SaveHandle(step, future)
 
     def _take_writer_lock(self) -> None:
@@ -566,14 +580,11 @@ class CheckpointManager:
         Every rank raises the same error (a collective: save() is called by all ranks)."""
         error = None
         if self.rank == 0 and self.root.local_dir:
-            path = os.path.join(self.root.local_dir, _WRITER_LOCK)
-            os.makedirs(self.root.local_dir, exist_ok=True)
-            f = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), "r+b")
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                with f:
-                    holder = f.read(512).decode(errors="replace").strip()
+            f = self._writer_lock_file()
+            if f is None:
+                path = os.path.join(self.root.local_dir, _WRITER_LOCK)
+                with open(path, "rb") as held:
+                    holder = held.read(512).decode(errors="replace").strip()
                 error = (f"checkpoint root {self.root.uri}: another CheckpointManager is saving "
                          f"into it ({holder or 'holder unknown'}); one run saves into a root "
                          f"at a time (each would remove the other's newer checkpoints as "
@@ -592,6 +603,29 @@ class CheckpointManager:
         if error is not None:
             raise RuntimeError(error)
         self._writer_checked = True
+        if self.rank == 0 and not self._recovered:
+            self._recover()  # another run was saving when this one started
+
+    def _recover(self) -> None:
+        """Rank 0, with no other run saving into the root: finishes what a killed manager left
+        under .replacing and resumes the exports it did not finish."""
+        self._recovered = True
+        self._finish_replacements()
+        if self.export_root is not None:
+            self._resume_exports()
+
+    def _writer_lock_file(self):
+        """The root's writer lock file, flocked (exclusively, without waiting); None when
+        another manager holds it."""
+        path = os.path.join(self.root.local_dir, _WRITER_LOCK)
+        os.makedirs(self.root.local_dir, exist_ok=True)
+        f = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), "r+b")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+        return f
 
     def _release_writer_lock(self) -> None:
         f, self._writer_file = self._writer_file, None
@@ -615,7 +649,10 @@ class CheckpointManager:
             with self._lock:  # commits raise it meanwhile (_after_commit)
                 self._highest = max(found, self._highest if self._highest is not None else -1)
         with self._lock:
-            highest = self._highest
+            # Saves still running count too (a lower step while a higher one saves is the same
+            # mistake); failed ones do not.
+            self._saving = [(s, f) for s, f in self._saving if not f.done()]
+            highest = max([self._highest] + [s for s, _ in self._saving])
         if step < highest and not self._warned_lower:
             self._warned_lower = True
             where = self.root.uri + (f" and {self.export_root.uri}" if self.export_root else "")
@@ -688,6 +725,9 @@ class CheckpointManager:
         name = _wharf.CheckpointRoot.step_dir(step)
         staged = os.path.join(self._replacing_dir(), name)
         current = os.path.join(self.root.local_dir, name)
+        if not os.path.isdir(staged):
+            # Never move the checkpoint in place away for a replacement that is not there.
+            raise RuntimeError(f"checkpoint {step}: its committed replacement {staged} is gone")
         if _exchange(staged, current):
             old = staged
         else:
@@ -887,11 +927,11 @@ class CheckpointManager:
         (_finish_replacements) and exports again (_resume_exports)."""
         there = self._manifest(self.export_root, step)
         if there is None or self._same(there, self.root.read(step)):
-            return _wharf.copy_checkpoint(self.root, self.export_root, step)
+            return _wharf.copy_checkpoint(self.root, self.export_root, step, exported=True)
         kept = self._replacing_root(self.export_root)
         _wharf.copy_checkpoint(self.export_root, kept, step)
         try:
-            summary = _wharf.copy_checkpoint(self.root, self.export_root, step)
+            summary = _wharf.copy_checkpoint(self.root, self.export_root, step, exported=True)
         except BaseException:
             try:
                 if not self._committed(self.export_root, step):
@@ -952,12 +992,14 @@ class CheckpointManager:
 
     def close(self) -> None:
         """wait(), then stops the background threads."""
+        self._closed = True
         try:
             self.wait()
         finally:
             self._saver.shutdown(wait=True)
             self._exporter.shutdown(wait=True)
             self._release_writer_lock()
+            self._stager = _Stager()  # the staging copy of the state goes too
 
     def __enter__(self):
         return self
@@ -1079,8 +1121,12 @@ class CheckpointManager:
             from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
             reader = StorageReader(self.root.step_uri(step), etags=etags, **self._store_options)
             with _phase("load"):
-                saved = _dcp(_load_state_dict_from_keys, keys=set(as_saved),
+                saved = _dcp(_load_state_dict_from_keys,
+                             keys=set(as_saved) | ({_OWN} if own_saved else set()),
                              storage_reader=reader, process_group=self._pg)
+            # Their int keys back, as restore() without a state gives them.
+            own = saved.pop(_OWN, None) or {}
+            _restore_int_keys(saved, own.get("int_keys") or [])
             for k in as_saved:
                 if k not in saved:
                     raise RuntimeError(f"Missing key in checkpoint state_dict: {k} (step {step} "
