@@ -218,7 +218,16 @@ TEST(CheckpointRootTest, ATierRootKeepsLocalEntriesUntilExportedAndTheManifestCo
 
   TempStore bucket;
   auto remote = *CheckpointRoot::Open(bucket.root() + "/exported");
-  auto copied = CopyCheckpoint(*root, *remote, 5);
+  // A copy that is not an export (a restore into a folder) leaves the tier's files local.
+  TempStore scratch;
+  auto out = *CheckpointRoot::Open(scratch.root() + "/out");
+  ASSERT_TRUE(CopyCheckpoint(*root, *out, 5).ok());
+  EXPECT_TRUE(ReadEntryAttr(file)->local);
+  EXPECT_TRUE(ReadEntryAttr(dir.root() + "/tier/ckpt/step-000000000005/manifest.json")->local);
+
+  CopyOptions exporting;
+  exporting.mark_exported = true;
+  auto copied = CopyCheckpoint(*root, *remote, 5, exporting);
   ASSERT_TRUE(copied.ok()) << copied.status();
   EXPECT_EQ(copied->files, 2u);
   EXPECT_EQ(copied->bytes, data.size() + 100);

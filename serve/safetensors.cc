@@ -79,14 +79,22 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view text,
     return Malformed(uri, "the header holds a NUL byte (it is not JSON)");
   }
   // A name given twice would silently keep its last entry (the JSON parser's way): refused,
-  // as safetensors refuses it.
+  // as safetensors refuses it; so is a field given twice in one tensor's entry.
   std::set<std::string> names;
   std::string twice;
+  std::string current;  // the tensor whose entry is being read
+  std::set<std::string> fields;
+  std::string field_twice;  // "<tensor>\0<field>"
   const json::parser_callback_t note_names = [&](int depth, json::parse_event_t event,
                                                  json& parsed) {
-    if (event == json::parse_event_t::key && depth == 1 && twice.empty() &&
-        !names.insert(parsed.get<std::string>()).second) {
-      twice = parsed.get<std::string>();
+    if (event != json::parse_event_t::key) return true;
+    if (depth == 1) {
+      current = parsed.get<std::string>();
+      fields.clear();
+      if (twice.empty() && !names.insert(current).second) twice = current;
+    } else if (depth == 2 && current != "__metadata__" && field_twice.empty() &&
+               !fields.insert(parsed.get<std::string>()).second) {
+      field_twice = absl::StrCat(current, std::string(1, '\0'), parsed.get<std::string>());
     }
     return true;
   };
@@ -96,6 +104,11 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view text,
   }
   if (twice == "__metadata__") return Malformed(uri, "the header has two __metadata__");
   if (!twice.empty()) return BadTensor(uri, twice, "the header names it twice");
+  if (!field_twice.empty()) {
+    const size_t nul = field_twice.find('\0');
+    return BadTensor(uri, field_twice.substr(0, nul),
+                     absl::StrCat("its entry gives '", field_twice.substr(nul + 1), "' twice"));
+  }
   SafetensorsHeader out;
   out.data_start = 8 + text.size();
   const uint64_t data_size = file_size - out.data_start;

@@ -1155,6 +1155,8 @@ void TierStore::Publish(const std::shared_ptr<PendingRead>& pending,
   }
   TierEntry entry;
   absl::Time mtime;
+  // A stale copy the user pinned stays pinned when the new version replaces it.
+  const bool keep_pin = read.stale.has_value() && IsPinned(read.fill_path);
   auto sealed =
       read.temp->Seal(SourceTime(got->meta), /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
         entry.source = uri;
@@ -1164,7 +1166,8 @@ void TierStore::Publish(const std::shared_ptr<PendingRead>& pending,
         entry.filled = absl::Now();
         struct stat st;
         mtime = fstat(fd, &st) == 0 ? absl::TimeFromTimespec(st.st_mtim) : entry.filled;
-        return WriteEntryAttr(fd, entry);
+        WHARF_RETURN_IF_ERROR(WriteEntryAttr(fd, entry));
+        return keep_pin ? SetPinned(read.temp->path(), true) : absl::OkStatus();
       });
   // A small object's bytes are still in memory (ours, or already in the reader's buffer): the
   // read is answered from them (the file holds the same bytes, checked by size), with the

@@ -97,7 +97,10 @@ absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
     } else {
       entry.md5 = m.etag;
     }
-    return WriteEntryAttr(fd, entry);
+    WHARF_RETURN_IF_ERROR(WriteEntryAttr(fd, entry));
+    // A file the user pinned stays pinned when a new version replaces it (set before the
+    // rename: never a moment unpinned).
+    return IsPinned(temp.target()) ? SetPinned(temp.path(), true) : absl::OkStatus();
   });
   if (!meta.ok()) return meta.status();
   meta->key = key;

@@ -116,7 +116,12 @@ def derive_model_version(uri, **store_options):
     files = [name]
     if name.endswith(".json"):
         index = json.loads(bytes(store.get(name)))
-        files += sorted(set((index.get("weight_map") or {}).values()))
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{uri}: not a safetensors index (its 'weight_map' is not an "
+                             f"object of tensor names to shard file names)")
+        files += sorted(set(weight_map.values()))
     h = hashlib.sha256()
     for f in files:
         info = store.head(f)

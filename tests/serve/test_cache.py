@@ -146,6 +146,13 @@ def test_json_requests_are_canonical(make_cache):
     assert model.calls == 1
     # a list's order matters
     assert cache.get("v1", {"a": 2, "b": 1, "c": [1, 2]}) is None
+    # keys are sorted as the strings JSON makes of them, however deep: {2: .., 10: ..} is
+    # {"2": .., "10": ..}; two keys that make one string are refused
+    for request in ({2: "a", 10: "b"}, {"2": "a", "10": "b"}, {10: "b", "2": "a"}):
+        assert canonical_request(request) == b'{"10":"b","2":"a"}'
+    assert canonical_request([{"x": {1: True, None: 0}}]) == b'[{"x":{"1":true,"null":0}}]'
+    with pytest.raises(TypeError, match="collide"):
+        canonical_request({1: "a", "1": "b"})
     with pytest.raises(TypeError, match="JSON-serializable"):
         cache.get_or_compute("v1", {"x": object()}, model)
 
@@ -415,6 +422,21 @@ def test_dir_unwritable_degrades_with_one_warning(tmp_path):
     assert len(ours) == 1, [str(w.message) for w in ours]
     assert str(blocker / "pc") in str(ours[0].message)
     assert cache.stats()["degraded"] and cache.stats()["errors"] >= 2
+
+
+def test_dir_removed_while_in_use_is_made_again(tmp_path):
+    import shutil
+    path = tmp_path / "pc"
+    cache = PredictionCache(str(path))
+    model = Model()
+    assert cache.get_or_compute("v1", 1, model) == b"1:1"
+    shutil.rmtree(path)  # a cleanup of the node's scratch space
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PredictionCacheWarning)  # no degradation
+        assert cache.get_or_compute("v1", 2, model) == b"2:2"
+        assert cache.get_or_compute("v1", 2, model) == b"2:2"  # stored again: a hit
+    assert model.calls == 2 and not cache.stats()["degraded"]
+    cache.close()
 
 
 def test_dir_expired_entries_are_swept_by_puts(tmp_path):

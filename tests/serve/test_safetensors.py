@@ -178,6 +178,10 @@ def header_file(header: dict, data: bytes) -> bytes:
         b'{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
         b'"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}'),
      "tensor 'a': the header names it twice"),
+    ("a field twice", (lambda text: struct.pack("<Q", len(text)) + text + bytes(8))(
+        b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],'
+        b'"shape":[2],"data_offsets":[0,8]}}'),
+     "tensor 'a': its entry gives 'shape' twice"),
     ("empty", b"", "empty"),
 ])
 def test_malformed_files_are_refused_naming_file_and_tensor(aws, bucket, s3_client, case, raw,

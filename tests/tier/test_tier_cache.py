@@ -434,3 +434,36 @@ def test_a_changed_source_never_mixes_blocks_of_two_versions(tmp_path, bucket, s
     gc = json.loads(run_wharf("tier", "gc", "--json", tier, check=True).stdout)
     assert "old_blocks" in gc
     assert len(list(blocks_dir(tier, bucket, "big/changing.bin").iterdir())) == 1
+
+
+def test_a_pinned_copy_stays_pinned_when_a_new_version_replaces_it(tmp_path, bucket, s3_env,
+                                                                   s3_client):
+    # Read-through in ttl mode: the source changed, the refill replaces the pinned copy.
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "--mode", "ttl", "--ttl", "1", env=s3_env, check=True)
+    s3_client.put_object(Bucket=bucket, Key="m/model.bin", Body=b"v1")
+    uri = f"s3://{bucket}/m/model.bin"
+    assert run_wharf("cat", "--cache", tier, uri, env=s3_env, check=True).stdout == b"v1"
+    copy = tier / ".wharf" / "objects" / "s3" / bucket / "m" / "model.bin"
+    run_wharf("tier", "pin", copy, env=s3_env, check=True)
+    s3_client.put_object(Bucket=bucket, Key="m/model.bin", Body=b"v2")
+    time.sleep(1.2)  # past the ttl
+    assert run_wharf("cat", "--cache", tier, uri, env=s3_env, check=True).stdout == b"v2"
+    assert status(tier)["pinned"] == 1
+    evicted = json.loads(run_wharf("tier", "evict", tier, "--to", "0", "--json", env=s3_env,
+                                   check=True).stdout)
+    assert (evicted["evicted"], evicted["kept_pinned"]) == (0, 1)
+    assert copy.read_bytes() == b"v2"
+
+    # An import over a pinned tree: the file a changed object replaces stays pinned.
+    for i in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"t/{i}.bin", Body=b"old")
+    tree = tier / "tree"
+    run_wharf("tier", "import", "-q", f"s3://{bucket}/t/", tree, env=s3_env, check=True)
+    run_wharf("tier", "pin", tree, env=s3_env, check=True)
+    s3_client.put_object(Bucket=bucket, Key="t/1.bin", Body=b"new")
+    run_wharf("tier", "import", "-q", f"s3://{bucket}/t/", tree, env=s3_env, check=True)
+    assert (tree / "1.bin").read_bytes() == b"new"
+    assert status(tier)["pinned"] == 4
+    run_wharf("tier", "evict", tier, "--to", "0", env=s3_env, check=True)
+    assert sorted(p.name for p in tree.iterdir()) == ["0.bin", "1.bin", "2.bin"]

@@ -56,6 +56,34 @@ class PredictionCacheWarning(RuntimeWarning):
 _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
+def _string_keys(obj):
+    """`obj` with every dict key as the string JSON makes of it, so that sort_keys sorts the
+    strings (it sorts the keys as they are: 10 after 2, "10" before "2"); `obj` itself when
+    every key is a string already (only containers are visited: a list of numbers costs an
+    isinstance per item). Two keys that become one string are refused."""
+    if isinstance(obj, dict):
+        out, changed = {}, type(obj) is not dict
+        for k, v in obj.items():
+            if isinstance(v, _CONTAINERS):
+                v2 = _string_keys(v)
+                changed = changed or v2 is not v
+                v = v2
+            if type(k) is not str and (k is None or isinstance(k, (bool, int, float))):
+                k = json.dumps(k)  # else (a tuple key) left for the encoder to refuse
+                changed = True
+                if k in obj or k in out:
+                    raise ValueError(f"the request's keys {k!r} collide once made strings")
+            out[k] = v
+        return out if changed else obj
+    for i, v in enumerate(obj):
+        if isinstance(v, _CONTAINERS) and _string_keys(v) is not v:
+            return [_string_keys(x) if isinstance(x, _CONTAINERS) else x for x in obj]
+    return obj
+
+
 def canonical_request(request) -> bytes:
     """The bytes a request is keyed by: bytes, bytearray and memoryview (and their subclasses)
     as they are; anything else as compact JSON with sorted keys (so {"b": 1, "a": 2} and
@@ -68,7 +96,8 @@ def canonical_request(request) -> bytes:
     if isinstance(request, (bytes, bytearray, memoryview)):
         return bytes(request)
     try:
-        return _dumps(request).encode()
+        return _dumps(_string_keys(request) if isinstance(request, _CONTAINERS)
+                      else request).encode()
     except (TypeError, ValueError) as e:
         why = str(e)
         if "not supported between instances" in why:
@@ -217,6 +246,13 @@ class _DirBackend:
             if self._total is None:
                 self._total = total
 
+    def _reopen(self):
+        """The folder (or a part of it) was removed while in use: made again, and counted
+        again."""
+        with self._lock:
+            self._total = None
+        self._open()
+
     def _scan(self):
         """[(mtime, size, path)] of every entry file: entries/<version>/<shard>/<file>."""
         out = []
@@ -295,7 +331,11 @@ class _DirBackend:
         if self._total is None:
             self._open()
         expires = 0.0 if ttl is None else time.time() + ttl
-        fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix=key[8:16].hex() + ".")
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix=key[8:16].hex() + ".")
+        except FileNotFoundError:  # the folder was removed meanwhile
+            self._reopen()
+            fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix=key[8:16].hex() + ".")
         try:
             with open(fd, "wb") as f:  # mkstemp: mode 0600
                 f.write(self.HEADER.pack(self.MAGIC, expires, len(value)))
@@ -405,7 +445,11 @@ class _DirBackend:
             self._open()
         path = os.path.join(self._locks, key.hex())
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:  # the folder was removed meanwhile
+                self._reopen()
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
