@@ -2,7 +2,7 @@
 a DataLoader of 2 workers: every sample once per epoch, the same order for the same seed and
 epoch, another order next epoch, the same global order as one rank, and mid-epoch resume on
 2 ranks and on 1 rank; tar shards through torchdata's StatefulDataLoader, stopped and resumed
-per worker. On file:// and on the real S3 server."""
+per worker; CSV row files read by a spawned worker. On file:// and on the real S3 server."""
 import collections
 import json
 
@@ -41,8 +41,12 @@ def test_two_ranks_with_two_workers_each(target, tmp_path):
     for s in range(SHARDS):
         store.put(f"shards/{s:02d}.tar", tar_bytes(
             [(f"t{s}/x{i}.bin", b"%d-%d" % (s, i)) for i in range(PER_SHARD)]))
+    for f in range(4):
+        rows = "".join(f"{f * 10 + i},x\n" for i in range(3))
+        store.put(f"rows/f{f}.csv", ("id,v\n" + rows).encode())
+    root = uri[:-len("s/")]
     h.run_ranks(h.rank_main, (2, h.free_port(), uri, str(tmp_path), RESUME_STEPS,
-                              uri[:-len("s/")] + "shards/"), nprocs=2,
+                              root + "shards/", root + "rows/"), nprocs=2,
                 stacks_dir=str(tmp_path / "stacks"))
     r = json.loads((tmp_path / "results.json").read_text())
     all_keys = sorted(k[2:] for k in keys)
@@ -82,3 +86,8 @@ def test_two_ranks_with_two_workers_each(target, tmp_path):
     assert sorted(full[0] + full[1]) == sorted(f"t{s}/x{i}" for s in range(SHARDS)
                                                for i in range(PER_SHARD))
     assert r["records_resumed"] == full
+
+    # Row files, one spawned worker per rank: each rank its own files' rows (2 files of 3).
+    shares = r["rows_spawn"]
+    assert [len(s) for s in shares] == [6, 6]
+    assert sorted(shares[0] + shares[1]) == [f * 10 + i for f in range(4) for i in range(3)]

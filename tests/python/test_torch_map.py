@@ -45,6 +45,18 @@ def test_index_and_samples(dataset):
     assert MapDataset.from_keys(dataset, ["m/007.bin", "m/001.bin"])[0].key == "m/007.bin"
 
 
+def test_getitems_refuses_what_getitem_refuses(dataset):
+    # A DataLoader batch calls __getitems__: an index below -len was made "negative" once
+    # and then read as the last sample (-N - 1 gave sample N - 1), where ds[i] raises.
+    ds = MapDataset.from_prefix(dataset + "m/")
+    assert [s.index for s in ds.__getitems__([-1, -N, 2])] == [N - 1, 0, 2]
+    for bad in (-N - 1, N, -2 * N):
+        with pytest.raises(IndexError):
+            ds[bad]
+        with pytest.raises(IndexError, match=f"sample {bad} of a dataset of {N}"):
+            ds.__getitems__([0, bad])
+
+
 def test_manifest_and_missing_objects(dataset):
     store = wharf.Store(dataset)
     # Relative keys resolve against the manifest's folder; URIs of the same store are keys.

@@ -172,3 +172,23 @@ def test_distributed_sampler_shards_the_records(tmp_path):
     assert list(resumed) == shares[0][4:]
     with pytest.raises(TypeError, match="not list"):
         DistributedSampler([1, 2, 3], rank=0, world_size=1)
+
+
+def test_plain_paths_and_doubled_slashes(tmp_path):
+    # The record index matched the reader's records by dataset URI + key, but the reader
+    # names them by the engine's URL (file://, one slash): a plain path or a doubled slash
+    # was a KeyError ('file:///.../p0.tfrecord') while building the index.
+    recs = [b"r0", b"r1", b"r2"]
+    (tmp_path / "p0.tfrecord").write_bytes(h.tfrecord_file(recs)[0])
+    (tmp_path / "p1.tar").write_bytes(_wds_shard([{"__key__": "a", "txt": b"A"},
+                                                  {"__key__": "b", "txt": b"B"}]))
+    for uri in (f"{tmp_path}/", f"file://{tmp_path}//"):
+        ds = MapDataset.from_shards(uri, format="tfrecord", index_cache=False)
+        assert [bytes(s.data) for s in ds.__getitems__([0, 1, 2])] == recs
+        streamed = list(IterableDataset.from_shards(uri, format="tfrecord", shuffle=False))
+        # The same shard URL and offsets as the streamed records.
+        assert [(s.url, s.offset) for s in ds.__getitems__([0, 1, 2])] == [
+            (s.url, s.offset) for s in streamed]
+        tar = MapDataset.from_shards(uri, format="tar", index_cache=False)
+        assert [(s.key, s.data) for s in tar.__getitems__([1, 0])] == [
+            ("b", {"txt": b"B"}), ("a", {"txt": b"A"})]

@@ -228,3 +228,23 @@ def test_bad_arguments_fail_where_the_dataset_is_made(tmp_path):
             IterableDataset.from_prefix(root, **kwargs)
     import numpy as np
     assert len(IterableDataset.from_prefix(root, seed=np.int64(7), rank=0, world_size=1)) == 2
+
+
+def test_listing_options_with_a_sub_prefix_or_a_list_of_shards(target, tmp_path):
+    # The listing's options (index_cache=, page_size=, keep_directory_markers=) were accepted
+    # and then passed to the index of the keys too, which refused them as store options.
+    uri, store = target
+    store.put("lo/top.tfrecord", h.tfrecord_file([b"t0", b"t1"])[0])
+    store.put("lo/sub/p0.tfrecord", h.tfrecord_file([b"a0", b"a1", b"a2"])[0])
+    store.put("lo/sub/p1.tfrecord", h.tfrecord_file([b"b0"])[0])
+    options = [dict(index_cache=False), dict(index_cache=str(tmp_path / "ix")),
+               dict(page_size=1), dict(keep_directory_markers=True)]
+    for shards, expected in ((None, 6), ("sub/", 4), (["sub/p1.tfrecord", "top.tfrecord"], 3)):
+        for option in options:
+            ds = IterableDataset.from_shards(uri + "lo/", shards, format="tfrecord", rank=0,
+                                             world_size=1, **option)
+            got = list(ds)
+            assert len(got) == expected, (shards, option)
+            if shards == "sub/":  # keys stay relative to the dataset's URI
+                assert {s.key.split("@")[0] for s in got} == {"sub/p0.tfrecord",
+                                                             "sub/p1.tfrecord"}

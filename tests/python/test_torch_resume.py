@@ -218,3 +218,58 @@ def test_a_state_taken_before_the_first_next_is_the_start_of_that_pass(target):
     resumed.load_state_dict(state)
     assert [s.key for s in resumed] == full
     assert [s.key for s in it] == full
+
+
+def _epoch_makers(root):
+    """Objects, records and rows, each made anew over the same files (file://)."""
+    store = wharf.Store(root)
+    h.write_objects(store, "objs/", 30)
+    write_tars(store)
+    for f in range(4):
+        store.put(f"rows/{f}.jsonl", b"".join(json.dumps({"id": f * 10 + i}).encode() + b"\n"
+                                              for i in range(6)))
+    return {
+        "objects": (lambda: IterableDataset.from_prefix(root + "objs/", seed=3,
+                                                        batch_size_hint=3, rank=0, world_size=1),
+                    h.sample_keys),
+        "records": (lambda: tar_dataset(root), tar_keys),
+        "rows": (lambda: IterableDataset.from_files(root + "rows/", batch_rows=2, seed=3,
+                                                    rank=0, world_size=1),
+                 lambda b: [i for rows in b for i in rows.column("id").to_pylist()]),
+    }
+
+
+@pytest.mark.parametrize("kind", ["objects", "records", "rows"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_state_continues_its_epoch_without_set_epoch(tmp_path, kind, workers):
+    # A state of epoch 1 loaded into a new dataset and loader whose dataset is still at epoch
+    # 0: with num_workers=0 the state's epoch continued; with workers, each worker loaded its
+    # state and then followed the main process's epoch (0), which dropped the state, and the
+    # loader yielded the whole of epoch 0 instead.
+    make, collate = _epoch_makers(f"file://{tmp_path}/")[kind]
+
+    def loader(ds, persistent=False):
+        return StatefulDataLoader(ds, batch_size=3, num_workers=workers, collate_fn=collate,
+                                  timeout=60 if workers else 0,
+                                  persistent_workers=persistent and workers > 0)
+
+    ds = make()
+    first = loader(ds)
+    epoch0 = [b for b in first]
+    ds.set_epoch(1)
+    epoch1, before, state = [], None, None
+    for batch in first:
+        epoch1.append(batch)
+        if len(epoch1) == 2:
+            before, state = list(epoch1), first.state_dict()
+    ds.set_epoch(2)
+    epoch2 = [b for b in first]
+    assert epoch1 != epoch0 and len(epoch1) > 3
+
+    resumed_ds = make()  # no set_epoch(1): the state says which epoch it is
+    resumed = loader(resumed_ds, persistent=True)
+    resumed.load_state_dict(state)
+    assert before + [b for b in resumed] == epoch1
+    # The next epoch, set in the main process, reaches the (persistent) workers as ever.
+    resumed_ds.set_epoch(2)
+    assert [b for b in resumed] == epoch2

@@ -188,20 +188,21 @@ def dump_children_stacks(stacks_dir: str) -> None:
 
 
 def rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, resume_steps: int,
-              shards_uri: str):
+              shards_uri: str, rows_uri: str = None):
     """The rank; when it fails (a DataLoader timeout), its workers' native stacks are kept."""
     try:
-        _rank_main(rank, world_size, port, uri, out_dir, resume_steps, shards_uri)
+        _rank_main(rank, world_size, port, uri, out_dir, resume_steps, shards_uri, rows_uri)
     except Exception:
         dump_children_stacks(os.path.join(out_dir, "stacks"))
         raise
 
 
 def _rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, resume_steps: int,
-               shards_uri: str):
+               shards_uri: str, rows_uri: str = None):
     """One rank of the distributed test: DataLoaders with 2 workers over an IterableDataset,
-    then a StatefulDataLoader with 2 workers over tar shards (stopped and resumed). Gathers
-    every rank's keys with all_gather_object; rank 0 writes them to out_dir."""
+    then a StatefulDataLoader with 2 workers over tar shards (stopped and resumed), then CSV
+    row files (rows_uri) in a spawned worker. Gathers every rank's keys with
+    all_gather_object; rank 0 writes them to out_dir."""
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
@@ -266,6 +267,14 @@ def _rank_main(rank: int, world_size: int, port: int, uri: str, out_dir: str, re
     after = [k for b in shards_loader(state) for k in b]
     results["records_full"] = gather(full)
     results["records_resumed"] = gather(before + after)
+
+    if rows_uri is not None:
+        # Row files in a spawned worker, which has no process group: the rank is the one the
+        # dataset recorded when it was pickled (the worker read every rank's rows before).
+        rows = IterableDataset.from_files(rows_uri, format="csv", seed=3)
+        spawned = DataLoader(rows, batch_size=None, num_workers=1, timeout=60,
+                             multiprocessing_context="spawn", worker_init_fn=dump_stacks_if_stuck)
+        results["rows_spawn"] = gather([i for b in spawned for i in b.column("id").to_pylist()])
 
     if rank == 0:
         with open(os.path.join(out_dir, "results.json"), "w") as f:

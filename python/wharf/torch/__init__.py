@@ -219,10 +219,14 @@ class _EpochSync:
     process also keeps the epoch in a 2-integer tensor in shared memory (it reaches fork and
     spawn workers alike), which a worker reads at each iter(): a persistent worker follows
     set_epoch(), and a load_state_dict() made after the workers started fails there instead
-    of being ignored."""
+    of being ignored. A state loaded in the worker itself (torchdata's StatefulDataLoader
+    loads each worker's own state there, before its iter()) holds its epoch at that iter():
+    the main process never saw it, so following the main process's epoch would drop the
+    state and read another epoch from its start, where num_workers=0 continues the state."""
 
     def _init_epoch_sync(self) -> None:
         self._restores = 0  # load_state_dict() calls in the main process
+        self._worker_restored = False  # a state loaded in this worker, not yet iterated
         try:
             self._synced = torch.zeros(2, dtype=torch.int64).share_memory_()
         except (RuntimeError, OSError):  # no shared memory: workers get their copy's epoch
@@ -230,7 +234,11 @@ class _EpochSync:
 
     def _publish_epoch(self, restored: bool = False) -> None:
         synced = getattr(self, "_synced", None)
-        if synced is None or torch.utils.data.get_worker_info() is not None:
+        if synced is None:
+            return
+        if torch.utils.data.get_worker_info() is not None:
+            if restored:
+                self._worker_restored = True
             return
         if restored:
             self._restores += 1
@@ -248,6 +256,9 @@ class _EpochSync:
                 "wharf: load_state_dict() was called on the dataset after the DataLoader's "
                 "persistent workers started, and they keep the copy they started with: load the "
                 "state before the loader's first iteration, or make a new DataLoader after it"))
+        if getattr(self, "_worker_restored", False):
+            self._worker_restored = False  # this iter() continues the state's epoch
+            return None
         if epoch != self._epoch:
             self.set_epoch(epoch)
         return None
@@ -557,7 +568,13 @@ class MapDataset(torch.utils.data.Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         n = len(self)
-        indices = [int(i) if int(i) >= 0 else int(i) + n for i in indices]
+        normalized = []
+        for i in indices:
+            j = int(i) + n if int(i) < 0 else int(i)
+            if not 0 <= j < n:  # the IndexError ds[i] raises (below -n is not sample n - 1)
+                raise IndexError(f"sample {i} of a dataset of {n} samples")
+            normalized.append(j)
+        indices = normalized
         got = self._planned(indices)
         if got is None:
             got = self._engine_reader().get_batch(indices)
@@ -852,13 +869,16 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         if rows_per_item is not None and not info["rows"]:
             rows = [name for name in formats if _wharf.record_format(name)["rows"]]
             raise ValueError(f"rows_per_item is for {' and '.join(rows)}")
+        # The listing's options go to the listing alone: SampleIndex.from_keys takes store
+        # options only (with a list of shards nothing is listed, and they have no effect).
+        listing = {k: store.pop(k) for k in _LISTING_OPTIONS if k in store}
         if shards is None or isinstance(shards, str):
             sub = "" if shards is None else shards
             # Compressed shards (.tar.gz, .tgz, .tfrecord.gz, ...) are shards too: they are
             # inflated as they stream, by their name.
             listed = _wharf.record_formats(compressed=True)[format]
             index = _wharf.SampleIndex.from_prefix(uri + sub, suffixes=list(listed),
-                                                   workers=list_workers, **store)
+                                                   workers=list_workers, **listing, **store)
             if sub:  # keys relative to `uri`, not to the sub-prefix
                 index = _wharf.SampleIndex.from_keys(uri, [sub + k for k in index.keys()],
                                                      **store)

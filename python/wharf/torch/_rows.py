@@ -32,7 +32,7 @@ import torch
 
 from wharf import _profile, _wharf
 from wharf._file import open as _open_object
-from wharf.torch import _ShardEpochs
+from wharf.torch import _Distributed, _ShardEpochs
 from wharf.torch._args import _check_int
 
 FORMATS = {"parquet": (".parquet", ".parq"), "avro": (".avro",),
@@ -287,7 +287,7 @@ def _arrow_type(schema):
 
 
 # ---------------------------------------------------------------------------------------------
-class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
+class RowDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
     """pyarrow.RecordBatch row batches of Parquet, Avro, CSV or JSON-lines files; made by
     wharf.torch.IterableDataset.from_files (see there and the module docstring)."""
 
@@ -346,7 +346,7 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
         self.split_bytes = _wharf.parse_size(split_bytes)
         self.coalesce_gap = _wharf.parse_size(coalesce_gap)
         self.csv_options = dict(csv_options or {})
-        self._rank_arg, self._world_arg = rank, world_size  # None: resolved when iterating
+        self._init_dist(rank, world_size)  # None: resolved when iterating
         self._ranges = _wharf._RangeReader(uri, **store)
         self._parquet = {}  # file index -> _ParquetFile (its footer read once per process)
         self._text_block = 4 << 20  # CSV / JSON lines: bytes parsed at once
@@ -383,8 +383,7 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
 
     def _share(self, worker, num_workers):
         """This (rank, worker)'s units of the epoch, in order."""
-        from wharf.torch import distributed_info
-        rank, world = distributed_info(self._rank_arg, self._world_arg)
+        rank, world = self._dist()
         order = _wharf.Sampler(len(self._units), seed=self.seed, shuffle=self.shuffle,
                                order=self._order).permutation(self._epoch)
         mine = order[rank::world][worker::num_workers]
@@ -646,7 +645,7 @@ class RowDataset(_ShardEpochs, torch.utils.data.IterableDataset):
                     return
 
     def __getstate__(self):
-        state = self.__dict__.copy()
+        state = self._snapshot_state()  # the main process's rank, for spawn workers
         state["_live"] = None
         state["_parquet"] = {}  # footers are read again where needed (pyarrow's metadata
         return state            # objects are not all picklable)

@@ -91,6 +91,9 @@ class ShardMapDataset(torch.utils.data.Dataset):
         self.index_path = None  # the record index's file in the index cache, if any
         cache = _wharf.SampleIndex.cache_dir(uri, index_cache=index_cache, **store)
         index = _wharf.SampleIndex.from_keys(self.uri, [k for k, _, _ in self.shards], **store)
+        # Each shard's URL as the engine spells it (a plain path becomes file://, a doubled
+        # slash one): the record reader reports records by these, and samples carry them.
+        self._urls = [index.url(n) for n in range(len(index))]
         if cache is None:
             self._build(index)
             return
@@ -191,7 +194,7 @@ class ShardMapDataset(torch.utils.data.Dataset):
 
     def _build(self, index):
         stream = _wharf.RecordStream(index, self.format, shuffle=False)
-        number = {self.uri + k: n for n, (k, _, _) in enumerate(self.shards)}
+        number = {url: n for n, url in enumerate(self._urls)}
         last = None  # the previous record's shard
         for rec in stream:
             if self.format == "tar":
@@ -254,7 +257,7 @@ class ShardMapDataset(torch.utils.data.Dataset):
             else:
                 s = Sample(self._keys[j], self._tar(shard, self._begin[j], self._keys[j], data),
                            index=j)
-            s.url, s.offset = self.uri + shard, self._begin[j]
+            s.url, s.offset = self._urls[self._shard_of[j]], self._begin[j]
             out.append(s if self.transform is None else self.transform(s))
         return out
 
