@@ -15,6 +15,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "base/status.h"
 #include "dataset/index.h"
 #include "formats/lines.h"
@@ -217,6 +218,25 @@ void RegisterRecords(py::module_& m) {
       "e.g. tar) or 'payload' (one 'data' field), 'rows': whether its records are rows of "
       "text (header=, delimiter=, quote=, skip_empty_rows= and rows_per_item= apply)}; "
       "ValueError listing the known formats for an unknown name");
+
+  m.def(
+      "tfrecord_crc_ok",
+      [](py::buffer frame) {
+        py::buffer_info info = frame.request();
+        const absl::string_view f(static_cast<const char*>(info.ptr), info.size * info.itemsize);
+        if (f.size() < 16) return false;
+        const auto le32 = [&](size_t at) {
+          uint32_t v = 0;
+          for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(f[at + i]);
+          return v;
+        };
+        py::gil_scoped_release unlocked;
+        return MaskCrc32c(Crc32c(f.substr(0, 8))) == le32(8) &&
+               MaskCrc32c(Crc32c(f.substr(12, f.size() - 16))) == le32(f.size() - 4);
+      },
+      py::arg("frame"),
+      "Whether a whole TFRecord frame (length, its masked CRC32C, data, the data's masked "
+      "CRC32C) carries the checksums of its bytes");
 
   m.def(
        "split_csv",

@@ -192,3 +192,22 @@ def test_plain_paths_and_doubled_slashes(tmp_path):
         tar = MapDataset.from_shards(uri, format="tar", index_cache=False)
         assert [(s.key, s.data) for s in tar.__getitems__([1, 0])] == [
             ("b", {"txt": b"B"}), ("a", {"txt": b"A"})]
+
+
+def test_a_tfrecord_changed_in_place_fails_its_crc(tmp_path):
+    # A shard edited in place behind the index (same size, its mtime put back: its ETag
+    # unchanged) is found by the record's CRC32C, as the streamed reader finds it.
+    import os
+    data, offsets = h.tfrecord_file([b"A" * 64, b"B" * 64])
+    path = tmp_path / "x.tfrecord"
+    path.write_bytes(data)
+    ds = MapDataset.from_shards(f"{tmp_path}/", format="tfrecord", index_cache=False)
+    assert bytes(ds[0].data) == b"A" * 64
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(offsets[1] + 12 + 5)
+        f.write(b"Z")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert bytes(ds[0].data) == b"A" * 64
+    with pytest.raises(ValueError, match=rf"x\.tfrecord at byte {offsets[1]}: CRC mismatch"):
+        ds[1]

@@ -270,6 +270,9 @@ class ShardMapDataset(torch.utils.data.Dataset):
             raise ValueError(f"{self.uri}{shard} at byte {offset}: the record's length "
                              f"({length}) disagrees with its index entry ({len(data)} bytes); "
                              "corrupt shard")
+        if not _wharf.tfrecord_crc_ok(data):  # as the streamed reader checks every record
+            raise ValueError(f"{self.uri}{shard} at byte {offset}: CRC mismatch ({length}-byte "
+                             "record): corrupt shard")
         return data[12:12 + length]
 
     def _tar(self, shard, offset, key, data):
