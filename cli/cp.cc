@@ -111,10 +111,11 @@ void AddSync(CLI::App& app, CpArgs& args) {
   AddTransferFlags(sync, args, /*stdio=*/false);
   sync->footer(
       "Copies every object below SRC that DST lacks or holds differently: by size and ETag\n"
-      "(or content MD5) between two remote stores, by size and modification time when one\n"
-      "side is local (downloads take the object's time) or when the two sides' tags cannot\n"
-      "be compared (an object uploaded in parts against a gs:// object: a destination at\n"
-      "least as new as its source is current). Nothing is deleted without --delete.");
+      "(or content MD5) between two remote stores and when one side is local (a local file's\n"
+      "MD5 against an object's), by size and modification time where the two sides' tags\n"
+      "cannot be compared (an object uploaded in parts: a destination at least as new as its\n"
+      "source is current; downloads take the object's time). Nothing is deleted without\n"
+      "--delete.");
   sync->parse_complete_callback([&args] { args.sync = true; });
 }
 

@@ -517,15 +517,15 @@ class Engine {
   bool UpToDate(const ObjectMeta& meta, const DstEntry* have) const {
     if (have == nullptr || have->size != meta.size) return false;
     if (options_.mode == TransferMode::kSync && (src_local_ || dst_local_) && !same_store_) {
-      // Local files carry times, not comparable ETags for multipart objects: a destination
-      // newer than its source is current (downloads get the object's time). Times are
-      // compared in whole seconds (S3 keeps no finer ones), so within the same second the
-      // content decides where both sides know its MD5 (a file rewritten in the second of its
-      // upload, an object in the second of its download); else the time still does.
-      const int64_t source_s = Seconds(meta.mtime);
-      if (have->mtime_s != source_s) return have->mtime_s > source_s;
+      // The content decides where both sides know its MD5 (a local file's listing always
+      // does; an object uploaded in one part, a GCS object): a same-size edit within the
+      // second of the copy is found (times compare in whole seconds: S3 keeps no finer ones),
+      // and a tree synced up and then down again is not downloaded again for its newer
+      // object times. Else (an object uploaded in parts) the times decide: a destination at
+      // least as new as its source is current (downloads get the object's time).
       const std::string md5 = ContentMd5(meta);
-      return have->md5_hash == 0 || md5.empty() || HashKey(md5) == have->md5_hash;
+      if (have->md5_hash != 0 && !md5.empty()) return HashKey(md5) == have->md5_hash;
+      return have->mtime_s >= Seconds(meta.mtime);
     }
     if (have->etag_hash == HashKey(meta.etag)) return true;
     // ETags of two kinds (a file's MD5 and a GCS generation): the content's MD5 where both

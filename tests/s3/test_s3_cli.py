@@ -374,6 +374,13 @@ def test_sync_decides_an_edit_within_the_second_of_the_copy_by_content(tmp_path,
     assert (down / "f").read_bytes() == b"v3"
     proc = run_wharf("sync", f"s3://{bucket}/up", down, env=s3_env, check=True)
     assert "skipped 1 up to date" in proc.stdout.decode()
+    # Synced up, then down into the folder it came from: the objects are newer than the
+    # files, but the same bytes: nothing is downloaded again.
+    (src / "g").write_bytes(b"other")
+    run_wharf("sync", "-q", src, f"s3://{bucket}/up", env=s3_env, check=True)
+    proc = run_wharf("sync", f"s3://{bucket}/up", src, env=s3_env, check=True)
+    assert "copied 0 objects" in proc.stdout.decode()
+    assert "skipped 2 up to date" in proc.stdout.decode()
 
 
 def test_a_key_naming_an_object_and_a_prefix_is_not_guessed(tmp_path, bucket, s3_env, s3_client):
