@@ -94,7 +94,21 @@ absl::Status RunFetch(const FetchArgs& args) {
   }
   const absl::Duration elapsed = absl::Now() - start;
   WHARF_RETURN_IF_ERROR(Annotate(listing, absl::StrCat("fetch ", args.uri)));
-  if (!args.recursive && errors > 0) return first_error;
+  if (!args.recursive && errors > 0) {
+    // Not an object: say whether -r was meant, as cp does.
+    const std::string& key = opened.uri.key;
+    if (absl::IsNotFound(first_error) || key.empty() || key.back() == '/') {
+      absl::StatusOr<bool> is_prefix = PrefixHasObjects(*store, AsPrefix(key));
+      if (is_prefix.ok() && *is_prefix) {
+        return UsageError(absl::StrCat("fetch ", args.uri, ": is a prefix; use -r"));
+      }
+    }
+    return first_error;
+  }
+  // Nothing below the prefix: the error alone, not a table of zeros before it.
+  if (args.recursive && objects == 0 && errors == 0) {
+    return absl::NotFoundError(absl::StrCat("fetch ", args.uri, ": no objects match"));
+  }
 
   std::sort(ttfb.begin(), ttfb.end());
   auto pct = [&](double p) {
@@ -136,9 +150,6 @@ absl::Status RunFetch(const FetchArgs& args) {
     // The failures were printed as they happened; the code is the first one's.
     return absl::Status(first_error.code(), absl::StrCat("fetch ", args.uri, ": ", errors, " of ",
                                                          objects + errors, " objects failed"));
-  }
-  if (objects == 0 && args.recursive) {
-    return absl::NotFoundError(absl::StrCat("fetch ", args.uri, ": no objects match"));
   }
   return FlushStdout();
 }

@@ -392,6 +392,14 @@ def test_fetch_of_a_missing_object_is_one_line(tmp_path):
     lines = stderr_lines(proc)
     assert len(lines) == 1 and "nope" in lines[0], lines
     assert proc.stdout == b""  # no table of zero objects
+    # A prefix without -r says so, as cp does; an empty prefix with -r is one line, no table.
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "a").write_bytes(b"a")
+    proc = run("fetch", tmp_path / "d" / "sub", check=2)
+    assert "is a prefix; use -r" in proc.stderr.decode()
+    (tmp_path / "d" / "empty").mkdir()
+    proc = run("fetch", "-r", f"{tmp_path}/d/empty/", check=1)
+    assert proc.stdout == b"" and "no objects match" in proc.stderr.decode()
 
 
 def test_cp_recursive_into_itself_is_refused(tmp_path):
