@@ -32,6 +32,10 @@ namespace wharf::s3 {
 struct S3Store::Call {
   std::string op;   // "get", "put", "list", ... for messages
   std::string key;  // object key; empty for bucket-level calls
+  // The key messages name when it is not `key`: a listing's prefix (its request is the
+  // bucket's), so an error names what was listed.
+  std::string subject;
+  const std::string& named() const { return subject.empty() ? key : subject; }
   std::string method = "GET";
   std::vector<std::pair<std::string, std::string>> query;
   std::vector<std::pair<std::string, std::string>> headers;
@@ -367,7 +371,7 @@ void S3Store::Execute(std::shared_ptr<Call> call, ResponseCallback done) {
 
 void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
   if (IsCancelled(call->cancel)) {
-    return std::move(done)(CancelledCall(call->op, Uri(call->key)));
+    return std::move(done)(CancelledCall(call->op, Uri(call->named())));
   }
   ++call->attempt;
   if (config_.anonymous) return SendAttempt(std::move(call), std::move(done), nullptr);
@@ -379,7 +383,8 @@ void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
   credentials_cache_->GetAsync([this, call = std::move(call), done = std::move(done)](
                                    absl::StatusOr<Credentials> credentials) mutable {
     if (!credentials.ok()) {
-      std::move(done)(Annotate(credentials.status(), absl::StrCat(call->op, " ", Uri(call->key))));
+      std::move(done)(
+          Annotate(credentials.status(), absl::StrCat(call->op, " ", Uri(call->named()))));
       return;
     }
     SendAttempt(std::move(call), std::move(done), &*credentials);
@@ -388,7 +393,7 @@ void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
 
 void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
                           const Credentials* credentials) {
-  const std::string uri = call->key.empty() ? Uri("") : Uri(call->key);
+  const std::string uri = Uri(call->named());
   // Fired while the credentials were fetched: nothing is sent.
   if (IsCancelled(call->cancel)) return std::move(done)(CancelledCall(call->op, uri));
 
@@ -476,6 +481,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
 void S3Store::ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) {
   auto call = std::make_shared<Call>();
   call->op = "list";
+  call->subject = options.prefix;
   call->query = {{"list-type", "2"}, {"encoding-type", "url"}};
   call->query.emplace_back(
       "max-keys", absl::StrCat(std::clamp(options.page_size, 1, capabilities().max_page_size)));

@@ -431,3 +431,9 @@ def test_a_missing_key_ending_in_a_slash_is_not_called_a_missing_bucket(bucket, 
     proc = run_wharf("stat", f"s3://{bucket}/no-such-dir/", env=s3_env)
     assert proc.returncode == 1
     assert "NoSuchKey or NoSuchBucket" in proc.stderr, proc.stderr
+
+
+def test_a_failed_listing_names_the_prefix_it_listed(s3_env):
+    proc = run_wharf("ls", "s3://wharf-no-such-bucket-x/some/prefix/", env=s3_env)
+    assert proc.returncode == 1
+    assert "list s3://wharf-no-such-bucket-x/some/prefix/: NoSuchBucket" in proc.stderr
