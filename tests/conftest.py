@@ -18,8 +18,11 @@ sys.path.insert(0, str(ROOT / "python"))
 # Index files of listings and manifests (dataset/index_file.h) go to a folder of this test
 # run, not the user's ~/.cache/wharf/index; subprocesses inherit it.
 if "WHARF_INDEX_CACHE" not in os.environ:
+    import atexit
     import tempfile
     os.environ["WHARF_INDEX_CACHE"] = tempfile.mkdtemp(prefix="wharf-test-index-")
+    # Removed when the run ends (only the folder made here, not one the caller named).
+    atexit.register(shutil.rmtree, os.environ["WHARF_INDEX_CACHE"], ignore_errors=True)
 
 
 def wharf_bin() -> str:
