@@ -78,10 +78,8 @@ def _string_keys(obj):
                     raise ValueError(f"the request's keys {k!r} collide once made strings")
             out[k] = v
         return out if changed else obj
-    for i, v in enumerate(obj):
-        if isinstance(v, _CONTAINERS) and _string_keys(v) is not v:
-            return [_string_keys(x) if isinstance(x, _CONTAINERS) else x for x in obj]
-    return obj
+    items = [_string_keys(v) if isinstance(v, _CONTAINERS) else v for v in obj]
+    return items if any(a is not b for a, b in zip(items, obj)) else obj
 
 
 def canonical_request(request) -> bytes:
