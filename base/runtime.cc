@@ -189,6 +189,13 @@ std::shared_ptr<Runtime> Runtime::Default() {
       export_options.address = addr;
       if (absl::Status s = (*runtime)->StartMetricsExport(export_options); !s.ok()) {
         std::fprintf(stderr, "wharf: WHARF_METRICS_ADDR: %s\n", std::string(s.message()).c_str());
+      } else if (auto asked = ParseMetricsAddress(addr);
+                 asked.ok() && asked->second == 0 && (*runtime)->metrics_exporter()->serving()) {
+        // Port 0 picked a port: children (DataLoader workers, forked or spawned) inherit it,
+        // so they report to this server instead of each serving on a port of its own.
+        const std::string bound =
+            absl::StrCat(asked->first, ":", (*runtime)->metrics_exporter()->port());
+        setenv("WHARF_METRICS_ADDR", bound.c_str(), 1);
       }
     }
   }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -14,6 +15,15 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));
   status.ForEachPayload(
       [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+std::string Snippet(absl::string_view text, size_t limit) {
+  std::string out(absl::StripAsciiWhitespace(text.substr(0, limit)));
+  for (char& c : out) {
+    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+  }
+  if (text.size() > limit) out += "...";
   return out;
 }
 

@@ -4,6 +4,7 @@
 // Thread-safety: all functions are pure.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -18,6 +19,10 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context);
 
 // Maps an errno value to the closest absl status code, with "<context>: <strerror>" as message.
 absl::Status ErrnoToStatus(int err, absl::string_view context);
+
+// The start of `text` (a server's reply quoted in a message): at most `limit` bytes, trimmed,
+// newlines and tabs as spaces, "..." when cut.
+std::string Snippet(absl::string_view text, size_t limit = 200);
 
 }  // namespace wharf
 

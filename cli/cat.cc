@@ -70,14 +70,29 @@ absl::Status RunCat(const CatArgs& args) {
   WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.uri));
   // Whatever else was printed must precede the bytes written with write(2).
   WHARF_RETURN_IF_ERROR(FlushStdout());
+  // The size and version first (as `aws s3 cp s3://... -`): a reply's own Content-Length
+  // cannot tell a complete body from a truncated one that a broken proxy re-framed, the HEAD
+  // can. The GET is pinned to that version.
+  WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, opened.store->Head(opened.uri.key));
+  const std::string uri = opened.store->Uri(opened.uri.key);
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> extent = range.Resolve(meta.size);
+  if (!extent.ok()) return Annotate(extent.status(), absl::StrCat("cat ", uri));
+  const uint64_t want = extent->second - extent->first;
+  if (want == 0) return absl::OkStatus();
   FdSink sink(STDOUT_FILENO);
   GetRequest request;
   request.key = opened.uri.key;
   request.range = range;
   request.sink = &sink;
+  request.if_match = meta.etag;
   absl::StatusOr<GetResult> result = opened.store->Get(request);
   if (sink.reader_gone()) return absl::OkStatus();
-  return result.status();
+  if (!result.ok()) return result.status();
+  if (result->bytes != want) {
+    return absl::DataLossError(absl::StrCat("cat ", uri, ": received ", result->bytes, " of the ",
+                                            want, " bytes the object's HEAD promised"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace wharf::cli

@@ -115,8 +115,9 @@ void AddLs(CLI::App& app, LsArgs& args) {
   ls->add_option("URI", args.uri, "s3://bucket/prefix, gs://..., file:///path or a local path")
       ->required();
   ls->footer(
-      "A key naming an existing object lists just that object; otherwise it is taken as a\n"
-      "prefix ('/' appended). Entries come in byte-wise key order. A URI without a bucket\n"
+      "A key naming an existing object lists that object (and, when other objects lie below\n"
+      "KEY/ too, that folder: its PRE line, or with -r its contents); otherwise it is taken\n"
+      "as a prefix ('/' appended). Entries come in byte-wise key order. A URI without a bucket\n"
       "(s3://, gs://) lists the endpoint's buckets: \"<created> <name>\", as aws s3 ls.");
 }
 
@@ -137,13 +138,22 @@ absl::Status RunLs(const LsArgs& args) {
   Printer printer(store, args.json);
 
   WHARF_ASSIGN_OR_RETURN(Target target, ResolveTarget(store, opened.uri.key));
-  if (target.is_object) {
-    printer.Object(target.object);
-    return absl::OkStatus();
-  }
-
   ListOptions options;
   options.prefix = target.prefix;
+  if (target.is_object) {
+    printer.Object(target.object);
+    // A key that names an object and a folder of others (`run` and `run/x`) shows both, as
+    // gsutil does: the object, then its folder's roll-up (or, with -r, its contents).
+    const std::string folder = absl::StrCat(target.object.key, "/");
+    if (absl::EndsWith(target.object.key, "/")) return FlushStdout();
+    WHARF_ASSIGN_OR_RETURN(bool has_folder, PrefixHasObjects(store, folder));
+    if (!has_folder) return FlushStdout();
+    if (!args.recursive) {
+      printer.Prefix(folder);
+      return FlushStdout();
+    }
+    options.prefix = folder;
+  }
   if (args.recursive && args.parallel > 0) {
     // Pages arrive out of order from the workers: collect, then print in key order.
     WHARF_ASSIGN_OR_RETURN(std::vector<ObjectMeta> all,

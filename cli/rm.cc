@@ -38,6 +38,7 @@ absl::Status RemovePrefix(ObjectStore& store, const ObjectUri& uri, const std::s
   options.page_size = kDeleteBatch;
   uint64_t deleted = 0;
   uint64_t failed_batches = 0;
+  uint64_t in_failed_batches = 0;
   absl::Status first_error;
   while (true) {
     WHARF_ASSIGN_OR_RETURN(ListPage page, store.List(options));
@@ -65,8 +66,11 @@ absl::Status RemovePrefix(ObjectStore& store, const ObjectUri& uri, const std::s
     absl::Status status = store.DeleteMany(std::move(keys));
     if (status.ok()) {
       deleted += n;
-    } else if (failed_batches++ == 0) {
-      first_error = std::move(status);
+    } else {
+      // A failed batch may have deleted some of its keys (one DELETE each on gs://; per-key
+      // errors on S3): they are counted as unknown, not as kept.
+      in_failed_batches += n;
+      if (failed_batches++ == 0) first_error = std::move(status);
     }
     if (page.continuation.empty()) break;
   }
@@ -74,6 +78,12 @@ absl::Status RemovePrefix(ObjectStore& store, const ObjectUri& uri, const std::s
     return absl::NotFoundError(absl::StrCat(what, ": no objects match"));
   }
   if (!args.dryrun) PrintDeleted(deleted, quiet);
+  if (in_failed_batches > 0 && !quiet) {
+    Print(absl::StrCat(in_failed_batches, " more in ", failed_batches,
+                       failed_batches == 1 ? " batch" : " batches",
+                       " that failed, some of them perhaps deleted: list the prefix for what is "
+                       "left\n"));
+  }
   return Annotate(first_error, what);
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/fork.h"
@@ -75,6 +76,15 @@ absl::Status CurlError(CURLcode code, const char* detail) {
   }
   if (detail == nullptr || detail[0] == '\0') {
     return absl::Status(status_code, curl_easy_strerror(code));
+  }
+  // A handshake answered by something that is not TLS (a plain-HTTP server behind an https://
+  // endpoint) fails the same way every time: not worth the retries of a reset handshake.
+  if (code == CURLE_SSL_CONNECT_ERROR && (absl::StrContains(detail, "wrong version number") ||
+                                          absl::StrContains(detail, "packet length too long") ||
+                                          absl::StrContains(detail, "unknown protocol"))) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(curl_easy_strerror(code), " (", detail,
+                     "; the endpoint does not speak TLS: is it an http:// endpoint?)"));
   }
   return absl::Status(status_code, absl::StrCat(curl_easy_strerror(code), " (", detail, ")"));
 }

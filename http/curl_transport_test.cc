@@ -76,6 +76,22 @@ class Results {
   std::vector<std::optional<absl::StatusOr<HttpResponse>>> results_ ABSL_GUARDED_BY(mu_);
 };
 
+// A TCP socket bound to a free loopback port (its number in *port); -1 on failure.
+int BoundLoopbackSocket(int* port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 class CurlTransportTest : public ::testing::Test {
  protected:
   TestHttpServer server_;
@@ -255,6 +271,31 @@ TEST_F(CurlTransportTest, ErrorBodyIsCapped) {
   EXPECT_EQ(response->body_bytes, 2u << 20);
 }
 
+TEST_F(CurlTransportTest, TlsToAPlainHttpServerFailsAsNotRetryable) {
+  // A plain-HTTP server answers the TLS ClientHello with a 400 at once, as RGW or nginx do.
+  int port = 0;
+  const int listener = BoundLoopbackSocket(&port);
+  ASSERT_GE(listener, 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  std::thread server([listener] {
+    int conn = accept(listener, nullptr, nullptr);
+    if (conn < 0) return;
+    char hello[512];
+    (void)!read(conn, hello, sizeof(hello));
+    const std::string reply = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+    (void)!write(conn, reply.data(), reply.size());
+    close(conn);
+  });
+  const std::string url = absl::StrCat("https://127.0.0.1:", port, "/ok");
+  absl::StatusOr<HttpResponse> response = SendAndWait(*transport_, Request("GET", url));
+  server.join();
+  close(listener);
+  ASSERT_FALSE(response.ok());
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kFailedPrecondition) << response.status();
+  EXPECT_THAT(std::string(response.status().message()), HasSubstr("does not speak TLS"));
+  EXPECT_THAT(std::string(response.status().message()), HasSubstr(url));
+}
+
 TEST_F(CurlTransportTest, ResetMidBodyIsUnavailableWithDeliveredBytes) {
   std::string buffer(10000, '\0');
   HttpRequest request = Request("GET", server_.Url("/reset/5000"));
@@ -300,15 +341,11 @@ TEST_F(CurlTransportTest, ShortBodyIntoStringDeliversNothing) {
 
 TEST_F(CurlTransportTest, ConnectionRefusedIsUnavailable) {
   // A port that was just free: bind, read it back, close.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = 0;
+  const int fd = BoundLoopbackSocket(&port);
+  ASSERT_GE(fd, 0);
   close(fd);
-  std::string url = absl::StrCat("http://127.0.0.1:", ntohs(addr.sin_port), "/ok");
+  std::string url = absl::StrCat("http://127.0.0.1:", port, "/ok");
 
   absl::StatusOr<HttpResponse> response = SendAndWait(*transport_, Request("GET", url));
   EXPECT_EQ(response.status().code(), absl::StatusCode::kUnavailable) << response.status();

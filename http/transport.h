@@ -192,8 +192,11 @@ struct RetryPolicy {
 // Sends `request` and waits for its end.
 absl::StatusOr<HttpResponse> SendBlocking(HttpTransport& transport, HttpRequest request);
 
-// 429 and 5xx: worth sending again.
-inline bool IsRetryableHttpStatus(int status) { return status == 429 || status >= 500; }
+// 429 and 5xx: worth sending again, except 501 (Not Implemented) and 505 (HTTP Version Not
+// Supported), which say the server will never do what was asked, however often it is asked.
+inline bool IsRetryableHttpStatus(int status) {
+  return status == 429 || (status >= 500 && status != 501 && status != 505);
+}
 
 // An HTTP date ("Wed, 12 Oct 2009 17:50:00 GMT", as Last-Modified and Date carry it), or
 // InfinitePast when `s` is empty or not one.

@@ -651,6 +651,16 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       g->attempts += r->attempts;
       stats_.retries += r->attempts - 1;
       g->bytes_received += r->bytes;
+      if (g->composed.empty() && !g->probe_item.has_value() && g->object_size.has_value() &&
+          !g->etag.empty() && r->meta.etag == g->etag && r->meta.size != *g->object_size &&
+          g->status.ok()) {
+        // The version planned from (a listing's, a HEAD's) answers with another size: a reply
+        // whose own length is short (a proxy's, a server's truncated body) is not the object.
+        g->status = absl::DataLossError(
+            absl::StrCat("get ", store_->Uri(g->key), ": the reply has ", r->meta.size,
+                         " bytes of version ", g->etag, ", which was listed with ", *g->object_size,
+                         " (a truncated reply, or a wrong size in the listing or index)"));
+      }
       g->object_size = r->meta.size;
       // A probe's one GET has gone: the version it saw pins the reads planned from it.
       if (g->probe_item.has_value() && g->etag.empty()) g->etag = r->meta.etag;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/fork.h"
 #include "io/fetch_scheduler.h"
@@ -63,7 +64,15 @@ PyObject* g_exists = nullptr;      // wharf.AlreadyExistsError(WharfError, FileE
     default:
       break;
   }
-  PyErr_SetString(type, std::string(status.message()).c_str());
+  // A message may quote a key that is not UTF-8 (a local file's name): its odd bytes are
+  // shown escaped rather than turning the error into a UnicodeDecodeError.
+  PyObject* message =
+      PyUnicode_DecodeUTF8(status.message().data(),
+                           static_cast<Py_ssize_t>(status.message().size()), "backslashreplace");
+  if (message != nullptr) {
+    PyErr_SetObject(type, message);
+    Py_DECREF(message);
+  }
   throw py::error_already_set();
 }
 
@@ -169,7 +178,7 @@ namespace {
 
 py::dict MetaToDict(const ObjectMeta& m) {
   py::dict d;
-  d["key"] = py::bytes(m.key).attr("decode")("utf-8", "surrogateescape");
+  d["key"] = KeyToPython(m.key);
   d["size"] = m.size;
   d["etag"] = m.etag;
   d["mtime"] = absl::ToDoubleSeconds(m.mtime - absl::UnixEpoch());
@@ -186,10 +195,11 @@ class Store {
   std::string Key(const std::string& key) const { return handle_.Key(key); }
   const std::string& uri() const { return handle_.uri(); }
 
-  std::string Uri(const std::string& key) { return store()->Uri(Key(key)); }
+  std::string Uri(const KeyArg& key) { return store()->Uri(Key(key.value)); }
   const StoreHandle& handle() const { return handle_; }
 
-  py::list List(const std::string& prefix, bool recursive, int parallel, int limit) {
+  py::list List(const KeyArg& prefix_arg, bool recursive, int parallel, int limit) {
+    const std::string& prefix = prefix_arg.value;
     auto s = store();
     const std::string& base = handle_.prefix();
     ListOptions options;
@@ -229,20 +239,22 @@ class Store {
     }
     for (const std::string& p : all.common_prefixes) {
       py::dict d;
-      d["prefix"] = p.substr(base.size());
+      d["prefix"] = KeyToPython(p.substr(base.size()));
       out.append(d);
     }
     return out;
   }
 
-  py::dict Head(const std::string& key) {
+  py::dict Head(const KeyArg& key_arg) {
+    const std::string& key = key_arg.value;
     auto s = store();
     ObjectMeta m = Check(WithoutGil([&] { return s->Head(Key(key)); }));
     m.key = key;
     return MetaToDict(m);
   }
 
-  Buffer Get(const std::string& key, std::optional<uint64_t> start, std::optional<uint64_t> end) {
+  Buffer Get(const KeyArg& key_arg, std::optional<uint64_t> start, std::optional<uint64_t> end) {
+    const std::string& key = key_arg.value;
     auto s = store();
     const uint64_t from = start.value_or(0);
     if (end && *end <= from) {
@@ -304,7 +316,7 @@ class Store {
           item.etag = etag.cast<std::string>();
         }
       }
-      item.key = Key(key.cast<std::string>());
+      item.key = Key(key.cast<KeyArg>().value);
       items.push_back(std::move(item));
     }
     const size_t n = items.size();
@@ -333,13 +345,15 @@ class Store {
     return out;
   }
 
-  py::dict Put(const std::string& key, const py::buffer& data, bool if_absent) {
+  py::dict Put(const KeyArg& key_arg, const py::buffer& data, bool if_absent) {
+    const std::string& key = key_arg.value;
     auto s = store();
-    py::buffer_info info = data.request();
-    // The Cord references the caller's memory while the put runs without the GIL; the
-    // py::buffer keeps that memory alive until we return.
-    absl::Cord cord = absl::MakeCordFromExternal(
-        absl::string_view(static_cast<const char*>(info.ptr), info.size * info.itemsize), [] {});
+    // One contiguous span of bytes (a strided view, e.g. a[::2], is a BufferError rather than
+    // the memory under it). The Cord references the caller's memory while the put runs
+    // without the GIL; the view keeps that memory alive until we return.
+    BufferView view(data, /*writable=*/false);
+    absl::Cord cord =
+        absl::MakeCordFromExternal(absl::string_view(view.data(), view.size()), [] {});
     PutOptions options;
     options.if_absent = if_absent;
     ObjectMeta m = Check(WithoutGil([&] { return s->Put(Key(key), std::move(cord), options); }));
@@ -347,23 +361,24 @@ class Store {
     return MetaToDict(m);
   }
 
-  void Delete(const std::string& key) {
+  void Delete(const KeyArg& key) {
     auto s = store();
-    Check(WithoutGil([&] { return s->Delete(Key(key)); }));
+    Check(WithoutGil([&] { return s->Delete(Key(key.value)); }));
   }
 
-  void DeleteMany(const std::vector<std::string>& keys) {
+  void DeleteMany(const std::vector<KeyArg>& keys) {
     auto s = store();
     std::vector<std::string> full;
-    for (const auto& k : keys) full.push_back(Key(k));
+    for (const auto& k : keys) full.push_back(Key(k.value));
     Check(WithoutGil([&] { return s->DeleteMany(std::move(full)); }));
   }
 
   // Server-side copy within this store (S3 CopyObject, GCS rewrite, a file copy).
-  py::dict Copy(const std::string& src_key, const std::string& dst_key) {
+  py::dict Copy(const KeyArg& src_key, const KeyArg& dst_key) {
     auto s = store();
-    ObjectMeta m = Check(WithoutGil([&] { return s->Copy(Key(src_key), Key(dst_key)); }));
-    m.key = dst_key;
+    ObjectMeta m =
+        Check(WithoutGil([&] { return s->Copy(Key(src_key.value), Key(dst_key.value)); }));
+    m.key = dst_key.value;
     return MetaToDict(m);
   }
 
@@ -405,7 +420,9 @@ PYBIND11_MODULE(_wharf, m) {
   RegisterTierCache(StoreRegistry::Global());  // cache= and WHARF_CACHE
   m.def(
       "list_buckets",
-      [](const std::string& scheme, const py::kwargs& options) {
+      [](std::string scheme, const py::kwargs& options) {
+        // "gs://" (a URI without a bucket, as `wharf ls gs://` takes it) is the scheme too.
+        if (absl::EndsWith(scheme, "://")) scheme.resize(scheme.size() - 3);
         const StoreOptions opts = StoreOptionsFromKwargs(options);
         std::vector<BucketInfo> buckets =
             Check(WithoutGil([&] { return StoreRegistry::Global().ListBuckets(scheme, opts); }));
@@ -422,7 +439,8 @@ PYBIND11_MODULE(_wharf, m) {
         return out;
       },
       py::arg("scheme"),
-      "The buckets of the endpoint of `scheme` (\"s3\", \"gs\"), as dicts with name and "
+      "The buckets of the endpoint of `scheme` (\"s3\", \"gs\", or \"s3://\"), as dicts with name "
+      "and "
       "created (seconds since the epoch, or None); store options as for Store (endpoint=, "
       "region=, profile=, ...)");
   m.def(
@@ -437,17 +455,25 @@ PYBIND11_MODULE(_wharf, m) {
   py::object type = builtins.attr("type");
   // __module__ names where pickle finds them (DCP pickles a rank's error to send it to the
   // coordinator).
-  auto attrs = [] {
+  error.attr("__doc__") =
+      "A wharf operation failed; the message names the operation, the object and the cause "
+      "(an OSError; the subclasses below are also the matching built-in errors)";
+  auto attrs = [](const char* doc) {
     py::dict d;
     d["__module__"] = "wharf._wharf";
+    d["__doc__"] = doc;
     return d;
   };
   py::object not_found =
-      type("NotFoundError", py::make_tuple(error, builtins.attr("FileNotFoundError")), attrs());
-  py::object permission = type("PermissionDeniedError",
-                               py::make_tuple(error, builtins.attr("PermissionError")), attrs());
+      type("NotFoundError", py::make_tuple(error, builtins.attr("FileNotFoundError")),
+           attrs("The object, prefix or bucket does not exist (also a FileNotFoundError)"));
+  py::object permission =
+      type("PermissionDeniedError", py::make_tuple(error, builtins.attr("PermissionError")),
+           attrs("The store refused the credentials or their permissions (also a "
+                 "PermissionError)"));
   py::object exists =
-      type("AlreadyExistsError", py::make_tuple(error, builtins.attr("FileExistsError")), attrs());
+      type("AlreadyExistsError", py::make_tuple(error, builtins.attr("FileExistsError")),
+           attrs("A create-only write found the key taken (also a FileExistsError)"));
   m.attr("NotFoundError") = not_found;
   m.attr("PermissionDeniedError") = permission;
   m.attr("AlreadyExistsError") = exists;
@@ -487,7 +513,7 @@ PYBIND11_MODULE(_wharf, m) {
            "Store(uri, *, endpoint=None, region=None, anonymous=None, profile=None, "
            "addressing_style=None, api=None): store options override the URI's query options "
            "(s3://bucket/prefix/?region=...); unset ones come from the environment")
-      .def_property_readonly("uri", &Store::uri)
+      .def_property_readonly("uri", &Store::uri, "The URI the store was opened from")
       .def_property_readonly(
           "spec", [](const Store& s) { return s.handle().spec().ToJson(); },
           "The store spec (JSON, no credentials) the store is opened from")
@@ -497,7 +523,9 @@ PYBIND11_MODULE(_wharf, m) {
            "Objects (dicts with key, size, etag, mtime) below prefix, in key order; without "
            "recursive, common prefixes too. parallel=N lists with N work-stealing workers. "
            "limit=N: one request for at most N entries (the first of the listing).")
-      .def("head", &Store::Head, py::arg("key"))
+      .def("head", &Store::Head, py::arg("key"),
+           "The object's meta (a dict with key, size, etag, mtime) without its bytes; "
+           "NotFoundError when it does not exist")
       .def("get", &Store::Get, py::arg("key"), py::arg("start") = py::none(),
            py::arg("end") = py::none(),
            "The object's bytes [start, end) as a Buffer; like a slice, a range that is empty or "
@@ -514,8 +542,11 @@ PYBIND11_MODULE(_wharf, m) {
            "Uploads data as the object `key`; its meta. if_absent=True creates only: "
            "AlreadyExistsError (a FileExistsError) when the key holds an object, decided by "
            "the store atomically")
-      .def("delete", &Store::Delete, py::arg("key"))
-      .def("delete_many", &Store::DeleteMany, py::arg("keys"))
+      .def("delete", &Store::Delete, py::arg("key"),
+           "Deletes the object `key`; deleting a missing object is not an error")
+      .def("delete_many", &Store::DeleteMany, py::arg("keys"),
+           "Deletes the objects of a list of keys, in batches (S3 DeleteObjects); missing "
+           "ones are not an error")
       .def("copy", &Store::Copy, py::arg("src_key"), py::arg("dst_key"),
            "Server-side copy of src_key to dst_key within this store; the new object's meta")
       .def("_create_bucket", &Store::CreateBucket,

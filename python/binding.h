@@ -35,6 +35,21 @@ namespace wharf::python {
 
 namespace py = pybind11;
 
+// An object key from Python: a str, encoded as UTF-8 with surrogateescape, the inverse of
+// KeyToPython. A local file's name need not be UTF-8; list() hands it out with its odd bytes
+// as lone surrogates, and this takes them back to the same bytes.
+struct KeyArg {
+  std::string value;
+};
+
+// A key (or prefix) for Python: UTF-8 decoded with surrogateescape.
+inline py::str KeyToPython(const std::string& key) {
+  PyObject* s =
+      PyUnicode_DecodeUTF8(key.data(), static_cast<Py_ssize_t>(key.size()), "surrogateescape");
+  if (s == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(s);
+}
+
 // Sets the Python exception for `status` and throws py::error_already_set.
 // REQUIRES: the GIL is held.
 [[noreturn]] void Raise(const absl::Status& status);
@@ -290,3 +305,21 @@ void RegisterCheckpoint(py::module_& m);  // checkpoint.cc: CheckpointRoot, copy
 void RegisterServe(py::module_& m);       // serve.cc: _SafetensorsLoad (wharf.serve)
 
 }  // namespace wharf::python
+
+namespace pybind11::detail {
+template <>
+struct type_caster<wharf::python::KeyArg> {
+  PYBIND11_TYPE_CASTER(wharf::python::KeyArg, const_name("str"));
+  bool load(handle src, bool) {
+    if (!PyUnicode_Check(src.ptr())) return false;
+    PyObject* bytes = PyUnicode_AsEncodedString(src.ptr(), "utf-8", "surrogateescape");
+    if (bytes == nullptr) {  // a surrogate that no escaped byte makes: not a key
+      PyErr_Clear();
+      return false;
+    }
+    value.value.assign(PyBytes_AS_STRING(bytes), static_cast<size_t>(PyBytes_GET_SIZE(bytes)));
+    Py_DECREF(bytes);
+    return true;
+  }
+};
+}  // namespace pybind11::detail

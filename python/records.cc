@@ -222,8 +222,8 @@ void RegisterRecords(py::module_& m) {
   m.def(
       "tfrecord_crc_ok",
       [](py::buffer frame) {
-        py::buffer_info info = frame.request();
-        const absl::string_view f(static_cast<const char*>(info.ptr), info.size * info.itemsize);
+        BufferView view(frame, /*writable=*/false);  // contiguous bytes, else BufferError
+        const absl::string_view f(view.data(), view.size());
         if (f.size() < 16) return false;
         const auto le32 = [&](size_t at) {
           uint32_t v = 0;
@@ -241,9 +241,9 @@ void RegisterRecords(py::module_& m) {
   m.def(
        "split_csv",
        [](py::buffer row, const std::string& delimiter, const std::string& quote) {
-         py::buffer_info info = row.request();
-         absl::string_view view(static_cast<const char*>(info.ptr), info.size * info.itemsize);
-         return SplitCsv(view, OneChar(delimiter, "delimiter"), OneChar(quote, "quote"));
+         BufferView bytes(row, /*writable=*/false);  // contiguous bytes, else BufferError
+         return SplitCsv(absl::string_view(bytes.data(), bytes.size()),
+                         OneChar(delimiter, "delimiter"), OneChar(quote, "quote"));
        },
        py::arg("row"), py::arg("delimiter") = ",", py::arg("quote") = "\"",
        "The fields of one CSV row (RFC 4180 quoting) as str")

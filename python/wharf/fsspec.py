@@ -297,7 +297,12 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         out = []
         for e in store.list(prefix, recursive=False):
             if "prefix" in e:
-                out.append(self._dir_entry(scheme, bucket, e["prefix"].rstrip("/")))
+                if e["prefix"] == prefix + "/":
+                    # An empty path component ("a//b", "/x"): a folder without a name, which
+                    # would list as the folder itself (an endless walk). find() reaches its
+                    # objects.
+                    continue
+                out.append(self._dir_entry(scheme, bucket, e["prefix"][:-1]))
             elif e["key"] == prefix:
                 continue  # the directory's own marker
             elif e["key"].endswith("/"):

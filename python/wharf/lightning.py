@@ -111,8 +111,8 @@ class CheckpointIO(*_BASES):
         a dict whose store option keys (``region``, ``endpoint``...) override this plugin's
         for this save; other keys are ignored. Anything but a dict raises TypeError.
         """
-        options = self._options(storage_options)
-        wharf.torch.save(checkpoint, _uri(path), **options)
+        uri = _uri(path)
+        wharf.torch.save(checkpoint, uri, **_for(uri, self._options(storage_options)))
 
     def load_checkpoint(self, path, map_location: Optional[Any] = _keep_storage,
                         weights_only: Optional[bool] = None, **kwargs: Any) -> Dict[str, Any]:
@@ -121,8 +121,9 @@ class CheckpointIO(*_BASES):
         TorchCheckpointIO (default: tensors on CPU; ``weights_only=None``: torch's default).
         A missing checkpoint raises FileNotFoundError (``wharf.NotFoundError``). Keyword
         arguments newer Lightning versions may add are accepted and ignored."""
-        return wharf.torch.load(_uri(path), map_location=map_location,
-                                weights_only=weights_only, **self.store_options)
+        uri = _uri(path)
+        return wharf.torch.load(uri, map_location=map_location, weights_only=weights_only,
+                                **_for(uri, self.store_options))
 
     def remove_checkpoint(self, path) -> None:
         """Removes the checkpoint at ``path``, and, when ``path`` is a "directory" (a prefix
@@ -131,7 +132,7 @@ class CheckpointIO(*_BASES):
         ``ckpt/...``, never ``ckpt.bak``. A missing path is not an error. Local paths are
         removed as files and folders (the folder holding them stays)."""
         uri = _uri(path)
-        store = wharf.Store(uri, **self.store_options)
+        store = wharf.Store(uri, **_for(uri, self.store_options))
         if json.loads(store.spec)["scheme"] == "file":
             local = store.url("")[len("file://"):]
             if os.path.isdir(local) and not os.path.islink(local):
@@ -139,7 +140,7 @@ class CheckpointIO(*_BASES):
             elif os.path.lexists(local):
                 os.remove(local)
             return
-        if uri.endswith("/"):
+        if uri.split("?", 1)[0].endswith("/"):  # a folder, options in a query or not
             keys = [o["key"] for o in store.list()]
         else:  # the object itself ("") and the objects below it ("/...")
             keys = [o["key"] for o in store.list() if o["key"] == "" or o["key"].startswith("/")]
@@ -164,6 +165,15 @@ class CheckpointIO(*_BASES):
 
 def _uri(path) -> str:
     return os.fspath(path) if isinstance(path, os.PathLike) else str(path)
+
+
+def _for(uri: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The store options that apply to ``uri``: all of them for an object store, only
+    ``cache`` for a local path or file:// (Lightning's own ModelCheckpoint writes to a local
+    folder through the same plugin that was given ``region=`` for its s3:// checkpoints)."""
+    if "://" in uri and not uri.startswith("file://"):
+        return options
+    return {k: v for k, v in options.items() if k == "cache"}
 
 
 __all__ = ["CheckpointIO", "STORE_OPTIONS"]

@@ -129,15 +129,6 @@ std::string Redact(std::string text, std::initializer_list<absl::string_view> se
   return text;
 }
 
-std::string OneLine(absl::string_view text, size_t limit) {
-  std::string out(absl::StripAsciiWhitespace(text.substr(0, limit)));
-  for (char& c : out) {
-    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-  }
-  if (text.size() > limit) out += "...";
-  return out;
-}
-
 // A non-2xx answer of a token endpoint (or the metadata server): "<step> answered <status>:
 // <error>: <error_description> (<hint>)", the OAuth2 error fields (RFC 6749 5.2) when the body
 // has them, else the start of the body; `secrets` are redacted from what is quoted.
@@ -161,11 +152,11 @@ absl::Status TokenEndpointError(const HttpResponse& response, absl::string_view 
   }
   std::string message = absl::StrCat(step, " answered ", response.status);
   if (!error.empty() || !description.empty()) {
-    if (!error.empty()) absl::StrAppend(&message, ": ", OneLine(Redact(error, secrets), 100));
+    if (!error.empty()) absl::StrAppend(&message, ": ", Snippet(Redact(error, secrets), 100));
     if (!description.empty()) {
-      absl::StrAppend(&message, ": ", OneLine(Redact(description, secrets), 300));
+      absl::StrAppend(&message, ": ", Snippet(Redact(description, secrets), 300));
     }
-  } else if (const std::string snippet = OneLine(Redact(response.body, secrets), 200);
+  } else if (const std::string snippet = Snippet(Redact(response.body, secrets), 200);
              !snippet.empty()) {
     absl::StrAppend(&message, ": ", snippet);
   }
@@ -203,7 +194,7 @@ absl::StatusOr<Credentials> ParseTokenResponse(absl::string_view body, absl::str
   if (auto type = doc.find("token_type"); type != doc.end()) {
     if (!type->is_string() || !absl::EqualsIgnoreCase(type->get<std::string>(), "Bearer")) {
       return absl::DataLossError(absl::StrCat(step, ": the answer's token_type is ",
-                                              OneLine(type->dump(), 40), ", not Bearer"));
+                                              Snippet(type->dump(), 40), ", not Bearer"));
     }
   }
   // Absent, the token is taken to last as long as Google's do (an hour).
@@ -218,7 +209,7 @@ absl::StatusOr<Credentials> ParseTokenResponse(absl::string_view body, absl::str
     }
     if (!valid || !std::isfinite(expires_in) || expires_in <= 0) {
       return absl::DataLossError(absl::StrCat(step, ": the answer's expires_in ",
-                                              OneLine(e->dump(), 40),
+                                              Snippet(e->dump(), 40),
                                               " is not a positive number of seconds"));
     }
   }
@@ -269,7 +260,7 @@ absl::Status CheckType(const json& doc, absl::string_view expected, absl::string
   if (it == doc.end()) return absl::OkStatus();
   if (!it->is_string() || it->get<std::string>() != expected) {
     return absl::InvalidArgumentError(absl::StrCat("credentials file ", origin, ": \"type\" is ",
-                                                   OneLine(it->dump(), 60), ", not \"", expected,
+                                                   Snippet(it->dump(), 60), ", not \"", expected,
                                                    "\""));
   }
   return absl::OkStatus();
@@ -573,7 +564,7 @@ absl::StatusOr<std::unique_ptr<CredentialsProvider>> LoadGoogleCredentialsFile(
         "\" are not supported (use a service-account key or gcloud user credentials)"));
   }
   return absl::InvalidArgumentError(absl::StrCat("credentials file ", path, ": \"type\" is \"",
-                                                 OneLine(kind, 60),
+                                                 Snippet(kind, 60),
                                                  "\", not service_account or authorized_user"));
 }
 

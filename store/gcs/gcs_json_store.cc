@@ -213,7 +213,7 @@ std::string EncodeComponent(absl::string_view s) {
 }
 
 bool IsRetryableJsonResponse(const HttpResponse& response) {
-  return response.status == 408 || response.status == 429 || response.status >= 500;
+  return response.status == 408 || IsRetryableHttpStatus(response.status);
 }
 
 absl::Status ErrorFromJsonResponse(const HttpResponse& response, absl::string_view op,
@@ -260,6 +260,8 @@ absl::Status ErrorFromJsonResponse(const HttpResponse& response, absl::string_vi
     code = absl::StatusCode::kAlreadyExists;
   } else if (IsRetryableJsonResponse(response)) {
     code = absl::StatusCode::kUnavailable;
+  } else if (s == 501 || s == 505) {
+    code = absl::StatusCode::kUnimplemented;
   } else if (s == 400) {
     code = absl::StatusCode::kInvalidArgument;
   }
@@ -466,6 +468,7 @@ void GcsJsonStore::ListAsync(ListOptions options, std::string continuation,
   // A listing answered 404 means the bucket is missing: say so, and where it was looked for.
   const std::string missing = absl::StrCat("no such bucket ", bucket_, " at ", config_.endpoint);
   Execute(std::move(call), [options = std::move(options), uri, missing,
+                            asked = std::move(continuation),
                             done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
     if (!r.ok() && r.status().code() == absl::StatusCode::kNotFound) {
       return std::move(done)(absl::NotFoundError(absl::StrCat("list ", uri, ": ", missing)));
@@ -512,6 +515,10 @@ void GcsJsonStore::ListAsync(ListOptions options, std::string continuation,
               [](const ObjectMeta& a, const ObjectMeta& b) { return a.key < b.key; });
     std::sort(page.common_prefixes.begin(), page.common_prefixes.end());
     if (!past_end) page.continuation = JsonString(*j, "nextPageToken");
+    if (!page.continuation.empty() && page.continuation == asked) {  // the same page for ever
+      return std::move(done)(
+          absl::DataLossError(absl::StrCat("list ", uri, ": the server repeated its page token")));
+    }
     std::move(done)(std::move(page));
   });
 }

@@ -181,7 +181,9 @@ class Lister {
                          err == ENOENT  ? "a symbolic link to nothing"
                          : err == ELOOP ? "a symbolic link to a directory it is in (it would loop)"
                          : err == 0     ? "not a file or a folder (a FIFO, socket or device)"
-                                        : strerror(err)));
+                         : err == EILSEQ
+                             ? "the name is not UTF-8 (object keys are; rename it to list it)"
+                             : strerror(err)));
   }
 
   // Whether `dir`/`name`, a link to a directory, leads to `dir` itself or a directory above
@@ -215,6 +217,10 @@ class Lister {
       // so no listing copies it, syncs it away, or feeds it to a dataset as samples.
       if (name == kTierMetaDir &&
           faccessat(dirfd(dir), absl::StrCat(name, "/", kTierConfig).c_str(), F_OK, 0) == 0) {
+        continue;
+      }
+      if (!IsValidUtf8(name)) {  // never a key: a get, a copy or a delete of it would fail
+        SkipWarning(path, name, EILSEQ);
         continue;
       }
       bool is_dir = e->d_type == DT_DIR;

@@ -315,7 +315,9 @@ absl::StatusOr<S3ClientConfig> ResolveS3ClientConfig(const S3ClientOverrides& ov
             ? absl::StrCat(" (the config file has [", config.profile,
                            "]; there it must be written [profile ", config.profile, "])")
             : "";
-    return absl::NotFoundError(absl::StrCat(
+    // FailedPrecondition, not NotFound: a configuration to fix, never an object that is
+    // missing (Python's exists() takes NotFound for "no such object").
+    return absl::FailedPreconditionError(absl::StrCat(
         "AWS profile '", config.profile, "' (from ", named_profile->source, ") not found in ",
         credentials_file.Describe(), " or ", config_file.Describe(), hint));
   }

@@ -336,12 +336,12 @@ TEST_F(AwsConfigTest, CredentialsFileSettingsOtherThanKeysAreIgnored) {
   EXPECT_EQ(config->endpoint, "https://s3.us-east-1.amazonaws.com");
 }
 
-TEST_F(AwsConfigTest, MissingNamedProfileIsNotFound) {
+TEST_F(AwsConfigTest, MissingNamedProfileIsAFailedPrecondition) {
   SetEnvCredentials();
   WriteCredentials("[default]\n");
   env_["AWS_PROFILE"] = "nope";
   absl::StatusOr<S3ClientConfig> config = Resolve();
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(config.status().message(),
             absl::StrCat("AWS profile 'nope' (from AWS_PROFILE) not found in ", credentials_path(),
                          " or ", config_path(), " (does not exist)"));
@@ -349,7 +349,7 @@ TEST_F(AwsConfigTest, MissingNamedProfileIsNotFound) {
   S3ClientOverrides overrides;
   overrides.profile = "other";
   config = Resolve(overrides);
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(config.status().message(), HasSubstr("'other' (from explicit options)"));
 }
 
@@ -358,7 +358,7 @@ TEST_F(AwsConfigTest, MissingNamedProfileHintsAtProfilePrefix) {
   WriteConfig("[dev]\nregion = eu-west-1\n");
   env_["AWS_PROFILE"] = "dev";
   absl::StatusOr<S3ClientConfig> config = Resolve();
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(config.status().message(), HasSubstr("it must be written [profile dev]"));
 }
 
@@ -690,7 +690,7 @@ TEST_F(AwsConfigTest, WithoutHomeOnlyTheEnvironmentCounts) {
 
   env_["AWS_PROFILE"] = "dev";
   config = Resolve();
-  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(config.status().message(), HasSubstr("HOME is not set"));
 }
 

@@ -77,17 +77,6 @@ absl::StatusOr<HttpResponse> SendWithRetries(const AwsCredentialsOptions& option
   return SendBlockingWithRetries(*TransportFor(options), attempts, make);
 }
 
-// The start of a non-2xx body on one line, for messages (these endpoints' error bodies
-// explain, and never carry credentials).
-std::string BodySnippet(absl::string_view body) {
-  std::string out(absl::StripAsciiWhitespace(body.substr(0, 200)));
-  for (char& c : out) {
-    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-  }
-  if (body.size() > 200) out += "...";
-  return out;
-}
-
 absl::StatusCode CodeForHttpStatus(int status) {
   if (IsRetryableHttpStatus(status)) return absl::StatusCode::kUnavailable;
   if (status == 401) return absl::StatusCode::kUnauthenticated;
@@ -100,7 +89,8 @@ absl::StatusCode CodeForHttpStatus(int status) {
 absl::Status HttpError(const HttpResponse& response, absl::string_view step,
                        absl::string_view hint = "") {
   std::string message = absl::StrCat(step, " answered ", response.status);
-  const std::string snippet = BodySnippet(response.body);
+  // These endpoints' error bodies explain, and never carry credentials.
+  const std::string snippet = Snippet(response.body);
   if (!snippet.empty()) absl::StrAppend(&message, ": ", snippet);
   if (!hint.empty()) absl::StrAppend(&message, " (", hint, ")");
   return absl::Status(CodeForHttpStatus(response.status), message);
@@ -698,7 +688,7 @@ class ChainResolver {
                                                                 const Sourced& named_by,
                                                                 std::set<std::string>& visiting) {
     if (!Exists(profile)) {
-      return absl::NotFoundError(
+      return absl::FailedPreconditionError(  // a configuration to fix, not a missing object
           absl::StrCat("source_profile '", profile, "' (from ", named_by.source, ") not found in ",
                        credentials_file_.Describe(), " or ", config_file_.Describe()));
     }

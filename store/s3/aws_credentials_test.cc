@@ -739,7 +739,7 @@ TEST_F(CredentialsTest, AssumeRoleErrors) {
       "aws_access_key_id = AKIASELF\naws_secret_access_key = s\n"
       "[profile env-source]\nrole_arn = arn:aws:iam::1:role/x\ncredential_source = Environment\n");
   EXPECT_THAT(Chain("loop1").status().message(), HasSubstr("cycle"));
-  EXPECT_EQ(Chain("orphan").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Chain("orphan").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(Chain("empty-source").status().message(), HasSubstr("has no credentials"));
   EXPECT_EQ(Chain("mfa").status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(Chain("bad-source").status().message(),

@@ -200,7 +200,7 @@ absl::string_view RetryCause(const absl::StatusOr<HttpResponse>& response) {
 }
 
 bool IsRetryableResponse(const HttpResponse& response) {
-  if (response.status == 429 || response.status >= 500) return true;
+  if (IsRetryableHttpStatus(response.status)) return true;
   if (response.status == 400 || response.status == 403) {
     return IsRetryableCode(ParseError(response).code);
   }
@@ -274,6 +274,8 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
     code = absl::StatusCode::kFailedPrecondition;
   } else if (IsRetryableResponse(response)) {
     code = absl::StatusCode::kUnavailable;
+  } else if (response.status == 501 || response.status == 505) {
+    code = absl::StatusCode::kUnimplemented;
   } else if (response.status == 400) {
     code = absl::StatusCode::kInvalidArgument;
   }
@@ -493,7 +495,7 @@ void S3Store::ListAsync(ListOptions options, std::string continuation, Callback<
     call->query.emplace_back("start-after", options.start_after);
   }
   const std::string uri = Uri(options.prefix);
-  Execute(std::move(call), [options = std::move(options), uri,
+  Execute(std::move(call), [options = std::move(options), uri, asked = std::move(continuation),
                             done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
     if (!r.ok()) return std::move(done)(r.status());
     pugi::xml_document doc;
@@ -504,6 +506,11 @@ void S3Store::ListAsync(ListOptions options, std::string continuation, Callback<
           absl::DataLossError(absl::StrCat("list ", uri, ": unparseable ListObjectsV2 reply")));
     }
     pugi::xml_node root = doc.child("ListBucketResult");
+    if (!root) {  // XML, but not a listing (a proxy's page): never an empty last page
+      return std::move(done)(absl::DataLossError(absl::StrCat(
+          "list ", uri, ": the reply is not a ListObjectsV2 listing (no ListBucketResult in ",
+          r->body.size(), " bytes: ", Snippet(r->body, 80), ")")));
+    }
     const bool url_encoded = std::string_view(root.child_value("EncodingType")) == "url";
     auto decode = [&](const char* s) { return url_encoded ? UrlDecode(s) : std::string(s); };
     const std::string& end = options.end_before;
@@ -531,6 +538,14 @@ void S3Store::ListAsync(ListOptions options, std::string continuation, Callback<
     }
     if (std::string_view(root.child_value("IsTruncated")) == "true" && !past_end) {
       page.continuation = root.child_value("NextContinuationToken");
+      if (page.continuation.empty()) {  // more to come, and no way to ask for it
+        return std::move(done)(absl::DataLossError(absl::StrCat(
+            "list ", uri, ": a truncated listing page without a NextContinuationToken")));
+      }
+      if (page.continuation == asked) {  // the same page again, for ever
+        return std::move(done)(absl::DataLossError(
+            absl::StrCat("list ", uri, ": the server repeated its continuation token")));
+      }
     }
     std::move(done)(std::move(page));
   });

@@ -151,6 +151,23 @@ TEST(S3StoreTest, GivesUpAfterMaxAttempts) {
   EXPECT_EQ(transport->request_count(), 4u);
 }
 
+TEST(S3StoreTest, NotImplementedIsNotRetried) {
+  // 501 (a header asks for what the server does not do) and 505 answer every attempt alike.
+  for (int status : {501, 505}) {
+    auto transport = std::make_shared<CannedTransport>(
+        [status](const HttpRequest&) { return Err(status, "NotImplemented"); });
+    auto store = MakeStore(transport);
+    auto read = store->Read("k");
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kUnimplemented) << read.status();
+    EXPECT_THAT(std::string(read.status().message()), HasSubstr("s3://bkt/k: NotImplemented"));
+    EXPECT_EQ(transport->request_count(), 1u) << status;
+  }
+  EXPECT_TRUE(IsRetryableHttpStatus(502));
+  EXPECT_TRUE(IsRetryableHttpStatus(429));
+  EXPECT_FALSE(IsRetryableHttpStatus(501));
+  EXPECT_FALSE(IsRetryableHttpStatus(404));
+}
+
 TEST(S3StoreTest, NotFoundIsNotRetriedAndNamesTheObject) {
   auto transport =
       std::make_shared<CannedTransport>([](const HttpRequest&) { return Err(404, "NoSuchKey"); });

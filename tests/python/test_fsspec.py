@@ -73,6 +73,7 @@ def test_the_root_above_the_buckets_lists_them(fs, bucket):
     assert bucket in s3.ls("", detail=False)
     assert s3.info("")["type"] == "directory"
     assert {b["name"] for b in wharf.list_buckets("s3")} >= {bucket}
+    assert {b["name"] for b in wharf.list_buckets("s3://")} >= {bucket}  # a bucketless URI
 
 
 def test_ls_info_isdir_isfile_exists(fs, root):
@@ -194,6 +195,18 @@ def test_cat_ranges_is_one_ranged_get_per_range(fs, aws, bucket):
     got = fs.cat_ranges([join(root, "big")] * len(starts), starts, ends)
     assert got == [data[s:e] for s, e in zip(starts, ends)]
     assert requests("get") - before == len(starts)  # one ranged GET each, no whole reads
+
+
+def test_an_empty_path_component_is_not_listed_as_the_folder_itself(fs, aws, bucket, s3_client):
+    # "/lead" and "dbl//b" hold a folder without a name: ls listed it as the folder itself
+    # (walk saw a file named "", recursive get failed). find still reaches the objects.
+    for key in ("/lead", "top", "dbl//b", "dbl/c"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=b"x")
+    assert fs.ls(f"s3://{bucket}", detail=False) == [f"s3://{bucket}/dbl", f"s3://{bucket}/top"]
+    assert fs.ls(f"s3://{bucket}/dbl", detail=False) == [f"s3://{bucket}/dbl/c"]
+    walked = list(fs.walk(f"s3://{bucket}"))
+    assert all("" not in files and "" not in dirs for _, dirs, files in walked), walked
+    assert len(fs.find(f"s3://{bucket}")) == 4
 
 
 def test_open_read_write_exclusive(fs, root):

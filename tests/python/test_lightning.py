@@ -247,6 +247,27 @@ def test_storage_options(pl, wl, s3, s3_client, bucket, tmp_path):
     assert _keys(s3_client, bucket) == ["a.ckpt", "d.ckpt"]
 
 
+def test_store_options_skip_local_paths(pl, wl, s3, s3_client, bucket, tmp_path):
+    # The docstring's plugin (region=...) with Lightning's default ModelCheckpoint, which
+    # writes local files through the same plugin: the S3 options do not reach file://.
+    plugin = wl.CheckpointIO(region="us-east-1", addressing_style="path")
+    trainer = _trainer(pl, plugin, tmp_path, 4)
+    trainer.fit(_module(pl, seed=0))
+    saved = sorted(tmp_path.rglob("*.ckpt"))
+    assert len(saved) == 1, saved
+    assert plugin.load_checkpoint(saved[0])["global_step"] == 4
+    plugin.save_checkpoint({"w": torch.ones(1)}, f"file://{tmp_path}/x.ckpt")
+    plugin.remove_checkpoint(saved[0])
+    assert not saved[0].exists() and (tmp_path / "x.ckpt").exists()
+    # ... and still reach the object store
+    trainer.save_checkpoint(s3 + "run/a.ckpt")
+    trainer.save_checkpoint(s3 + "run/b.ckpt")
+    assert _keys(s3_client, bucket) == ["run/a.ckpt", "run/b.ckpt"]
+    # a folder URI with its options in a query is a folder too
+    plugin.remove_checkpoint(s3 + "run/?region=us-east-1")
+    assert _keys(s3_client, bucket) == []
+
+
 def test_store_options_are_checked_and_match_wharf_store(wl):
     with pytest.raises(TypeError, match="bogus"):
         wl.CheckpointIO(bogus="x")

@@ -95,6 +95,26 @@ def test_one_process_serves_its_dataloader_workers_metrics(trainer):
     assert "000.bin" not in scrape(port)
 
 
+def test_port_0_is_one_endpoint_for_the_workers_too(dataset, tmp_path):
+    # Port 0 picks a port; the DataLoader workers once re-read "0", each served on a port of
+    # its own (their requests never reached the parent's endpoint) and left its spool folder.
+    env = dict(os.environ, WHARF_METRICS_ADDR="127.0.0.1:0", TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests/python/metrics_worker.py"),
+                             f"file://{dataset}/", "2"], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        exporter = json.loads(line)["exporter"]
+        assert exporter["serving"] and exporter["port"] > 0
+        samples = parse(scrape(exporter["port"]))
+        assert total(samples, "wharf_store_requests_total", op="get", status="ok") >= 41
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert sorted(p.name for p in tmp_path.glob("wharf-metrics-*")) == []
+
+
 def test_promtool_accepts_the_exposition(trainer):
     port, _, _ = trainer
     promtool = shutil.which("promtool")

@@ -241,6 +241,48 @@ def test_truncated_body_is_never_presented_as_complete(proxy, bucket, s3_env, s3
     assert list(tmp_path.glob(".wharf-tmp-*")) == []
 
 
+def test_a_well_formed_short_reply_is_never_presented_as_complete(proxy, bucket, s3_env,
+                                                                   s3_client, tmp_path):
+    # The reply's own Content-Length agrees with its short body (a broken proxy's): the size
+    # and ETag the listing or HEAD gave decide, so no verb writes or prints half an object.
+    data = random_bytes(1 << 20, 9)
+    s3_client.put_object(Bucket=bucket, Key="d/s", Body=data)
+    proxy.set_faults([{"match": {"method": "GET", "path_regex": "/d/s$"}, "action": "shorten",
+                       "after_bytes": 1000, "count": None}])
+    env = via(proxy, s3_env)
+    for args in (("cp", f"s3://{bucket}/d/s", tmp_path / "one"),
+                 ("cp", "-r", f"s3://{bucket}/d/", tmp_path / "tree"),
+                 ("sync", f"s3://{bucket}/d/", tmp_path / "synced")):
+        proc = run_wharf(*args, env=env)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert f"s3://{bucket}/d/s" in proc.stderr, proc.stderr
+    assert not (tmp_path / "one").exists()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    cat = run_wharf("cat", f"s3://{bucket}/d/s", env=env)
+    assert cat.returncode == 1 and len(cat.stdout) < len(data), cat.stderr
+    assert any(e["fault"] == "shorten" for e in proxy.log())
+    proxy.set_faults([])
+    assert run_wharf("cat", f"s3://{bucket}/d/s", env=env, check=True).stdout == data
+
+
+def test_a_listing_that_is_not_one_ends_in_an_error_not_a_short_listing(proxy, bucket, s3_env,
+                                                                         s3_client, tmp_path):
+    # A page that is XML but no ListBucketResult (a proxy's page) once ended the listing:
+    # sync --delete then deleted the local copies of everything after it.
+    for i in range(6):
+        s3_client.put_object(Bucket=bucket, Key=f"d/k{i}", Body=b"x")
+    dst = tmp_path / "dst"
+    run_wharf("sync", "-q", f"s3://{bucket}/d/", dst, env=s3_env, check=True)
+    # The fault proxy's 200 answer is an <Error> document: XML without a ListBucketResult.
+    proxy.set_faults([{"match": {"method": "GET", "query_regex": "list-type=2"},
+                       "action": "status", "status": 200, "count": None}])
+    proc = run_wharf("sync", "--delete", f"s3://{bucket}/d/", dst, env=via(proxy, s3_env))
+    assert proc.returncode == 1 and "not a ListObjectsV2 listing" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in dst.iterdir()) == [f"k{i}" for i in range(6)]
+    ls = run_wharf("ls", "-r", f"s3://{bucket}/d/", env=via(proxy, s3_env))
+    assert ls.returncode == 1 and ls.stdout == b""
+
+
 # ---- The I/O engine through the CLI ----
 
 def put_many(s3_client, bucket, prefix, n, size):
@@ -398,6 +440,17 @@ def test_a_key_naming_an_object_and_a_prefix_is_not_guessed(tmp_path, bucket, s3
     listed = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket)["Contents"]]
     assert sorted(listed) == ["run", "run/x", "run/y", "solo"]
     assert sorted(p.name for p in (tmp_path / "dst").iterdir()) == ["stale"]
+    # ls shows both: the object and its folder's roll-up (with -r, the folder's contents);
+    # a lone object is just itself.
+    ls = run_wharf("ls", "--json", f"s3://{bucket}/run", env=s3_env, check=True)
+    assert [e.get("key", e.get("prefix")) for e in map(json.loads, ls.stdout.splitlines())] == [
+        "run", "run/"]
+    ls = run_wharf("ls", "-r", f"s3://{bucket}/run", env=s3_env, check=True)
+    assert [line.split()[-1] for line in ls.stdout.decode().splitlines()] == [
+        f"s3://{bucket}/run", f"s3://{bucket}/run/x", f"s3://{bucket}/run/y"]
+    ls = run_wharf("ls", f"s3://{bucket}/solo", env=s3_env, check=True)
+    assert [line.split()[-1] for line in ls.stdout.decode().splitlines()] == [
+        f"s3://{bucket}/solo"]
     # With '/' it is the prefix; --delete of a lone object is refused, not ignored.
     run_wharf("sync", "-q", "--delete", f"s3://{bucket}/run/", tmp_path / "dst", env=s3_env,
               check=True)

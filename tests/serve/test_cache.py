@@ -331,6 +331,37 @@ def test_a_child_forked_while_a_compute_runs_does_not_wait_for_it_forever(make_c
     assert out.stdout.split()[-1] == "0", (out.stdout, out.stderr)
 
 
+_FORK_METRICS_SCRIPT = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import wharf
+from wharf.serve import PredictionCache
+cache = PredictionCache("memory")   # made before the fork, as a pre-forking server does
+cache.get_or_compute("v", "k", lambda r: b"p")
+pid = os.fork()
+if pid == 0:
+    for _ in range(5):
+        cache.get_or_compute("v", "k", lambda r: b"p")
+    cache.get_or_compute("v", "other", lambda r: b"q")
+    c = wharf.metrics()["counters"]
+    ok = (c.get('wharf_serve_cache_hits_total{backend="memory"}') == 5 and
+          c.get('wharf_serve_cache_misses_total{backend="memory"}') == 1)
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_counts_its_lookups_in_its_own_metrics():
+    # The handles were looked up in the parent's runtime; the child's lookups went there and
+    # its own metrics showed none.
+    out = subprocess.run([sys.executable, "-c", _FORK_METRICS_SCRIPT,
+                          str(pathlib.Path(wharf.__file__).parents[1])],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0", (out.stdout, out.stderr)
+
+
 def test_memory_lru_is_bounded_by_bytes():
     # an entry counts its value and its 40-byte key: 3 entries of 290 + 40 fit in 1000 bytes
     cache = PredictionCache("memory", max_bytes=1000)

@@ -14,7 +14,7 @@ applies and its count drops by one:
                "query_regex": "partNumber=2",  # optional, re.search on the query string
                "target_regex": "...",          # optional, re.search on path + '?' + query
                "headers": {"range": "^bytes=0-"}},  # optional, name -> re.search on its value
-     "action": "status" | "reset" | "truncate" | "delay" | "drop",
+     "action": "status" | "reset" | "truncate" | "shorten" | "delay" | "drop",
      "count": 2,          # requests that get the fault (default 1; null = every match)
      "skip": 0,           # matching requests to let through untouched first (default 0)
      "probability": 1.0,  # share of the (otherwise eligible) matching requests that get the
@@ -25,7 +25,7 @@ applies and its count drops by one:
      "code": "SlowDown", "message": "...",  # status: override the XML error code/message
      "headers": {"Retry-After": "1"},       # status: extra response headers
      "close": false,      # status: also close the client connection after the answer
-     "after_bytes": 0,    # reset/truncate: response bytes relayed after the header block
+     "after_bytes": 0,    # reset/truncate/shorten: response bytes relayed after the header block
                           # (raw bytes, so chunk framing counts for chunked responses)
      "delay_ms": 500,     # delay: hold the response this long after the upstream answered
      "phase": "response"} # delay: or "request" to hold the request before forwarding it
@@ -36,6 +36,8 @@ Actions:
   reset     forward, relay the response header block and `after_bytes` body bytes, then close the
             client connection with RST (SO_LINGER 0).
   truncate  the same, but close with FIN: the client sees a short body.
+  shorten   the same as truncate, with the response's Content-Length rewritten to `after_bytes`:
+            a well-formed reply that is shorter than the object (a broken proxy's or server's).
   delay     forward, hold the response for `delay_ms`, then relay it.
   drop      close the client connection with RST as soon as the request head has arrived.
 
@@ -88,7 +90,7 @@ _IO_SIZE = 256 * 1024
 _HEAD_LIMIT = 1 << 20  # longest header block accepted
 _LOG_LIMIT = 100_000
 
-ACTIONS = ("status", "reset", "truncate", "delay", "drop")
+ACTIONS = ("status", "reset", "truncate", "shorten", "delay", "drop")
 
 # S3-style error codes for injected statuses (S3 itself sends 500 InternalError and 503 SlowDown;
 # the others stand for what load balancers and other stores answer).
@@ -566,8 +568,12 @@ class _ClientConnection:
 
         state = self.server.state
         state.update(entry, bytes_relayed=0)
+        if action == "shorten" and _content_length(rheaders) is not None:
+            rhead = re.sub(rb"(?im)^content-length:[^\r\n]*",
+                           b"Content-Length: %d" % min(rule.after_bytes,
+                                                       _content_length(rheaders)), rhead)
         self.writer.write(rhead)
-        limit = rule.after_bytes if action in ("reset", "truncate") else None
+        limit = rule.after_bytes if action in ("reset", "truncate", "shorten") else None
         sink = _Sink(self.writer, limit, lambda sent: state.update(entry, bytes_relayed=sent))
         upstream_close = (_has_token(rheaders, "connection", "close") or
                           (parts[0] == "HTTP/1.0" and
@@ -588,7 +594,7 @@ class _ClientConnection:
         except _BudgetSpent:
             self._close_upstream()  # the rest of the response is abandoned
 
-        if action == "truncate":
+        if action in ("truncate", "shorten"):
             self._close_upstream()
             await self.writer.drain()
             return False  # run() closes the client connection with FIN

@@ -686,6 +686,28 @@ def _parse_max_bytes(value):
 _CACHES = weakref.WeakSet()
 
 
+_METRIC_HANDLES = ("_m_hits", "_m_misses", "_m_errors", "_m_bytes", "_m_get", "_m_compute")
+
+
+class _Relookup:
+    """A metric handle of a cache in a forked child: the first add/observe looks the
+    cache's handles up in the child's runtime, then records there."""
+    __slots__ = ("_cache", "_name")
+
+    def __init__(self, cache, name):
+        self._cache, self._name = cache, name
+
+    def _handle(self):
+        self._cache._metric_handles()
+        return getattr(self._cache, self._name)
+
+    def add(self, n):
+        self._handle().add(n)
+
+    def observe(self, v):
+        self._handle().observe(v)
+
+
 def _after_fork_in_child():
     for cache in list(_CACHES):
         cache._forget_threads()
@@ -744,7 +766,12 @@ class PredictionCache:
         self._retry_at = 0.0        # monotonic: a degraded backend is skipped until then
         self._closed = False
         _CACHES.add(self)
-        # The runtime's metrics, looked up once (recording is an atomic add).
+        self._metric_handles()
+
+    def _metric_handles(self):
+        """The runtime's metrics, looked up once per process (recording is an atomic add):
+        a child made by fork() has a runtime of its own, whose registry it looks them up in
+        again."""
         from wharf import _wharf
         labels = [("backend", self._b.name)]
         self._m_hits = _wharf._counter("wharf_serve_cache_hits_total",
@@ -815,6 +842,10 @@ class PredictionCache:
             self._b._lock = threading.Lock()
         if hasattr(self._b, "after_fork"):
             self._b.after_fork()
+        # The parent's handles point into the parent's registry; the child's runtime is made
+        # at its first wharf call, so each handle is looked up again at its first use.
+        for name in _METRIC_HANDLES:
+            setattr(self, name, _Relookup(self, name))
 
     def get(self, model_version, request):
         """The cached prediction, or None."""
