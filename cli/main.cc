@@ -197,6 +197,9 @@ int Main(int argc, char** argv) {
   }
   const std::string verb = app.get_subcommands().front()->get_name();
   if (verbose) SetLogLevel(LogLevel::kDebug);
+  for (int i = 1; i < argc; ++i) {
+    if (absl::StartsWith(argv[i], "s3://")) store_flags.names_s3 = true;
+  }
   if (absl::Status s = SetStoreFlags(store_flags); !s.ok()) {
     PrintError(s.message());
     return kExitUsage;

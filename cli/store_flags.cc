@@ -20,6 +20,12 @@ StoreOptions& RunOptions() {
   return *options;
 }
 
+// Whether --endpoint-url belongs to the s3:// side only (SetStoreFlags).
+bool& EndpointIsS3s() {
+  static bool s3s = false;
+  return s3s;
+}
+
 }  // namespace
 
 void AddStoreFlags(CLI::App& app, StoreFlags& flags) {
@@ -27,7 +33,8 @@ void AddStoreFlags(CLI::App& app, StoreFlags& flags) {
                "Send requests unsigned (public buckets); no credentials are looked up");
   app.add_option("--endpoint-url", flags.endpoint_url,
                  "S3 (or gs://) endpoint http(s)://host[:port] (default: AWS_ENDPOINT_URL, the "
-                 "profile's; WHARF_GS_ENDPOINT for gs://)");
+                 "profile's; WHARF_GS_ENDPOINT for gs://). In a command that names an s3:// "
+                 "URI it is the S3 side's only");
   app.add_option("--region", flags.region, "S3 region (default: AWS_REGION, the profile's)");
   app.add_option("--aws-profile,--profile", flags.profile,
                  "AWS profile (default: AWS_PROFILE). After `fetch`, --profile is the "
@@ -51,6 +58,7 @@ absl::Status SetStoreFlags(const StoreFlags& flags) {
   }
   if (flags.no_sign_request) options.anonymous = true;
   RunOptions() = std::move(options);
+  EndpointIsS3s() = flags.names_s3;
   return absl::OkStatus();
 }
 
@@ -60,6 +68,7 @@ StoreOptions CliStoreOptions(absl::string_view scheme) {
   if (scheme == "gs") {  // AWS notions; gs:// refuses them (store/gcs/gcs_store.h)
     options.region.reset();
     options.profile.reset();
+    if (EndpointIsS3s()) options.endpoint.reset();
   }
   return options;
 }

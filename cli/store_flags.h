@@ -1,7 +1,8 @@
 // The store flags of the `wharf` command line: --endpoint-url, --region, --profile and
 // --no-sign-request, accepted before or after any verb. They become StoreOptions
 // (store/spec.h) for every store a verb opens, where the scheme takes them: file:// takes
-// none, gs:// takes --endpoint-url and --no-sign-request, s3:// all four. Options a URI
+// none, gs:// takes --endpoint-url (unless the command also names an s3:// URI, whose it is
+// then) and --no-sign-request, s3:// all four. Options a URI
 // carries in its query ("s3://b/?region=x") lose to the flags.
 //
 // Thread-safety: main() calls AddStoreFlags and then SetStoreFlags once, before a verb runs;
@@ -28,6 +29,9 @@ struct StoreFlags {
   std::string profile;
   bool no_sign_request = false;
   std::string cache;  // --cache TIER_DIR: remote stores read through the tier
+  // Set by main: the command line names an s3:// URI. --endpoint-url is then the S3 side's
+  // (`cp s3://... gs://...` against MinIO), and a gs:// URI keeps its own endpoint.
+  bool names_s3 = false;
 };
 
 // Registers the flags on `app` (global: they fall through to the verbs).

@@ -217,7 +217,8 @@ bool IsRetryableJsonResponse(const HttpResponse& response) {
 }
 
 absl::Status ErrorFromJsonResponse(const HttpResponse& response, absl::string_view op,
-                                   absl::string_view uri, absl::string_view credentials_source) {
+                                   absl::string_view uri, absl::string_view credentials_source,
+                                   absl::string_view endpoint) {
   std::string message, reason;
   json j = json::parse(response.body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_discarded() && j.is_object() && j.contains("error")) {
@@ -246,6 +247,7 @@ absl::Status ErrorFromJsonResponse(const HttpResponse& response, absl::string_vi
       hint = op == "list" || op == "put" || op == "start upload"
                  ? "no such bucket"
                  : "no such object, or no such bucket";
+      if (!endpoint.empty()) absl::StrAppend(&hint, " at ", endpoint);
     }
   } else if (s == 401 || s == 403) {
     code = absl::StatusCode::kPermissionDenied;
@@ -414,7 +416,8 @@ void GcsJsonStore::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done
         Attempt(std::move(call), std::move(done));
         return;
       }
-      failure = ErrorFromJsonResponse(*response, call->op, uri, config_.credentials_source);
+      failure = ErrorFromJsonResponse(*response, call->op, uri, config_.credentials_source,
+                                      config_.endpoint);
       retry = IsRetryableJsonResponse(*response);
     } else {
       std::move(done)(std::move(response));

@@ -142,8 +142,10 @@ std::string EncodeComponent(absl::string_view s);
 
 // The Status for a non-2xx JSON API response to `op` on `uri`, e.g.
 //   "get gs://b/k: 404 notFound: No such object: b/k".
+// `endpoint`, when given, is named where a bodyless 404 may mean a missing bucket.
 absl::Status ErrorFromJsonResponse(const HttpResponse& response, absl::string_view op,
-                                   absl::string_view uri, absl::string_view credentials_source);
+                                   absl::string_view uri, absl::string_view credentials_source,
+                                   absl::string_view endpoint = "");
 
 // True when a JSON API response should be retried (408, 429, 5xx).
 bool IsRetryableJsonResponse(const HttpResponse& response);

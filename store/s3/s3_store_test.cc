@@ -563,6 +563,22 @@ TEST(S3StoreTest, ListDecodesKeysAndStopsAtEndBefore) {
   EXPECT_EQ(page->continuation, "");  // past end_before: done
 }
 
+TEST(S3StoreTest, AListingPageIsNeverTakenOnTrustAsTheLast) {
+  // A page that cannot be the last (truncated without a token) and one that would list for
+  // ever (the token asked with, again) are DataLoss naming the prefix, not the listing's end.
+  for (const char* body : {"<ListBucketResult><IsTruncated>true</IsTruncated></ListBucketResult>",
+                           "<ListBucketResult><IsTruncated>true</IsTruncated>"
+                           "<NextContinuationToken>T</NextContinuationToken></ListBucketResult>",
+                           "<html><body>upstream busy</body></html>"}) {
+    auto transport =
+        std::make_shared<CannedTransport>([body](const HttpRequest&) { return Ok(body); });
+    auto store = MakeStore(transport);
+    auto page = store->List({.prefix = "d/"}, "T");
+    EXPECT_EQ(page.status().code(), absl::StatusCode::kDataLoss) << body;
+    EXPECT_THAT(std::string(page.status().message()), HasSubstr("list s3://bkt/d/: ")) << body;
+  }
+}
+
 TEST(S3StoreTest, FailedPartAbortsTheMultipartUpload) {
   std::atomic<bool> aborted{false};
   auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {

@@ -324,3 +324,20 @@ def test_sync_between_s3_parts_and_gs_copies_nothing_twice(gcs_emulator, gcs_buc
     run_wharf("cp", big, f"s3://{bucket}/d/big.bin", env=env, check=True)
     changed = run_wharf("sync", *routes[0], env=env, check=True)
     assert b"copied 1 object" in changed.stdout, changed.stdout
+
+
+def test_endpoint_url_is_the_s3_sides_in_a_command_naming_both(gcs_emulator, gcs_bucket, bucket,
+                                                                s3_env, s3_client, tmp_path):
+    # `--endpoint-url` for MinIO/RGW with a gs:// destination: it once sent the gs:// side to
+    # the S3 server too ("no such bucket"). The gs:// side keeps STORAGE_EMULATOR_HOST.
+    env = gcs_env(gcs_emulator, **{k: s3_env[k] for k in
+                                   ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+    env.pop("AWS_ENDPOINT_URL", None)
+    env.pop("WHARF_S3_ENDPOINT", None)
+    s3_client.put_object(Bucket=bucket, Key="t.json", Body=b"{}")
+    flag = ("--endpoint-url", s3_env["AWS_ENDPOINT_URL"])
+    run_wharf(*flag, "cp", f"s3://{bucket}/t.json", f"gs://{gcs_bucket}/e/t.json", env=env,
+              check=True)
+    run_wharf(*flag, "sync", f"s3://{bucket}/", f"gs://{gcs_bucket}/x/", env=env, check=True)
+    for key in ("e/t.json", "x/t.json"):
+        assert run_wharf("cat", f"gs://{gcs_bucket}/{key}", env=env, check=True).stdout == b"{}"
