@@ -19,6 +19,7 @@
 #include "base/status.h"
 #include "base/timer.h"
 #include "http/bearer_signer.h"
+#include "http/retry_after.h"
 #include "nlohmann/json.hpp"
 #include "store/get_body.h"
 #include "store/keys.h"
@@ -428,7 +429,9 @@ void GcsJsonStore::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done
                            absl::Now() - call->first_attempt < config_.retry.max_total;
     if (retry && in_budget) {
       retries_.Count(RetryCause(response));
-      const absl::Duration delay = Backoff(call->attempt);
+      const absl::Duration delay =  // a throttling server's Retry-After is waited out
+          RetryDelay(response, Backoff(call->attempt),
+                     config_.retry.max_total - (absl::Now() - call->first_attempt));
       const CancelToken cancel = call->cancel;
       AfterDelayOrCancel(delay, cancel,
                          [this, call = std::move(call), done = std::move(done)]() mutable {

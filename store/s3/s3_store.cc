@@ -21,6 +21,7 @@
 #include "base/status.h"
 #include "base/timer.h"
 #include "http/curl_transport.h"
+#include "http/retry_after.h"
 #include "pugixml.hpp"
 #include "store/get_body.h"
 #include "store/keys.h"
@@ -464,7 +465,10 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
                            absl::Now() - call->first_attempt < options_.retry.max_total;
     if (retry && in_budget) {
       retries_.Count(RetryCause(response));
-      const absl::Duration delay = Backoff(call->attempt);  // before `call` is moved below
+      // Before `call` is moved below; a throttling server's Retry-After is waited out.
+      const absl::Duration delay =
+          RetryDelay(response, Backoff(call->attempt),
+                     options_.retry.max_total - (absl::Now() - call->first_attempt));
       const CancelToken cancel = call->cancel;
       AfterDelayOrCancel(delay, cancel,
                          [this, call = std::move(call), done = std::move(done)]() mutable {

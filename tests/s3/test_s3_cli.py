@@ -210,6 +210,18 @@ def test_503_slowdown_is_retried(proxy, bucket, s3_env, s3_client):
     assert faults == ["status", "status", None]
 
 
+def test_a_503s_retry_after_is_waited_out(proxy, bucket, s3_env, s3_client):
+    # The backoff of a first retry is well under a second; the server asked for 2.
+    s3_client.put_object(Bucket=bucket, Key="k", Body=b"payload")
+    proxy.set_faults([{"match": {"method": "GET", "path_regex": "/k$"}, "action": "status",
+                       "status": 503, "headers": {"Retry-After": "2"}, "count": 1}])
+    proc = run_wharf("cat", f"s3://{bucket}/k", env=via(proxy, s3_env), check=True)
+    assert proc.stdout == b"payload"
+    gets = [e for e in proxy.log() if e["method"] == "GET"]
+    assert [e["fault"] for e in gets] == ["status", None]
+    assert gets[1]["time"] - gets[0]["time"] >= 1.9, gets
+
+
 def test_reset_mid_body_resumes_from_received_bytes(proxy, bucket, s3_env, s3_client):
     data = random_bytes(3 << 20, 7)
     s3_client.put_object(Bucket=bucket, Key="big", Body=data)
