@@ -36,8 +36,8 @@ namespace wharf::python {
 namespace py = pybind11;
 
 // An object key from Python: a str, encoded as UTF-8 with surrogateescape, the inverse of
-// KeyToPython. A local file's name need not be UTF-8; list() hands it out with its odd bytes
-// as lone surrogates, and this takes them back to the same bytes.
+// KeyToPython. Keys are UTF-8 (listings leave other names out), so a str with escaped odd
+// bytes reaches the store and is refused there naming the key, not by pybind11's TypeError.
 struct KeyArg {
   std::string value;
 };
