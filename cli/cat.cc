@@ -74,7 +74,9 @@ absl::Status RunCat(const CatArgs& args) {
   // cannot tell a complete body from a truncated one that a broken proxy re-framed, the HEAD
   // can. The GET is not pinned to it (a tier in front may answer the HEAD from an entry its
   // ttl still trusts): a reply of the same version must bring the HEAD's count of bytes.
-  WHARF_ASSIGN_OR_RETURN(ObjectMeta meta, opened.store->Head(opened.uri.key));
+  // A failed HEAD is left to the GET to report: its error body names the cause (NoSuchKey or
+  // NoSuchBucket), where a HEAD's 404 has none.
+  const absl::StatusOr<ObjectMeta> head = opened.store->Head(opened.uri.key);
   const std::string uri = opened.store->Uri(opened.uri.key);
   FdSink sink(STDOUT_FILENO);
   GetRequest request;
@@ -84,7 +86,8 @@ absl::Status RunCat(const CatArgs& args) {
   absl::StatusOr<GetResult> result = opened.store->Get(request);
   if (sink.reader_gone()) return absl::OkStatus();
   if (!result.ok()) return result.status();
-  if (!meta.etag.empty() && result->meta.etag == meta.etag) {
+  if (head.ok() && !head->etag.empty() && result->meta.etag == head->etag) {
+    const ObjectMeta& meta = *head;
     absl::StatusOr<std::pair<uint64_t, uint64_t>> extent = range.Resolve(meta.size);
     const uint64_t want = extent.ok() ? extent->second - extent->first : 0;
     if (result->bytes != want) {
