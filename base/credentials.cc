@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "base/cancel.h"
 #include "base/status.h"
 
 namespace wharf {
@@ -32,6 +33,14 @@ void CredentialsCache::GetAsync(Done done) {
       if (now >= cached_.expiration - options_.refresh_before && !fetching_) StartFetchLocked();
       ready = cached_;
     } else {
+      // The fetch is shared, so it runs with no ambient token (base/cancel.h); each waiter
+      // is called back with its own.
+      if (const CancelToken& scope = AmbientCancel()) {
+        done = [scope, done = std::move(done)](absl::StatusOr<Credentials> c) mutable {
+          ScopedAmbientCancel ambient(std::move(scope));
+          std::move(done)(std::move(c));
+        };
+      }
       waiters_.push_back(std::move(done));
       if (!fetching_) StartFetchLocked();
       return;
@@ -64,6 +73,7 @@ int CredentialsCache::fetches() const {
 void CredentialsCache::StartFetchLocked() {
   fetching_ = true;
   ++running_;
+  ScopedAmbientCancel shared(nullptr);  // a fetch shared by every caller: not one's to cancel
   pool_->Schedule([this] { RunFetch(); });
 }
 

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "base/cancel.h"
 #include "base/fork.h"
 
 namespace wharf {
@@ -20,6 +21,8 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::Schedule(absl::AnyInvocable<void() &&> fn) {
+  // The closure runs with the ambient token that was set when it was queued (base/cancel.h).
+  fn = BindAmbient(std::move(fn));
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(fn));
 }

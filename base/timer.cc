@@ -1,6 +1,7 @@
 #include "base/timer.h"
 
 #include <utility>
+#include <vector>
 
 #include "base/fork.h"
 #include "base/runtime.h"
@@ -20,6 +21,8 @@ Timer::~Timer() {
 Timer& Timer::Global() { return Runtime::Default()->timer(); }
 
 void Timer::After(absl::Duration delay, absl::AnyInvocable<void() &&> fn) {
+  // The closure runs with the ambient token that was set when it was queued (base/cancel.h).
+  fn = BindAmbient(std::move(fn));
   absl::MutexLock lock(&mu_);
   queue_.push(Entry{absl::Now() + delay, next_seq_++, std::move(fn)});
 }
@@ -57,35 +60,50 @@ void Timer::Loop() {
 
 void AfterDelayOrCancel(absl::Duration delay, const CancelToken& cancel,
                         absl::AnyInvocable<void() &&> fn) {
-  if (cancel == nullptr) return Timer::Global().After(delay, std::move(fn));
+  // The call's own token and the ambient one (the operation's) both cut the delay short.
+  std::vector<CancelToken> tokens;
+  if (cancel != nullptr) tokens.push_back(cancel);
+  if (const CancelToken& scope = AmbientCancel(); scope != nullptr && scope != cancel) {
+    tokens.push_back(scope);
+  }
+  if (tokens.empty()) return Timer::Global().After(delay, std::move(fn));
   struct Once {
     absl::Mutex mu;
     bool ran ABSL_GUARDED_BY(mu) = false;
-    uint64_t cancel_id ABSL_GUARDED_BY(mu) = 0;
+    std::vector<std::pair<CancelToken, uint64_t>> registered ABSL_GUARDED_BY(mu);
     absl::AnyInvocable<void() &&> fn;
   };
   auto once = std::make_shared<Once>();
   once->fn = std::move(fn);
-  auto run = [once, cancel] {
-    uint64_t id;
+  auto run = [once] {
+    std::vector<std::pair<CancelToken, uint64_t>> registered;
     {
       absl::MutexLock lock(&once->mu);
       if (once->ran) return;
       once->ran = true;
-      id = once->cancel_id;
+      registered = std::move(once->registered);
     }
-    cancel->Forget(id);  // a no-op when the cancel is what ran us
+    // A no-op for the token whose cancel is what ran us.
+    for (auto& [token, id] : registered) token->Forget(id);
     // Moved out so that what it holds (the call, `done`) is released after it ran, not when
     // the other of the timer entry and the cancel callback lets go of `once`.
     absl::AnyInvocable<void()&&> fn = std::move(once->fn);
     std::move(fn)();
   };
-  // The cancel callback runs on the canceller's thread: it only moves the work to the timer.
-  const uint64_t id =
-      cancel->OnCancel([run]() mutable { Timer::Global().After(absl::ZeroDuration(), run); });
-  {
-    absl::MutexLock lock(&once->mu);
-    if (!once->ran) once->cancel_id = id;
+  for (const CancelToken& token : tokens) {
+    // The cancel callback runs on the canceller's thread: it only moves the work to the timer.
+    const uint64_t id =
+        token->OnCancel([run]() mutable { Timer::Global().After(absl::ZeroDuration(), run); });
+    bool ran;
+    {
+      absl::MutexLock lock(&once->mu);
+      ran = once->ran;
+      if (!ran && id != 0) once->registered.emplace_back(token, id);
+    }
+    if (ran) {  // an earlier token had fired: this registration is not needed
+      token->Forget(id);
+      break;
+    }
   }
   Timer::Global().After(delay, std::move(run));
 }

@@ -47,7 +47,8 @@ class Timer {
 
 // Runs `fn` on the global timer after `delay`, or as soon as `cancel` fires if that comes
 // first (so a cancelled call does not sit out its retry backoff); exactly once either way.
-// A null `cancel` is a plain Timer::Global().After.
+// The ambient token (base/cancel.h) cuts the delay short too; with neither, it is a plain
+// Timer::Global().After.
 void AfterDelayOrCancel(absl::Duration delay, const CancelToken& cancel,
                         absl::AnyInvocable<void() &&> fn);
 

@@ -102,11 +102,18 @@ struct Transfer {
   absl::Cord::CharIterator upload_position;
   uint64_t upload_remaining = 0;
   bool active = false;
-  // The request's registration on its cancel token (0: none); forgotten at completion.
+  // The request's registrations on its cancel and scope tokens (0: none); forgotten at
+  // completion.
   uint64_t cancel_id = 0;
+  uint64_t scope_id = 0;
   std::string scratch;  // a header line being formatted for curl_slist_append
   char error_buffer[CURL_ERROR_SIZE] = {};
 };
+
+// Whether either of the request's tokens fired.
+bool Fired(const HttpRequest& request) {
+  return IsCancelled(request.cancel) || IsCancelled(request.scope);
+}
 
 size_t OnHeader(char* data, size_t size, size_t count, void* arg) {
   auto* transfer = static_cast<Transfer*>(arg);
@@ -168,6 +175,7 @@ class CurlTransport final : public HttpTransport {
     HttpRequest request;
     HttpCallback done;
     uint64_t cancel_id = 0;  // see Transfer::cancel_id
+    uint64_t scope_id = 0;
   };
 
   void Loop();
@@ -255,14 +263,18 @@ CurlTransport::~CurlTransport() {
 void CurlTransport::Send(HttpRequest request, HttpCallback done) {
   bool accepted = false;
   bool wake = false;
+  if (request.scope == nullptr) request.scope = AmbientCancel();
+  if (request.scope == request.cancel) request.scope = nullptr;
   // Registered before queueing, so a cancel at any later point reaches the loop. An already
   // fired token runs NoteCancel inline; Start() then fails the request unsent.
   const CancelToken cancel = request.cancel;
+  const CancelToken scope = request.scope;
   const uint64_t cancel_id = cancel ? cancel->OnCancel([this] { NoteCancel(); }) : 0;
+  const uint64_t scope_id = scope ? scope->OnCancel([this] { NoteCancel(); }) : 0;
   {
     absl::MutexLock lock(&mu_);
     if (!exited_) {
-      queue_.push_back(Pending{std::move(request), std::move(done), cancel_id});
+      queue_.push_back(Pending{std::move(request), std::move(done), cancel_id, scope_id});
       accepted = true;
       // One wakeup per sleep is enough however many requests arrive meanwhile.
       wake = polling_ && !woken_;
@@ -272,6 +284,7 @@ void CurlTransport::Send(HttpRequest request, HttpCallback done) {
   if (wake) curl_multi_wakeup(multi_);
   if (!accepted) {  // Send() raced the destructor (a caller bug): fail it, don't lose it
     if (cancel) cancel->Forget(cancel_id);
+    if (scope) scope->Forget(scope_id);
     absl::Status status = absl::CancelledError(
         absl::StrCat("HTTP ", request.method, " ", request.url, ": transport destroyed"));
     SetDeliveredBytes(status, 0);
@@ -338,7 +351,7 @@ void CurlTransport::NoteCancel() {
 void CurlTransport::AbortCancelled() {
   for (const auto& owned : transfers_) {
     Transfer* transfer = owned.get();
-    if (!transfer->active || !IsCancelled(transfer->request.cancel)) continue;
+    if (!transfer->active || !Fired(transfer->request)) continue;
     // Removing a handle mid-transfer closes its connection; nothing more is read or sent.
     curl_multi_remove_handle(multi_, transfer->easy);
     Complete(transfer, absl::CancelledError("cancelled"));
@@ -347,7 +360,7 @@ void CurlTransport::AbortCancelled() {
   {
     absl::MutexLock lock(&mu_);
     for (auto it = queue_.begin(); it != queue_.end();) {
-      if (IsCancelled(it->request.cancel)) {
+      if (Fired(it->request)) {
         dropped.push_back(std::move(*it));
         it = queue_.erase(it);
       } else {
@@ -360,6 +373,9 @@ void CurlTransport::AbortCancelled() {
 
 void CurlTransport::FailUnsent(Pending pending, absl::string_view why) {
   if (pending.request.cancel) pending.request.cancel->Forget(pending.cancel_id);
+  if (pending.request.scope) pending.request.scope->Forget(pending.scope_id);
+  // `done` runs with the request's scope as the ambient token (HttpRequest::scope).
+  ScopedAmbientCancel ambient(std::move(pending.request.scope));
   absl::Status status = absl::CancelledError(
       absl::StrCat("HTTP ", pending.request.method, " ", pending.request.url, ": ", why));
   SetDeliveredBytes(status, 0);
@@ -416,7 +432,7 @@ Transfer* CurlTransport::AcquireTransfer() {
 }
 
 void CurlTransport::Start(Pending pending) {
-  if (IsCancelled(pending.request.cancel)) {  // fired while queued: never sent
+  if (Fired(pending.request)) {  // fired while queued: never sent
     --in_flight_;
     FailUnsent(std::move(pending), "cancelled");
     return;
@@ -426,6 +442,7 @@ void CurlTransport::Start(Pending pending) {
   transfer->request = std::move(pending.request);
   transfer->done = std::move(pending.done);
   transfer->cancel_id = pending.cancel_id;
+  transfer->scope_id = pending.scope_id;
   transfer->builder.Start(&transfer->request);
   transfer->error_buffer[0] = '\0';
   started_.fetch_add(1, std::memory_order_relaxed);
@@ -526,7 +543,11 @@ void CurlTransport::Complete(Transfer* transfer, absl::Status transport_error) {
   // Recycle the slot before running `done`, so the request's Cord and callback are released
   // first and a follow-up Send() from `done` finds the capacity free.
   if (transfer->request.cancel) transfer->request.cancel->Forget(transfer->cancel_id);
+  if (transfer->request.scope) transfer->request.scope->Forget(transfer->scope_id);
   transfer->cancel_id = 0;
+  transfer->scope_id = 0;
+  // `done` runs with the request's scope as the ambient token (HttpRequest::scope).
+  ScopedAmbientCancel ambient(std::move(transfer->request.scope));
   curl_slist_free_all(transfer->header_list);
   transfer->header_list = nullptr;
   transfer->request = HttpRequest();

@@ -500,6 +500,48 @@ TEST_F(CurlTransportTest, CancelAbortsAStalledTransferPromptlyAndSparesOthers) {
   EXPECT_EQ(after->body, "hello world");
 }
 
+TEST_F(CurlTransportTest, TheAmbientTokenCancelsARequestAndFollowsItsCallback) {
+  // A request sent while an ambient token is set carries it (HttpRequest::scope): cancelling
+  // it aborts the request, and `done` runs with it as the ambient token, so a follow-up
+  // request started there belongs to the same operation.
+  CancelToken scope = NewCancelToken();
+  absl::Notification done;
+  CancelToken seen_in_done;
+  absl::StatusOr<HttpResponse> result;
+  {
+    ScopedAmbientCancel ambient(scope);
+    transport_->Send(Request("GET", server_.Url("/hang")), [&](absl::StatusOr<HttpResponse> r) {
+      seen_in_done = AmbientCancel();
+      result = std::move(r);
+      done.Notify();
+    });
+  }
+  EXPECT_EQ(AmbientCancel(), nullptr);  // restored
+  while (server_.requests_served() < 1) absl::SleepFor(absl::Milliseconds(5));
+  scope->Cancel();
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  EXPECT_EQ(seen_in_done, scope);
+  // Sent under a cancelled ambient token: failed unsent.
+  {
+    ScopedAmbientCancel ambient(scope);
+    absl::StatusOr<HttpResponse> r = SendAndWait(*transport_, Request("GET", server_.Url("/ok")));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+  }
+  EXPECT_EQ(server_.requests_served(), 1);
+  // An explicit token and the ambient one: either cancels. Here neither fires.
+  CancelToken own = NewCancelToken();
+  HttpRequest with_own = Request("GET", server_.Url("/ok"));
+  with_own.cancel = own;
+  absl::StatusOr<HttpResponse> ok;
+  {
+    ScopedAmbientCancel ambient(NewCancelToken());
+    ok = SendAndWait(*transport_, std::move(with_own));
+  }
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->body, "hello world");
+}
+
 TEST_F(CurlTransportTest, CancelMidBodyKeepsTheDeliveredBytes) {
   // A callback destination that cancels after its first piece: the transfer stops there.
   CancelToken cancel = NewCancelToken();

@@ -94,6 +94,11 @@ struct HttpRequest {
   // sent, and one in flight is aborted (its connection closed) promptly, not at its next
   // byte; either way `done` gets Cancelled. A response that completed first is delivered.
   CancelToken cancel;
+  // The ambient token of the operation the request belongs to (base/cancel.h): Send() sets
+  // it from AmbientCancel() when left null, it cancels the request as `cancel` does, and
+  // `done` runs with it as the ambient token, so what the callback starts (a retry, the next
+  // part or page) belongs to the same operation.
+  CancelToken scope;
 };
 
 struct HttpResponse {

@@ -61,8 +61,9 @@ ComposedReads::~ComposedReads() = default;
 
 void ComposedReads::WaitIdle() {
   absl::MutexLock lock(&shared_->mu);
-  shared_->mu.Await(absl::Condition(
-      +[](int* pending) { return *pending == 0; }, &shared_->pending));
+  AwaitInterruptibly(shared_->mu,
+                     absl::Condition(
+                         +[](int* pending) { return *pending == 0; }, &shared_->pending));
 }
 
 void ComposedReads::Shared::Done() {

@@ -62,11 +62,13 @@ class Waker {
     absl::MutexLock lock(&mu_);
     signaled_ = true;
   }
-  // Returns once signalled since the last Wait (or after `timeout`, a safety net).
-  void Wait(absl::Duration timeout) {
+  // Returns once signalled since the last Wait (or after `timeout`, a safety net): whether
+  // it was signalled.
+  bool Wait(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&signaled_), timeout);
+    const bool signaled = mu_.AwaitWithTimeout(absl::Condition(&signaled_), timeout);
     signaled_ = false;
+    return signaled;
   }
   // The budget listener signals only while the consumer waits for a release.
   std::atomic<bool> wants_release{false};
@@ -371,7 +373,12 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       // coalesced the wait is short (see WakeConsumerLocked); otherwise the timeout is only a
       // safety net.
       io_wait.Begin();
-      waker_->Wait(coalescing ? kCoalesceWait : absl::Seconds(1));
+      // A caller that Ctrl-C may interrupt polls for it (base/cancel.h): cancelling its
+      // ambient token fails this batch's requests, whose results then end the wait.
+      const bool signaled = waker_->Wait(coalescing                 ? kCoalesceWait
+                                         : InterruptPollInstalled() ? kInterruptPollPeriod
+                                                                    : absl::Seconds(1));
+      if (!signaled) PollInterrupt();
     }
   }
 

@@ -30,10 +30,11 @@ GetAllResult GetAll(ObjectStore& store, std::vector<GetRequest> requests,
   for (size_t i = 0; i < requests.size(); ++i) {
     {
       absl::MutexLock lock(&shared->mu);
-      shared->mu.Await(absl::Condition(
-          +[](Shared* s)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->in_flight < s->max_in_flight; },
-          shared.get()));
+      AwaitInterruptibly(shared->mu, absl::Condition(
+                                         +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+                                           return s->in_flight < s->max_in_flight;
+                                         },
+                                         shared.get()));
       if (stop && shared->failed) break;
       ++shared->in_flight;
     }
@@ -63,9 +64,11 @@ GetAllResult GetAll(ObjectStore& store, std::vector<GetRequest> requests,
     });
   }
   absl::MutexLock lock(&shared->mu);
-  shared->mu.Await(absl::Condition(
-      +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->in_flight == 0; },
-      shared.get()));
+  AwaitInterruptibly(shared->mu, absl::Condition(
+                                     +[](Shared* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+                                       return s->in_flight == 0;
+                                     },
+                                     shared.get()));
   GetAllResult out;
   out.results.reserve(shared->results.size());
   for (size_t i = 0; i < shared->results.size(); ++i) {

@@ -137,7 +137,7 @@ absl::StatusOr<bool> ObjectReader::Discover() {
   {
     ProfileSpan wait(ProfileStage::kIoWait);
     absl::MutexLock lock(&shared_->mu);
-    shared_->mu.Await(absl::Condition(&chunk->done));
+    AwaitInterruptibly(shared_->mu, absl::Condition(&chunk->done));
   }
   // The GET cannot describe an empty object or one shorter than the range's start
   // (OutOfRange), and a store that does not say which version it served (the GCS emulator
@@ -273,8 +273,9 @@ ObjectReader::~ObjectReader() {
   // when they run, and the caller owns the store.
   {
     absl::MutexLock lock(&shared_->mu);
-    shared_->mu.Await(absl::Condition(
-        +[](Shared* s) { return s->in_flight == 0; }, shared_.get()));
+    AwaitInterruptibly(shared_->mu,
+                       absl::Condition(
+                           +[](Shared* s) { return s->in_flight == 0; }, shared_.get()));
   }
   // Return the charges now: a store may destroy a completion (which shares its chunk) a
   // little after running it.
@@ -492,7 +493,7 @@ absl::Status ObjectReader::Fill() {
   {
     ProfileSpan wait(ProfileStage::kIoWait);
     absl::MutexLock lock(&shared_->mu);
-    shared_->mu.Await(absl::Condition(&chunk->done));
+    AwaitInterruptibly(shared_->mu, absl::Condition(&chunk->done));
   }
   current_ = std::move(chunk);
   if (!current_->status.ok()) {

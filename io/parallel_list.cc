@@ -411,11 +411,12 @@ class Lister : public std::enable_shared_from_this<Lister> {
 
     mu_.Lock();
     while (true) {
-      mu_.Await(absl::Condition(
-          +[](Lister* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu_) {
-            return !l->pages_.empty() || !l->status_.ok() || l->QuiescentLocked();
-          },
-          this));
+      AwaitInterruptibly(mu_, absl::Condition(
+                                  +[](Lister* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu_) {
+                                    return !l->pages_.empty() || !l->status_.ok() ||
+                                           l->QuiescentLocked();
+                                  },
+                                  this));
       // Quiescent with no page waiting means done: workers pause only while pages wait.
       if (!status_.ok() || pages_.empty()) break;
       std::vector<ObjectMeta> page = std::move(pages_.front());
@@ -434,9 +435,11 @@ class Lister : public std::enable_shared_from_this<Lister> {
       if (!status.ok() && status_.ok()) FailLocked(std::move(status));
     }
     // Calls in flight still reference the store, which the caller may destroy once we return.
-    mu_.Await(absl::Condition(
-        +[](Lister* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu_) { return l->QuiescentLocked(); },
-        this));
+    AwaitInterruptibly(mu_, absl::Condition(
+                                +[](Lister* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->mu_) {
+                                  return l->QuiescentLocked();
+                                },
+                                this));
     absl::Status result = status_;
     stats_.wall = absl::Now() - start;
     if (stats != nullptr) *stats = stats_;

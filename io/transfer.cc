@@ -156,7 +156,7 @@ class Workers {
     {
       absl::MutexLock lock(&mu_);
       auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ < limit_; };
-      mu_.Await(absl::Condition(&room));
+      AwaitInterruptibly(mu_, absl::Condition(&room));
       ++pending_;
     }
     pool_.Schedule([this, fn = std::move(fn)]() mutable {
@@ -168,7 +168,7 @@ class Workers {
   void Wait() {
     absl::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
-    mu_.Await(absl::Condition(&idle));
+    AwaitInterruptibly(mu_, absl::Condition(&idle));
   }
 
  private:
@@ -192,7 +192,7 @@ class PutQueue {
     {
       absl::MutexLock lock(&mu_);
       auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ < max_pending_; };
-      mu_.Await(absl::Condition(&room));
+      AwaitInterruptibly(mu_, absl::Condition(&room));
       ++pending_;
     }
     const uint64_t size = data.size();
@@ -216,7 +216,7 @@ class PutQueue {
   void Wait() {
     absl::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
-    mu_.Await(absl::Condition(&idle));
+    AwaitInterruptibly(mu_, absl::Condition(&idle));
   }
 
  private:

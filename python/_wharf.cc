@@ -15,9 +15,11 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -42,7 +44,33 @@ PyObject* g_not_found = nullptr;   // wharf.NotFoundError(WharfError, FileNotFou
 PyObject* g_permission = nullptr;  // wharf.PermissionDeniedError(WharfError, PermissionError)
 PyObject* g_exists = nullptr;      // wharf.AlreadyExistsError(WharfError, FileExistsError)
 
+// Ctrl-C (binding.h): the main thread's ident, set at import and in a forked child (whose
+// main thread is the one that forked).
+std::atomic<unsigned long> g_main_thread{0};
+// What the poll caught on this thread: the exception a signal handler raised.
+thread_local PyObject* t_caught_type = nullptr;
+thread_local PyObject* t_caught_value = nullptr;
+thread_local PyObject* t_caught_traceback = nullptr;
+
 }  // namespace
+
+bool OnPythonMainThread() {
+  return PyThread_get_thread_ident() == g_main_thread.load(std::memory_order_relaxed);
+}
+
+bool PollPythonSignals() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) return false;
+  PyErr_Fetch(&t_caught_type, &t_caught_value, &t_caught_traceback);
+  return t_caught_type != nullptr;
+}
+
+void RaiseCaughtSignal() {
+  if (t_caught_type == nullptr) return;
+  PyErr_Restore(std::exchange(t_caught_type, nullptr), std::exchange(t_caught_value, nullptr),
+                std::exchange(t_caught_traceback, nullptr));
+  throw py::error_already_set();
+}
 
 [[noreturn]] void Raise(const absl::Status& status) {
   PyObject* type = g_error;
@@ -417,6 +445,11 @@ class Store {
 
 PYBIND11_MODULE(_wharf, m) {
   m.doc() = "wharf: fast object-store I/O for ML (C++ core)";
+  g_main_thread =
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  py::module_::import("os").attr("register_at_fork")(
+      py::arg("after_in_child") =
+          py::cpp_function([] { g_main_thread = PyThread_get_thread_ident(); }));
   RegisterTierCache(StoreRegistry::Global());  // cache= and WHARF_CACHE
   m.def(
       "list_buckets",

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "base/cancel.h"
 #include "base/fork.h"
 #include "dataset/index.h"
 #include "io/fetch_scheduler.h"
@@ -64,17 +65,46 @@ class ReleaseGil {
   py::gil_scoped_release release_;
 };
 
+// ---- Ctrl-C (base/cancel.h) ----
+// On the main thread, a call blocked in wharf polls Python's signal handlers every
+// kInterruptPollPeriod (taking the GIL for the check): when one raises (Ctrl-C's
+// KeyboardInterrupt, or what a handler of the user's raises), the work of the call is
+// cancelled, the call waits for it to end (soon: requests are aborted, nothing new is
+// sent, multipart uploads are aborted) and then raises that exception instead of returning.
+
+// The poll installed by WithoutGil on the main thread (_wharf.cc).
+bool PollPythonSignals();
+// Whether the calling thread is the main interpreter's main thread, which alone runs
+// Python's signal handlers.
+bool OnPythonMainThread();
+// Raises what PollPythonSignals() caught on this thread, if anything. REQUIRES: the GIL.
+void RaiseCaughtSignal();
+
 // Runs `fn` with the GIL released and returns its result; convert it with Check() afterwards
-// (the GIL is held again by then).
+// (the GIL is held again by then). The work runs with `scope` as its ambient token
+// (base/cancel.h); a null one gets a token of its own, which is the right thing for a call
+// whose work ends with it. An object whose calls leave work in flight between them (read-ahead
+// of a stream or a file) passes its own token, so Ctrl-C in any of its calls stops all of it
+// (and the object fails from then on with "cancelled"). Where Ctrl-C interrupted the call,
+// its exception is raised once `fn` has returned.
 template <typename Fn>
-auto WithoutGil(Fn&& fn) {
+auto WithoutGilIn(CancelToken scope, Fn&& fn) {
   using R = decltype(fn());
   std::optional<R> result;
+  const bool main = OnPythonMainThread();
   {
     ReleaseGil release;
+    ScopedAmbientCancel ambient(scope != nullptr ? std::move(scope) : NewCancelToken());
+    ScopedInterruptPoll poll(main ? &PollPythonSignals : nullptr);
     result.emplace(fn());
   }
+  if (main) RaiseCaughtSignal();
   return std::move(*result);
+}
+
+template <typename Fn>
+auto WithoutGil(Fn&& fn) {
+  return WithoutGilIn(nullptr, std::forward<Fn>(fn));
 }
 
 template <typename T>
@@ -233,7 +263,7 @@ class StreamBinding {
   py::object Next() {
     Stream& s = stream();
     OneThread guard(busy_);
-    auto item = Check(WithoutGil([&] { return s.Next(); }));
+    auto item = Check(WithoutGilIn(scope_, [&] { return s.Next(); }));
     if (!item) throw py::stop_iteration();
     return self().ToPython(*item);
   }
@@ -241,7 +271,7 @@ class StreamBinding {
   py::list NextBatch(size_t n) {
     Stream& s = stream();
     OneThread guard(busy_);
-    auto items = Check(WithoutGil([&] { return s.NextBatch(n); }));
+    auto items = Check(WithoutGilIn(scope_, [&] { return s.NextBatch(n); }));
     py::list out;
     for (auto& item : items) out.append(self().ToPython(item));
     return out;
@@ -267,6 +297,9 @@ class StreamBinding {
   const uint64_t generation_;
   std::unique_ptr<Stream> stream_;
   bool busy_ = false;  // read and written with the GIL held
+  // The ambient token of the stream's work (WithoutGilIn): Derived creates stream_ with it
+  // too, so the read-ahead that calls leave in flight is cancelled by Ctrl-C in any of them.
+  const CancelToken scope_ = NewCancelToken();
 
  private:
   Derived& self() { return static_cast<Derived&>(*this); }

@@ -307,7 +307,7 @@ class PyStream : public StreamBinding<PyStream, SampleStream> {
     const StreamOptions options{
         .prefetch = prefetch, .prefetch_bytes = prefetch_bytes, .skip = skip};
     // An order 1 permutation of the whole epoch is computed here: without the GIL.
-    stream_ = Check(WithoutGil([&] {
+    stream_ = Check(WithoutGilIn(scope_, [&] {
       return SampleStream::Create(index_->index(), sampler, state, partition, scheduler_, options);
     }));
   }

@@ -57,8 +57,8 @@ class ObjectReadFile {
     options.chunk_size = chunk_size;
     options.read_ahead = read_ahead;
     options.adaptive = adaptive;
-    reader_ = Check(WithoutGil(
-        [&] { return ObjectReader::Open(std::move(store), handle_.prefix(), options); }));
+    reader_ = Check(WithoutGilIn(
+        scope_, [&] { return ObjectReader::Open(std::move(store), handle_.prefix(), options); }));
     size_ = reader_->meta().size;
     etag_ = reader_->meta().etag;
   }
@@ -82,7 +82,7 @@ class ObjectReadFile {
     // What is here already: no GIL release.
     size_t done = Take(r, r.Buffered(), dst, n);
     if (done == n || (one_chunk && done > 0)) return done;
-    absl::Status status = WithoutGil([&]() -> absl::Status {
+    absl::Status status = WithoutGilIn(scope_, [&]() -> absl::Status {
       if (!one_chunk) {
         // Large reads skip the chunk buffers: GETs straight into dst (ObjectReader).
         absl::Status s = r.ReadDirect(absl::MakeSpan(dst + done, n - done));
@@ -121,7 +121,7 @@ class ObjectReadFile {
       OneThread guard(busy_, "file");
       Checked(MoveReader(r));
       if (r.Buffered().empty() && left > 0) {
-        auto view = Checked(WithoutGil([&] { return r.Peek(); }));
+        auto view = Checked(WithoutGilIn(scope_, [&] { return r.Peek(); }));
         want = view.size();
       } else {
         want = r.Buffered().size();
@@ -149,7 +149,7 @@ class ObjectReadFile {
     OneThread guard(busy_, "file");
     Checked(MoveReader(r));
     absl::string_view view = r.Buffered();
-    if (view.empty()) view = Checked(WithoutGil([&] { return r.Peek(); }));
+    if (view.empty()) view = Checked(WithoutGilIn(scope_, [&] { return r.Peek(); }));
     view = view.substr(0, kMaxPeek);
     return py::bytes(view.data(), view.size());
   }
@@ -247,6 +247,9 @@ class ObjectReadFile {
   std::string etag_;
   uint64_t pos_ = 0;   // may be past size_ (a seek beyond the end)
   bool busy_ = false;  // a call is waiting without the GIL (OneThread)
+  // The ambient token of this file's work (binding.h WithoutGilIn): Ctrl-C in any call
+  // stops the read-ahead or the upload that calls leave in flight.
+  const CancelToken scope_ = NewCancelToken();
 };
 
 class ObjectWriteFile {
@@ -259,7 +262,8 @@ class ObjectWriteFile {
     uri_ = store->Uri(handle_.prefix());
     PutOptions options;
     options.if_absent = exclusive;
-    writer_ = Check(WithoutGil([&] { return store->NewWriter(handle_.prefix(), options); }));
+    writer_ =
+        Check(WithoutGilIn(scope_, [&] { return store->NewWriter(handle_.prefix(), options); }));
     budget_ = Runtime::Default()->shared_budget();
     account_ = budget_->NewAccount(0, "write file " + uri_);
   }
@@ -276,7 +280,7 @@ class ObjectWriteFile {
     BufferView view(b, /*writable=*/false);
     const char* src = view.data();
     const size_t n = view.size();
-    absl::Status status = WithoutGil([&]() -> absl::Status {
+    absl::Status status = WithoutGilIn(scope_, [&]() -> absl::Status {
       size_t done = 0;
       while (done < n) {
         if (!staging_) {
@@ -306,7 +310,7 @@ class ObjectWriteFile {
   py::dict Close() {
     ObjectWriter& w = writer();
     std::optional<OneThread> guard(std::in_place, busy_, "file");
-    absl::StatusOr<ObjectMeta> meta = WithoutGil([&]() -> absl::StatusOr<ObjectMeta> {
+    absl::StatusOr<ObjectMeta> meta = WithoutGilIn(scope_, [&]() -> absl::StatusOr<ObjectMeta> {
       if (staged_ > 0) {
         if (absl::Status s = w.Write(TakeStaged()); !s.ok()) return s;
       }
@@ -402,6 +406,8 @@ class ObjectWriteFile {
   uint64_t staged_ = 0;
   uint64_t written_ = 0;
   bool busy_ = false;  // a call is waiting without the GIL (OneThread)
+  // The ambient token of this file's work (binding.h WithoutGilIn).
+  const CancelToken scope_ = NewCancelToken();
 };
 
 // Byte ranges of objects below one URI, read by parallel, coalesced ranged GETs

@@ -39,7 +39,7 @@ class PyRecordStream : public StreamBinding<PyRecordStream, RecordStream> {
     std::optional<RecordStreamState> resume;
     if (!state.empty()) resume = Check(RecordStreamState::FromJson(state));
     // Restoring re-reads the buffered records: without the GIL.
-    stream_ = Check(WithoutGil([&] {
+    stream_ = Check(WithoutGilIn(scope_, [&] {
       return RecordStream::Create(std::move(store), std::move(shards), std::move(options),
                                   resume ? &*resume : nullptr);
     }));

@@ -108,21 +108,23 @@ class PySafetensorsLoad {
     if (thread_ == nullptr) Raise(absl::FailedPreconditionError("load safetensors: not started"));
     std::optional<size_t> index;
     absl::Status status;
-    {
-      ReleaseGil release;
+    // Ctrl-C here cancels the load (cancel_ is the thread's token) and raises once it ended.
+    WithoutGilIn(cancel_, [&] {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](PySafetensorsLoad* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-            return !self->ready_.empty() || self->finished_;
-          },
-          this));
+      AwaitInterruptibly(mu_,
+                         absl::Condition(
+                             +[](PySafetensorsLoad* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+                               return !self->ready_.empty() || self->finished_;
+                             },
+                             this));
       if (!status_.ok()) {
         status = status_;
       } else if (!ready_.empty()) {
         index = ready_.front();
         ready_.pop_front();
       }
-    }
+      return 0;
+    });
     if (!status.ok()) Raise(status);
     if (!index.has_value()) return py::none();
     return py::int_(*index);
@@ -136,11 +138,8 @@ class PySafetensorsLoad {
     for (const auto& [file, offset, size, address] : spans) {
       todo.push_back({file, offset, size, reinterpret_cast<char*>(address)});
     }
-    absl::StatusOr<ReadRangesStats> read;
-    {
-      ReleaseGil release;
-      read = model_->ReadSpans(todo, nullptr, cancel_);
-    }
+    absl::StatusOr<ReadRangesStats> read =
+        WithoutGilIn(cancel_, [&] { return model_->ReadSpans(todo, nullptr, cancel_); });
     return Check(std::move(read)).bytes;
   }
 

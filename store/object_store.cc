@@ -125,7 +125,7 @@ absl::Status WaitForStatus(absl::AnyInvocable<void(StatusCallback) &&> start) {
     result = std::move(s);
     done.Notify();
   });
-  done.WaitForNotification();
+  WaitInterruptibly(done);  // base/cancel.h
   return result;
 }
 

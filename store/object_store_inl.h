@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/synchronization/notification.h"
+#include "base/cancel.h"
 
 namespace wharf {
 
@@ -16,7 +17,7 @@ absl::StatusOr<T> WaitFor(Start&& start) {
     result.emplace(std::move(r));
     done.Notify();
   });
-  done.WaitForNotification();
+  WaitInterruptibly(done);  // base/cancel.h
   return std::move(*result);
 }
 

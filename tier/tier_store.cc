@@ -299,6 +299,9 @@ struct TierStore::PendingRead {
   std::unique_ptr<TempObject> temp;
   std::unique_ptr<SpillSink> sink;
   std::optional<TierEntry> stale;  // the copy a fill revalidates (ttl mode)
+  // The caller's ambient token (base/cancel.h): a read resumed by another read's fill runs
+  // with its own, not with the filler's (which Ctrl-C may have cancelled).
+  CancelToken scope;
 
   // The outcome goes to the caller when the read's last reference is dropped: every step of
   // a read runs in a task that holds the read and the store, and drops the store first. So
@@ -792,6 +795,7 @@ absl::StatusOr<ListPage> TierStore::List(const ListOptions& options,
 
 void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   auto read = std::make_shared<PendingRead>();
+  read->scope = AmbientCancel();
   read->candidates = Candidates(request.key);
   if (read->candidates.empty()) {
     bypassed_.fetch_add(1, std::memory_order_relaxed);
@@ -1052,6 +1056,7 @@ void TierStore::ReleaseFill(uint64_t stripe, const std::string& fill_path) {
   }
   if (unlock_fd >= 0) close(unlock_fd);  // releases the flock
   for (std::shared_ptr<PendingRead>& read : waiting) {
+    ScopedAmbientCancel own(read->scope);
     runtime_->blocking_pool().Schedule(
         [self = shared_from_this(), read = std::move(read)]() mutable {
           if (!self->ServeLocal(*read, /*after_fill=*/false)) self->Acquire(read);

@@ -445,8 +445,8 @@ void TierTreeStore::Enqueue(Sealed sealed) {
 absl::Status TierTreeStore::Flush() {
   absl::MutexLock lock(&mu_);
   ++flushing_;  // the committer publishes what is queued without waiting for a full batch
-  mu_.Await(absl::Condition(
-      +[](size_t* n) { return *n == 0; }, &unpublished_));
+  AwaitInterruptibly(mu_, absl::Condition(
+                              +[](size_t* n) { return *n == 0; }, &unpublished_));
   --flushing_;
   if (unpublished_failures_ == 0) return absl::OkStatus();
   absl::Status s = first_unpublished_failure_;

@@ -1073,6 +1073,8 @@ class GcsResumableWriter : public ObjectWriter {
     call->accept = {499};
     call->no_retry = true;  // best effort: an unfinished session creates no object anyway
     session_.clear();
+    // Cleanup: not cancelled with the operation it ends (base/cancel.h).
+    ScopedAmbientCancel cleanup(nullptr);
     (void)WaitFor<HttpResponse>(
         [&](Callback<HttpResponse> cb) { store_->Execute(std::move(call), std::move(cb)); });
   }

@@ -1129,13 +1129,18 @@ class S3Writer : public ObjectWriter {
     interrupt_.Reset();
     // Our upload is complete, so no longer listed: whatever the key still has from our
     // creates is an orphan.
-    if (sweep_pending_) (void)AbortOrphans(/*keep=*/"");
+    if (sweep_pending_) {
+      ScopedAmbientCancel cleanup(nullptr);
+      (void)AbortOrphans(/*keep=*/"");
+    }
     return meta;
   }
 
   void Abort() override {
     if (aborted_ || completed_) return;
     aborted_ = closed_ = true;
+    // Cleanup: not cancelled with the operation it ends (base/cancel.h).
+    ScopedAmbientCancel cleanup(nullptr);
     WaitForParts();
     if (!upload_id_.empty()) {
       auto call = std::make_shared<S3Store::Call>();
@@ -1333,7 +1338,7 @@ class S3Writer : public ObjectWriter {
       auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return in_flight_ < store_->options_.upload_concurrency;
       };
-      mu_.Await(absl::Condition(&room));
+      AwaitInterruptibly(mu_, absl::Condition(&room));
       ++in_flight_;
     }
     auto call = std::make_shared<S3Store::Call>();
@@ -1365,7 +1370,7 @@ class S3Writer : public ObjectWriter {
   void WaitForParts() {
     absl::MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
-    mu_.Await(absl::Condition(&idle));
+    AwaitInterruptibly(mu_, absl::Condition(&idle));
   }
 
   // REQUIRES: every part uploaded (WaitForParts) without error.

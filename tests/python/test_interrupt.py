@@ -1,0 +1,228 @@
+"""Ctrl-C during a blocking wharf call (base/cancel.h, python/binding.h): the call's work is
+cancelled and the exception the signal handler raised comes out of the call soon, instead of
+after the request's own timeouts and retries (30 s without a byte, then retries for up to
+120 s). The server is real (Ceph RGW) behind tests/tools/fault_proxy.py, whose "delay" rule
+holds the chosen requests for minutes: a server that stopped answering.
+
+The in-process tests interrupt with SIGUSR1 and a handler that raises `Interrupted`, so the
+mechanism is exercised without raising KeyboardInterrupt inside pytest; one test sends a real
+SIGINT to a child process."""
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import wharf
+from fault_proxy import FaultProxy
+
+HANG_MS = 600_000  # far longer than any test: a request that gets this never completes
+# How soon an interrupted call must be back. The mechanism polls every 50 ms; the rest is slack
+# for a loaded machine. Without it the calls below would take 30 s or more.
+PROMPT_S = 10.0
+
+
+class Interrupted(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def signal_after(seconds, raises=True):
+    """SIGUSR1 to this process after `seconds`; its handler raises Interrupted (or, with
+    raises=False, only counts). Yields the list of times the handler ran."""
+    ran = []
+
+    def handler(signum, frame):
+        ran.append(time.monotonic())
+        if raises:
+            raise Interrupted()
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        yield ran
+    finally:
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGUSR1, old)
+
+
+@pytest.fixture
+def proxy(s3_env, monkeypatch):
+    upstream = s3_env["WHARF_S3_ENDPOINT"].split("://", 1)[1]
+    with FaultProxy(upstream) as p:
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(k, s3_env[k])
+        monkeypatch.setenv("AWS_ENDPOINT_URL", p.url)
+        yield p
+
+
+def hang(proxy, **match):
+    proxy.set_faults([{"match": match, "action": "delay", "phase": "request",
+                       "delay_ms": HANG_MS, "count": None}])
+
+
+def interrupted_within(fn, after=0.5):
+    start = time.monotonic()
+    with signal_after(after):
+        with pytest.raises(Interrupted):
+            fn()
+    elapsed = time.monotonic() - start
+    assert elapsed < PROMPT_S, f"the interrupted call took {elapsed:.1f} s"
+    return elapsed
+
+
+def all_uploads(s3_client, bucket):
+    return s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+
+
+def test_get_head_list_put_are_interrupted_at_a_server_that_stopped_answering(proxy, bucket):
+    store = wharf.Store(f"s3://{bucket}/")
+    store.put("k", b"x" * 1000)
+    hang(proxy, method="GET")
+    interrupted_within(lambda: store.get("k"))
+    interrupted_within(lambda: store.list(""))
+    hang(proxy, method="HEAD")
+    interrupted_within(lambda: store.head("k"))
+    hang(proxy, method="PUT")
+    interrupted_within(lambda: store.put("k2", b"y" * 100))
+    # The store is usable again once the server answers: nothing of the interrupted calls is
+    # left in the way (the calls had their own tokens).
+    proxy.clear_faults()
+    assert bytes(store.get("k")) == b"x" * 1000
+    with pytest.raises(wharf.NotFoundError):
+        store.head("k2")
+
+
+def test_retries_and_their_backoff_are_interrupted(proxy, bucket):
+    store = wharf.Store(f"s3://{bucket}/")
+    store.put("k", b"x")
+    # Every GET answered 503 with Retry-After 20: without the interrupt the call would wait out
+    # up to 30 s per retry.
+    proxy.set_faults([{"match": {"method": "GET"}, "action": "status", "status": 503,
+                       "headers": {"Retry-After": "20"}, "count": None}])
+    interrupted_within(lambda: store.get("k"), after=1.0)
+
+
+def test_an_interrupted_multipart_write_leaves_no_upload(proxy, bucket, s3_client):
+    hang(proxy, method="PUT", query_regex="partNumber=")
+    before = {u["UploadId"] for u in all_uploads(s3_client, bucket)}
+    chunk = os.urandom(1 << 20)
+
+    def write():
+        with wharf.open(f"s3://{bucket}/big", "wb") as f:
+            for _ in range(64):
+                f.write(chunk)
+
+    interrupted_within(write, after=1.0)
+    proxy.clear_faults()
+    left = [u for u in all_uploads(s3_client, bucket) if u["UploadId"] not in before]
+    assert left == [], f"multipart uploads left behind: {left}"
+    with pytest.raises(wharf.NotFoundError):
+        wharf.Store(f"s3://{bucket}/").head("big")
+
+
+def test_a_file_read_and_its_read_ahead_are_interrupted(proxy, bucket):
+    store = wharf.Store(f"s3://{bucket}/")
+    data = os.urandom(1 << 20) * 64  # more than the read-ahead holds
+    store.put("f", data)
+    with wharf.open(f"s3://{bucket}/f", "rb") as f:
+        assert f.read(1000) == data[:1000]  # the reader works; its read-ahead is in flight
+        hang(proxy, method="GET")
+        interrupted_within(lambda: f.read())
+        # Its work was cancelled with it: a later read fails with a clear error, never with
+        # wrong or missing bytes.
+        proxy.clear_faults()
+        with pytest.raises(wharf.WharfError, match="cancelled"):
+            f.read()
+
+
+def test_get_many_is_interrupted(proxy, bucket):
+    store = wharf.Store(f"s3://{bucket}/")
+    for i in range(20):
+        store.put(f"m/{i}", b"m" * 3000)
+    hang(proxy, method="GET")
+    interrupted_within(lambda: store.get_many([f"m/{i}" for i in range(20)]))
+
+
+def test_a_dataset_stream_is_interrupted(proxy, bucket):
+    store = wharf.Store(f"s3://{bucket}/")
+    for i in range(40):
+        store.put(f"ds/{i:03d}", bytes([i]) * 5000)
+    index = wharf.SampleIndex.from_prefix(f"s3://{bucket}/ds/")
+    hang(proxy, method="GET")
+    stream = wharf.SampleStream(index, seed=0, epoch=0)
+    interrupted_within(lambda: list(stream))
+
+
+def test_a_handler_that_does_not_raise_lets_the_call_finish(proxy, bucket):
+    store = wharf.Store(f"s3://{bucket}/")
+    store.put("k", b"z" * 5000)
+    proxy.set_faults([{"match": {"method": "GET"}, "action": "delay", "delay_ms": 1500}])
+    with signal_after(0.3, raises=False) as ran:
+        assert bytes(store.get("k")) == b"z" * 5000
+    assert len(ran) == 1
+
+
+def test_ctrl_c_raises_keyboard_interrupt_in_a_script(proxy, bucket):
+    wharf.Store(f"s3://{bucket}/").put("k", b"x")
+    hang(proxy, method="GET")
+    script = textwrap.dedent(f"""
+        import sys, time, wharf
+        store = wharf.Store("s3://{bucket}/")
+        print("ready", flush=True)
+        start = time.monotonic()
+        try:
+            store.get("k")
+        except KeyboardInterrupt:
+            print(f"KeyboardInterrupt after {{time.monotonic() - start:.2f}} s", flush=True)
+            sys.exit(3)
+        print("returned", flush=True)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ))
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=PROMPT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 3, out
+    assert out.startswith("KeyboardInterrupt after"), out
+
+
+def test_a_model_load_is_interrupted(proxy, bucket, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from wharf.serve import load_safetensors
+    tensors = {f"w{i}": torch.full((256, 1024), float(i)) for i in range(8)}
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    wharf.Store(f"s3://{bucket}/").put("m.safetensors", (tmp_path / "m.safetensors").read_bytes())
+    # The header is read (a range from byte 0); the tensors' ranges hang.
+    hang(proxy, method="GET", headers={"range": "^bytes=[1-9]"})
+    interrupted_within(lambda: load_safetensors(f"s3://{bucket}/m.safetensors"))
+    proxy.clear_faults()
+    got = load_safetensors(f"s3://{bucket}/m.safetensors")
+    assert all(torch.equal(got[k], v) for k, v in tensors.items())
+
+
+def test_gs_calls_are_interrupted(gcs_emulator, gcs_bucket, monkeypatch):
+    with FaultProxy(gcs_emulator.split("://", 1)[1]) as p:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", p.url)
+        store = wharf.Store(f"gs://{gcs_bucket}/")
+        store.put("k", b"g" * 2000)
+        hang(p, method="GET")
+        interrupted_within(lambda: store.get("k"))
+        interrupted_within(lambda: store.list(""))
+        p.clear_faults()
+        assert bytes(store.get("k")) == b"g" * 2000
