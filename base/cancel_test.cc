@@ -180,13 +180,18 @@ TEST(AmbientCancelTest, ThePoolAndTheTimerRunClosuresWithTheTokenSetWhenQueued) 
 TEST(AmbientCancelTest, TheAmbientTokenCutsARetryBackoffShort) {
   CancelToken scope = NewCancelToken();
   absl::Notification ran;
+  CancelToken seen;
   {
     ScopedAmbientCancel ambient(scope);
-    AfterDelayOrCancel(absl::Seconds(600), nullptr, [&] { ran.Notify(); });
+    AfterDelayOrCancel(absl::Seconds(600), nullptr, [&] {
+      seen = AmbientCancel();
+      ran.Notify();
+    });
   }
   EXPECT_FALSE(ran.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
-  scope->Cancel();
+  scope->Cancel();  // from a thread with no ambient token
   EXPECT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(seen, scope);  // the retry it ran still belongs to the operation
   // Both tokens: the call's own one fires first here; the other registration is dropped.
   CancelToken own = NewCancelToken(), other = NewCancelToken();
   absl::Notification ran2;

@@ -67,6 +67,8 @@ void AfterDelayOrCancel(absl::Duration delay, const CancelToken& cancel,
     tokens.push_back(scope);
   }
   if (tokens.empty()) return Timer::Global().After(delay, std::move(fn));
+  // Run with the ambient token set now, whichever thread's cancel moves it to the timer.
+  fn = BindAmbient(std::move(fn));
   struct Once {
     absl::Mutex mu;
     bool ran ABSL_GUARDED_BY(mu) = false;

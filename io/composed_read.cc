@@ -73,7 +73,9 @@ void ComposedReads::Shared::Done() {
 
 // Ends the read counted in `pending` once the temporary is gone.
 void ComposedReads::Shared::DeleteTemp(const std::shared_ptr<Shared>& self, std::string key) {
-  // No cancel token: a cancelled read still removes its temporary.
+  // No cancel token, and no ambient one (base/cancel.h): a cancelled read still removes its
+  // temporary.
+  ScopedAmbientCancel cleanup(nullptr);
   store->DeleteAsync(key, [self, key](absl::Status s) {
     if (!s.ok()) {
       LogLine(LogLevel::kWarning,
@@ -90,6 +92,7 @@ void ComposedReads::StartSweepOnce() {
     absl::MutexLock lock(&shared_->mu);
     ++shared_->pending;
   }
+  ScopedAmbientCancel shared_work(nullptr);  // the sweep serves every read, not this one
   Runtime::Default()->blocking_pool().Schedule([shared = shared_] {
     auto swept = Sweep(*shared->store);
     if (!swept.ok()) {
