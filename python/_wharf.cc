@@ -48,9 +48,13 @@ PyObject* g_exists = nullptr;      // wharf.AlreadyExistsError(WharfError, FileE
 // main thread is the one that forked).
 std::atomic<unsigned long> g_main_thread{0};
 // What the poll caught on this thread: the exception a signal handler raised.
+#if PY_VERSION_HEX >= 0x030C0000
+thread_local PyObject* t_caught = nullptr;
+#else
 thread_local PyObject* t_caught_type = nullptr;
 thread_local PyObject* t_caught_value = nullptr;
 thread_local PyObject* t_caught_traceback = nullptr;
+#endif
 
 }  // namespace
 
@@ -61,14 +65,24 @@ bool OnPythonMainThread() {
 bool PollPythonSignals() {
   py::gil_scoped_acquire gil;
   if (PyErr_CheckSignals() == 0) return false;
+#if PY_VERSION_HEX >= 0x030C0000
+  t_caught = PyErr_GetRaisedException();
+  return t_caught != nullptr;
+#else
   PyErr_Fetch(&t_caught_type, &t_caught_value, &t_caught_traceback);
   return t_caught_type != nullptr;
+#endif
 }
 
 void RaiseCaughtSignal() {
+#if PY_VERSION_HEX >= 0x030C0000
+  if (t_caught == nullptr) return;
+  PyErr_SetRaisedException(std::exchange(t_caught, nullptr));
+#else
   if (t_caught_type == nullptr) return;
   PyErr_Restore(std::exchange(t_caught_type, nullptr), std::exchange(t_caught_value, nullptr),
                 std::exchange(t_caught_traceback, nullptr));
+#endif
   throw py::error_already_set();
 }
 
