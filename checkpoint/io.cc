@@ -9,6 +9,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/cancel.h"
 #include "base/fork.h"
 #include "base/status.h"
 #include "io/get_all.h"
@@ -90,17 +91,38 @@ absl::StatusOr<std::vector<WrittenFile>> WriteFiles(ObjectStore& store,
       }
     }
   };
+  // The workers' requests belong to this call: they carry its ambient token (base/cancel.h),
+  // so an interrupt of the caller stops them too.
+  const CancelToken scope = AmbientCancel();
+  int running = workers - 1;
   std::vector<std::thread> threads;
-  for (int t = 1; t < workers; ++t) threads.push_back(StartThread(work));
+  for (int t = 1; t < workers; ++t) {
+    threads.push_back(StartThread([&, scope] {
+      {
+        ScopedAmbientCancel ambient(scope);
+        work();
+      }
+      absl::MutexLock lock(&mu);
+      --running;
+    }));
+  }
   work();
+  {
+    // Waited for interruptibly, then joined (at once: they have returned).
+    absl::MutexLock lock(&mu);
+    AwaitInterruptibly(mu, absl::Condition(
+                               +[](int* n) { return *n == 0; }, &running));
+  }
   for (std::thread& t : threads) t.join();
 
   if (failed.load()) {
-    // Nothing of a failed call stays: the files that completed are removed.
+    // Nothing of a failed call stays: the files that completed are removed. A cleanup, so
+    // not cancelled with the call (an interrupted one too).
     std::vector<std::string> written;
     for (size_t i = 0; i < files.size(); ++i) {
       if (done[i]) written.push_back(files[i].key);
     }
+    ScopedAmbientCancel cleanup(nullptr);
     if (!written.empty()) (void)store.DeleteMany(std::move(written));
     return first_error;
   }

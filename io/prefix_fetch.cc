@@ -9,8 +9,11 @@ PrefixFetch::PrefixFetch(std::shared_ptr<ObjectStore> store, FetchScheduler& sch
                          ListOptions range, ParallelListOptions list_options, Select select,
                          size_t max_ahead)
     : batch_(scheduler.StartBatch()), max_ahead_(std::max<size_t>(1, max_ahead)) {
+  // The listing and the fetches it starts belong to the caller's operation: they run with its
+  // ambient token (base/cancel.h).
   lister_ = std::thread([this, store = std::move(store), range = std::move(range), list_options,
-                         select = std::move(select)] {
+                         select = std::move(select), scope = AmbientCancel()] {
+    ScopedAmbientCancel ambient(scope);
     ParallelListStats stats;
     absl::Status status = ParallelList(
         *store, range, list_options,

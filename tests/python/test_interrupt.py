@@ -167,7 +167,10 @@ def test_a_handler_that_does_not_raise_lets_the_call_finish(proxy, bucket):
     proxy.set_faults([{"match": {"method": "GET"}, "action": "delay", "delay_ms": 1500}])
     with signal_after(0.3, raises=False) as ran:
         assert bytes(store.get("k")) == b"z" * 5000
+        returned = time.monotonic()
     assert len(ran) == 1
+    # The handler ran during the call (the wait polled), not after it returned.
+    assert ran[0] < returned - 0.5
 
 
 def test_ctrl_c_raises_keyboard_interrupt_in_a_script(proxy, bucket):
@@ -226,3 +229,27 @@ def test_gs_calls_are_interrupted(gcs_emulator, gcs_bucket, monkeypatch):
         interrupted_within(lambda: store.list(""))
         p.clear_faults()
         assert bytes(store.get("k")) == b"g" * 2000
+
+
+def test_checkpoint_file_writes_are_interrupted_and_leave_no_file(proxy, bucket):
+    root = wharf._wharf.CheckpointRoot(f"s3://{bucket}/ck/")
+    store = wharf.Store(f"s3://{bucket}/ck/")
+    hang(proxy, method="PUT", path_regex="/ck/slow$")
+    data = b"c" * 4000
+    # The held file on the calling thread, then on one of the call's worker threads.
+    for files in (["slow", "fast1", "fast2"], ["fast1", "slow"]):
+        interrupted_within(
+            lambda: root.write_files([(k, [data]) for k in files], max_files_in_flight=2),
+            after=1.0)
+        # What completed was removed: nothing of an interrupted call stays.
+        assert [m["key"] for m in store.list("")] == []
+
+
+def test_a_checkpoint_copy_is_interrupted(proxy, bucket):
+    from wharf.torch import CheckpointManager
+    import torch
+    CheckpointManager(f"s3://{bucket}/src/").save(1, {"w": torch.zeros(1000)}).result()
+    src = wharf._wharf.CheckpointRoot(f"s3://{bucket}/src/")
+    dst = wharf._wharf.CheckpointRoot(f"s3://{bucket}/dst/")
+    hang(proxy, method="GET", path_regex="/src/step-")
+    interrupted_within(lambda: wharf._wharf.copy_checkpoint(src, dst, 1, 0, False), after=1.0)
