@@ -100,7 +100,12 @@ bool PollInterrupt() {
   const absl::Time now = absl::Now();
   if (now - tls_last_poll < kInterruptPollPeriod) return false;
   tls_last_poll = now;
-  if (!tls_poll()) return false;
+  // Not re-entered: the poll may run code (Python's signal handlers, and the garbage
+  // collection and finalizers that come with them) whose own waits would poll again.
+  const InterruptPoll poll = std::exchange(tls_poll, nullptr);
+  const bool stop = poll();
+  tls_poll = poll;
+  if (!stop) return false;
   tls_interrupted = true;
   // A copy: the callbacks Cancel() runs may change this thread's ambient token.
   if (CancelToken token = tls_ambient) token->Cancel();

@@ -204,5 +204,27 @@ TEST(AmbientCancelTest, TheAmbientTokenCutsARetryBackoffShort) {
   other->Cancel();  // runs nothing more
 }
 
+int g_reentered = 0;
+bool ReenteringPoll() {
+  // A wait inside the poll (a finalizer's) sees no poll installed, so it does not recurse.
+  EXPECT_FALSE(InterruptPollInstalled());
+  ++g_reentered;
+  EXPECT_FALSE(PollInterrupt());
+  return true;
+}
+
+TEST(AmbientCancelTest, APollIsNotReentered) {
+  CancelToken scope = NewCancelToken();
+  g_reentered = 0;
+  {
+    ScopedAmbientCancel ambient(scope);
+    ScopedInterruptPoll poll(&ReenteringPoll);
+    EXPECT_TRUE(PollInterrupt());
+    EXPECT_TRUE(InterruptPollInstalled());  // back after it ran
+  }
+  EXPECT_EQ(g_reentered, 1);
+  EXPECT_TRUE(scope->cancelled());
+}
+
 }  // namespace
 }  // namespace wharf
