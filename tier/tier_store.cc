@@ -302,6 +302,12 @@ struct TierStore::PendingRead {
   // The caller's ambient token (base/cancel.h): a read resumed by another read's fill runs
   // with its own, not with the filler's (which Ctrl-C may have cancelled).
   CancelToken scope;
+  // While the read waits for a fill of its process (TierStore::filling_): its callbacks on
+  // request.cancel and on scope, which take it out of the wait (TierStore::Park).
+  uint64_t parked_on_request = 0;
+  uint64_t parked_on_scope = 0;
+
+  bool cancelled() const { return IsCancelled(request.cancel) || IsCancelled(scope); }
 
   // The outcome goes to the caller when the read's last reference is dropped: every step of
   // a read runs in a task that holds the read and the store, and drops the store first. So
@@ -970,7 +976,7 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
 
 void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   const std::string op = absl::StrCat("get ", inner_->Uri(read->request.key));
-  if (IsCancelled(read->request.cancel)) {
+  if (read->cancelled()) {
     return read->Finish(absl::CancelledError(absl::StrCat(op, ": cancelled")));
   }
   if (Unkeepable(read->fill_path)) {
@@ -987,18 +993,19 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   // per open file, so two fills of one process on one stripe would otherwise exclude each
   // other for a whole fetch.
   bool owned = false;
+  bool parked = false;
   {
     absl::MutexLock lock(&fill_mu_);
     if (auto it = filling_.find(read->fill_path); it != filling_.end()) {
-      it->second.push_back(std::move(read));
-      return;
-    }
-    if (auto it = stripes_.find(stripe); it != stripes_.end()) {
+      it->second.push_back(read);
+      parked = true;
+    } else if (auto it = stripes_.find(stripe); it != stripes_.end()) {
       ++it->second.holders;
       filling_[read->fill_path];
       owned = true;
     }
   }
+  if (parked) return Park(std::move(read));
   if (!owned) {
     if (read->lock_fd < 0) {
       auto fd = OpenStripe(*tier_, read->fill_path, op);
@@ -1040,8 +1047,60 @@ void TierStore::Acquire(std::shared_ptr<PendingRead> read) {
   Fill(std::move(read));
 }
 
+// A read of an object that another read of this process fills waits for that fill without a
+// thread; its cancellation (a fetch batch's, or Ctrl-C through its ambient token) takes it out
+// of the wait at once rather than when the fill ends.
+void TierStore::Park(std::shared_ptr<PendingRead> read) {
+  auto unpark = [weak = weak_from_this(), raw = read.get(), path = read->fill_path]() {
+    auto self = weak.lock();
+    if (!self) return;
+    std::shared_ptr<PendingRead> out;
+    {
+      absl::MutexLock lock(&self->fill_mu_);
+      auto it = self->filling_.find(path);
+      if (it == self->filling_.end()) return;
+      auto& waiting = it->second;
+      for (auto w = waiting.begin(); w != waiting.end(); ++w) {
+        if (w->get() != raw) continue;
+        out = std::move(*w);
+        waiting.erase(w);
+        break;
+      }
+    }
+    if (!out) return;  // released by the fill a moment ago
+    // Not here: a callback of Cancel() must not block, and the read's end may (its caller's
+    // callback runs when the read is dropped).
+    const std::string op = absl::StrCat("get ", self->inner_->Uri(out->request.key));
+    self->runtime_->blocking_pool().Schedule([op, out = std::move(out)]() mutable {
+      out->Finish(absl::CancelledError(absl::StrCat(op, ": cancelled")));
+      out.reset();
+    });
+  };
+  // Registered with no lock held: a token cancelled already runs the callback inline.
+  const uint64_t on_request = read->request.cancel ? read->request.cancel->OnCancel(unpark) : 0;
+  const uint64_t on_scope = read->scope ? read->scope->OnCancel(unpark) : 0;
+  bool still_parked = false;
+  {
+    absl::MutexLock lock(&fill_mu_);
+    if (auto it = filling_.find(read->fill_path); it != filling_.end()) {
+      for (const auto& w : it->second) still_parked |= w.get() == read.get();
+    }
+    if (still_parked) {
+      read->parked_on_request = on_request;
+      read->parked_on_scope = on_scope;
+    }
+  }
+  if (!still_parked) Unpark(*read, on_request, on_scope);  // its fill ended, or it was cancelled
+}
+
+void TierStore::Unpark(PendingRead& read, uint64_t on_request, uint64_t on_scope) {
+  if (on_request != 0) read.request.cancel->Forget(on_request);
+  if (on_scope != 0) read.scope->Forget(on_scope);
+}
+
 void TierStore::ReleaseFill(uint64_t stripe, const std::string& fill_path) {
   std::vector<std::shared_ptr<PendingRead>> waiting;
+  std::vector<std::pair<uint64_t, uint64_t>> parked;
   int unlock_fd = -1;
   {
     absl::MutexLock lock(&fill_mu_);
@@ -1049,12 +1108,19 @@ void TierStore::ReleaseFill(uint64_t stripe, const std::string& fill_path) {
       waiting = std::move(it->second);
       filling_.erase(it);
     }
+    for (const auto& read : waiting) {
+      parked.emplace_back(std::exchange(read->parked_on_request, 0),
+                          std::exchange(read->parked_on_scope, 0));
+    }
     if (auto it = stripes_.find(stripe); it != stripes_.end() && --it->second.holders == 0) {
       unlock_fd = it->second.fd;
       stripes_.erase(it);
     }
   }
   if (unlock_fd >= 0) close(unlock_fd);  // releases the flock
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    Unpark(*waiting[i], parked[i].first, parked[i].second);
+  }
   for (std::shared_ptr<PendingRead>& read : waiting) {
     ScopedAmbientCancel own(read->scope);
     runtime_->blocking_pool().Schedule(
@@ -1571,7 +1637,7 @@ bool TierStore::OpenBlock(const BlockRead& br, BlockSlot& slot) {
 void TierStore::StepBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& slot) {
   if (OpenBlock(*br, slot)) return SlotDone(br);
   const std::string op = absl::StrCat("get ", br->uri, " (block ", slot.index, ")");
-  if (IsCancelled(br->read->request.cancel)) {
+  if (br->read->cancelled()) {
     slot.status = absl::CancelledError(absl::StrCat(op, ": cancelled"));
     return SlotDone(br);
   }

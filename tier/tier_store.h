@@ -149,6 +149,10 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // Serves `read` from the first candidate holding a fresh entry; false when none does.
   bool ServeLocal(PendingRead& read, bool after_fill);
   void Acquire(std::shared_ptr<PendingRead> read);
+  // `read` waits for this process's fill of its object (in filling_), or for its own
+  // cancellation; Unpark drops the cancellation callbacks Park registered.
+  void Park(std::shared_ptr<PendingRead> read);
+  static void Unpark(PendingRead& read, uint64_t on_request, uint64_t on_scope);
   // The end of this process's fill of `fill_path` on `stripe`: the stripe's flock is given
   // back with its last holder, and the reads waiting for the object look again.
   void ReleaseFill(uint64_t stripe, const std::string& fill_path);

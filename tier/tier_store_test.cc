@@ -387,6 +387,54 @@ TEST_F(TierStoreTest, ConcurrentMissesInOneProcessFetchOnce) {
   EXPECT_EQ(slow->gets(), 1);
 }
 
+// A read waiting for another read's fill of the same object (in this process) ends as soon as
+// it is cancelled, by its request's token or by its caller's ambient token (Ctrl-C in Python),
+// not when the fill ends; the fill goes on and keeps the object.
+TEST_F(TierStoreTest, AReadWaitingForAnotherReadsFillEndsWhenCancelled) {
+  ASSERT_TRUE(source_.store()->Put("hot", absl::Cord(std::string(100000, 'h'))).ok());
+  auto slow = std::make_shared<DelayedGetStore>(source_.store(), absl::Seconds(3));
+  auto store = Cached(slow, MakeTier());
+  absl::Notification filled;
+  absl::StatusOr<absl::Cord> filler_result;
+  std::thread filler([&] {
+    filler_result = store->Read("hot");
+    filled.Notify();
+  });
+  while (slow->gets() == 0) absl::SleepFor(absl::Milliseconds(5));  // the fill has started
+
+  for (const bool ambient : {false, true}) {
+    SCOPED_TRACE(ambient ? "the ambient token" : "the request's token");
+    CancelToken token = NewCancelToken();
+    GetRequest waiting;
+    waiting.key = "hot";
+    if (!ambient) waiting.cancel = token;
+    absl::Notification done;
+    absl::StatusOr<GetResult> result;
+    {
+      ScopedAmbientCancel scope(ambient ? token : nullptr);
+      store->GetAsync(waiting, [&](absl::StatusOr<GetResult> r) {
+        result = std::move(r);
+        done.Notify();
+      });
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // parked behind the fill
+    EXPECT_FALSE(done.HasBeenNotified());
+    token->Cancel();
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(2)));
+    EXPECT_FALSE(filled.HasBeenNotified());  // it did not wait for the fill
+    EXPECT_TRUE(absl::IsCancelled(result.status())) << result.status();
+    EXPECT_THAT(result.status().message(), HasSubstr("hot"));
+  }
+  filler.join();
+  ASSERT_TRUE(filler_result.ok()) << filler_result.status();
+  EXPECT_EQ(filler_result->size(), 100000u);
+  EXPECT_EQ(store->stats().fills, 1u);
+  auto again = store->Read("hot");  // from the tier
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->size(), 100000u);
+  EXPECT_EQ(slow->gets(), 1);
+}
+
 // N processes miss the same object at once: one fetches it; and a filler killed with -9
 // mid-fetch blocks no one.
 TEST_F(TierStoreTest, ProcessesShareOneFillAndAKilledFillerBlocksNoOne) {

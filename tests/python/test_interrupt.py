@@ -151,6 +151,29 @@ def test_get_many_is_interrupted(proxy, bucket):
     interrupted_within(lambda: store.get_many([f"m/{i}" for i in range(20)]))
 
 
+def test_a_tier_read_waiting_for_another_threads_fill_is_interrupted(proxy, bucket, tmp_path):
+    # A thread fills the object into the tier through a GET the server holds for 15 s; the main
+    # thread's read of the same object waits for that fill (one filler per object) and is
+    # interrupted there, not when the fill ends. The fill then completes and is kept.
+    store = wharf.Store(f"s3://{bucket}/")
+    store.put("t/k", b"t" * 5000)
+    proxy.set_faults([{"match": {"method": "GET"}, "action": "delay", "phase": "request",
+                       "delay_ms": 15_000, "count": 1}])
+    cached = wharf.Store(f"s3://{bucket}/", cache=str(tmp_path / "tier"))
+    filled = []
+    filler = threading.Thread(target=lambda: filled.append(bytes(cached.get("t/k"))))
+    filler.start()
+    deadline = time.monotonic() + 10
+    while not any(e["method"] == "GET" for e in proxy.log()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    elapsed = interrupted_within(lambda: cached.get("t/k"))
+    assert elapsed < 6, f"the read waited {elapsed:.1f} s for the other thread's fill"
+    filler.join()
+    assert filled == [b"t" * 5000]
+    assert bytes(cached.get("t/k")) == b"t" * 5000
+    assert sum(e["method"] == "GET" for e in proxy.log()) == 1  # the second read hit the tier
+
+
 def test_a_dataset_stream_is_interrupted(proxy, bucket):
     store = wharf.Store(f"s3://{bucket}/")
     for i in range(40):
