@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "base/cancel.h"
 #include "base/metrics.h"
 #include "base/profiler.h"
 
@@ -176,8 +177,8 @@ void MemoryBudget::Recycle(Account* account, char* p, uint64_t size) {
   NotifyListeners();
 }
 
-void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
-  if (attempt()) return;
+bool MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
+  if (attempt()) return true;
   const absl::Time start = absl::Now();
   ProfileSpan span(ProfileStage::kBudget);
   struct Wake {
@@ -185,24 +186,39 @@ void MemoryBudget::WaitUntil(absl::FunctionRef<bool()> attempt) {
     bool released ABSL_GUARDED_BY(mu) = false;
   };
   auto wake = std::make_shared<Wake>();
-  const uint64_t id = AddListener([wake] {
+  auto rouse = [wake] {
     absl::MutexLock lock(&wake->mu);
     wake->released = true;
-  });
+  };
+  const uint64_t id = AddListener(rouse);
+  // A copy: the token may be replaced on this thread while the wait's callback is registered.
+  const CancelToken token = AmbientCancel();
+  const uint64_t on_cancel = token ? token->OnCancel(rouse) : 0;
+  const absl::Duration period = InterruptPollInstalled() ? kInterruptPollPeriod : absl::Seconds(1);
+  bool room = false;
   // Armed before each attempt, so a release between a failed attempt and the wait is seen.
   while (true) {
     {
       absl::MutexLock lock(&wake->mu);
       wake->released = false;
     }
-    if (attempt()) break;
-    absl::MutexLock lock(&wake->mu);
-    wake->mu.AwaitWithTimeout(absl::Condition(&wake->released), absl::Seconds(1));
+    if (attempt()) {
+      room = true;
+      break;
+    }
+    if (IsCancelled(token)) break;
+    {
+      absl::MutexLock lock(&wake->mu);
+      wake->mu.AwaitWithTimeout(absl::Condition(&wake->released), period);
+    }
+    PollInterrupt();  // cancels `token` when the edge says stop; the loop then ends
   }
+  if (token) token->Forget(on_cancel);
   RemoveListener(id);
   if (Histogram* h = wait_histogram_.load(std::memory_order_relaxed)) {
     h->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   }
+  return room;
 }
 
 uint64_t MemoryBudget::AddListener(std::function<void()> fn) {

@@ -117,7 +117,10 @@ class MemoryBudget : public std::enable_shared_from_this<MemoryBudget> {
   // the budget (and at least once a second, a safety net). `attempt` runs on the calling
   // thread with no budget lock held; it typically calls TryAllocate, and may also decide to
   // give up (returning true after noting why). The one way consumers wait for room.
-  void WaitUntil(absl::FunctionRef<bool()> attempt);
+  // Returns false, without room, when the caller's ambient token (base/cancel.h) is
+  // cancelled first: room held by another consumer may never come back to an operation that
+  // Ctrl-C stopped. The wait polls an installed interrupt poll as the engine's other waits do.
+  [[nodiscard]] bool WaitUntil(absl::FunctionRef<bool()> attempt);
   // Where WaitUntil records how long it waited (when it had to): the runtime's
   // wharf_memory_budget_wait_seconds. Null: not recorded.
   void SetWaitHistogram(Histogram* h) { wait_histogram_.store(h, std::memory_order_relaxed); }

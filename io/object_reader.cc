@@ -337,7 +337,7 @@ absl::StatusOr<Block> ObjectReader::AllocateWaiting(uint64_t len) {
   Block block;
   absl::Status status;
   // Releases anywhere in the process, those of this reader's completions included, wake it.
-  budget_->WaitUntil([&] {
+  const bool waited = budget_->WaitUntil([&] {
     if (own_room() && (block = TryAllocateChunk(len))) return true;
     uint64_t own;
     {
@@ -353,6 +353,7 @@ absl::StatusOr<Block> ObjectReader::AllocateWaiting(uint64_t len) {
     }
     return false;
   });
+  if (!waited) return absl::CancelledError(absl::StrCat("read ", uri_, ": cancelled"));
   if (!status.ok()) return status;
   return block;
 }

@@ -327,9 +327,11 @@ class FdParts : public PartSource {
     if (eof_) return std::optional<FetchBuffer>();
     MemoryBudget& budget = runtime_->budget();
     Block block;
-    budget.WaitUntil([&] {
-      return static_cast<bool>(block = budget.TryAllocate(account_, PartSizeAt(base_, parts_)));
-    });
+    if (!budget.WaitUntil([&] {
+          return static_cast<bool>(block = budget.TryAllocate(account_, PartSizeAt(base_, parts_)));
+        })) {
+      return absl::CancelledError(absl::StrCat(what_, ": cancelled"));
+    }
     uint64_t filled = 0;
     while (filled < block.size()) {
       const ssize_t n = read(fd_, block.data() + filled, block.size() - filled);

@@ -285,6 +285,7 @@ class ObjectWriteFile {
       while (done < n) {
         if (!staging_) {
           staging_ = Allocate();
+          if (!staging_) return absl::CancelledError(absl::StrCat("write ", uri_, ": cancelled"));
           staged_ = 0;
         }
         const size_t k = std::min<size_t>(n - done, kStagingBlock - staged_);
@@ -365,13 +366,14 @@ class ObjectWriteFile {
   // wait gets back, so when this file alone holds the budget and nothing of it was released
   // for kStall, one block is taken outside the budget rather than wait forever; the store's
   // writer still bounds its parts in flight. The owner is a budget Block's: the charge
-  // returns when the last reference (the uploaded part's) is gone.
+  // returns when the last reference (the uploaded part's) is gone. Null when the call was
+  // interrupted while it waited.
   std::shared_ptr<char> Allocate() {
     constexpr absl::Duration kStall = absl::Seconds(2);
     std::shared_ptr<char> out;
     uint64_t last_held = account_->held();
     absl::Time last_change = absl::Now();
-    budget_->WaitUntil([&] {
+    (void)budget_->WaitUntil([&] {
       if (Block block = budget_->TryAllocate(account_, kStagingBlock)) {
         out = block.owner();
         return true;
