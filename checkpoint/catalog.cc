@@ -210,11 +210,9 @@ absl::StatusOr<std::shared_ptr<CheckpointRoot>> CheckpointRoot::Open(
     auto tier = Tier::Find(dir);
     if (tier.ok()) {
       root->tier_ = *tier;
+      // The tier's root itself is a root too: its step-N directories sit beside whatever
+      // else the tier holds (imported trees, .wharf), which a root never touches.
       const std::string rel = root->tier_->Relative(dir);
-      if (rel.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("checkpoint root ", dir, " is a tier's root: use a directory inside it"));
-      }
       // The tree store of the whole tier (its .wharf hidden), the root as a prefix: opening
       // a root creates nothing. Checkpoint files are written at disk speed: a CRC32C per
       // file, not an MD5 (the MD5 was two thirds of a save's CPU); their ETags are their own.

@@ -193,7 +193,8 @@ absl::Status RunCkptLs(const CkptArgs& args) {
       j["step"] = step;
       j["time"] = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", f.manifest.time, absl::UTCTimeZone());
       j["time_unix"] = absl::ToDoubleSeconds(f.manifest.time - absl::UnixEpoch());
-      j["bytes"] = f.manifest.bytes;
+      j["size"] = f.manifest.bytes;   // bytes of its files (the name `ls` of objects uses)
+      j["bytes"] = f.manifest.bytes;  // the same, under the name of the first releases
       j["files"] = f.manifest.files.size();
       j["world_size"] = f.manifest.world_size;
       j["metrics"] = json::object();

@@ -43,6 +43,7 @@ PyObject* g_error = nullptr;       // wharf.WharfError(OSError)
 PyObject* g_not_found = nullptr;   // wharf.NotFoundError(WharfError, FileNotFoundError)
 PyObject* g_permission = nullptr;  // wharf.PermissionDeniedError(WharfError, PermissionError)
 PyObject* g_exists = nullptr;      // wharf.AlreadyExistsError(WharfError, FileExistsError)
+PyObject* g_data_loss = nullptr;   // wharf.DataLossError(WharfError, ValueError)
 
 // Ctrl-C (binding.h): the main thread's ident, set at import and in a forked child (whose
 // main thread is the one that forked).
@@ -98,6 +99,9 @@ void RaiseCaughtSignal() {
       break;
     case absl::StatusCode::kAlreadyExists:
       type = g_exists;
+      break;
+    case absl::StatusCode::kDataLoss:
+      type = g_data_loss;
       break;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:
@@ -521,14 +525,20 @@ PYBIND11_MODULE(_wharf, m) {
   py::object exists =
       type("AlreadyExistsError", py::make_tuple(error, builtins.attr("FileExistsError")),
            attrs("A create-only write found the key taken (also a FileExistsError)"));
+  py::object data_loss =
+      type("DataLossError", py::make_tuple(error, builtins.attr("ValueError")),
+           attrs("The data is corrupt or malformed: a record, a file's header (safetensors), "
+                 "bytes that fail their checksum (also a ValueError)"));
   m.attr("NotFoundError") = not_found;
   m.attr("PermissionDeniedError") = permission;
   m.attr("AlreadyExistsError") = exists;
+  m.attr("DataLossError") = data_loss;
   // The store option names (keyword arguments of wharf.Store and everything that opens a URI).
   m.attr("store_option_names") = py::tuple(py::cast(StoreOptions::Names()));
   g_not_found = not_found.release().ptr();
   g_permission = permission.release().ptr();
   g_exists = exists.release().ptr();
+  g_data_loss = data_loss.release().ptr();
 
   py::class_<Buffer>(m, "Buffer", py::buffer_protocol(),
                      "Read-only bytes owned by wharf; zero-copy via memoryview, "

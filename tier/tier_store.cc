@@ -474,10 +474,36 @@ void TierStore::FlushStatsLocked() {
   const Stats now = stats();
   Tier::Stats delta{now.hits - flushed_.hits, now.misses - flushed_.misses,
                     now.fills - flushed_.fills, now.fill_bytes - flushed_.fill_bytes};
-  if (delta.hits + delta.misses == 0) return;
+  if (delta.hits + delta.misses + delta.fills + delta.fill_bytes == 0) return;
   flushed_ = now;
   // Best effort: counters are for `tier status`, not for correctness.
   (void)tier_->AddStats(delta);
+}
+
+void TierStore::Count(std::atomic<uint64_t>& counter, uint64_t n) {
+  counter.fetch_add(n, std::memory_order_relaxed);
+  StatsChanged();
+}
+
+// One write of the counters kStatsFlushDelay after the first change since the last one: a
+// process reading hard rewrites its small stats file at most ~100 times a second, and a
+// status taken just after a read sees it.
+void TierStore::StatsChanged() {
+  if (flush_pending_.exchange(true, std::memory_order_acq_rel)) return;
+  ScopedAmbientCancel unscoped(nullptr);  // bookkeeping of no one operation
+  runtime_->timer().After(kStatsFlushDelay, [weak = weak_from_this()] {
+    std::shared_ptr<TierStore> self = weak.lock();
+    if (!self) return;
+    ThreadPool& pool = self->runtime_->blocking_pool();
+    pool.Schedule([self = std::move(self)]() mutable {
+      self->flush_pending_.store(false, std::memory_order_release);
+      {
+        absl::MutexLock lock(&live_mu);
+        if (!exiting && self->generation_ == ForkGeneration()) self->FlushStatsLocked();
+      }
+      self.reset();
+    });
+  });
 }
 
 void TierStore::Register() {
@@ -812,7 +838,7 @@ void TierStore::GetAsync(GetRequest request, Callback<GetResult> done) {
   read->done = std::move(done);
   runtime_->blocking_pool().Schedule([self = shared_from_this(), read]() mutable {
     if (self->ServeLocal(*read, /*after_fill=*/false)) {
-      self->hits_.fetch_add(1, std::memory_order_relaxed);
+      self->Count(self->hits_);
     } else {
       self->ReadUncached(read);
     }
@@ -840,14 +866,14 @@ void TierStore::ReadUncached(std::shared_ptr<PendingRead> read) {
       return ReadBlocks(std::move(read), *std::move(head), /*retried=*/false);
     }
     read->counted = true;
-    misses_.fetch_add(1, std::memory_order_relaxed);
+    Count(misses_);
     return Acquire(std::move(read));
   }
   // A ranged read must know the object's size before it can tell blocks from a whole copy
   // (and a whole read of an object with blocks, stale ones, would fetch it all again).
   if (!req.range.is_all() || has_blocks) return Discover(std::move(read), /*retried=*/false);
   read->counted = true;
-  misses_.fetch_add(1, std::memory_order_relaxed);
+  Count(misses_);
   Acquire(std::move(read));
 }
 
@@ -1257,8 +1283,8 @@ void TierStore::Publish(const std::shared_ptr<PendingRead>& pending,
                       Annotate(published, absl::StrCat("get ", uri, ": filling the tier")));
   }
   read.temp.reset();
-  fills_.fetch_add(1, std::memory_order_relaxed);
-  fill_bytes_.fetch_add(got->meta.size, std::memory_order_relaxed);
+  Count(fills_);
+  Count(fill_bytes_, got->meta.size);
   MaybeEvict(got->meta.size);
   read.Unlock();
   if (in_memory.has_value()) return ServeFilled(read, entry, mtime, *in_memory);
@@ -1533,7 +1559,7 @@ void TierStore::Discover(std::shared_ptr<PendingRead> read, bool retried) {
       } else {
         if (!read->counted) {
           read->counted = true;
-          self->misses_.fetch_add(1, std::memory_order_relaxed);
+          self->Count(self->misses_);
         }
         // Small now: blocks it had are of an older version.
         RemoveBlockVersions(absl::StrCat(read->fill_path, kTierBlocksSuffix), "");
@@ -1559,7 +1585,7 @@ void TierStore::ReadBlocks(std::shared_ptr<PendingRead> read, Version version, b
   br->read = read;
   br->version = std::move(version);
   if (!req.if_none_match.empty() && req.if_none_match == br->version.etag) {
-    if (!read->counted) hits_.fetch_add(1, std::memory_order_relaxed);
+    if (!read->counted) Count(hits_);
     read->counted = true;
     br->result.not_modified = true;
     return read->Finish(std::move(br->result));
@@ -1756,9 +1782,9 @@ void TierStore::PublishBlock(const std::shared_ptr<BlockRead>& br, BlockSlot& sl
   }
   slot.fd = held;
   br->filled = true;
-  fills_.fetch_add(1, std::memory_order_relaxed);
+  Count(fills_);
   block_fills_.fetch_add(1, std::memory_order_relaxed);
-  fill_bytes_.fetch_add(slot.length, std::memory_order_relaxed);
+  Count(fill_bytes_, slot.length);
   MaybeEvict(slot.length);
   SlotDone(br);
 }
@@ -1833,7 +1859,7 @@ void TierStore::ReadRestAround(const std::shared_ptr<BlockRead>& br, uint64_t fr
   PendingRead& read = *br->read;
   if (!read.counted) {
     read.counted = true;
-    misses_.fetch_add(1, std::memory_order_relaxed);
+    Count(misses_);
   }
   GetRequest rest = read.request;
   rest.range = ByteRange::Of(from, br->end - from);
@@ -1937,9 +1963,9 @@ void TierStore::PublishAsBlocks(std::shared_ptr<PendingRead> read, const GetResu
   read->sink.reset();
   read->Unlock();
   if (!status.ok()) return ReadAround(read, Annotate(status, op));
-  fills_.fetch_add(blocks, std::memory_order_relaxed);
+  Count(fills_, blocks);
   block_fills_.fetch_add(blocks, std::memory_order_relaxed);
-  fill_bytes_.fetch_add(got.meta.size, std::memory_order_relaxed);
+  Count(fill_bytes_, got.meta.size);
   RemoveBlockVersions(blocks_dir, TierBlockVersionDir(got.meta.etag));
   if (read->stale.has_value()) unlink(read->fill_path.c_str());  // a whole copy, stale
   MaybeEvict(got.meta.size);

@@ -224,11 +224,16 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // True when the tier's file system has less free space than its min_free (statvfs, not at
   // every fill: see the .cc).
   bool FreeSpaceLow();
-  // Counters: what was not yet written goes to the tier's stats (tier.h) when the store is
-  // destroyed or the process exits, whichever comes first.
+  // Counters: what was not yet written goes to the tier's stats (tier.h) kStatsFlushDelay
+  // after a change (so `wharf tier status` sees a live process's reads), and when the store
+  // is destroyed or the process exits, whichever comes first.
   void Register();
   static void FlushStatsAtExit();
   void FlushStatsLocked();
+  void Count(std::atomic<uint64_t>& counter, uint64_t n = 1);
+  void StatsChanged();
+  static constexpr absl::Duration kStatsFlushDelay = absl::Milliseconds(10);
+  std::atomic<bool> flush_pending_{false};
 
   const std::shared_ptr<ObjectStore> inner_;
   Capabilities capabilities_;

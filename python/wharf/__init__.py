@@ -31,10 +31,11 @@ Where the time goes (docs/design/profiler.md); WHARF_PROFILE=1 does it for a who
 
 PyTorch datasets live in wharf.torch (`import wharf` does not import torch). Errors raise
 wharf.WharfError (an OSError); NotFoundError is also a FileNotFoundError,
-PermissionDeniedError a PermissionError and AlreadyExistsError a FileExistsError; invalid
+PermissionDeniedError a PermissionError, AlreadyExistsError a FileExistsError and
+DataLossError (corrupt or malformed data: a record, a safetensors header) a ValueError; invalid
 arguments raise ValueError.
 """
-from wharf._wharf import (AlreadyExistsError, Buffer, NotFoundError, PermissionDeniedError, RecordStream,
+from wharf._wharf import (AlreadyExistsError, Buffer, DataLossError, NotFoundError, PermissionDeniedError, RecordStream,
                           SampleIndex, SampleReader, Sampler, SampleStream, Store, WharfError,
                           consumed_after, list_buckets, metrics, metrics_text,
                           parse_sampler_state, parse_size, split_csv)
@@ -42,7 +43,7 @@ from wharf._runtime import configure, split_budget_for_worker
 from wharf._file import ObjectFile, open
 from wharf._profile import Profile, profile
 
-__all__ = ["AlreadyExistsError", "Buffer", "NotFoundError", "PermissionDeniedError", "RecordStream", "SampleIndex",
+__all__ = ["AlreadyExistsError", "Buffer", "DataLossError", "NotFoundError", "PermissionDeniedError", "RecordStream", "SampleIndex",
            "SampleReader", "Sampler", "SampleStream", "Store", "WharfError", "consumed_after",
            "parse_sampler_state", "split_csv", "configure", "metrics", "metrics_text", "parse_size",
            "split_budget_for_worker", "open", "ObjectFile", "profile", "Profile", "list_buckets"]

@@ -15,7 +15,7 @@ import wharf
 from conftest import make_tier, run_wharf
 from wharf.torch import CheckpointManager
 
-LS_KEYS = {"step", "time", "time_unix", "bytes", "files", "world_size", "metrics", "where", "uri"}
+LS_KEYS = {"step", "time", "time_unix", "size", "bytes", "files", "world_size", "metrics", "where", "uri"}
 LOSSES = {1: 0.9, 2: 0.4, 3: 0.7, 4: 0.6}
 
 
@@ -73,7 +73,7 @@ def test_ls_json_and_text_on_a_tier_that_exports_and_on_the_bucket(run, aws):
         assert set(j) == LS_KEYS
         m = listed[j["step"]]
         assert j["metrics"] == {"loss": LOSSES[j["step"]]}
-        assert j["bytes"] == m["bytes"] > 128 * 64 * 4
+        assert j["size"] == j["bytes"] == m["bytes"] > 128 * 64 * 4
         assert j["files"] == len(m["files"])
         assert j["world_size"] == 1
         assert abs(j["time_unix"] - m["time"]) < 1e-3

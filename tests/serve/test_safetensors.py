@@ -75,6 +75,16 @@ def test_every_dtype_matches_load_file_on_a_local_file(model_file):
     assert_same(load_safetensors(str(model_file)), want)
     assert_same(load_safetensors(model_file), want)  # a PathLike
     assert_same(load_safetensors(f"file://{model_file}"), want)
+    # The first argument by the name, by the older one, and refused when missing.
+    assert_same(load_safetensors(uri_or_uris=str(model_file)), want)
+    assert_same(load_safetensors(uris=str(model_file)), want)
+    streamed = dict(iter_safetensors(uri_or_uris=[str(model_file)]))  # in completion order
+    assert sorted(streamed) == sorted(want)
+    assert_same({name: streamed[name] for name in want}, want)
+    with pytest.raises(TypeError, match="uri_or_uris"):
+        load_safetensors()
+    with pytest.raises(TypeError, match="both"):
+        iter_safetensors(str(model_file), uris=str(model_file))
 
 
 def test_every_dtype_matches_load_file_from_s3(aws, bucket, s3_client, model_file):
@@ -188,10 +198,12 @@ def test_malformed_files_are_refused_naming_file_and_tensor(aws, bucket, s3_clie
                                                             says):
     put(s3_client, bucket, "bad/model.safetensors", raw)
     uri = f"s3://{bucket}/bad/model.safetensors"
-    with pytest.raises(wharf.WharfError) as e:
+    with pytest.raises(wharf.DataLossError) as e:
         load_safetensors(uri)
     assert uri in str(e.value) and says in str(e.value), str(e.value)
-    with pytest.raises(wharf.WharfError):
+    # One class for every malformed file: a wharf error and a ValueError (bad input data).
+    assert isinstance(e.value, wharf.WharfError) and isinstance(e.value, ValueError)
+    with pytest.raises(wharf.DataLossError):
         iter_safetensors(uri)  # refused at the call, before any tensor data is read
 
 

@@ -172,6 +172,30 @@ print(sum(len(memoryview(ds[i].data)) for i in range(len(ds))))
     assert filled == sorted(k.split("/")[1] for k in objects)
 
 
+def test_status_counts_the_reads_of_a_process_that_is_still_reading(tmp_path, bucket, s3_env,
+                                                                   s3_client, monkeypatch):
+    # A reader's counters reach `tier status` while it lives (a moment after each read), not
+    # only when its store closes or it exits.
+    for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, s3_env[k])
+    put_objects(s3_client, bucket, "live/", 3, size=1000)
+    tier = tmp_path / "tier"
+    import wharf
+    store = wharf.Store(f"s3://{bucket}/live/", cache=tier)
+    for key in ("0000.bin", "0001.bin", "0000.bin"):
+        store.get(key)
+    deadline = time.monotonic() + 10
+    while True:
+        got = status(str(tier))
+        if (got["hits"], got["misses"], got.get("fills")) == (1, 2, 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert (got["hits"], got["misses"], got.get("fills")) == (1, 2, 2), got
+    assert got["entries"] == 2
+    del store  # closing writes nothing twice
+    assert (status(str(tier))["hits"], status(str(tier))["misses"]) == (1, 2)
+
+
 def test_forked_readers_count_their_reads_and_leave_no_temporary_directory(tmp_path, bucket,
                                                                            s3_env, s3_client):
     # Forked multiprocessing children (DataLoader workers) end with os._exit, which skips exit

@@ -185,13 +185,25 @@ def _stream_staged(load, device, window: int = 0, buffers: int = 0
             torch.cuda.current_stream(device).synchronize()
 
 
-def iter_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu", *,
-                     max_in_flight: int = 0, **store_options
-                     ) -> Iterator[Tuple[str, torch.Tensor]]:
-    """Yields (name, tensor) for every tensor of `uris` as soon as its bytes are complete.
+def _uri_arg(uri_or_uris, uris, fn: str) -> UriArg:
+    """The files argument, given positionally or as uri_or_uris= or (the older name) uris=."""
+    if uri_or_uris is None and uris is None:
+        raise TypeError(f"wharf.serve.{fn}() missing its first argument: uri_or_uris")
+    if uri_or_uris is not None and uris is not None:
+        raise TypeError(f"wharf.serve.{fn}() got both uri_or_uris and uris")
+    return uri_or_uris if uri_or_uris is not None else uris
 
-    `uris`: one safetensors file, a list of them, or a Hugging Face index
-    (`model.safetensors.index.json`, whose shards are read) on any wharf URI (s3://, gs://,
+
+def iter_safetensors(uri_or_uris: UriArg = None,
+                     device: Union[str, int, torch.device] = "cpu", *,
+                     max_in_flight: int = 0, uris: UriArg = None, **store_options
+                     ) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Yields (name, tensor) for every tensor of `uri_or_uris` as soon as its bytes are
+    complete.
+
+    `uri_or_uris` (also accepted as `uris=`): one safetensors file, a list of them, or a
+    Hugging Face index (`model.safetensors.index.json`, whose shards are read) on any wharf
+    URI (s3://, gs://,
     file://, a local path, a path inside a tier); `store_options` are wharf.Store's (endpoint=,
     profile=, cache="TIER_DIR" to read through a tier, ...). `device`: onto a CUDA device
     the tensors are made there and filled through a few pinned buffers (4 x 64 MiB), each
@@ -199,10 +211,11 @@ def iter_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu"
     bounded whatever the model's size; elsewhere they are read into CPU memory (and moved to
     another device as each completes).
     `max_in_flight`: ranged GETs at once (0: the runtime's setting, else 64).
-    Errors: wharf.NotFoundError for a missing file; wharf.WharfError naming the file and the
-    tensor for a malformed file or a file replaced during the load; ValueError for a dtype
-    this torch cannot hold. Leaving the loop early cancels the reads still in flight."""
+    Errors: wharf.NotFoundError for a missing file; wharf.DataLossError (a WharfError and a
+    ValueError) naming the file and the tensor for a malformed file; wharf.WharfError for a
+    file replaced during the load; ValueError for a dtype this torch cannot hold. Leaving the loop early cancels the reads still in flight."""
     # The device and the files (their headers) are checked now, not at the first next().
+    uris = _uri_arg(uri_or_uris, uris, "iter_safetensors")
     _check_device(device)
     load = _open(uris, max_in_flight, store_options)
     return _stream(load, device)
@@ -219,12 +232,15 @@ def _check_device(device) -> None:
                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def load_safetensors(uris: UriArg, device: Union[str, int, torch.device] = "cpu", *,
-                     max_in_flight: int = 0, **store_options) -> Dict[str, torch.Tensor]:
-    """The tensors of `uris` as a dict, like safetensors.torch.load_file (one file, a list of
-    files, or an index JSON; see iter_safetensors for the arguments and errors). Ordered as
-    the files were named (an index's shards sorted by name), by offset within a file (as
-    load_file orders them)."""
+def load_safetensors(uri_or_uris: UriArg = None,
+                     device: Union[str, int, torch.device] = "cpu", *,
+                     max_in_flight: int = 0, uris: UriArg = None,
+                     **store_options) -> Dict[str, torch.Tensor]:
+    """The tensors of `uri_or_uris` as a dict, like safetensors.torch.load_file (one file, a
+    list of files, or an index JSON; see iter_safetensors for the arguments and errors).
+    Ordered as the files were named (an index's shards sorted by name), by offset within a
+    file (as load_file orders them)."""
+    uris = _uri_arg(uri_or_uris, uris, "load_safetensors")
     _check_device(device)
     load = _open(uris, max_in_flight, store_options)
     order = [name for name, *_ in load.tensors]
