@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -156,6 +157,18 @@ int Main(int argc, char** argv) {
   AddDemo(app, demo);
   AddTier(app, tier);
   AddCkpt(app, ckpt);
+  // Each verb's help names the global flags too (they work after the verb as well).
+  const std::string globals =
+      "Global flags (before or after the verb; see 'wharf --help'):\n"
+      "  --cache TIER_DIR   read s3:// and gs:// objects through a tier (default WHARF_CACHE)\n"
+      "  --endpoint-url URL, --region REGION, --aws-profile NAME, --no-sign-request\n"
+      "  --metrics FILE, -v/--verbose";
+  std::function<void(CLI::App*)> add_globals = [&](CLI::App* verb) {
+    const std::string own = verb->get_footer();
+    verb->footer(own.empty() ? globals : absl::StrCat(own, "\n\n", globals));
+    for (CLI::App* sub : verb->get_subcommands({})) add_globals(sub);
+  };
+  for (CLI::App* verb : app.get_subcommands({})) add_globals(verb);
   // After the verbs, which would otherwise inherit it.
   app.footer("Run 'wharf VERB --help' for the flags of a verb.");
 

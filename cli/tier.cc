@@ -49,8 +49,17 @@ absl::StatusOr<std::string> FileChecksum(const std::string& path, uint64_t size,
 
 absl::Status RunInit(const TierArgs& args) {
   TierConfig config;
-  if (auto existing = Tier::Find(args.path);
-      existing.ok() && (*existing)->root() == AbsolutePath(args.path)) {
+  std::string path = args.path;
+  if (auto existing = Tier::Find(args.path); existing.ok()) {
+    // As every tier verb, init takes any path inside a tier: it sets that tier's settings
+    // (tiers do not nest).
+    if ((*existing)->root() != AbsolutePath(args.path)) {
+      path = (*existing)->root();
+      std::fprintf(stderr,
+                   "wharf: tier init %s: it is inside the tier at %s, whose settings "
+                   "this sets (a tier holds no other tier)\n",
+                   AbsolutePath(args.path).c_str(), path.c_str());
+    }
     config = (*existing)->config();  // init on a tier changes only what is given
   }
   if (!args.mode.empty()) {
@@ -74,7 +83,7 @@ absl::Status RunInit(const TierArgs& args) {
   if (auto checked = TierConfig::FromJson(config.ToJson(), "tier init"); !checked.ok()) {
     return UsageError(checked.status().message());
   }
-  WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Init(args.path, config));
+  WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Init(path, config));
   if (args.min_free > 0) {
     if (const std::string w = MinFreeIgnoredWarning(*tier); !w.empty()) {
       std::fprintf(stderr, "wharf: %s\n", w.c_str());
@@ -468,15 +477,21 @@ absl::Status RunGc(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(Tier::Garbage garbage, tier->CollectGarbage());
   WHARF_ASSIGN_OR_RETURN(uint64_t folded, tier->FoldStats());
   WHARF_ASSIGN_OR_RETURN(uint64_t old_blocks, CollectOldBlockVersions(*tier));
+  WHARF_ASSIGN_OR_RETURN(uint64_t orphans, CollectOrphans(*tier));
   if (args.json) {
     Print(JsonLine({{"tier", tier->root()},
                     {"owners", garbage.owners},
                     {"files", garbage.files},
                     {"stats_folded", folded},
-                    {"old_blocks", old_blocks}}));
+                    {"old_blocks", old_blocks},
+                    {"orphans", orphans}}));
   } else if (!args.quiet) {
     Print(absl::StrFormat("removed %d temporary files of %d finished or killed processes\n",
                           garbage.files, garbage.owners));
+    if (orphans > 0) {
+      Print(absl::StrFormat(
+          "removed %d files of the read-through area that were not complete entries\n", orphans));
+    }
     if (folded > 0) {
       Print(absl::StrFormat("folded the read counters of %d finished processes into one file\n",
                             folded));
@@ -752,9 +767,10 @@ void AddTier(CLI::App& app, TierArgs& args) {
   status->add_option("PATH", args.path, "A path inside a tier")->required();
 
   CLI::App* gc = sub("gc",
-                     "Remove temporary files that finished or killed processes left and blocks "
-                     "of old versions of big objects, and fold dead processes' read counters "
-                     "into one file");
+                     "Remove temporary files that finished or killed processes left, blocks "
+                     "of old versions of big objects and orphans of the read-through area "
+                     "(files there that are not complete entries), and fold dead processes' "
+                     "read counters into one file");
   gc->add_flag("--json", args.json, "Print one JSON object");
   gc->add_flag("-q,--quiet", args.quiet, "Print nothing");
   gc->add_option("TIER_DIR", args.path, "A path inside a tier")->required();

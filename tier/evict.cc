@@ -179,6 +179,32 @@ absl::StatusOr<uint64_t> CollectOldBlockVersions(const Tier& tier) {
   return removed;
 }
 
+absl::StatusOr<uint64_t> CollectOrphans(const Tier& tier) {
+  const std::string objects = tier.MetaPath("objects");
+  if (!IsDir(objects)) return uint64_t{0};
+  std::vector<std::string> orphans;
+  WHARF_RETURN_IF_ERROR(
+      WalkTierFiles(tier, objects, [&](const std::string& path, const struct stat& st) {
+        if (!IsCompleteEntry(ReadEntryAttr(path), st) && !IsPinned(path)) orphans.push_back(path);
+      }));
+  uint64_t removed = 0;
+  for (const std::string& path : orphans) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    // As eviction: not while a reader holds it, and only the file that was looked at (a
+    // fill may have replaced it with a complete entry meanwhile).
+    struct stat by_fd, by_path;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &by_fd) == 0 &&
+        stat(path.c_str(), &by_path) == 0 && by_fd.st_ino == by_path.st_ino &&
+        by_fd.st_dev == by_path.st_dev && !IsCompleteEntry(ReadEntryAttr(path), by_path) &&
+        unlink(path.c_str()) == 0) {
+      ++removed;
+    }
+    close(fd);
+  }
+  return removed;
+}
+
 absl::Time LastAccess(const std::string& path, const TierEntry& entry) {
   return std::max(entry.filled, ReadAtime(-1, path));
 }

@@ -54,6 +54,13 @@ uint64_t RemoveBlockVersions(const std::string& blocks_dir, const std::string& k
 // blocks removed.
 absl::StatusOr<uint64_t> CollectOldBlockVersions(const Tier& tier);
 
+// Orphans in the read-through area: files below `.wharf/objects` that are not complete
+// entries (no entry attribute, one that does not parse, or a size that disagrees with it).
+// Fills publish only complete entries (a temporary file is given its attribute, then
+// renamed), so such a file is damage or something put there by hand; every copy there can be
+// fetched again, so it goes, unless it is being read or pinned. Returns the files removed.
+absl::StatusOr<uint64_t> CollectOrphans(const Tier& tier);
+
 // The disk space a file takes: its allocated blocks (st_blocks), which include the file
 // system's rounding and an attribute block where the entry's attributes do not fit in the
 // inode (ext4 with 256-byte inodes: a 4 KiB object takes 8 KiB). What a tier's bounds count.

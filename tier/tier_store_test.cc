@@ -656,6 +656,41 @@ TEST_F(TierBlocksTest, ARangedReadOfABigObjectFetchesAndKeepsOnlyItsBlocks) {
   EXPECT_EQ(bucket_->gets(), 2);
 }
 
+// `tier gc` removes what in the read-through area is not a complete entry (a stray file, a
+// copy cut short) and nothing else: whole copies and blocks stay, and read from the tier.
+TEST_F(TierBlocksTest, GcRemovesOrphansOfTheReadThroughAreaAndNoEntry) {
+  const std::string big = RandomBytes(kBig, 7);
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(big)).ok());
+  ASSERT_TRUE(memory_->Put("small", absl::Cord(std::string(5000, 's'))).ok());
+  ASSERT_TRUE(memory_->Put("cut", absl::Cord(std::string(5000, 'c'))).ok());
+  auto tier = MakeTier(SmallBlocks());
+  auto store = Cached(bucket_, tier);
+  ASSERT_TRUE(store->Read("big.bin", ByteRange::Of(300000, 600000)).ok());
+  ASSERT_TRUE(store->Read("small").ok());
+  ASSERT_TRUE(store->Read("cut").ok());
+  const std::string stray = tier->MetaPath("objects/stray");
+  ASSERT_TRUE(WriteFileAtomically(stray, "junk").ok());
+  ASSERT_EQ(truncate(store->FillPath("cut")->c_str(), 100), 0);  // its entry says 5000 bytes
+  const std::vector<std::string> before = FilesBelow(tier->MetaPath("objects"));
+
+  auto removed = CollectOrphans(*tier);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 2u);
+  std::vector<std::string> left = FilesBelow(tier->MetaPath("objects"));
+  EXPECT_EQ(left.size(), before.size() - 2);
+  EXPECT_FALSE(std::filesystem::exists(stray));
+  EXPECT_FALSE(std::filesystem::exists(*store->FillPath("cut")));
+  EXPECT_TRUE(std::filesystem::exists(*store->FillPath("small")));
+  EXPECT_EQ(FilesBelow(BlocksDir(*store, "big.bin")).size(), 3u);
+  bucket_->Reset();
+  ASSERT_TRUE(store->Read("small").ok());
+  ASSERT_TRUE(store->Read("big.bin", ByteRange::Of(300000, 600000)).ok());
+  EXPECT_EQ(bucket_->gets(), 0);  // both from the tier
+  auto again = CollectOrphans(*tier);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, 0u);
+}
+
 TEST_F(TierBlocksTest, ABlockTheTierCannotKeepSendsTheRestOfTheReadAroundIt) {
   const std::string data = RandomBytes(kBig, 5);
   ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(data)).ok());

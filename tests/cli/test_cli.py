@@ -104,6 +104,8 @@ def test_help_lists_every_verb_with_its_own_help():
         proc = run(verb, "--help", check=0)
         assert proc.stdout.decode().startswith(described[verb]), verb
         assert f"Usage: wharf {verb}" in proc.stdout.decode(), verb
+        # The global flags, which work after the verb too, are named in its help.
+        assert "--cache TIER_DIR" in proc.stdout.decode(), verb
 
 
 def test_no_verb_prints_help_and_exits_2():

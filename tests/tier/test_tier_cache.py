@@ -330,10 +330,17 @@ def test_gc_folds_the_counters_of_finished_readers(tmp_path, bucket, s3_env, s3_
 
     run_wharf("fetch", "-r", "--cache", tier, f"s3://{bucket}/c/", env=s3_env, check=True)
     assert status(tier)["hits"] == 60
+    # A stray file in the read-through area (not an entry) is an orphan: gc removes it, and
+    # nothing else there (the copies still hit).
+    stray = tier / ".wharf" / "objects" / "s3" / bucket / "c" / "stray"
+    stray.write_bytes(b"junk")
     out = json.loads(run_wharf("tier", "gc", "--json", tier, check=True).stdout)
     assert out["stats_folded"] == 1
+    assert out["orphans"] == 1 and not stray.exists()
     assert os.listdir(stats_dir) == ["folded.json"]
     assert status(tier)["hits"] == 60
+    run_wharf("fetch", "-r", "--cache", tier, f"s3://{bucket}/c/", env=s3_env, check=True)
+    assert status(tier)["hits"] == 70  # its 10 objects, all from the tier
 
 
 BLOCK = 256 << 10

@@ -196,8 +196,14 @@ def test_clear_errors(tmp_path, bucket, s3_env):
     outside = run_wharf("tier", "status", tmp_path / "nowhere")
     assert outside.returncode == 1 and "is in no tier" in outside.stderr
     run_wharf("tier", "init", tmp_path / "t2", check=True)
-    nested = run_wharf("tier", "init", tmp_path / "t2" / "inner")
-    assert nested.returncode == 1 and "inside the tier" in nested.stderr
+    # A path inside a tier names that tier (as for every tier verb): init sets its settings
+    # and says so; no tier is made inside it.
+    nested = run_wharf("tier", "init", "--max-size", "3G", tmp_path / "t2" / "inner")
+    assert nested.returncode == 0, nested.stderr
+    assert "inside the tier at" in nested.stderr and str(tmp_path / "t2") in nested.stderr
+    assert json.loads(run_wharf("tier", "status", "--json", tmp_path / "t2",
+                                check=True).stdout)["max_size"] == 3 << 30
+    assert not (tmp_path / "t2" / "inner").exists()
     bad_mode = run_wharf("tier", "init", "--mode", "sometimes", tmp_path / "t3")
     assert bad_mode.returncode == 2
     settings = run_wharf("tier", "init", "--mode", "ttl", "--ttl", "30", "--max-size", "2G",
