@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -129,6 +131,46 @@ TEST_F(LocalStoreTest, TemporaryFilesArePrivateAndNeverListed) {
   EXPECT_TRUE(store_->ListAll({})->objects.empty());
   ASSERT_TRUE((*writer)->Close().ok());
   EXPECT_EQ(store_->ListAll({})->objects.size(), 1u);
+}
+
+// Listings remove what killed writers left (temporary files whose lock nobody holds) at once,
+// with no age to spare fresh ones: a writer locks its file as soon as it is made, and one
+// whose new file a sweep took before that makes another. So sweeps running all the time
+// beside writers cost no write anything, and leave no file.
+TEST_F(LocalStoreTest, SweepsOfAbandonedTemporaryFilesNeverTakeALiveWritersFile) {
+  const std::string dir = root_ + "/sweep";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  // A killed writer's file: no lock.
+  const std::string killed = absl::StrCat(dir, "/", kLockedTempPrefix, "killed");
+  std::ofstream(killed) << "partial";
+  std::atomic<bool> stop{false};
+  std::atomic<int> swept{0};
+  std::thread sweeper([&] {
+    while (!stop.load()) {
+      DIR* d = opendir(dir.c_str());
+      if (d == nullptr) continue;
+      while (struct dirent* e = readdir(d)) {
+        if (RemoveAbandonedTemp(dirfd(d), e->d_name)) ++swept;
+      }
+      closedir(d);
+    }
+  });
+  constexpr int kFiles = 300;
+  for (int i = 0; i < kFiles; ++i) {
+    ASSERT_TRUE(store_->Put(absl::StrCat("sweep/", i), absl::Cord(std::string(1000, 'x'))).ok())
+        << i;
+  }
+  stop = true;
+  sweeper.join();
+  EXPECT_GE(swept.load(), 1);  // the killed writer's file
+  EXPECT_FALSE(fs::exists(killed));
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_FALSE(absl::StartsWith(entry.path().filename().string(), ".wharf-tmp-"))
+        << entry.path();
+    ++files;
+  }
+  EXPECT_EQ(files, kFiles);
 }
 
 TEST_F(LocalStoreTest, DeletePrunesEmptyDirectoriesButNotTheRoot) {

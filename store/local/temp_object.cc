@@ -151,8 +151,22 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
       // Beside the target (where no tier's garbage collection looks), the lock tells this
       // live file from an abandoned one (RemoveAbandonedTemp). A dup holds it past Seal's
       // close: a flock belongs to the open file, not to one descriptor.
-      if (beside && flock(temp->fd_, LOCK_EX | LOCK_NB) == 0) {
-        temp->lock_fd_ = fcntl(temp->fd_, F_DUPFD_CLOEXEC, 0);
+      if (beside) {
+        if (flock(temp->fd_, LOCK_EX | LOCK_NB) == 0) {
+          // A sweep may have taken the file in the moment between its creation and the
+          // lock, and removed it: then it is not at its name any more, and another is made.
+          struct stat by_fd, by_path;
+          if (fstat(temp->fd_, &by_fd) != 0 || stat(temp->path_.c_str(), &by_path) != 0 ||
+              by_fd.st_ino != by_path.st_ino || by_fd.st_dev != by_path.st_dev) {
+            close(std::exchange(temp->fd_, -1));
+            continue;
+          }
+          temp->lock_fd_ = fcntl(temp->fd_, F_DUPFD_CLOEXEC, 0);
+        } else if (errno == EWOULDBLOCK) {
+          close(std::exchange(temp->fd_, -1));  // a sweep holds it, and removes it
+          continue;
+        }
+        // Else the file system has no flock (ENOLCK): no sweep can take the file either.
       }
       // An interrupted CLI run removes it on its way out (base/interrupt.h).
       temp->interrupt_ = InterruptCleanup([path = temp->path_] { unlink(path.c_str()); });
@@ -178,14 +192,14 @@ TempObject::~TempObject() {
 }
 
 bool RemoveAbandonedTemp(int dir_fd, const char* name) {
-  constexpr int kMinAgeSeconds = 5;
   if (!absl::StartsWith(name, kLockedTempPrefix)) return false;  // not one with a lock
   const int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return false;
   struct stat st;
   bool removed = false;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_mtime < time(nullptr) - kMinAgeSeconds &&
-      flock(fd, LOCK_EX | LOCK_NB) == 0) {
+  // No age: a writer that finds its new file taken before it locked it makes another
+  // (TempObject::Create), so one without a lock is never a live writer's.
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0) {
     removed = unlinkat(dir_fd, name, 0) == 0;
   }
   close(fd);

@@ -50,8 +50,9 @@ inline constexpr absl::string_view kLockedTempPrefix = ".wharf-tmp-l";
 
 // Removes `name`, a temporary file (kLockedTempPrefix) in the directory `dir_fd`, when the
 // process that wrote it is gone: no process holds its flock (a writer holds it until it
-// publishes or removes the file; the OS releases it when the writer dies, kill -9 included)
-// and it is older than a few seconds (a writer takes its lock right after creating the file).
+// publishes or removes the file; the OS releases it when the writer dies, kill -9 included).
+// A writer locks its file right after creating it, and makes another if a sweep took the
+// first in between, so a rerun right after a kill removes what the killed run left.
 // Returns whether it removed it. The file:// store calls it for each one its listings meet,
 // so a rerun into a folder removes what killed runs left there.
 bool RemoveAbandonedTemp(int dir_fd, const char* name);
