@@ -1105,18 +1105,23 @@ void TierStore::Park(std::shared_ptr<PendingRead> read) {
   // Registered with no lock held: a token cancelled already runs the callback inline.
   const uint64_t on_request = read->request.cancel ? read->request.cancel->OnCancel(unpark) : 0;
   const uint64_t on_scope = read->scope ? read->scope->OnCancel(unpark) : 0;
-  bool still_parked = false;
+  bool kept = false;
   {
     absl::MutexLock lock(&fill_mu_);
+    bool still_parked = false;
     if (auto it = filling_.find(read->fill_path); it != filling_.end()) {
       for (const auto& w : it->second) still_parked |= w.get() == read.get();
     }
-    if (still_parked) {
+    // Resumed and parked again meanwhile, the read may hold the callbacks of its next Park
+    // already: they do the same, so ours go.
+    if (still_parked && read->parked_on_request == 0 && read->parked_on_scope == 0) {
       read->parked_on_request = on_request;
       read->parked_on_scope = on_scope;
+      kept = true;
     }
   }
-  if (!still_parked) Unpark(*read, on_request, on_scope);  // its fill ended, or it was cancelled
+  // Else its fill ended, or it was cancelled, or its next Park's callbacks stand for ours.
+  if (!kept) Unpark(*read, on_request, on_scope);
 }
 
 void TierStore::Unpark(PendingRead& read, uint64_t on_request, uint64_t on_scope) {
