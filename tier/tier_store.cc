@@ -25,6 +25,7 @@
 #include "base/hash.h"
 #include "base/log.h"
 #include "base/status.h"
+#include "base/timer.h"
 #include "nlohmann/json.hpp"
 #include "store/local/temp_object.h"
 #include "tier/evict.h"
@@ -487,22 +488,21 @@ void TierStore::Count(std::atomic<uint64_t>& counter, uint64_t n) {
 
 // One write of the counters kStatsFlushDelay after the first change since the last one: a
 // process reading hard rewrites its small stats file at most ~100 times a second, and a
-// status taken just after a read sees it.
+// status taken just after a read sees it. The write runs on the timer's thread (it is one
+// small file) and holds no reference to the store: a flush must never be what keeps a store
+// alive, or the store would end there, after its owner let go (and might remove the tier
+// directory meanwhile). The store is looked up among the live ones instead, under the lock
+// its destructor takes to leave them.
 void TierStore::StatsChanged() {
   if (flush_pending_.exchange(true, std::memory_order_acq_rel)) return;
   ScopedAmbientCancel unscoped(nullptr);  // bookkeeping of no one operation
-  runtime_->timer().After(kStatsFlushDelay, [weak = weak_from_this()] {
-    std::shared_ptr<TierStore> self = weak.lock();
-    if (!self) return;
-    ThreadPool& pool = self->runtime_->blocking_pool();
-    pool.Schedule([self = std::move(self)]() mutable {
-      self->flush_pending_.store(false, std::memory_order_release);
-      {
-        absl::MutexLock lock(&live_mu);
-        if (!exiting && self->generation_ == ForkGeneration()) self->FlushStatsLocked();
-      }
-      self.reset();
-    });
+  Timer::Global().After(kStatsFlushDelay, [store = this] {
+    absl::MutexLock lock(&live_mu);
+    if (live == nullptr || exiting || std::find(live->begin(), live->end(), store) == live->end()) {
+      return;
+    }
+    store->flush_pending_.store(false, std::memory_order_release);
+    if (store->generation_ == ForkGeneration()) store->FlushStatsLocked();
   });
 }
 

@@ -153,6 +153,26 @@ def test_retention_keeps_latest_and_best_in_tier_and_bucket(tier, bucket, aws, s
     mgr.close()
 
 
+def test_a_tiers_root_is_a_checkpoint_root_beside_what_else_it_holds(tier, bucket, aws):
+    # CheckpointManager(dir) with the directory `wharf tier init` made: its steps sit beside
+    # the tier's other files, which retention never touches.
+    (tier / "data").mkdir()
+    (tier / "data" / "mine.txt").write_text("user data")
+    mgr = CheckpointManager(tier, export_to=f"s3://{bucket}/rootrun", keep_last=1)
+    model = small_model(1)
+    for step in (1, 2):
+        mgr.save(step, marked_state(model, step))
+    mgr.wait()
+    assert tier_steps(tier) == [2]
+    assert (tier / "data" / "mine.txt").read_text() == "user data"
+    assert mgr.restore("latest")["marker"].tolist() == [2]
+    mgr.close()
+    listed = [json.loads(line) for line in
+              run_wharf("ckpt", "ls", "--json", tier, env=aws, check=True).stdout.splitlines()]
+    assert [(j["step"], j["where"]) for j in listed] == [(2, "both")]
+    assert run_wharf("tier", "verify", tier, env=aws).returncode == 0
+
+
 def test_retention_after_saves_and_after_exports_never_deletes_a_step_twice(tier, bucket, aws,
                                                                           s3_client):
     # Each commit (the save thread) and each export (the export thread) applies retention and

@@ -899,7 +899,7 @@ def test_module_lists_its_api():
     assert {"load_safetensors", "iter_safetensors", "PredictionCache"} <= set(dir(wharf.serve))
     text = pydoc.render_doc(wharf.serve, renderer=pydoc.plaintext)
     assert "class PredictionCache" in text
-    assert "    load_safetensors(uris" in text and "    iter_safetensors(uris" in text
+    assert "    load_safetensors(uri_or_uris" in text and "    iter_safetensors(uri_or_uris" in text
     # dir() alone stays lazy
     code = ("import sys; sys.path.insert(0, %r); import wharf.serve; dir(wharf.serve); "
             "assert 'torch' not in sys.modules, 'torch imported'" % str(
