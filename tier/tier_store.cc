@@ -468,10 +468,13 @@ void TierStore::AtExit() {
   Tier::ReleaseAllAtExit();
 }
 
-void TierStore::FlushStatsLocked() {
+void TierStore::FlushStatsLocked(bool with_usage) {
   // What this process filled since its last pass counts in the tier's usage hint for the
-  // processes after it (best effort, as the counters).
-  if (const uint64_t filled = unrecorded_.exchange(0); filled > 0) (void)tier_->AddUsage(filled);
+  // processes after it (best effort, as the counters); not in the flushes of a live store,
+  // which would take the usage lock (an flock another process may hold) ~100 times a second.
+  if (const uint64_t filled = with_usage ? unrecorded_.exchange(0) : 0; filled > 0) {
+    (void)tier_->AddUsage(filled);
+  }
   const Stats now = stats();
   Tier::Stats delta{now.hits - flushed_.hits, now.misses - flushed_.misses,
                     now.fills - flushed_.fills, now.fill_bytes - flushed_.fill_bytes};
@@ -488,21 +491,24 @@ void TierStore::Count(std::atomic<uint64_t>& counter, uint64_t n) {
 
 // One write of the counters kStatsFlushDelay after the first change since the last one: a
 // process reading hard rewrites its small stats file at most ~100 times a second, and a
-// status taken just after a read sees it. The write runs on the timer's thread (it is one
-// small file) and holds no reference to the store: a flush must never be what keeps a store
-// alive, or the store would end there, after its owner let go (and might remove the tier
-// directory meanwhile). The store is looked up among the live ones instead, under the lock
-// its destructor takes to leave them.
+// status taken just after a read sees it. The write runs on the default runtime's blocking
+// pool (it lives as long as the process) and holds no reference to the store: a flush must
+// never be what keeps a store alive, or the store would end there, after its owner let go
+// (who may be removing the tier's directory by then). The store is looked up among the live
+// ones instead, under the lock its destructor takes to leave them.
 void TierStore::StatsChanged() {
   if (flush_pending_.exchange(true, std::memory_order_acq_rel)) return;
   ScopedAmbientCancel unscoped(nullptr);  // bookkeeping of no one operation
   Timer::Global().After(kStatsFlushDelay, [store = this] {
-    absl::MutexLock lock(&live_mu);
-    if (live == nullptr || exiting || std::find(live->begin(), live->end(), store) == live->end()) {
-      return;
-    }
-    store->flush_pending_.store(false, std::memory_order_release);
-    if (store->generation_ == ForkGeneration()) store->FlushStatsLocked();
+    Runtime::Default()->blocking_pool().Schedule([store] {
+      absl::MutexLock lock(&live_mu);
+      if (live == nullptr || exiting ||
+          std::find(live->begin(), live->end(), store) == live->end()) {
+        return;
+      }
+      store->flush_pending_.store(false, std::memory_order_release);
+      if (store->generation_ == ForkGeneration()) store->FlushStatsLocked(/*with_usage=*/false);
+    });
   });
 }
 

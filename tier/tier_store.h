@@ -229,7 +229,7 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   // is destroyed or the process exits, whichever comes first.
   void Register();
   static void FlushStatsAtExit();
-  void FlushStatsLocked();
+  void FlushStatsLocked(bool with_usage = true);
   void Count(std::atomic<uint64_t>& counter, uint64_t n = 1);
   void StatsChanged();
   static constexpr absl::Duration kStatsFlushDelay = absl::Milliseconds(10);
