@@ -2,12 +2,14 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -166,11 +168,44 @@ TEST_F(LocalStoreTest, SweepsOfAbandonedTemporaryFilesNeverTakeALiveWritersFile)
   EXPECT_FALSE(fs::exists(killed));
   int files = 0;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    EXPECT_FALSE(absl::StartsWith(entry.path().filename().string(), ".wharf-tmp-"))
-        << entry.path();
+    EXPECT_FALSE(absl::StartsWith(entry.path().filename().string(), ".wharf-tmp-")) << entry.path();
     ++files;
   }
   EXPECT_EQ(files, kFiles);
+}
+
+// A key whose path is a FIFO or a character device is written into, as cp does, never
+// replaced by a file renamed over it (for root that would replace /dev/null machine-wide).
+TEST_F(LocalStoreTest, AFifoOrADeviceAtTheKeyIsWrittenIntoNotReplaced) {
+  const std::string fifo = root_ + "/pipe";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::string got;
+  std::thread reader([&] {
+    std::ifstream in(fifo, std::ios::binary);
+    got.assign(std::istreambuf_iterator<char>(in), {});
+  });
+  auto put = store_->Put("pipe", absl::Cord("through the pipe"));
+  ASSERT_TRUE(put.ok()) << put.status();
+  reader.join();
+  EXPECT_EQ(got, "through the pipe");
+  EXPECT_EQ(put->size, 16u);
+  EXPECT_EQ(put->etag, Md5Hex("through the pipe"));
+  struct stat st;
+  ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  // /dev/null through a store rooted at /, with the streaming writer too.
+  auto root = LocalStore::Open("/", Runtime::Default());
+  ASSERT_TRUE(root.ok());
+  ASSERT_TRUE((*root)->Put("dev/null", absl::Cord("discarded")).ok());
+  auto writer = (*root)->NewWriter("dev/null");
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Write(absl::Cord("discarded too")).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  ASSERT_EQ(lstat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));
+  for (const auto& entry : fs::directory_iterator(root_)) {
+    EXPECT_FALSE(absl::StartsWith(entry.path().filename().string(), ".wharf-tmp-"));
+  }
 }
 
 TEST_F(LocalStoreTest, DeletePrunesEmptyDirectoriesButNotTheRoot) {

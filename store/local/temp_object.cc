@@ -130,6 +130,29 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
   auto temp = std::unique_ptr<TempObject>(new TempObject(std::move(target), checksum));
   const std::string& t = temp->target_;
   const bool beside = temp_dir.empty();
+  if (beside) {
+    // A target that is not a file (/dev/null, a FIFO, /dev/stdout: a link to one) is written
+    // into, as cp does: a file renamed over it would replace the device itself (for root,
+    // /dev/null of the whole machine). Nothing is created, renamed or removed then.
+    // /dev/stdout redirected to a file is a link to a regular file: written through too, or
+    // the link (in /dev) would be replaced.
+    struct stat st;
+    const bool exists = stat(t.c_str(), &st) == 0;
+    const bool system_link = exists && S_ISREG(st.st_mode) &&
+                             (absl::StartsWith(t, "/dev/") || absl::StartsWith(t, "/proc/"));
+    if (exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || system_link)) {
+      temp->in_place_ = true;
+      temp->path_ = t;
+      temp->fd_ = open(t.c_str(), O_WRONLY | O_CLOEXEC | (system_link ? O_TRUNC : 0));
+      if (temp->fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("opening ", t));
+      return temp;
+    }
+    if (exists && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(t, " is ", S_ISBLK(st.st_mode) ? "a block device" : "a socket",
+                       ": wharf writes files, character devices and FIFOs only"));
+    }
+  }
   // In a private directory each thread creates its files in a subdirectory of its own:
   // creating a file holds its directory's lock while the file system allocates the inode,
   // and threads creating in one directory spin on that lock (perf of an import on ext4 without
@@ -187,7 +210,7 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
 
 TempObject::~TempObject() {
   if (fd_ >= 0) close(fd_);
-  if (!published_ && !path_.empty()) unlink(path_.c_str());
+  if (!published_ && !in_place_ && !path_.empty()) unlink(path_.c_str());
   if (lock_fd_ >= 0) close(lock_fd_);  // after the unlink: never a removable file of ours
 }
 
@@ -216,11 +239,13 @@ void TempObject::AddToChecksum(absl::string_view data) {
 
 absl::Status TempObject::Append(absl::string_view data) {
   AddToChecksum(data);
+  appended_ += data.size();
   return WriteAll(fd_, data);
 }
 
 absl::Status TempObject::Append(const absl::Cord& data) {
   for (absl::string_view chunk : data.Chunks()) AddToChecksum(chunk);
+  appended_ += data.size();
   return WriteAll(fd_, data);
 }
 
@@ -228,6 +253,17 @@ absl::StatusOr<ObjectMeta> TempObject::Seal(
     std::optional<absl::Time> mtime, bool fsync,
     absl::FunctionRef<absl::Status(int fd, const ObjectMeta& meta)> before_close) {
   if (fd_ < 0) return absl::FailedPreconditionError("sealing a temporary file twice");
+  if (in_place_) {  // a device or FIFO: its mode, times and attributes are not the object's
+    ObjectMeta meta;
+    meta.size = appended_;
+    meta.mtime = absl::Now();
+    checksum_ = kind_ == Checksum::kMd5 ? HexLower(known_md5_ ? *known_md5_ : md5_.Finish())
+                                        : Crc32cHex(crc32c_);
+    if (kind_ == Checksum::kMd5) meta.etag = checksum_;
+    const int fd = std::exchange(fd_, -1);
+    if (close(fd) != 0) return ErrnoToStatus(errno, "close");
+    return meta;
+  }
   if (!final_mode_ && fchmod(fd_, 0666 & ~ProcessUmask()) != 0) {
     return ErrnoToStatus(errno, "chmod");
   }
@@ -275,6 +311,11 @@ int RenameFile(const std::string& from, const std::string& to, bool exclusive) {
 }  // namespace
 
 absl::Status TempObject::PublishAt(const std::string& target, bool sync_dir, bool exclusive) {
+  if (in_place_) {  // written already, into the device itself
+    if (exclusive) return absl::AlreadyExistsError("the object already exists (exclusive create)");
+    published_ = true;
+    return absl::OkStatus();
+  }
   const size_t slash = target.rfind('/');
   const std::string dir = slash == 0 ? "/" : target.substr(0, slash);
   if (int err = RenameFile(path_, target, exclusive); err != 0) {

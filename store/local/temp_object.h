@@ -13,6 +13,9 @@
 //    such as the tier's copies of remote objects), and any attributes the caller adds; then
 //    it closes.
 //  - Publish() renames it over the target, creating the target's directories.
+//  - A target that is a character device or a FIFO (/dev/null, /dev/stdout) is written into
+//    directly, as cp does, and never renamed over or removed; a block device or a socket is
+//    refused.
 // Sealing and publishing are separate so a caller can make many sealed files durable at once
 // (one syncfs) before publishing any of them.
 //
@@ -117,6 +120,9 @@ class TempObject {
   InterruptCleanup interrupt_;
   // Created with its final mode (in a private directory): Seal needs no chmod.
   bool final_mode_ = false;
+  // The target is a character device or a FIFO, written directly (see Create).
+  bool in_place_ = false;
+  uint64_t appended_ = 0;
   const Checksum kind_;
   Md5 md5_;
   std::optional<Md5Digest> known_md5_;

@@ -7,6 +7,8 @@ so the tests run in any order and in parallel.
 import json
 import os
 import re
+import stat
+import threading
 import pathlib
 import subprocess
 import time
@@ -309,6 +311,32 @@ def test_cp_recursive_round_trips_byte_identically(tmp_path):
     # No temporary files or other extras anywhere.
     for d in ("copy", "back"):
         assert sorted(p.name for p in (tmp_path / d).rglob("*") if ".wharf-tmp" in p.name) == []
+
+
+def test_a_copy_to_a_device_a_fifo_or_dev_stdout_writes_into_it(tmp_path):
+    # As cp: the bytes go into /dev/null, a FIFO or /dev/stdout (a link to a pipe or to a
+    # redirected file), which are never replaced by a file renamed over them.
+    src = tmp_path / "f.txt"
+    src.write_bytes(b"some bytes\n")
+    run("cp", "-q", src, "/dev/null", check=0)
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as f:
+        proc = subprocess.run([WHARF, "cp", "-q", str(src), "/dev/stdout"], stdout=f, timeout=60)
+    assert proc.returncode == 0 and out.read_bytes() == b"some bytes\n"
+    assert os.path.islink("/dev/stdout")
+    piped = subprocess.run([WHARF, "cp", "-q", str(src), "/dev/stdout"], capture_output=True,
+                           timeout=60)
+    assert piped.returncode == 0 and piped.stdout == b"some bytes\n"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    reader.start()
+    run("cp", "-q", src, fifo, check=0)
+    reader.join(timeout=60)
+    assert got == [b"some bytes\n"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".wharf-tmp")] == []
 
 
 def test_a_rerun_removes_what_killed_copies_left(tmp_path):
