@@ -366,7 +366,12 @@ void GcsJsonStore::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
   credentials_cache_->GetAsync([this, call = std::move(call), done = std::move(done)](
                                    absl::StatusOr<Credentials> credentials) mutable {
     if (!credentials.ok()) {
-      std::move(done)(Annotate(credentials.status(), absl::StrCat(call->op, " ", Uri(call->key))));
+      // A credential that is missing (a file, a service account, a token endpoint answering
+      // 404) is not the request's object or bucket missing: callers take NotFound for that
+      // (a listing says "no such bucket", a copy skips a vanished object).
+      absl::Status status = credentials.status();
+      if (absl::IsNotFound(status)) status = absl::UnauthenticatedError(status.message());
+      std::move(done)(Annotate(status, absl::StrCat(call->op, " ", Uri(call->key))));
       return;
     }
     if (credentials->bearer_token.empty()) {

@@ -414,6 +414,31 @@ TEST(GcsJsonStoreTest, ARefusedTokenIsRefreshedOnceAndTheRequestRetried) {
   EXPECT_EQ(transport->request_count(), 2u);
 }
 
+// A credential that cannot be had because something is missing (the token endpoint answers
+// 404, a key file is gone) fails the request as unauthenticated naming that cause: not as
+// NotFound, which a listing would report as "no such bucket".
+TEST(GcsJsonStoreTest, AMissingCredentialIsNotAMissingBucket) {
+  class MissingProvider : public CredentialsProvider {
+   public:
+    absl::StatusOr<Credentials> Fetch() override {
+      return absl::NotFoundError("POST http://127.0.0.1:1/token answered 404: Not Found");
+    }
+    std::string Describe() const override { return "a service account"; }
+  };
+  auto transport = std::make_shared<CannedTransport>(
+      [](const HttpRequest&) { return Json(404, ErrorBody(404, "notFound", "no bucket")); });
+  auto provider = std::make_shared<MissingProvider>();
+  GcsJsonConfig config = TestConfig();
+  config.credentials = provider;
+  config.credentials_source = provider->Describe();
+  auto listed = MakeStore(transport, config)->List(ListOptions{}, "");
+  ASSERT_FALSE(listed.ok());
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kUnauthenticated) << listed.status();
+  EXPECT_THAT(listed.status().message(), HasSubstr("answered 404: Not Found"));
+  EXPECT_THAT(listed.status().message(), Not(HasSubstr("no such bucket")));
+  EXPECT_EQ(transport->request_count(), 0u);  // nothing was sent unsigned
+}
+
 // ---- Writes ----
 
 TEST(GcsJsonStoreTest, PutSendsTheMd5AndRefusesADifferentStoredOne) {

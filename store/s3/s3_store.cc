@@ -386,8 +386,11 @@ void S3Store::Attempt(std::shared_ptr<Call> call, ResponseCallback done) {
   credentials_cache_->GetAsync([this, call = std::move(call), done = std::move(done)](
                                    absl::StatusOr<Credentials> credentials) mutable {
     if (!credentials.ok()) {
-      std::move(done)(
-          Annotate(credentials.status(), absl::StrCat(call->op, " ", Uri(call->named()))));
+      // A missing credential (a profile's file) is not the request's object or bucket
+      // missing: callers take NotFound for that.
+      absl::Status status = credentials.status();
+      if (absl::IsNotFound(status)) status = absl::UnauthenticatedError(status.message());
+      std::move(done)(Annotate(status, absl::StrCat(call->op, " ", Uri(call->named()))));
       return;
     }
     SendAttempt(std::move(call), std::move(done), &*credentials);
