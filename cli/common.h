@@ -187,9 +187,20 @@ class ProgressObserver : public TransferObserver {
   void OnPlanFinal() override { progress_.TotalIsFinal(); }
   void OnBytes(uint64_t bytes) override { progress_.AddBytes(bytes); }
   void OnObjectDone(const std::string&, const std::string&) override { progress_.ObjectDone(); }
+  // The first kMaxErrorLines failures, one line each; then one line saying the rest are
+  // counted only (a cause that fails every object, such as a destination nobody may write
+  // to, would otherwise print a line per object). The final summary counts them all.
   void OnError(const absl::Status& status) override {
-    progress_.PrintLine(absl::StrCat("wharf: ", OneLine(status.message())));
+    const uint64_t n = errors_.fetch_add(1, std::memory_order_relaxed);
+    if (n < kMaxErrorLines) {
+      progress_.PrintLine(absl::StrCat("wharf: ", OneLine(status.message())));
+    } else if (n == kMaxErrorLines) {
+      progress_.PrintLine(absl::StrCat("wharf: more than ", kMaxErrorLines,
+                                       " objects failed; the others are not shown one by one "
+                                       "(the summary counts them)"));
+    }
   }
+  static constexpr uint64_t kMaxErrorLines = 50;
   bool ShowsErrors() const override { return true; }
   void OnDryrun(absl::string_view op, const std::string& src, const std::string& dst) override {
     absl::MutexLock lock(&mu_);
@@ -201,6 +212,7 @@ class ProgressObserver : public TransferObserver {
  private:
   Progress& progress_;
   absl::Mutex mu_;
+  std::atomic<uint64_t> errors_{0};
 };
 
 }  // namespace wharf::cli

@@ -339,6 +339,20 @@ def test_a_copy_to_a_device_a_fifo_or_dev_stdout_writes_into_it(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".wharf-tmp")] == []
 
 
+def test_a_cause_that_fails_every_object_prints_a_bounded_number_of_lines(tmp_path):
+    # 70 objects, each refused (the destination is a file): the first 50 are named one per
+    # line, then one line says the rest are counted only, and the summary counts all 70.
+    make_tree(tmp_path / "src", {f"f{i:02d}": b"x" for i in range(70)})
+    (tmp_path / "dst").write_bytes(b"a file")
+    proc = run("cp", "-r", tmp_path / "src", f"{tmp_path}/dst/", check=1)
+    lines = stderr_lines(proc)
+    named = [line for line in lines if "is an object, so it cannot also be a prefix" in line]
+    assert len(named) == 50, lines
+    assert any("more than 50 objects failed" in line for line in lines), lines
+    assert lines[-1].endswith("70 of 70 objects failed"), lines
+    assert len(lines) == 52, lines
+
+
 def test_a_rerun_removes_what_killed_copies_left(tmp_path):
     # Writers killed with -9 mid-file leave their temporary files (private, never listed);
     # the next run that lists the folder removes them. A live writer's file stays.
