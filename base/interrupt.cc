@@ -48,6 +48,9 @@ Registry& GetRegistry() {
 }
 
 std::atomic<bool> interrupted{false};
+// InterruptCreations alive (sequentially consistent with `interrupted`: either a creation
+// sees the signal, or the signal thread sees the creation and waits for it).
+std::atomic<int> creating{0};
 
 // SIGINT, SIGTERM and SIGHUP, less those the process inherited as ignored: `nohup`, a shell's
 // `trap '' INT` and the background jobs of a non-interactive shell (SIGINT ignored) keep
@@ -70,6 +73,13 @@ size_t PendingCleanups() {
 }
 
 }  // namespace
+
+InterruptCreation::InterruptCreation() {
+  creating.fetch_add(1);
+  ok_ = !interrupted.load();
+}
+
+InterruptCreation::~InterruptCreation() { creating.fetch_sub(1); }
 
 InterruptCleanup::InterruptCleanup(absl::AnyInvocable<void()> fn) {
   if (!enabled.load(std::memory_order_acquire)) return;
@@ -153,7 +163,11 @@ void HandleInterrupts(absl::string_view program) {
     int sig = 0;
     while (sigwait(&set, &sig) != 0) {
     }
-    interrupted.store(true, std::memory_order_release);
+    interrupted.store(true);
+    // What is being created now gets its cleanup registered before the list is taken.
+    for (int i = 0; i < 1000 && creating.load() > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     // From here a second signal takes its default action (the process ends at once): it is
     // delivered to this thread, the one that no longer blocks it.
     pthread_sigmask(SIG_UNBLOCK, &set, nullptr);

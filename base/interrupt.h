@@ -47,6 +47,22 @@ class InterruptCleanup {
   uint64_t id_ = 0;
 };
 
+// Held by work for the moment between creating something a cleanup must undo (a temporary
+// file) and registering that cleanup: the signal thread waits (up to a second) for such
+// moments to end before it takes the list of cleanups, so nothing is created that no cleanup
+// knows of. ok() is false when a signal has arrived already: create nothing then.
+class InterruptCreation {
+ public:
+  InterruptCreation();
+  ~InterruptCreation();
+  InterruptCreation(const InterruptCreation&) = delete;
+  InterruptCreation& operator=(const InterruptCreation&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  bool ok_ = true;
+};
+
 // Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (and so in every thread it starts
 // later) and starts the thread that handles them: it prints one line "<program>: interrupted
 // (SIGINT): cleaning up N transfers in progress" on stderr, runs the cleanups and calls

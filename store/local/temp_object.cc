@@ -163,6 +163,9 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
   // private directory (0700) it is created with that mode (one metadata operation less: on
   // CephFS each is a round trip to the metadata server).
   temp->final_mode_ = !beside;
+  // From before the file exists until its cleanup is registered (base/interrupt.h).
+  InterruptCreation creation;
+  if (!creation.ok()) return absl::CancelledError("interrupted: no new file is written");
   // A concurrent delete may prune the directory between MakeDirs and open: retry.
   for (int attempt = 0;; ++attempt) {
     if (beside) WHARF_RETURN_IF_ERROR(MakeDirs(dir.empty() ? "/" : dir));

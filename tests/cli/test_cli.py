@@ -7,6 +7,7 @@ so the tests run in any order and in parallel.
 import json
 import os
 import re
+import signal
 import stat
 import threading
 import pathlib
@@ -351,6 +352,33 @@ def test_a_cause_that_fails_every_object_prints_a_bounded_number_of_lines(tmp_pa
     assert any("more than 50 objects failed" in line for line in lines), lines
     assert lines[-1].endswith("70 of 70 objects failed"), lines
     assert len(lines) == 52, lines
+
+
+def test_a_signalled_copy_leaves_no_temporary_file_and_no_partial_one(tmp_path):
+    # SIGTERM (as Ctrl-C) at several moments of a local copy of many files: the signal thread
+    # removes every temporary file in progress, including those being created as the signal
+    # arrives, and every file that is at its name is whole.
+    files = {f"s/f{i:04d}": f"file {i}\n".encode() for i in range(3000)}
+    files.update({f"big{i}": os.urandom(8 << 20) for i in range(3)})
+    make_tree(tmp_path / "src", files)
+    interrupted = 0
+    for delay in (0.02, 0.05, 0.1, 0.2):
+        dst = tmp_path / f"dst-{delay}"
+        proc = subprocess.Popen([WHARF, "cp", "-r", "-q", str(tmp_path / "src"), str(dst)],
+                                stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        assert rc in (0, 128 + signal.SIGTERM), rc
+        interrupted += rc != 0
+        if not dst.exists():
+            continue
+        left = [p for p in dst.rglob("*") if p.name.startswith(".wharf-tmp")]
+        assert left == [], left[:5]
+        for p in dst.rglob("*"):
+            if p.is_file():
+                assert p.read_bytes() == files[str(p.relative_to(dst))], p
+    assert interrupted > 0  # the signals came before the copies ended
 
 
 def test_a_rerun_removes_what_killed_copies_left(tmp_path):
