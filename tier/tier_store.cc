@@ -497,7 +497,12 @@ void TierStore::Count(std::atomic<uint64_t>& counter, uint64_t n) {
 // (who may be removing the tier's directory by then). The store is looked up among the live
 // ones instead, under the lock its destructor takes to leave them.
 void TierStore::StatsChanged() {
-  if (flush_pending_.exchange(true, std::memory_order_acq_rel)) return;
+  // A plain load first: while a flush is pending (nearly always, under load) a read costs
+  // no read-modify-write of a line the flushing thread writes too.
+  if (flush_pending_.load(std::memory_order_relaxed) ||
+      flush_pending_.exchange(true, std::memory_order_acq_rel)) {
+    return;
+  }
   ScopedAmbientCancel unscoped(nullptr);  // bookkeeping of no one operation
   Timer::Global().After(kStatsFlushDelay, [store = this] {
     Runtime::Default()->blocking_pool().Schedule([store] {
