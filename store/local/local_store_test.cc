@@ -203,6 +203,18 @@ TEST_F(LocalStoreTest, AFifoOrADeviceAtTheKeyIsWrittenIntoNotReplaced) {
   ASSERT_TRUE((*writer)->Close().ok());
   ASSERT_EQ(lstat("/dev/null", &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode));
+  // A regular file in /dev (tmpfs /dev/shm) is not a link: replaced atomically, as anywhere.
+  if (fs::is_directory("/dev/shm")) {
+    const std::string shm = absl::StrCat("dev/shm/wharf-test-", getpid());
+    ASSERT_TRUE((*root)->Put(shm, absl::Cord("first")).ok());
+    struct stat before, after;
+    ASSERT_EQ(stat(("/" + shm).c_str(), &before), 0);
+    ASSERT_TRUE((*root)->Put(shm, absl::Cord("second")).ok());
+    ASSERT_EQ(stat(("/" + shm).c_str(), &after), 0);
+    EXPECT_NE(before.st_ino, after.st_ino);  // a new file renamed over it, not written into
+    EXPECT_EQ(*(*root)->Read(shm), "second");
+    unlink(("/" + shm).c_str());
+  }
   for (const auto& entry : fs::directory_iterator(root_)) {
     EXPECT_FALSE(absl::StartsWith(entry.path().filename().string(), ".wharf-tmp-"));
   }

@@ -136,10 +136,12 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
     // /dev/null of the whole machine). Nothing is created, renamed or removed then.
     // /dev/stdout redirected to a file is a link to a regular file: written through too, or
     // the link (in /dev) would be replaced.
-    struct stat st;
+    // Only a link: a regular file in /dev/shm is replaced atomically, as any other.
+    struct stat st, link_st;
     const bool exists = stat(t.c_str(), &st) == 0;
     const bool system_link = exists && S_ISREG(st.st_mode) &&
-                             (absl::StartsWith(t, "/dev/") || absl::StartsWith(t, "/proc/"));
+                             (absl::StartsWith(t, "/dev/") || absl::StartsWith(t, "/proc/")) &&
+                             lstat(t.c_str(), &link_st) == 0 && S_ISLNK(link_st.st_mode);
     if (exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || system_link)) {
       temp->in_place_ = true;
       temp->path_ = t;
