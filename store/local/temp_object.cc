@@ -142,10 +142,17 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
     const bool system_link = exists && S_ISREG(st.st_mode) &&
                              (absl::StartsWith(t, "/dev/") || absl::StartsWith(t, "/proc/")) &&
                              lstat(t.c_str(), &link_st) == 0 && S_ISLNK(link_st.st_mode);
-    if (exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || system_link)) {
+    if (system_link) {
+      // Written through a new description at offset 0, it would interleave with what the
+      // process itself writes there (a summary line on stdout); renamed over, the link in
+      // /dev would be replaced. Refused, naming the way that works.
+      return absl::FailedPreconditionError(absl::StrCat(
+          t, " is a link to a regular file: name that file, or use `wharf cat URI > FILE`"));
+    }
+    if (exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
       temp->in_place_ = true;
       temp->path_ = t;
-      temp->fd_ = open(t.c_str(), O_WRONLY | O_CLOEXEC | (system_link ? O_TRUNC : 0));
+      temp->fd_ = open(t.c_str(), O_WRONLY | O_CLOEXEC);
       if (temp->fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("opening ", t));
       return temp;
     }
