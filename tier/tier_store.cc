@@ -485,7 +485,10 @@ void TierStore::FlushStatsLocked(bool with_usage) {
 }
 
 void TierStore::Count(std::atomic<uint64_t>& counter, uint64_t n) {
-  counter.fetch_add(n, std::memory_order_relaxed);
+  // Sequentially consistent with the flusher's clearing of flush_pending_ (and its fence
+  // before it reads the counters): either it counts this change, or this sees the flag
+  // cleared and schedules the next flush. On x86 both cost what relaxed ones do.
+  counter.fetch_add(n, std::memory_order_seq_cst);
   StatsChanged();
 }
 
@@ -497,10 +500,10 @@ void TierStore::Count(std::atomic<uint64_t>& counter, uint64_t n) {
 // (who may be removing the tier's directory by then). The store is looked up among the live
 // ones instead, under the lock its destructor takes to leave them.
 void TierStore::StatsChanged() {
-  // A plain load first: while a flush is pending (nearly always, under load) a read costs
-  // no read-modify-write of a line the flushing thread writes too.
-  if (flush_pending_.load(std::memory_order_relaxed) ||
-      flush_pending_.exchange(true, std::memory_order_acq_rel)) {
+  // A load first: while a flush is pending (nearly always, under load) a read costs no
+  // read-modify-write of a line the flushing thread writes too.
+  if (flush_pending_.load(std::memory_order_seq_cst) ||
+      flush_pending_.exchange(true, std::memory_order_seq_cst)) {
     return;
   }
   ScopedAmbientCancel unscoped(nullptr);  // bookkeeping of no one operation
@@ -511,7 +514,8 @@ void TierStore::StatsChanged() {
           std::find(live->begin(), live->end(), store) == live->end()) {
         return;
       }
-      store->flush_pending_.store(false, std::memory_order_release);
+      store->flush_pending_.store(false, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
       if (store->generation_ == ForkGeneration()) store->FlushStatsLocked(/*with_usage=*/false);
     });
   });
@@ -1092,6 +1096,7 @@ void TierStore::Park(std::shared_ptr<PendingRead> read) {
     auto self = weak.lock();
     if (!self) return;
     std::shared_ptr<PendingRead> out;
+    std::pair<uint64_t, uint64_t> ids;  // its registrations, as Park recorded them
     {
       absl::MutexLock lock(&self->fill_mu_);
       auto it = self->filling_.find(path);
@@ -1103,12 +1108,17 @@ void TierStore::Park(std::shared_ptr<PendingRead> read) {
         waiting.erase(w);
         break;
       }
+      if (out) {
+        ids = {std::exchange(out->parked_on_request, 0), std::exchange(out->parked_on_scope, 0)};
+      }
     }
     if (!out) return;  // released by the fill a moment ago
     // Not here: a callback of Cancel() must not block, and the read's end may (its caller's
-    // callback runs when the read is dropped).
+    // callback runs when the read is dropped); nor may it forget the registration on the
+    // other token (Forget waits for that token's callbacks, which may be forgetting ours).
     const std::string op = absl::StrCat("get ", self->inner_->Uri(out->request.key));
-    self->runtime_->blocking_pool().Schedule([op, out = std::move(out)]() mutable {
+    self->runtime_->blocking_pool().Schedule([op, ids, out = std::move(out)]() mutable {
+      Unpark(*out, ids.first, ids.second);
       out->Finish(absl::CancelledError(absl::StrCat(op, ": cancelled")));
       out.reset();
     });

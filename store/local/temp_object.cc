@@ -131,17 +131,16 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
   const std::string& t = temp->target_;
   const bool beside = temp_dir.empty();
   if (beside) {
-    // A target that is not a file (/dev/null, a FIFO, /dev/stdout: a link to one) is written
-    // into, as cp does: a file renamed over it would replace the device itself (for root,
-    // /dev/null of the whole machine). Nothing is created, renamed or removed then.
-    // /dev/stdout redirected to a file is a link to a regular file: written through too, or
-    // the link (in /dev) would be replaced.
-    // Only a link: a regular file in /dev/shm is replaced atomically, as any other.
+    // A character device or a FIFO (/dev/null; /dev/stdout, a link in /dev to a pipe) is
+    // written into, as cp does: a file renamed over it would replace the device itself (for
+    // root, /dev/null of the whole machine). Nothing is created, renamed or removed then.
+    // Links are followed only in /dev and /proc: a user's link elsewhere is replaced as any
+    // file is, and a regular file in /dev/shm too.
     struct stat st, link_st;
-    const bool exists = stat(t.c_str(), &st) == 0;
-    const bool system_link = exists && S_ISREG(st.st_mode) &&
-                             (absl::StartsWith(t, "/dev/") || absl::StartsWith(t, "/proc/")) &&
-                             lstat(t.c_str(), &link_st) == 0 && S_ISLNK(link_st.st_mode);
+    const bool system_path = absl::StartsWith(t, "/dev/") || absl::StartsWith(t, "/proc/");
+    const bool is_link = lstat(t.c_str(), &link_st) == 0 && S_ISLNK(link_st.st_mode);
+    const bool exists = (!is_link || system_path) && stat(t.c_str(), &st) == 0;
+    const bool system_link = exists && is_link && S_ISREG(st.st_mode);
     if (system_link) {
       // Written through a new description at offset 0, it would interleave with what the
       // process itself writes there (a summary line on stdout); renamed over, the link in
@@ -152,8 +151,17 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
     if (exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
       temp->in_place_ = true;
       temp->path_ = t;
-      temp->fd_ = open(t.c_str(), O_WRONLY | O_CLOEXEC);
+      // Not blocked for good by a FIFO that nobody reads: it gets a few seconds to be opened.
+      for (int waited_ms = 0;; waited_ms += 20) {
+        temp->fd_ = open(t.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+        if (temp->fd_ >= 0 || errno != ENXIO) break;
+        if (waited_ms >= 5000) {
+          return absl::FailedPreconditionError(absl::StrCat(t, " is a FIFO that nobody reads"));
+        }
+        usleep(20000);
+      }
       if (temp->fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("opening ", t));
+      fcntl(temp->fd_, F_SETFL, fcntl(temp->fd_, F_GETFL) & ~O_NONBLOCK);
       return temp;
     }
     if (exists && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {

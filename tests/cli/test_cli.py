@@ -338,6 +338,15 @@ def test_a_copy_to_a_device_a_fifo_or_dev_stdout_writes_into_it(tmp_path):
     run("cp", "-q", src, fifo, check=0)
     reader.join(timeout=60)
     assert got == [b"some bytes\n"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    # A FIFO that nobody reads fails after a few seconds instead of blocking for good.
+    unread = run("cp", "-q", src, fifo, check=1)
+    assert b"a FIFO that nobody reads" in unread.stderr
+    # A user's link outside /dev is replaced as any file is, never followed into a device.
+    link = tmp_path / "link"
+    link.symlink_to("/dev/null")
+    run("cp", "-q", src, link, check=0)
+    assert not link.is_symlink() and link.read_bytes() == b"some bytes\n"
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".wharf-tmp")] == []
 
 
