@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -120,6 +121,32 @@ absl::Status WalkFiles(const Tier& tier, const std::string& path,
 }
 }  // namespace
 
+namespace {
+enum class Removal { kGone, kBusy, kKept, kRemoved };
+
+// Removes the file at `path` unless a reader holds it (readers hold a shared flock while they
+// read: what is in use stays, for a later pass or gc), the name no longer leads to the file
+// opened (replaced meanwhile: the new file was not the one looked at), or `removable` says
+// the file as it is now must stay.
+Removal RemoveUnlessRead(
+    const std::string& path, absl::FunctionRef<bool(const struct stat&)> removable =
+                                 [](const struct stat&) { return true; }) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Removal::kGone;
+  Removal result = Removal::kKept;
+  struct stat by_fd, by_path;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    result = Removal::kBusy;
+  } else if (fstat(fd, &by_fd) == 0 && stat(path.c_str(), &by_path) == 0 &&
+             by_fd.st_ino == by_path.st_ino && by_fd.st_dev == by_path.st_dev &&
+             removable(by_path) && unlink(path.c_str()) == 0) {
+    result = Removal::kRemoved;
+  }
+  close(fd);
+  return result;
+}
+}  // namespace
+
 uint64_t RemoveBlockVersions(const std::string& blocks_dir, const std::string& keep) {
   uint64_t removed = 0;
   for (const std::string& version : DirNames(blocks_dir)) {
@@ -128,17 +155,7 @@ uint64_t RemoveBlockVersions(const std::string& blocks_dir, const std::string& k
     for (const std::string& name : DirNames(dir)) {
       const std::string path = absl::StrCat(dir, "/", name);
       if (IsPinned(path)) continue;
-      const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue;
-      // Readers hold a shared lock while they read: what is in use stays (a later pass or
-      // gc takes it).
-      struct stat by_fd, by_path;
-      if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &by_fd) == 0 &&
-          stat(path.c_str(), &by_path) == 0 && by_fd.st_ino == by_path.st_ino &&
-          by_fd.st_dev == by_path.st_dev && unlink(path.c_str()) == 0) {
-        ++removed;
-      }
-      close(fd);
+      if (RemoveUnlessRead(path) == Removal::kRemoved) ++removed;
     }
     rmdir(dir.c_str());  // when empty
   }
@@ -189,18 +206,10 @@ absl::StatusOr<uint64_t> CollectOrphans(const Tier& tier) {
       }));
   uint64_t removed = 0;
   for (const std::string& path : orphans) {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    // As eviction: not while a reader holds it, and only the file that was looked at (a
-    // fill may have replaced it with a complete entry meanwhile).
-    struct stat by_fd, by_path;
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &by_fd) == 0 &&
-        stat(path.c_str(), &by_path) == 0 && by_fd.st_ino == by_path.st_ino &&
-        by_fd.st_dev == by_path.st_dev && !IsCompleteEntry(ReadEntryAttr(path), by_path) &&
-        unlink(path.c_str()) == 0) {
-      ++removed;
-    }
-    close(fd);
+    // Still no entry once locked (a fill renames complete entries only, but over this name).
+    const Removal r = RemoveUnlessRead(
+        path, [&](const struct stat& st) { return !IsCompleteEntry(ReadEntryAttr(path), st); });
+    if (r == Removal::kRemoved) ++removed;
   }
   return removed;
 }
@@ -276,27 +285,22 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
       ++result.kept_local;
       continue;
     }
-    const int fd = open(c.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {  // gone meanwhile
-      left -= c.disk_bytes;
-      continue;
+    switch (RemoveUnlessRead(c.path)) {
+      case Removal::kGone:  // removed meanwhile
+        left -= c.disk_bytes;
+        break;
+      case Removal::kBusy:
+        ++result.kept_busy;
+        break;
+      case Removal::kRemoved:
+        ++result.evicted;
+        result.evicted_bytes += c.size;
+        result.evicted_disk_bytes += c.disk_bytes;
+        left -= c.disk_bytes;
+        break;
+      case Removal::kKept:
+        break;
     }
-    // Readers hold a shared lock while they read: skip what is in use.
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      close(fd);
-      ++result.kept_busy;
-      continue;
-    }
-    struct stat by_fd, by_path;
-    if (fstat(fd, &by_fd) == 0 && stat(c.path.c_str(), &by_path) == 0 &&
-        by_fd.st_ino == by_path.st_ino && by_fd.st_dev == by_path.st_dev &&
-        unlink(c.path.c_str()) == 0) {
-      ++result.evicted;
-      result.evicted_bytes += c.size;
-      result.evicted_disk_bytes += c.disk_bytes;
-      left -= c.disk_bytes;
-    }
-    close(fd);
   }
   close(lock);
   return result;
