@@ -191,6 +191,16 @@ int Main(int argc, char** argv) {
     }
     // `wharf cat --profile URI`: after a verb other than fetch, --profile is still the AWS
     // profile's flag, so the URI went to it as a value.
+    // `wharf ls --bogus`: CLI11 checks required arguments before extras, so an unknown
+    // flag would be reported as "URI is required"; name the flag instead.
+    if (unknown.empty()) {
+      for (const std::string& arg : app.remaining(/*recurse=*/true)) {
+        if (arg.size() > 1 && arg[0] == '-') {
+          unknown = absl::StrCat("unknown flag '", arg.substr(0, arg.find('=')), "'");
+          break;
+        }
+      }
+    }
     std::string message = unknown.empty() ? e.what() : unknown;
     if (unknown.empty() && dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
         absl::StrContains(store_flags.profile, "://")) {

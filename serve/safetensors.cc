@@ -179,25 +179,38 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view text,
     t.size = end - begin;
     out.tensors.push_back(std::move(t));
   }
-  // No two non-empty tensors share a byte: sorted by offset, each starts at or after the
-  // furthest end so far.
+  // As the safetensors library requires (and every file it writes is): the tensors, sorted
+  // by data_offsets, tile the data exactly, with no byte shared, no gap and nothing after
+  // the last one; a file with a hole or trailing bytes is damaged or not what it says.
   std::vector<const SafetensorsTensor*> by_offset;
-  for (const SafetensorsTensor& t : out.tensors) {
-    if (t.size > 0) by_offset.push_back(&t);
-  }
+  for (const SafetensorsTensor& t : out.tensors) by_offset.push_back(&t);
   std::sort(by_offset.begin(), by_offset.end(),
             [](const SafetensorsTensor* a, const SafetensorsTensor* b) {
-              return a->offset != b->offset ? a->offset < b->offset : a->name < b->name;
+              if (a->offset != b->offset) return a->offset < b->offset;
+              return a->size != b->size ? a->size < b->size : a->name < b->name;
             });
-  const SafetensorsTensor* furthest = nullptr;
+  uint64_t next = out.data_start;
+  const SafetensorsTensor* previous = nullptr;
   for (const SafetensorsTensor* t : by_offset) {
-    if (furthest != nullptr && t->offset < furthest->offset + furthest->size) {
+    if (t->offset < next) {
       return BadTensor(uri, t->name,
-                       absl::StrCat("its bytes overlap tensor '", furthest->name, "'"));
+                       absl::StrCat("its bytes overlap tensor '", previous->name, "'"));
     }
-    if (furthest == nullptr || t->offset + t->size > furthest->offset + furthest->size) {
-      furthest = t;
+    if (t->offset > next) {
+      return BadTensor(
+          uri, t->name,
+          absl::StrCat("its data_offsets start ", t->offset - next, " bytes after ",
+                       previous == nullptr ? "the data's start"
+                                           : absl::StrCat("tensor '", previous->name, "' ends"),
+                       " (the tensors must fill the data with no gap)"));
     }
+    next = t->offset + t->size;
+    previous = t;
+  }
+  if (next != file_size) {
+    return Malformed(
+        uri, absl::StrCat(file_size - next, " bytes follow the last tensor's data (",
+                          "the file is ", file_size, " bytes, the tensors end at ", next, ")"));
   }
   // nlohmann's object is a std::map: items() came sorted by name already.
   return out;

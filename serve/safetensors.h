@@ -8,9 +8,9 @@
 // the data. Checked here: N within the file and at most 100 MB (the reference library's
 // limit); the JSON an object of well-formed entries; every dtype one the format defines; the
 // size the shape and dtype give equal to end - begin (overflow-checked); every range inside
-// the data; no two non-empty tensors overlapping. Unlike the reference library, holes
-// between tensors (bytes no tensor names) are accepted: they are harmless to a reader that
-// only reads the named ranges.
+// the data; and, as the reference library requires of every file (and every file it writes
+// is so), the tensors sorted by offsets tile the data exactly: no byte shared, no hole, no
+// bytes after the last tensor (a file with any of those is damaged or not what it says).
 //
 // Also the Hugging Face sharded layout's index (model.safetensors.index.json): its
 // "weight_map" names the shard files, relative to the index's folder.

@@ -82,6 +82,14 @@ TEST(Safetensors, RefusesMalformedHeadersNamingFileAndTensor) {
        "run backwards"},
       {"overlap", File("{" + t + R"(,"v":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
        "overlap tensor"},
+      {"gap", File("{" + t + R"(,"v":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})", 16),
+       "tensor 'v': its data_offsets start 4 bytes after tensor 'w' ends"},
+      {"gap at the start", File(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2),
+       "tensor 'w': its data_offsets start 1 bytes after the data's start"},
+      {"trailing bytes", File("{" + t + "}", 9), "1 bytes follow the last tensor's data"},
+      {"empty tensor inside another",
+       File("{" + t + R"(,"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})", 8),
+       "overlap tensor"},
       {"negative shape", File(R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0),
        "tensor 'w': \"shape\""},
       {"shape overflow",
@@ -120,10 +128,17 @@ TEST(Safetensors, IndexMapsEachTensorToItsFile) {
   EXPECT_EQ(index->weight_map.size(), 3u);
 }
 
-TEST(Safetensors, AcceptsHolesBetweenTensors) {
-  auto h = Parse(File(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})", 10));
+TEST(Safetensors, AcceptsEmptyTensorsAtTheBoundaries) {
+  // As the reference library: an empty tensor at a boundary (the start, between two
+  // tensors, the end) shares no byte.
+  auto h = Parse(File(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)"
+                      R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                      R"("b":{"dtype":"U8","shape":[0],"data_offsets":[2,2]},)"
+                      R"("v":{"dtype":"U8","shape":[1],"data_offsets":[2,3]},)"
+                      R"("z":{"dtype":"U8","shape":[0],"data_offsets":[3,3]}})",
+                      3));
   ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_EQ(h->tensors[0].size, 2u);
+  EXPECT_EQ(h->tensors.size(), 5u);
 }
 
 }  // namespace

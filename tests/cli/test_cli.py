@@ -129,6 +129,13 @@ def test_unknown_flag_is_a_usage_error(tmp_path):
     assert lines[1] == "Run 'wharf ls --help' for usage."
 
 
+@pytest.mark.parametrize("verb", [["ls"], ["cp"], ["tier", "status"], ["ckpt", "ls"]])
+def test_an_unknown_flag_is_named_even_when_an_argument_is_missing(verb):
+    # CLI11 checks required arguments first; the error must name the flag, not the URI.
+    lines = stderr_lines(run(*verb, "--bogus=1", check=2))
+    assert lines[0] == "wharf: unknown flag '--bogus'", lines
+
+
 def test_missing_argument_and_unknown_verb_are_usage_errors():
     assert "Run 'wharf cp --help'" in run("cp", "only-one", check=2).stderr.decode()
     run("frobnicate", check=2)
