@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -434,6 +435,18 @@ absl::Status NotAnObject(absl::string_view op, const struct stat& st) {
                                                   : ": no such object (not a regular file)"));
 }
 
+// A file of /proc says it is empty and is not: copied by its size, it would arrive as an
+// empty object. Refused instead (checked only for files that report size 0).
+absl::Status RefuseProcFile(absl::string_view op, const char* path, const struct stat& st) {
+  constexpr long kProcSuperMagic = 0x9fa0;
+  struct statfs fs;
+  if (st.st_size != 0 || statfs(path, &fs) != 0 || fs.f_type != kProcSuperMagic) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      op, ": a /proc file, whose size the kernel does not report (read it with cat)"));
+}
+
 }  // namespace
 
 absl::StatusOr<ObjectMeta> LocalStore::Head(const std::string& key) {
@@ -443,6 +456,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Head(const std::string& key) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, op);
   if (!S_ISREG(st.st_mode)) return NotAnObject(op, st);
+  WHARF_RETURN_IF_ERROR(RefuseProcFile(op, path.c_str(), st));
   ObjectMeta meta;
   meta.key = key;
   meta.size = st.st_size;
@@ -475,6 +489,7 @@ absl::StatusOr<GetResult> LocalStore::Get(const GetRequest& request) {
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoToStatus(errno, op);
   if (!S_ISREG(st.st_mode)) return NotAnObject(op, st);
+  WHARF_RETURN_IF_ERROR(RefuseProcFile(op, path.c_str(), st));
   GetResult result;
   result.meta.key = request.key;
   result.meta.size = st.st_size;
@@ -538,7 +553,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord da
   const std::string op = absl::StrCat("put ", Uri(key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), op));
-  auto temp = TempObject::Create(PathOf(key));
+  auto temp = TempObject::Create(PathOf(key), "", Checksum::kMd5, put_options.if_absent);
   if (!temp.ok()) return Annotate(temp.status(), op);
   if (md5 != nullptr) (*temp)->SetMd5(*md5);
   WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
@@ -557,7 +572,7 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string 
   const std::string uri = Uri(key);
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), absl::StrCat("put ", uri)));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), absl::StrCat("put ", uri)));
-  auto temp = TempObject::Create(PathOf(key));
+  auto temp = TempObject::Create(PathOf(key), "", Checksum::kMd5, put_options.if_absent);
   if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
   return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri, put_options.mtime,
                                        options_.fsync, put_options.if_absent);

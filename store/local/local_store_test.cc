@@ -203,6 +203,13 @@ TEST_F(LocalStoreTest, AFifoOrADeviceAtTheKeyIsWrittenIntoNotReplaced) {
   ASSERT_TRUE((*writer)->Close().ok());
   ASSERT_EQ(lstat("/dev/null", &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode));
+  // An exclusive put finds the device there before writing anything (a FIFO with no
+  // reader would otherwise block it, then fail).
+  PutOptions exclusive;
+  exclusive.if_absent = true;
+  EXPECT_TRUE(absl::IsAlreadyExists((*root)->Put("dev/null", absl::Cord("x"), exclusive).status()));
+  EXPECT_TRUE(absl::IsAlreadyExists(store_->Put("pipe", absl::Cord("x"), exclusive).status()));
+  EXPECT_TRUE(absl::IsAlreadyExists(store_->NewWriter("pipe", exclusive).status()));
   // A regular file in /dev (tmpfs /dev/shm) is not a link: replaced atomically, as anywhere.
   if (fs::is_directory("/dev/shm")) {
     const std::string shm = absl::StrCat("dev/shm/wharf-test-", getpid());
@@ -218,6 +225,21 @@ TEST_F(LocalStoreTest, AFifoOrADeviceAtTheKeyIsWrittenIntoNotReplaced) {
   for (const auto& entry : fs::directory_iterator(root_)) {
     EXPECT_FALSE(absl::StartsWith(entry.path().filename().string(), ".wharf-tmp-"));
   }
+}
+
+TEST_F(LocalStoreTest, AProcFileIsRefusedNotReadAsEmpty) {
+  auto root = LocalStore::Open("/", Runtime::Default());
+  ASSERT_TRUE(root.ok());
+  auto head = (*root)->Head("proc/self/status");
+  EXPECT_TRUE(absl::IsFailedPrecondition(head.status())) << head.status();
+  EXPECT_THAT(head.status().message(),
+              testing::HasSubstr("file:///proc/self/status: a /proc file"));
+  EXPECT_TRUE(absl::IsFailedPrecondition((*root)->Read("proc/self/status").status()));
+  // An empty regular file elsewhere is an empty object.
+  ASSERT_TRUE(store_->Put("empty", absl::Cord()).ok());
+  auto empty = store_->Read("empty");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(*empty, "");
 }
 
 TEST_F(LocalStoreTest, DeletePrunesEmptyDirectoriesButNotTheRoot) {

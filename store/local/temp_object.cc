@@ -126,7 +126,7 @@ absl::Status MakeDirs(const std::string& dir) {
 
 absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string target,
                                                                const std::string& temp_dir,
-                                                               Checksum checksum) {
+                                                               Checksum checksum, bool if_absent) {
   auto temp = std::unique_ptr<TempObject>(new TempObject(std::move(target), checksum));
   const std::string& t = temp->target_;
   const bool beside = temp_dir.empty();
@@ -149,6 +149,10 @@ absl::StatusOr<std::unique_ptr<TempObject>> TempObject::Create(std::string targe
           t, " is a link to a regular file: name that file, or use `wharf cat URI > FILE`"));
     }
     if (exists && (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode))) {
+      if (if_absent) {
+        return absl::AlreadyExistsError(
+            absl::StrCat(t, " exists (a ", S_ISCHR(st.st_mode) ? "character device" : "FIFO", ")"));
+      }
       temp->in_place_ = true;
       temp->path_ = t;
       // Not blocked for good by a FIFO that nobody reads: it gets a few seconds to be opened.

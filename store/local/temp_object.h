@@ -66,9 +66,13 @@ class TempObject {
   // when `temp_dir` is empty (its directories are created then). `temp_dir` must be private
   // (mode 0700: files in it are created with their final mode) and on the target's file
   // system; each thread creates its files in a subdirectory of it, made on first use.
+  // `if_absent` (an exclusive put): a character device or FIFO at the target, which would be
+  // written into in place, is AlreadyExists before anything is written (a regular file's
+  // existence is Commit's to check).
   static absl::StatusOr<std::unique_ptr<TempObject>> Create(std::string target,
                                                             const std::string& temp_dir = "",
-                                                            Checksum checksum = Checksum::kMd5);
+                                                            Checksum checksum = Checksum::kMd5,
+                                                            bool if_absent = false);
   ~TempObject();
   TempObject(const TempObject&) = delete;
   TempObject& operator=(const TempObject&) = delete;
