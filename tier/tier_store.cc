@@ -1099,28 +1099,33 @@ void TierStore::Park(std::shared_ptr<PendingRead> read) {
     std::pair<uint64_t, uint64_t> ids;  // its registrations, as Park recorded them
     {
       absl::MutexLock lock(&self->fill_mu_);
-      auto it = self->filling_.find(path);
-      if (it == self->filling_.end()) return;
-      auto& waiting = it->second;
-      for (auto w = waiting.begin(); w != waiting.end(); ++w) {
-        if (w->get() != raw) continue;
-        out = std::move(*w);
-        waiting.erase(w);
-        break;
+      if (auto it = self->filling_.find(path); it != self->filling_.end()) {
+        auto& waiting = it->second;
+        for (auto w = waiting.begin(); w != waiting.end(); ++w) {
+          if (w->get() != raw) continue;
+          out = std::move(*w);
+          waiting.erase(w);
+          break;
+        }
       }
       if (out) {
         ids = {std::exchange(out->parked_on_request, 0), std::exchange(out->parked_on_scope, 0)};
       }
     }
-    if (!out) return;  // released by the fill a moment ago
     // Not here: a callback of Cancel() must not block, and the read's end may (its caller's
     // callback runs when the read is dropped); nor may it forget the registration on the
     // other token (Forget waits for that token's callbacks, which may be forgetting ours).
-    const std::string op = absl::StrCat("get ", self->inner_->Uri(out->request.key));
-    self->runtime_->blocking_pool().Schedule([op, ids, out = std::move(out)]() mutable {
-      Unpark(*out, ids.first, ids.second);
-      out->Finish(absl::CancelledError(absl::StrCat(op, ": cancelled")));
-      out.reset();
+    // The store goes to the pool too, even when the read was released by its fill a moment
+    // ago: this reference may be the last, and its destructor must not run in Cancel().
+    ThreadPool& pool = self->runtime_->blocking_pool();
+    pool.Schedule([self = std::move(self), ids, out = std::move(out)]() mutable {
+      if (out) {
+        Unpark(*out, ids.first, ids.second);
+        out->Finish(absl::CancelledError(
+            absl::StrCat("get ", self->inner_->Uri(out->request.key), ": cancelled")));
+        out.reset();
+      }
+      self.reset();
     });
   };
   // Registered with no lock held: a token cancelled already runs the callback inline.
