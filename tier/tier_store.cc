@@ -457,7 +457,10 @@ void TierStore::FlushStatsAtExit() {
   if (live != nullptr) {
     // Not the stores a forked child inherited: their counters are the parent's to write.
     for (TierStore* store : *live) {
-      if (store->generation_ == ForkGeneration()) store->FlushStatsLocked();
+      // (flush_mu_ of an inherited store may have been held by a thread the fork left behind)
+      if (store->generation_ != ForkGeneration()) continue;
+      absl::MutexLock flush(&store->flush_mu_);
+      store->FlushStatsLocked();
     }
   }
   exiting = true;
@@ -509,14 +512,21 @@ void TierStore::StatsChanged() {
   ScopedAmbientCancel unscoped(nullptr);  // bookkeeping of no one operation
   Timer::Global().After(kStatsFlushDelay, [store = this] {
     Runtime::Default()->blocking_pool().Schedule([store] {
-      absl::MutexLock lock(&live_mu);
-      if (live == nullptr || exiting ||
-          std::find(live->begin(), live->end(), store) == live->end()) {
-        return;
+      {
+        absl::MutexLock lock(&live_mu);
+        if (live == nullptr || exiting ||
+            std::find(live->begin(), live->end(), store) == live->end() ||
+            store->generation_ != ForkGeneration()) {
+          return;
+        }
+        // Still live: its destructor, which leaves the live ones first, then waits for
+        // this lock, cannot free it until this flush is done.
+        store->flush_mu_.Lock();
       }
       store->flush_pending_.store(false, std::memory_order_seq_cst);
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (store->generation_ == ForkGeneration()) store->FlushStatsLocked(/*with_usage=*/false);
+      store->FlushStatsLocked(/*with_usage=*/false);
+      store->flush_mu_.Unlock();
     });
   });
 }
@@ -535,9 +545,17 @@ void TierStore::Register() {
 TierStore::~TierStore() {
   runtime_->metrics().RemoveCollector(collector_);
   PublishMetrics();  // what happened since the last snapshot still counts
-  absl::MutexLock lock(&live_mu);
-  if (live != nullptr) std::erase(*live, this);
-  if (!exiting && generation_ == ForkGeneration()) FlushStatsLocked();
+  bool after_exit;
+  {
+    absl::MutexLock lock(&live_mu);
+    if (live != nullptr) std::erase(*live, this);
+    after_exit = exiting;
+  }
+  // An inherited store's counters are the parent's to write (and its flush_mu_ may have been
+  // held by a thread the fork left behind).
+  if (generation_ != ForkGeneration()) return;
+  absl::MutexLock flush(&flush_mu_);  // waits for a flush in progress
+  if (!after_exit) FlushStatsLocked();
 }
 
 TierStore::Stats TierStore::stats() const {

@@ -291,7 +291,10 @@ class TierStore : public ForwardingStore, public std::enable_shared_from_this<Ti
   absl::Mutex listings_mu_;
   // By import source; null once a tree was found not to serve.
   std::map<std::string, std::shared_ptr<const TreeListing>> listings_ ABSL_GUARDED_BY(listings_mu_);
-  Stats flushed_;  // what FlushStatsLocked already wrote (guarded by the live-store lock)
+  // One flush at a time; taken under the live-store lock (never the other way round) and
+  // held, without that lock, for the file work, so a slow tier holds up no other store.
+  absl::Mutex flush_mu_;
+  Stats flushed_;  // what FlushStatsLocked already wrote (guarded by flush_mu_)
   // The runtime's metrics (wharf_tier_*): stats() published as counters at each snapshot.
   void PublishMetrics();
   struct Meters;
