@@ -1,7 +1,7 @@
 """One rank of a CheckpointManager saved on some ranks and restored in place on more
 (tests/checkpoint/test_manager.py runs these as subprocesses, so that pytest never forks).
 
-    python manager_worker.py save|restore ROOT RDZV_FILE RANK WORLD_SIZE OUT_JSON
+    python manager_worker.py save|restore|onefails ROOT RDZV_FILE RANK WORLD_SIZE OUT_JSON
 
 save: seeds python / numpy / torch per rank (seed 100 + rank), saves step 1 of a small model
   (synchronously), then writes the numbers its RNGs draw next (what a rank restoring this
@@ -52,6 +52,22 @@ def main() -> None:
         mgr = CheckpointManager(root, async_save=False)
         mgr.save(1, {"model": model})
         found["draws"] = draws()
+    elif mode == "onefails":
+        # Async saves of steps 1-3; at step 1 the state of the last rank cannot be copied
+        # (a meta tensor): that save must fail on every rank, and the next ones succeed.
+        mgr = CheckpointManager(root)
+        found["saves"] = {}
+        for step in (1, 2, 3):
+            state = {f"r{rank}": torch.full((4,), step * 10.0 + rank)}
+            if step == 1 and rank == world_size - 1:
+                state["bad"] = torch.empty(2, device="meta")
+            try:
+                mgr.save(step, state).result(timeout=120)
+                found["saves"][step] = "ok"
+            except Exception as e:  # noqa: BLE001 - the error is the result
+                found["saves"][step] = f"{type(e).__name__}: {e}"
+        mgr.wait()
+        found["steps"] = [m["step"] for m in mgr.list()]
     else:
         model = model_of(2)
         seed_all(200 + rank)

@@ -933,6 +933,21 @@ def test_restore_in_place_on_more_ranks_keeps_the_rng_of_ranks_without_a_saved_o
             assert got["draws"] == got["own_draws"], r
 
 
+def test_a_save_one_rank_cannot_prepare_fails_on_every_rank_and_the_next_ones_commit(tmp_path,
+                                                                                     s3_env):
+    # Async: each rank copies its state before the save's collectives; a copy failing on one
+    # rank alone once left the others a save behind it for good.
+    got = _run_ranks("onefails", tmp_path / "ckpt", 2, tmp_path, s3_env)
+    assert got[1]["saves"]["1"].startswith("NotImplementedError"), got[1]
+    assert "rank 1 failed to prepare its state" in got[0]["saves"]["1"], got[0]
+    for r in (0, 1):
+        assert got[r]["saves"]["2"] == got[r]["saves"]["3"] == "ok", got[r]
+    assert got[0]["steps"] == [2, 3], got[0]
+    # Nothing of the failed save is left behind.
+    steps = sorted(n for n in os.listdir(tmp_path / "ckpt") if n.startswith("step-"))
+    assert steps == [step_dir(2), step_dir(3)], steps
+
+
 # ---- 8. a tier copy partly evicted ----
 
 def test_a_partly_evicted_tier_copy_is_imported_again_from_the_bucket(tier, bucket, aws,

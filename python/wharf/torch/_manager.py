@@ -528,31 +528,46 @@ class CheckpointManager:
             raise RuntimeError(f"CheckpointManager({self.root.uri!r}) is closed: no more saves")
         if not self._writer_checked:
             self._take_writer_lock()
-        if self.rank == 0:
-            self._check_order(step)
-        if metrics is not None and not isinstance(metrics, dict):
-            raise TypeError(f"checkpoint {step}: metrics must be a dict of numbers by name, "
-                            f"not {type(metrics).__name__}")
-        metrics = {str(k): _metric_value(step, k, v) for k, v in (metrics or {}).items()}
-        nonfinite = sorted(k for k, v in metrics.items() if not math.isfinite(v))
-        if nonfinite:
-            warnings.warn(
-                f"wharf: checkpoint {step}: metric(s) "
-                f"{', '.join(f'{k}={metrics[k]}' for k in nonfinite)} not finite: recorded, "
-                f"but never ranked by keep_best or restore('best')", RuntimeWarning,
-                stacklevel=2)
-        from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
-        to_save = dict(_stateful_to_state_dict(state))
-        own = {"step": step}
-        int_keyed = _int_keyed(to_save)
-        if int_keyed:  # restore() without a state gives them back as they were
-            own["int_keys"] = int_keyed
-        if self.record_rng:
-            own["rng"] = {f"rank{self.rank}": _rng_state()}
-        to_save[_OWN] = own
+        # What each rank does on its own before the save's collectives (checks, the state's
+        # conversion, the async copy) either succeeds on every rank or fails the save on
+        # every rank: one rank raising alone would leave the others in a collective it never
+        # joins, pairing their save N with its save N+1 from then on.
+        staged, error = None, None
+        try:
+            if self.rank == 0:
+                self._check_order(step)
+            if metrics is not None and not isinstance(metrics, dict):
+                raise TypeError(f"checkpoint {step}: metrics must be a dict of numbers by name, "
+                                f"not {type(metrics).__name__}")
+            metrics = {str(k): _metric_value(step, k, v) for k, v in (metrics or {}).items()}
+            nonfinite = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+            if nonfinite:
+                warnings.warn(
+                    f"wharf: checkpoint {step}: metric(s) "
+                    f"{', '.join(f'{k}={metrics[k]}' for k in nonfinite)} not finite: recorded, "
+                    f"but never ranked by keep_best or restore('best')", RuntimeWarning,
+                    stacklevel=2)
+            from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
+            to_save = dict(_stateful_to_state_dict(state))
+            own = {"step": step}
+            int_keyed = _int_keyed(to_save)
+            if int_keyed:  # restore() without a state gives them back as they were
+                own["int_keys"] = int_keyed
+            if self.record_rng:
+                own["rng"] = {f"rank{self.rank}": _rng_state()}
+            to_save[_OWN] = own
+            if self.async_save:
+                with _phase("stage"):
+                    staged = self._stager.stage(to_save)  # the only part the loop waits for
+        except BaseException as e:
+            error = e
+        try:
+            self._all_prepared(step, error)
+        except BaseException:
+            if staged is not None:
+                self._stager.release()
+            raise
         if self.async_save:
-            with _phase("stage"):
-                staged = self._stager.stage(to_save)  # the only part the loop waits for
             try:
                 future = self._saver.submit(self._save_now, step, staged, metrics,
                                             self._stager.release)
@@ -571,6 +586,24 @@ class CheckpointManager:
             if self.rank == 0:
                 self._saving.append((step, future))
         return SaveHandle(step, future)
+
+    def _all_prepared(self, step: int, error: Optional[BaseException]) -> None:
+        """Raises `error` on this rank, and on every other rank an error naming the first
+        rank that failed, when any rank failed to prepare save `step` (a collective)."""
+        if not (self.distributed and self.world_size > 1 and self._pg is not None):
+            if error is not None:
+                raise error
+            return
+        mine = None if error is None else f"{type(error).__name__}: {error}"
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self._pg)
+        if error is not None:
+            raise error
+        for rank, failed in enumerate(everyone):
+            if failed is not None:
+                raise _wharf.WharfError(
+                    f"checkpoint {step}: rank {rank} failed to prepare its state ({failed}); "
+                    f"no rank saved it")
 
     def _take_writer_lock(self) -> None:
         """At the first save: rank 0 takes the root's writer lock (a local root: an flock,
@@ -798,7 +831,10 @@ class CheckpointManager:
             target = self._replacing_root() if replace else self.root
 
             def clear():  # on the coordinator, between planning and writing
-                target.delete(step)
+                try:
+                    target.delete(step)
+                except _wharf.WharfError as e:  # the first request of the save: say so
+                    raise type(e)(f"saving checkpoint {step}: {e}") from e
 
             uri = target.step_uri(step)
             writer = _Writer(uri, clear, files_per_rank=self.files_per_rank,
@@ -1070,7 +1106,8 @@ class CheckpointManager:
         `state`, loads into it and returns it: modules and optimizers in place through DCP
         (any world size; an optimizer that has not stepped gets its state first, as DCP's
         set_state_dict gives it), other stateful objects (datasets, schedulers) through their
-        load_state_dict with the state they saved, plain values replaced. Reads from the tier
+        load_state_dict with the state they saved, plain values replaced (a nested dict
+        must have the saved one's keys, as DCP loads by them). Reads from the tier
         when the checkpoint is there, else copies it from the bucket into the tier first.
         Pending saves and exports are waited for first; their failures are left to their
         handles and to wait() (what they did not write is not listed)."""
