@@ -443,8 +443,8 @@ absl::Status RefuseProcFile(absl::string_view op, const char* path, const struct
   if (st.st_size != 0 || statfs(path, &fs) != 0 || fs.f_type != kProcSuperMagic) {
     return absl::OkStatus();
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      op, ": a /proc file, whose size the kernel does not report (read it with cat)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(op, ": a /proc file, whose size the kernel does not report (read it with cat)"));
 }
 
 }  // namespace
