@@ -262,6 +262,24 @@ absl::StatusOr<std::vector<ObjectMeta>> CheckpointRoot::ListKeys(const std::stri
   return std::move(page->objects);
 }
 
+namespace {
+
+// Whether a file below `dir` is a tier entry copied from a source (an import or a
+// read-through fill); a checkpoint's own files are written to the tier and have none.
+bool HoldsSourcedEntry(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code ignored;
+    if (!it->is_regular_file(ignored)) continue;
+    std::optional<TierEntry> entry = ReadEntryAttr(it->path().string());
+    if (entry.has_value() && !entry->source.empty()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<CheckpointRoot::Listing> CheckpointRoot::List() const {
   Listing out;
   ListOptions lo;
@@ -316,7 +334,12 @@ absl::StatusOr<CheckpointRoot::Listing> CheckpointRoot::List() const {
   for (size_t i = 0; i < steps.size(); ++i) {
     const absl::Status status = got.results[i].status();
     if (absl::IsNotFound(status)) {
-      out.incomplete.push_back(steps[i]);
+      // In a tier, a step directory holding a copy of a source object (an import wrote it)
+      // is data that merely has a step's name, not a save: never listed, never removed.
+      if (tier_ == nullptr ||
+          !HoldsSourcedEntry(absl::StrCat(local_dir_, "/", StepDirName(steps[i])))) {
+        out.incomplete.push_back(steps[i]);
+      }
       continue;
     }
     const std::string what = StepUri(steps[i]) + kManifestName;

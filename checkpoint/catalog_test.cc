@@ -186,6 +186,27 @@ TEST(CheckpointRootTest, AStepDirectoryHoldingOnlyTemporaryFilesIsAnAbandonedSav
   EXPECT_TRUE(Exists(dir.root() + "/ckpt/step-000000000003/manifest.json"));
 }
 
+TEST(CheckpointRootTest, AnImportedStepDirectoryInATierRootIsNeverTakenForAnAbandonedSave) {
+  // The tier's root is the checkpoint root, and an import put a tree named like a step there.
+  TempStore dir;
+  ASSERT_TRUE(Tier::Init(dir.root() + "/tier", {}).ok());
+  auto root = *CheckpointRoot::Open(dir.root() + "/tier");
+  ASSERT_NE(root->tier(), nullptr);
+  PutOptions imported;
+  imported.source_uri = "s3://bucket/data/step-000000000007/part-0";
+  const std::string data = RandomBytes(1000, 4);
+  ASSERT_TRUE(root->store()->Put("step-000000000007/sub/part-0", absl::Cord(data), imported).ok());
+  WriteFilesOf(*root, 3, data);  // a save that was killed before its manifest
+  auto listing = root->List();
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_THAT(listing->incomplete, ElementsAre(3));
+  auto removed = root->RemoveAbandoned(/*before_step=*/10);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1);
+  EXPECT_FALSE(Exists(dir.root() + "/tier/step-000000000003"));
+  EXPECT_TRUE(Exists(dir.root() + "/tier/step-000000000007/sub/part-0"));
+}
+
 TEST(CheckpointRootTest, ConfigRoundTrips) {
   TempStore dir;
   auto root = *CheckpointRoot::Open("file://" + dir.root() + "/ckpt/");
