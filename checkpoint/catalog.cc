@@ -264,16 +264,20 @@ absl::StatusOr<std::vector<ObjectMeta>> CheckpointRoot::ListKeys(const std::stri
 
 namespace {
 
-// Whether a file below `dir` is a tier entry copied from a source (an import or a
-// read-through fill); a checkpoint's own files are written to the tier and have none.
-bool HoldsSourcedEntry(const std::string& dir) {
+// Whether a file below `dir` is a tier entry copied from below an import's source prefix:
+// imported data. A checkpoint's own files have no source until exported, and
+// then (or restored into the tier) their source is the export destination, not an import's.
+bool HoldsImportedEntry(const std::string& dir, const std::vector<TierImport>& imports) {
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
     std::error_code ignored;
     if (!it->is_regular_file(ignored)) continue;
     std::optional<TierEntry> entry = ReadEntryAttr(it->path().string());
-    if (entry.has_value() && !entry->source.empty()) return true;
+    if (!entry.has_value() || entry->source.empty()) continue;
+    for (const TierImport& import : imports) {
+      if (absl::StartsWith(entry->source, import.source)) return true;
+    }
   }
   return false;
 }
@@ -331,13 +335,20 @@ absl::StatusOr<CheckpointRoot::Listing> CheckpointRoot::List() const {
   get_options.max_in_flight = 32;
   get_options.stop_at_first_error = false;  // a missing manifest is an incomplete save
   const GetAllResult got = GetAll(*store_, std::move(gets), get_options);
+  std::optional<std::vector<TierImport>> imports;  // read when a tier's step needs them
   for (size_t i = 0; i < steps.size(); ++i) {
     const absl::Status status = got.results[i].status();
     if (absl::IsNotFound(status)) {
       // In a tier, a step directory holding a copy of a source object (an import wrote it)
       // is data that merely has a step's name, not a save: never listed, never removed.
+      if (tier_ != nullptr && !imports.has_value()) {
+        auto read = tier_->Imports();
+        if (!read.ok())
+          return Annotate(read.status(), absl::StrCat("listing checkpoints in ", uri_));
+        imports = *std::move(read);
+      }
       if (tier_ == nullptr ||
-          !HoldsSourcedEntry(absl::StrCat(local_dir_, "/", StepDirName(steps[i])))) {
+          !HoldsImportedEntry(absl::StrCat(local_dir_, "/", StepDirName(steps[i])), *imports)) {
         out.incomplete.push_back(steps[i]);
       }
       continue;

@@ -192,18 +192,26 @@ TEST(CheckpointRootTest, AnImportedStepDirectoryInATierRootIsNeverTakenForAnAban
   ASSERT_TRUE(Tier::Init(dir.root() + "/tier", {}).ok());
   auto root = *CheckpointRoot::Open(dir.root() + "/tier");
   ASSERT_NE(root->tier(), nullptr);
+  ASSERT_TRUE(root->tier()->RecordImport({.source = "s3://bucket/data/", .dir = ""}).ok());
   PutOptions imported;
-  imported.source_uri = "s3://bucket/data/step-000000000007/part-0";
+  imported.source_uri = "s3://bucket/data/step-000000000007/sub/part-0";
   const std::string data = RandomBytes(1000, 4);
   ASSERT_TRUE(root->store()->Put("step-000000000007/sub/part-0", absl::Cord(data), imported).ok());
   WriteFilesOf(*root, 3, data);  // a save that was killed before its manifest
+  // An exported (or restored) checkpoint whose deletion was killed after its manifest went:
+  // its files name the export destination as their source, not an import's.
+  PutOptions exported;
+  exported.source_uri = "s3://bucket/ckpt/step-000000000005/__0_0.distcp";
+  ASSERT_TRUE(
+      root->store()->Put("step-000000000005/__0_0.distcp", absl::Cord(data), exported).ok());
   auto listing = root->List();
   ASSERT_TRUE(listing.ok()) << listing.status();
-  EXPECT_THAT(listing->incomplete, ElementsAre(3));
+  EXPECT_THAT(listing->incomplete, ElementsAre(3, 5));
   auto removed = root->RemoveAbandoned(/*before_step=*/10);
   ASSERT_TRUE(removed.ok()) << removed.status();
-  EXPECT_EQ(*removed, 1);
+  EXPECT_EQ(*removed, 2);
   EXPECT_FALSE(Exists(dir.root() + "/tier/step-000000000003"));
+  EXPECT_FALSE(Exists(dir.root() + "/tier/step-000000000005"));
   EXPECT_TRUE(Exists(dir.root() + "/tier/step-000000000007/sub/part-0"));
 }
 

@@ -94,7 +94,7 @@ absl::Status RunInit(const TierArgs& args) {
         "tier %s: mode %s%s, max size %s, min free %.1f%%, blocks of %s above %s\n", tier->root(),
         TierModeName(config.mode),
         config.mode == TierConfig::Mode::kTtl
-            ? absl::StrFormat(" (ttl %.0f s)", absl::ToDoubleSeconds(config.ttl))
+            ? absl::StrFormat(" (ttl %.10g s)", absl::ToDoubleSeconds(config.ttl))
             : "",
         config.max_size == 0 ? "unbounded" : absl::StrCat(config.max_size), config.min_free,
         absl::StrCat(config.block_size), absl::StrCat(config.block_threshold)));
@@ -624,27 +624,33 @@ absl::Status RunEvict(const TierArgs& args) {
 
 absl::Status RunPin(const TierArgs& args, bool pin) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
-  uint64_t changed = 0;
+  uint64_t changed = 0, already = 0;
   absl::Status first;
-  WHARF_RETURN_IF_ERROR(WalkTierFiles(*tier, AbsolutePath(args.path),
-                                      [&](const std::string& p, const struct stat& st) {
-                                        const auto entry = ReadEntryAttr(p);
-                                        if (!IsCompleteEntry(entry, st)) return;
-                                        absl::Status s = SetPinned(p, pin);
-                                        // A block: its object's .blocks directory too, so
-                                        // blocks filled later are pinned as well.
-                                        if (s.ok() && entry->block) {
-                                          const std::string dir = p.substr(0, p.rfind('/'));
-                                          s = SetPinned(dir.substr(0, dir.rfind('/')), pin);
-                                        }
-                                        if (s.ok()) {
-                                          ++changed;
-                                        } else if (first.ok()) {
-                                          first = s;
-                                        }
-                                      }));
+  WHARF_RETURN_IF_ERROR(WalkTierFiles(
+      *tier, AbsolutePath(args.path), [&](const std::string& p, const struct stat& st) {
+        const auto entry = ReadEntryAttr(p);
+        if (!IsCompleteEntry(entry, st)) return;
+        const bool as_asked = IsPinned(p) == pin;
+        absl::Status s = as_asked ? absl::OkStatus() : SetPinned(p, pin);
+        // A block: its object's .blocks directory too, so
+        // blocks filled later are pinned as well.
+        if (s.ok() && entry->block) {
+          const std::string dir = p.substr(0, p.rfind('/'));
+          s = SetPinned(dir.substr(0, dir.rfind('/')), pin);
+        }
+        if (s.ok()) {
+          ++(as_asked ? already : changed);
+        } else if (first.ok()) {
+          first = s;
+        }
+      }));
   WHARF_RETURN_IF_ERROR(first);
-  if (!args.quiet) Print(absl::StrFormat("%s %d entries\n", pin ? "pinned" : "unpinned", changed));
+  if (!args.quiet) {
+    const char* done = pin ? "pinned" : "unpinned";
+    Print(already == 0
+              ? absl::StrFormat("%s %d entries\n", done, changed)
+              : absl::StrFormat("%s %d entries (%d already %s)\n", done, changed, already, done));
+  }
   return absl::OkStatus();
 }
 

@@ -153,8 +153,9 @@ uint64_t RemoveBlockVersions(const std::string& blocks_dir, const std::string& k
     if (version == keep) continue;
     const std::string dir = absl::StrCat(blocks_dir, "/", version);
     for (const std::string& name : DirNames(dir)) {
+      // Pinned or not: a pin is on the object (its .blocks directory pins the blocks filled
+      // later), and a superseded version's blocks are never read as the object again.
       const std::string path = absl::StrCat(dir, "/", name);
-      if (IsPinned(path)) continue;
       if (RemoveUnlessRead(path) == Removal::kRemoved) ++removed;
     }
     rmdir(dir.c_str());  // when empty

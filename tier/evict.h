@@ -45,8 +45,9 @@ absl::Time LastAccess(const std::string& path, const TierEntry& entry);
 void TouchEntry(int fd, const TierEntry& entry);
 
 // Removes the blocks below `blocks_dir` (an object's `.blocks` directory) of every version
-// other than `keep` (a TierBlockVersionDir name; empty: every version) that nobody is reading
-// and nobody pinned, and the version directories left empty. Returns the blocks removed.
+// other than `keep` (a TierBlockVersionDir name; empty: every version) that nobody is reading,
+// pinned ones too (the pin follows the object: its .blocks directory pins the new version's
+// blocks), and the version directories left empty. Returns the blocks removed.
 uint64_t RemoveBlockVersions(const std::string& blocks_dir, const std::string& keep);
 
 // Garbage among blocks: in every `.blocks` directory below the tier's read-through area,

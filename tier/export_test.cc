@@ -2,12 +2,16 @@
 // exported objects as provenance, a rerun skips them.
 #include "tier/export.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <atomic>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/cord.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/testing/temp_store.h"
 #include "tier/tree_store.h"
@@ -97,6 +101,38 @@ TEST_F(ExportTierPathTest, ExportsMarksAndResumes) {
   EXPECT_EQ(third->transfer.objects, 0u);
   EXPECT_EQ(third->transfer.skipped, 2u);
   EXPECT_EQ(third->transfer.failed, 0u);
+}
+
+TEST_F(ExportTierPathTest, AFileWrittenSinceItsExportIsCheckedNotSkipped) {
+  // A CRC32C entry too (a checkpoint's file), besides the fixture's MD5 ones.
+  TierTreeOptions crc;
+  crc.written_checksum = Checksum::kCrc32c;
+  auto tree = TierTreeStore::Open(tier_, Dir(), Runtime::Default(), crc);
+  ASSERT_TRUE(tree.ok()) << tree.status();
+  ASSERT_TRUE((*tree)->Put("c.bin", absl::Cord(std::string("data of c.bin")), {}).ok());
+  auto first = ExportTierPath(tier_, Dir(), {dst_.store(), "out/"}, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->transfer.objects, 3u);
+  // Only touched: the same bytes. Each listing finds its entry's checksum again: skipped.
+  for (const char* name : {"sub/b.bin", "c.bin"}) {
+    ASSERT_EQ(utimensat(AT_FDCWD, (Dir() + "/" + name).c_str(), nullptr, 0), 0);
+  }
+  auto touched = ExportTierPath(tier_, Dir(), {dst_.store(), "out/"}, {});
+  ASSERT_TRUE(touched.ok()) << touched.status();
+  EXPECT_EQ(touched->transfer.skipped, 3u);
+  // Edited in place to the same size: the entries' attributes still describe the old bytes,
+  // and neither is skipped as "already there" by them, nor uploaded as the entry.
+  for (const char* name : {"a.bin", "c.bin"}) {
+    std::fstream f(Dir() + "/" + name, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f << "DATA";
+  }
+  auto edited = ExportTierPath(tier_, Dir(), {dst_.store(), "out/"}, {});
+  ASSERT_FALSE(edited.ok());
+  EXPECT_THAT(std::string(edited.status().message()),
+              ::testing::HasSubstr("no longer holds its tier entry's data"));
+  EXPECT_EQ(ReadFile(dst_.PathOf("out/a.bin")), "data of a.bin");
+  EXPECT_EQ(ReadFile(dst_.PathOf("out/c.bin")), "data of c.bin");
 }
 
 TEST_F(ExportTierPathTest, OneFileGoesBelowAPrefixUnderItsName) {

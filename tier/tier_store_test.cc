@@ -934,6 +934,28 @@ TEST_F(TierBlocksTest, ImmutableBlocksOfAVersionGoneAreReadAgainAndGcRemovesOldV
   EXPECT_EQ(FilesBelow(blocks).size(), 2u);
 }
 
+TEST_F(TierBlocksTest, APinFollowsABigObjectToItsNewVersionAndTheOldBlocksGo) {
+  auto tier = MakeTier(SmallBlocks());
+  auto store = Cached(bucket_, tier);
+  const std::string v1 = RandomBytes(kBig, 20), v2 = RandomBytes(kBig, 21);
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(v1)).ok());
+  const std::string e1 = memory_->Head("big.bin")->etag;
+  EXPECT_EQ(*store->Read("big.bin", ByteRange::Of(0, kBlock)), v1.substr(0, kBlock));
+  const std::string blocks = BlocksDir(*store, "big.bin");
+  // What `wharf tier pin` does to a block: the block and its object's .blocks directory.
+  ASSERT_TRUE(SetPinned(blocks + "/" + TierBlockVersionDir(e1) + "/0", true).ok());
+  ASSERT_TRUE(SetPinned(blocks, true).ok());
+  ASSERT_TRUE(memory_->Put("big.bin", absl::Cord(v2)).ok());
+  const std::string e2 = memory_->Head("big.bin")->etag;
+  auto both = store->Read("big.bin", ByteRange::Of(0, 2 * kBlock));
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_TRUE(*both == v2.substr(0, 2 * kBlock));
+  EXPECT_FALSE(std::filesystem::exists(blocks + "/" + TierBlockVersionDir(e1)));
+  EXPECT_THAT(FilesBelow(blocks), ::testing::ElementsAre(TierBlockVersionDir(e2) + "/0",
+                                                         TierBlockVersionDir(e2) + "/1"));
+  EXPECT_TRUE(IsPinned(blocks + "/" + TierBlockVersionDir(e2) + "/0"));
+}
+
 TEST_F(TierBlocksTest, EvictionTakesBlocksLeastRecentlyUsedFirstAndNeverOneBeingRead) {
   auto tier = MakeTier(SmallBlocks());
   auto store = Cached(bucket_, tier);

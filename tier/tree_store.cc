@@ -109,15 +109,35 @@ absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
   return meta;
 }
 
-// The ETag the file store gives the entry's file: its MD5, or the ETag of its own that a
-// CRC32C entry's file carries in the file store's cache ("crc32c-<its CRC>-<time>", kept with
-// the file's size and mtime). "" when the cache holds none for this CRC: the file was written
-// since it was sealed (a listing may have cached the MD5 of what it holds now).
+// The ETag the file store gives the entry's file while it holds the entry's data: the MD5
+// the entry records, or the ETag of its own that a CRC32C entry's file carries in the file
+// store's cache ("crc32c-<its CRC>-<time>"), kept with the file's size, mtime and inode. ""
+// when the cache holds neither: the file was written since it was sealed (a listing may have
+// cached the MD5 of what it holds now), and its content decides.
 std::string FileEtag(const TierEntry& entry, const std::string& path, const struct stat& st) {
-  if (!entry.md5.empty()) return entry.md5;
   std::optional<std::string> cached = CachedLocalEtag(-1, path, st);
-  if (!cached.has_value() || !absl::StartsWith(*cached, OwnEtagPrefix(entry.crc32c))) return "";
+  if (!cached.has_value()) return "";
+  if (!entry.md5.empty()) return *cached == entry.md5 ? entry.md5 : "";
+  if (!absl::StartsWith(*cached, OwnEtagPrefix(entry.crc32c))) return "";
   return *std::move(cached);
+}
+
+// Whether a CRC32C entry's file at `path`, whose own ETag the file store's cache no longer
+// holds for it (touched, copied, or written since it was sealed), still holds the entry's
+// data: its content decides (a CRC32C, ~20x cheaper than the MD5 a listing computed for it).
+// The same bytes get an ETag of their own again, so later reads and listings need no hash.
+bool RenewedCrc32c(const std::string& path, const TierEntry& entry) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  bool same = false;
+  if (fstat(fd, &st) == 0 && IsCompleteEntry(entry, st)) {
+    absl::StatusOr<std::string> crc = ChecksumOfFile(fd, st.st_size, Checksum::kCrc32c);
+    same = crc.ok() && *crc == entry.crc32c;
+    if (same) StoreLocalEtag(fd, st, OwnEtag(entry.crc32c, absl::Now()));
+  }
+  close(fd);
+  return same;
 }
 
 }  // namespace
@@ -175,12 +195,31 @@ void TierTreeStore::Describe(ListPage& page) const {
     const std::string path = absl::StrCat(dir_, "/", meta.key);
     struct stat st;
     const auto entry = ReadEntryAttr(path);
-    if (stat(path.c_str(), &st) == 0 && IsCompleteEntry(entry, st)) {
+    const bool complete = stat(path.c_str(), &st) == 0 && IsCompleteEntry(entry, st);
+    // The file store listed the file's own ETag: the MD5 of what it holds now (kept with its
+    // size, mtime and inode; hashed again when they changed), or a CRC32C entry's own ETag
+    // while the file is as it was sealed. An entry is listed as one only while its file holds
+    // its data: an export or an import's rerun must never skip a file edited in place (even
+    // to the same size) as "already there" by what its attribute recorded.
+    bool holds = false;
+    if (complete) {
+      holds = entry->md5.empty() ? absl::StartsWith(meta.etag, OwnEtagPrefix(entry->crc32c)) ||
+                                       RenewedCrc32c(path, *entry)
+                                 : meta.etag == entry->md5;
+    }
+    if (holds) {
       meta.etag = EntryEtag(*entry);
       // The content's MD5 when the entry records one (an import's): so an export compares
       // by content with a destination whose ETag or md5Hash is an MD5, whatever ETag the
       // source gave (a GCS generation, a multipart ETag).
       meta.md5 = entry->md5;
+    } else if (complete) {
+      // Edited since it was sealed (in place, to the same size): no ETag, so its read checks
+      // the content and fails naming the file (GetAsync), as `tier verify` reports it. Never
+      // exported as the entry (a checkpoint's file, an imported object); an import's rerun
+      // fetches the source's bytes again.
+      meta.etag.clear();
+      meta.md5.clear();
     } else if (!options_.plain_file_etags) {
       meta.etag.clear();
     }
@@ -237,32 +276,37 @@ void TierTreeStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       file_etag = FileEtag(*entry, path, st);
     }
   }
-  if (entry.has_value() && file_etag.empty() && entry->md5.empty()) {
-    // A CRC32C entry's own ETag is kept with the file's size and mtime (the file store's ETag
+  if (entry.has_value() && file_etag.empty() &&
+      (request.if_match.empty() || request.if_match == EntryEtag(*entry))) {
+    // The entry's checksum is kept with the file's size and mtime (the file store's ETag
     // cache): gone, the file was written since it was sealed (or the attribute was lost). Its
     // content decides, on the blocking pool: the same bytes get their ETag back; others are
-    // never served as the entry (an export would upload damage as the checkpoint).
+    // never served as the entry (an export would upload an edit or damage as the checkpoint,
+    // or as the imported object). A read asking for another version (a condition on the
+    // content's MD5) is the file store's to check.
     runtime_->blocking_pool().Schedule([this, request = std::move(request),
                                         entry = *std::move(entry),
                                         done = std::move(done)]() mutable {
       const std::string path = absl::StrCat(dir_, "/", request.key);
       const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
       struct stat st;
-      absl::StatusOr<std::string> crc = absl::NotFoundError("no such file");
+      const bool md5 = !entry.md5.empty();
+      const std::string& want = md5 ? entry.md5 : entry.crc32c;
+      absl::StatusOr<std::string> sum = absl::NotFoundError("no such file");
       std::string own;
       if (fd >= 0 && fstat(fd, &st) == 0 && IsCompleteEntry(entry, st)) {
-        crc = ChecksumOfFile(fd, st.st_size, Checksum::kCrc32c);
-        if (crc.ok() && *crc == entry.crc32c) {
-          own = OwnEtag(entry.crc32c, absl::Now());
+        sum = ChecksumOfFile(fd, st.st_size, md5 ? Checksum::kMd5 : Checksum::kCrc32c);
+        if (sum.ok() && *sum == want) {
+          own = md5 ? entry.md5 : OwnEtag(entry.crc32c, absl::Now());
           StoreLocalEtag(fd, st, own);
         }
       }
       if (fd >= 0) close(fd);
-      if (!crc.ok() || *crc != entry.crc32c) {
+      if (!sum.ok() || *sum != want) {
         std::move(done)(absl::DataLossError(absl::StrCat(
             "get ", Uri(request.key), ": the file no longer holds its tier entry's data (",
-            crc.ok() ? absl::StrCat("CRC32C ", *crc, ", the entry says ", entry.crc32c)
-                     : std::string(crc.status().message()),
+            sum.ok() ? absl::StrCat(md5 ? "MD5 " : "CRC32C ", *sum, ", the entry says ", want)
+                     : std::string(sum.status().message()),
             "): written since it was sealed, or damaged; see `wharf tier verify`")));
         return;
       }

@@ -353,3 +353,41 @@ def test_settings_a_tier_cannot_take_are_usage_errors(tmp_path):
     for args in (["--rank", "1"], ["--rank", "2", "--world-size", "2"]):
         proc = run_wharf("tier", "import", *args, tmp_path / "src", tmp_path / "t")
         assert proc.returncode == 2, (args, proc.stderr)
+
+
+def test_an_imported_file_edited_to_the_same_size_is_not_exported_as_already_there(
+        tmp_path, bucket, s3_env, s3_client):
+    s3_client.put_object(Bucket=bucket, Key="ed/a.txt", Body=b"HELLO2")
+    s3_client.put_object(Bucket=bucket, Key="ed/b.txt", Body=b"other")
+    tree = tmp_path / "t" / "ed"
+    run_wharf("tier", "import", f"s3://{bucket}/ed/", tree, env=s3_env, check=True)
+    summary, _ = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env)
+    assert summary["uploaded"] == 2, summary
+    with open(tree / "a.txt", "r+b") as f:
+        f.write(b"HELLO3")  # in place, the same size
+    # Not skipped by what the entry recorded: the read finds the edit and names the file.
+    summary, proc = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env, ok=False)
+    assert (summary["skipped"], summary["failed"]) == (1, 1), summary
+    assert "a.txt" in proc.stderr and "no longer holds its tier entry's data" in proc.stderr
+    assert s3_client.get_object(Bucket=bucket, Key="out/a.txt")["Body"].read() == b"HELLO2"
+    # A rerun of the import puts the source's bytes back; the export is then current.
+    run_wharf("tier", "import", f"s3://{bucket}/ed/", tree, env=s3_env, check=True)
+    assert (tree / "a.txt").read_bytes() == b"HELLO2"
+    summary, _ = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env)
+    assert (summary["uploaded"], summary["skipped"]) == (0, 2), summary
+
+
+def test_pin_and_unpin_count_the_entries_they_change(tmp_path, bucket, s3_env, s3_client):
+    for i in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"p/f{i}", Body=b"x" * 10)
+    dest = tmp_path / "t"
+    run_wharf("tier", "import", f"s3://{bucket}/p/", dest, env=s3_env, check=True)
+    said = lambda *args: run_wharf("tier", *args, env=s3_env, check=True).stdout.decode()
+    assert said("pin", dest / "f1") == "pinned 1 entries\n"
+    assert said("pin", dest) == "pinned 2 entries (1 already pinned)\n"
+    assert said("unpin", dest) == "unpinned 3 entries\n"
+    assert said("unpin", dest) == "unpinned 0 entries (3 already unpinned)\n"
+    status, _ = wharf_json("tier", "status", dest, env=s3_env)
+    assert status["pinned"] == 0
+    # A TTL is printed as given.
+    assert "ttl 1.5 s" in said("init", tmp_path / "t2", "--mode", "ttl", "--ttl", "1.5")
