@@ -265,8 +265,8 @@ absl::StatusOr<std::vector<ObjectMeta>> CheckpointRoot::ListKeys(const std::stri
 namespace {
 
 // Whether a file below `dir` is a tier entry copied from below an import's source prefix:
-// imported data. A checkpoint's own files have no source until exported, and
-// then (or restored into the tier) their source is the export destination, not an import's.
+// imported data. A checkpoint's own files have no source until exported, and then (or once
+// restored into the tier) their source is the export destination, not an import's.
 bool HoldsImportedEntry(const std::string& dir, const std::vector<TierImport>& imports) {
   std::error_code ec;
   for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
@@ -343,8 +343,9 @@ absl::StatusOr<CheckpointRoot::Listing> CheckpointRoot::List() const {
       // is data that merely has a step's name, not a save: never listed, never removed.
       if (tier_ != nullptr && !imports.has_value()) {
         auto read = tier_->Imports();
-        if (!read.ok())
+        if (!read.ok()) {
           return Annotate(read.status(), absl::StrCat("listing checkpoints in ", uri_));
+        }
         imports = *std::move(read);
       }
       if (tier_ == nullptr ||

@@ -632,8 +632,8 @@ absl::Status RunPin(const TierArgs& args, bool pin) {
         if (!IsCompleteEntry(entry, st)) return;
         const bool as_asked = IsPinned(p) == pin;
         absl::Status s = as_asked ? absl::OkStatus() : SetPinned(p, pin);
-        // A block: its object's .blocks directory too, so
-        // blocks filled later are pinned as well.
+        // A block: its object's .blocks directory too, so blocks filled later are pinned as
+        // well.
         if (s.ok() && entry->block) {
           const std::string dir = p.substr(0, p.rfind('/'));
           s = SetPinned(dir.substr(0, dir.rfind('/')), pin);

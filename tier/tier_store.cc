@@ -977,11 +977,7 @@ namespace {
 // for (one attribute read), else its content decides (a file only touched is served, and
 // its cache renewed; one edited in place since it was sealed is not the object).
 bool HoldsEntryData(int fd, const struct stat& st, const TierEntry& entry) {
-  if (CachedLocalEtag(fd, "", st) == entry.md5) return true;
-  absl::StatusOr<std::string> md5 = ChecksumOfFile(fd, st.st_size, Checksum::kMd5);
-  if (!md5.ok() || *md5 != entry.md5) return false;
-  StoreLocalEtag(fd, st, *md5);
-  return true;
+  return CachedLocalEtag(fd, "", st) == entry.md5 || !RecheckEntry(fd, st, entry).empty();
 }
 
 }  // namespace

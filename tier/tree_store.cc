@@ -122,25 +122,38 @@ std::string FileEtag(const TierEntry& entry, const std::string& path, const stru
   return *std::move(cached);
 }
 
-// Whether a CRC32C entry's file at `path`, whose own ETag the file store's cache no longer
-// holds for it (touched, copied, or written since it was sealed), still holds the entry's
-// data: its content decides (a CRC32C, ~20x cheaper than the MD5 a listing computed for it).
-// The same bytes get an ETag of their own again, so later reads and listings need no hash.
-bool RenewedCrc32c(const std::string& path, const TierEntry& entry) {
+// RecheckEntry on the file at `path`, opened here ("" when it cannot be opened).
+std::string Recheck(const std::string& path, const TierEntry& entry,
+                    absl::StatusOr<std::string>* sum = nullptr) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
   struct stat st;
-  bool same = false;
-  if (fstat(fd, &st) == 0 && IsCompleteEntry(entry, st)) {
-    absl::StatusOr<std::string> crc = ChecksumOfFile(fd, st.st_size, Checksum::kCrc32c);
-    same = crc.ok() && *crc == entry.crc32c;
-    if (same) StoreLocalEtag(fd, st, OwnEtag(entry.crc32c, absl::Now()));
+  std::string renewed;
+  if (fd >= 0 && fstat(fd, &st) == 0) {
+    renewed = RecheckEntry(fd, st, entry, sum);
+  } else if (sum != nullptr) {
+    *sum = ErrnoToStatus(errno, "opening");
   }
-  close(fd);
-  return same;
+  if (fd >= 0) close(fd);
+  return renewed;
 }
 
 }  // namespace
+
+std::string RecheckEntry(int fd, const struct stat& st, const TierEntry& entry,
+                         absl::StatusOr<std::string>* sum) {
+  const bool md5 = !entry.md5.empty();
+  absl::StatusOr<std::string> found = absl::DataLossError("the file's size is not the entry's");
+  std::string renewed;
+  if (IsCompleteEntry(entry, st)) {
+    found = ChecksumOfFile(fd, st.st_size, md5 ? Checksum::kMd5 : Checksum::kCrc32c);
+    if (found.ok() && *found == (md5 ? entry.md5 : entry.crc32c)) {
+      renewed = md5 ? entry.md5 : OwnEtag(entry.crc32c, absl::Now());
+      StoreLocalEtag(fd, st, renewed);
+    }
+  }
+  if (sum != nullptr) *sum = std::move(found);
+  return renewed;
+}
 
 std::string EntryEtag(const TierEntry& entry) {
   return entry.source.empty() && !entry.md5.empty() ? entry.md5 : entry.etag;
@@ -204,7 +217,7 @@ void TierTreeStore::Describe(ListPage& page) const {
     bool holds = false;
     if (complete) {
       holds = entry->md5.empty() ? absl::StartsWith(meta.etag, OwnEtagPrefix(entry->crc32c)) ||
-                                       RenewedCrc32c(path, *entry)
+                                       !Recheck(path, *entry).empty()
                                  : meta.etag == entry->md5;
     }
     if (holds) {
@@ -276,36 +289,23 @@ void TierTreeStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       file_etag = FileEtag(*entry, path, st);
     }
   }
-  if (entry.has_value() && file_etag.empty() &&
-      (request.if_match.empty() || request.if_match == EntryEtag(*entry))) {
-    // The entry's checksum is kept with the file's size and mtime (the file store's ETag
+  if (entry.has_value() && file_etag.empty()) {
+    // The entry's checksum is kept with the file's size, mtime and inode (the file store's ETag
     // cache): gone, the file was written since it was sealed (or the attribute was lost). Its
     // content decides, on the blocking pool: the same bytes get their ETag back; others are
     // never served as the entry (an export would upload an edit or damage as the checkpoint,
-    // or as the imported object). A read asking for another version (a condition on the
-    // content's MD5) is the file store's to check.
+    // or as the imported object).
     runtime_->blocking_pool().Schedule([this, request = std::move(request),
                                         entry = *std::move(entry),
                                         done = std::move(done)]() mutable {
-      const std::string path = absl::StrCat(dir_, "/", request.key);
-      const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      struct stat st;
-      const bool md5 = !entry.md5.empty();
-      const std::string& want = md5 ? entry.md5 : entry.crc32c;
-      absl::StatusOr<std::string> sum = absl::NotFoundError("no such file");
-      std::string own;
-      if (fd >= 0 && fstat(fd, &st) == 0 && IsCompleteEntry(entry, st)) {
-        sum = ChecksumOfFile(fd, st.st_size, md5 ? Checksum::kMd5 : Checksum::kCrc32c);
-        if (sum.ok() && *sum == want) {
-          own = md5 ? entry.md5 : OwnEtag(entry.crc32c, absl::Now());
-          StoreLocalEtag(fd, st, own);
-        }
-      }
-      if (fd >= 0) close(fd);
-      if (!sum.ok() || *sum != want) {
+      absl::StatusOr<std::string> sum;
+      std::string own = Recheck(absl::StrCat(dir_, "/", request.key), entry, &sum);
+      if (own.empty()) {
+        const bool md5 = !entry.md5.empty();
         std::move(done)(absl::DataLossError(absl::StrCat(
             "get ", Uri(request.key), ": the file no longer holds its tier entry's data (",
-            sum.ok() ? absl::StrCat(md5 ? "MD5 " : "CRC32C ", *sum, ", the entry says ", want)
+            sum.ok() ? absl::StrCat(md5 ? "MD5 " : "CRC32C ", *sum, ", the entry says ",
+                                    md5 ? entry.md5 : entry.crc32c)
                      : std::string(sum.status().message()),
             "): written since it was sealed, or damaged; see `wharf tier verify`")));
         return;

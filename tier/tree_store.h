@@ -20,6 +20,8 @@
 // Thread-safety: thread-safe, as every ObjectStore.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -164,5 +166,13 @@ class TierTreeStore : public ForwardingStore {
 // The ETag an entry lists with: its source's, or for data written to the tier itself (no
 // source), the MD5 of its content (or its own CRC32C-based ETag, TierTreeOptions).
 std::string EntryEtag(const TierEntry& entry);
+
+// Checks the content of an entry's file, open as `fd` with `st`, against the checksum the entry
+// records (its MD5, or its CRC32C: ~20x cheaper than an MD5). When they agree, the file store's
+// ETag cache takes the entry's ETag again for the file as it is now (its MD5, or a new ETag of
+// its own), so later reads and listings need no hash; returns that ETag, "" when the file no
+// longer holds the entry's data. `sum`, when given, receives the checksum found (or why none).
+std::string RecheckEntry(int fd, const struct stat& st, const TierEntry& entry,
+                         absl::StatusOr<std::string>* sum = nullptr);
 
 }  // namespace wharf
