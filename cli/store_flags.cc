@@ -5,11 +5,13 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/common.h"
 #include "store/local/local_store.h"
 #include "store/registry.h"
+#include "tier/tier.h"
 
 namespace wharf::cli {
 namespace {
@@ -26,6 +28,13 @@ bool& EndpointIsS3s() {
   return s3s;
 }
 
+// Whether `path` (absolute) lies in the tier at or around the cache directory `cache`.
+bool InsideCache(const std::string& path, const std::string& cache) {
+  std::string root = cache;
+  if (auto tier = Tier::Find(cache); tier.ok()) root = (*tier)->root();
+  return path == root || absl::StartsWith(path, absl::StrCat(root, "/"));
+}
+
 }  // namespace
 
 void AddStoreFlags(CLI::App& app, StoreFlags& flags) {
@@ -40,8 +49,9 @@ void AddStoreFlags(CLI::App& app, StoreFlags& flags) {
                  "AWS profile (default: AWS_PROFILE). After `fetch`, --profile is the "
                  "profiler's flag: name the AWS profile with --aws-profile or before the verb");
   app.add_option("--cache", flags.cache,
-                 "Read s3:// and gs:// objects through the tier at TIER_DIR (filled on a miss, "
-                 "served from it after; default: WHARF_CACHE)");
+                 "Read s3://, gs:// (and file:// URIs written so) through the tier at TIER_DIR "
+                 "(filled on a miss, served from it after; default for s3:// and gs://: "
+                 "WHARF_CACHE)");
 }
 
 absl::Status SetStoreFlags(const StoreFlags& flags) {
@@ -91,6 +101,13 @@ absl::StatusOr<SpecAndKey> ParseCliUri(absl::string_view uri_or_path) {
     std::string path = absl::StrCat("/", parsed->key);
     while (path.size() > 1 && path.back() == '/') path.pop_back();
     LocalStore::KeepDirectory(path.substr(0, std::max<size_t>(1, path.rfind('/'))));
+    // --cache covers a file:// URI spelled so (a slow mount read through a tier on local disk,
+    // as Python's cache= does), never a plain path (a copy's local side) nor the cache's own
+    // tier (it would copy the tier into itself).
+    if (const std::optional<std::string>& cache = RunOptions().cache;
+        cache && absl::StartsWith(uri_or_path, "file://") && !InsideCache(path, *cache)) {
+      parsed->spec.options.cache = cache;
+    }
   }
   return parsed;
 }

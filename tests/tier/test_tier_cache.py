@@ -498,3 +498,34 @@ def test_a_pinned_copy_stays_pinned_when_a_new_version_replaces_it(tmp_path, buc
     assert status(tier)["pinned"] == 4
     run_wharf("tier", "evict", tier, "--to", "0", env=s3_env, check=True)
     assert sorted(p.name for p in tree.iterdir()) == ["0.bin", "1.bin", "2.bin"]
+
+
+def test_cli_cache_reads_file_uris_through_the_tier_but_not_plain_paths(tmp_path):
+    # --cache covers every scheme the way Python's cache= does: a file:// URI (a slow mount in
+    # front of local disk) fills the tier once and then hits; a plain path (a copy's local
+    # side) and a file:// URI inside the cache's own tier are read where they are.
+    src = tmp_path / "mount"
+    src.mkdir()
+    data = {f"f{i}.bin": os.urandom(1000 + i) for i in range(3)}
+    for name, body in data.items():
+        (src / name).write_bytes(body)
+    tier = tmp_path / "tier"
+    run_wharf("fetch", "-r", "--cache", tier, f"file://{src}/", check=True)
+    assert (status(tier)["fills"], status(tier)["misses"]) == (3, 3)
+    copy = tier / ".wharf" / "objects" / "file" / str(src).lstrip("/") / "f1.bin"
+    assert copy.read_bytes() == data["f1.bin"]
+    cat = run_wharf("cat", "--cache", tier, f"file://{src}/f1.bin", check=True)
+    assert cat.stdout == data["f1.bin"]
+    assert (status(tier)["fills"], status(tier)["hits"]) == (3, 1)
+
+    run_wharf("cat", "--cache", tier, str(src / "f2.bin"), check=True)  # a plain path
+    out = tmp_path / "out"
+    run_wharf("cp", "-r", "--cache", tier, f"file://{src}/", str(out), check=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == data
+    inside = tier / "data"
+    inside.mkdir()
+    (inside / "x").write_bytes(b"in the tier")
+    assert run_wharf("cat", "--cache", tier, f"file://{inside}/x", check=True).stdout == \
+        b"in the tier"
+    after = status(tier)
+    assert (after["fills"], after["hits"]) == (3, 4)
