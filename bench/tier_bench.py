@@ -15,6 +15,7 @@ N rounds (default 3), clients interleaved and their order rotated each round; me
       wharf-cp    wharf cp -r SRC DIR
       aws-sync    aws s3 sync SRC DIR (50 concurrent requests)
       rclone      rclone copy --transfers 64 SRC DIR
+      s5cmd       s5cmd --numworkers 256 cp 'SRC*' DIR/
     Only the import makes its files durable before it exits; for the others the time of a
     syncfs() on the directory's file system right after they exit is reported beside their
     wall time ("then syncfs s"). The disk's own rate is measured in the same run, once per
@@ -57,7 +58,7 @@ from pathlib import Path
 # import), in turn: see part_bc.
 WARM_PASSES = 3
 
-A_ORDER = ["wharf", "curl", "wharf-tier", "wharf-cp", "aws-sync", "rclone"]
+A_ORDER = ["wharf", "curl", "wharf-tier", "wharf-cp", "aws-sync", "rclone", "s5cmd"]
 A_LABEL = {
     "wharf": "wharf fetch -r (into memory)",
     "curl": "curl --parallel 300, keys given (ceiling)",
@@ -65,6 +66,7 @@ A_LABEL = {
     "wharf-cp": "wharf cp -r",
     "aws-sync": "aws s3 sync",
     "rclone": "rclone copy --transfers 64",
+    "s5cmd": "s5cmd cp (256 workers)",
 }
 _libc = ctypes.CDLL(None, use_errno=True)
 
