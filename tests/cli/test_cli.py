@@ -386,6 +386,12 @@ def test_a_signalled_copy_leaves_no_temporary_file_and_no_partial_one(tmp_path):
         time.sleep(delay)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)
+        if rc == -signal.SIGTERM:
+            # On a loaded machine the signal can arrive before main() installs its handler
+            # (the loader, static initialisers): the default action ends the process, which
+            # had not started the copy.
+            assert not dst.exists(), sorted(dst.rglob("*"))[:5]
+            continue
         assert rc in (0, 128 + signal.SIGTERM), rc
         interrupted += rc != 0
         if not dst.exists():
