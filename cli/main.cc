@@ -160,7 +160,7 @@ int Main(int argc, char** argv) {
   // Each verb's help names the global flags too (they work after the verb as well).
   const std::string globals =
       "Global flags (before or after the verb; see 'wharf --help'):\n"
-      "  --cache TIER_DIR   read s3://, gs:// and file:// URIs through a tier (WHARF_CACHE)\n"
+      "  --cache TIER_DIR   read s3://, gs://, file:// URIs through a tier (WHARF_CACHE: remote)\n"
       "  --endpoint-url URL, --region REGION, --aws-profile NAME, --no-sign-request\n"
       "  --metrics FILE, -v/--verbose";
   std::function<void(CLI::App*)> add_globals = [&](CLI::App* verb) {

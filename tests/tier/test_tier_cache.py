@@ -511,12 +511,14 @@ def test_cli_cache_reads_file_uris_through_the_tier_but_not_plain_paths(tmp_path
         (src / name).write_bytes(body)
     tier = tmp_path / "tier"
     run_wharf("fetch", "-r", "--cache", tier, f"file://{src}/", check=True)
-    assert (status(tier)["fills"], status(tier)["misses"]) == (3, 3)
+    first = status(tier)
+    assert (first["fills"], first["misses"]) == (3, 3)
     copy = tier / ".wharf" / "objects" / "file" / str(src).lstrip("/") / "f1.bin"
     assert copy.read_bytes() == data["f1.bin"]
     cat = run_wharf("cat", "--cache", tier, f"file://{src}/f1.bin", check=True)
     assert cat.stdout == data["f1.bin"]
-    assert (status(tier)["fills"], status(tier)["hits"]) == (3, 1)
+    hit = status(tier)
+    assert (hit["fills"], hit["hits"]) == (3, 1)
 
     run_wharf("cat", "--cache", tier, str(src / "f2.bin"), check=True)  # a plain path
     out = tmp_path / "out"
