@@ -1,5 +1,5 @@
 // The ObjectStore conformance suite: one set of tests every backend must pass.
-// A backend's test binary compiles object_store_conformance.cc and instantiates it:
+// A backend's test binary links the suite (CMake's wharf_store_conformance) and instantiates it:
 //
 //   INSTANTIATE_TEST_SUITE_P(Local, ObjectStoreConformance,
 //                            testing::Values(ConformanceBackend{"local", MakeFreshStore}),
