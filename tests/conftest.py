@@ -1,11 +1,14 @@
 """Shared fixtures: the wharf binary, and the real servers that ./run test starts (S3, the
 shared file system, Redis, the GCS emulator)."""
+import contextlib
+import fcntl
 import os
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -19,7 +22,6 @@ sys.path.insert(0, str(ROOT / "python"))
 # run, not the user's ~/.cache/wharf/index; subprocesses inherit it.
 if "WHARF_INDEX_CACHE" not in os.environ:
     import atexit
-    import tempfile
     os.environ["WHARF_INDEX_CACHE"] = tempfile.mkdtemp(prefix="wharf-test-index-")
     # Removed when the run ends (only the folder made here, not one the caller named).
     atexit.register(shutil.rmtree, os.environ["WHARF_INDEX_CACHE"], ignore_errors=True)
@@ -201,15 +203,38 @@ def fs_mounts():
     return pathlib.Path(a), pathlib.Path(b)
 
 
+@contextlib.contextmanager
+def _mounts_lock(exclusive):
+    """Held by a test for as long as it uses the shared file system: shared by tests that only
+    use it, exclusive for one that crashes a mount (./run test runs two test processes at
+    once, and the other one's test would lose its mount)."""
+    base = os.environ.get("WHARF_FS_BASE") or tempfile.gettempdir()
+    with open(os.path.join(base, "wharf-tests-mounts.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield  # closing the file releases the lock
+
+
+def _shared_dir(fs_mounts, exclusive):
+    with _mounts_lock(exclusive):
+        name = f"wharf-py-{uuid.uuid4().hex[:16]}"
+        a = fs_mounts[0] / name
+        a.mkdir()
+        yield a, fs_mounts[1] / name
+        shutil.rmtree(a, ignore_errors=True)
+
+
 @pytest.fixture
 def shared_dir(fs_mounts):
     """A fresh directory on the shared file system as (its path through mount A, through
     mount B); removed afterwards (the file system keeps its data in RAM)."""
-    name = f"wharf-py-{uuid.uuid4().hex[:16]}"
-    a = fs_mounts[0] / name
-    a.mkdir()
-    yield a, fs_mounts[1] / name
-    shutil.rmtree(a, ignore_errors=True)
+    yield from _shared_dir(fs_mounts, exclusive=False)
+
+
+@pytest.fixture
+def shared_dir_alone(fs_mounts):
+    """shared_dir for a test that crashes a mount: no other test uses the shared file system
+    meanwhile."""
+    yield from _shared_dir(fs_mounts, exclusive=True)
 
 
 @pytest.fixture(params=["local", "cephfs"])

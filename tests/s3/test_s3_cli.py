@@ -19,7 +19,8 @@ AWKWARD = ["a b.txt", "a+b.txt", "a%2Bb.txt", "a=b&c.txt", "tilde~x", "star*x", 
 
 def aws(s3_env, *args, check=True):
     # awscli 2.9 ignores AWS_ENDPOINT_URL: pass the endpoint explicitly.
-    cfg = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / "wharf-test-aws-config"
+    # One file per test process: ./run test runs two at once.
+    cfg = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"wharf-test-aws-config-{os.getpid()}"
     cfg.write_text("[default]\ns3 =\n  addressing_style = path\n"
                    "  multipart_threshold = 8MB\n  multipart_chunksize = 8MB\n")
     env = dict(s3_env, AWS_CONFIG_FILE=str(cfg), AWS_PAGER="")

@@ -256,8 +256,8 @@ def restart_node_a():
     assert "mounting again" in up.stderr.decode(), up.stderr.decode()
 
 
-def test_a_node_crash_mid_import_leaves_only_complete_entries(shared_dir, bucket, s3_env,
-                                                              tmp_path):
+def test_a_node_crash_mid_import_leaves_only_complete_entries(shared_dir_alone, bucket,
+                                                              s3_env, tmp_path):
     """Node A crashes while it imports (its mount dies under the importer). Node B sees only
     complete entries, each a copy of its source; a rerun on B fetches the rest and removes
     what the dead node's importer left in its temporary directory."""
@@ -270,7 +270,7 @@ def test_a_node_crash_mid_import_leaves_only_complete_entries(shared_dir, bucket
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(objects[rel])
     run_wharf("cp", "-r", "-q", src, f"s3://{bucket}/n/", env=s3_env, check=True)
-    a, b = shared_dir
+    a, b = shared_dir_alone
     dest_a, dest_b = a / "tier", b / "tier"
     run_wharf("tier", "init", dest_a, check=True)
     importer = subprocess.Popen([wharf_bin(), "tier", "import", "-q", f"s3://{bucket}/n/",
