@@ -389,14 +389,25 @@ absl::Status RunExport(const TierArgs& args) {
   return absl::OkStatus();
 }
 
+// Whether `path` is in one of the tier's trees (outside its own folder): where a file the user
+// wrote since it was filled is theirs (UsersEdit), not damage.
+bool InTree(const Tier& tier, const std::string& path) {
+  return !absl::StartsWith(tier.Relative(path), absl::StrCat(Tier::kMetaDir, "/"));
+}
+
 absl::Status RunStatus(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   const std::string path = AbsolutePath(args.path);
   uint64_t entries = 0, bytes = 0, disk_bytes = 0, pinned = 0, local = 0, blocks = 0,
-           other_files = 0;
+           other_files = 0, modified = 0;
   WHARF_RETURN_IF_ERROR(
       WalkTierFiles(*tier, path, [&](const std::string& p, const struct stat& st) {
         const auto entry = ReadEntryAttr(p);
+        if (entry.has_value() && InTree(*tier, p) && UsersEdit(p, st, *entry)) {
+          ++modified;  // the user's own file now (also among other_files)
+          ++other_files;
+          return;
+        }
         if (!IsCompleteEntry(entry, st)) {
           ++other_files;
           return;
@@ -427,6 +438,7 @@ absl::Status RunStatus(const TierArgs& args) {
     j["local"] = local;
     j["blocks"] = blocks;
     j["other_files"] = other_files;
+    j["modified"] = modified;  // files the user wrote since they were filled (among other_files)
     j["max_size"] = c.max_size;
     j["min_free"] = c.min_free;
     j["fs_size"] = fs_size;
@@ -452,8 +464,12 @@ absl::Status RunStatus(const TierArgs& args) {
       "entries   %d (%s MB, %s MB on disk), %d pinned, %d only here (not exported)\n", entries,
       Megabytes(bytes), Megabytes(disk_bytes), pinned, local));
   if (blocks > 0) Print(absl::StrFormat("blocks    %d of them blocks of big objects\n", blocks));
-  if (other_files > 0)
-    Print(absl::StrFormat("other     %d files that are not entries\n", other_files));
+  if (other_files > 0) {
+    Print(absl::StrFormat(
+        "other     %d files that are not entries%s\n", other_files,
+        modified == 0 ? ""
+                      : absl::StrCat(" (", modified, " of them entries the user wrote since)")));
+  }
   Print(absl::StrFormat(
       "bound     %s, keep %.1f%% free\n",
       c.max_size == 0 ? "no size bound" : absl::StrCat(Megabytes(c.max_size), " MB"), c.min_free));
@@ -535,7 +551,7 @@ absl::StatusOr<std::string> Repair(const std::shared_ptr<Tier>& tier, const std:
 
 absl::Status RunVerify(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
-  uint64_t checked = 0, damaged = 0, repaired = 0;
+  uint64_t checked = 0, damaged = 0, repaired = 0, modified = 0;
   // One line per damaged entry: on stdout, or on stderr under --json (stdout is one object).
   auto report = [&args](const std::string& line) {
     if (args.json) {
@@ -564,6 +580,16 @@ absl::Status RunVerify(const TierArgs& args) {
           }
         }
         if (problem.empty()) return;
+        if (InTree(*tier, p) && WrittenSinceSealed(*entry, st)) {
+          // Written since it was filled: the user's edit, not damage (UsersEdit). Never
+          // repaired: fetching the source again would destroy it.
+          ++modified;
+          if (!args.quiet) {
+            report(absl::StrCat("modified ", OneLine(p), ": written since it was filled (",
+                                OneLine(problem), "); the user's own file now, left as it is\n"));
+          }
+          return;
+        }
         ++damaged;
         if (args.repair) {
           absl::StatusOr<std::string> fixed = Repair(tier, p, *entry);
@@ -582,11 +608,13 @@ absl::Status RunVerify(const TierArgs& args) {
   if (args.json) {
     Print(JsonLine({{"checked", checked},
                     {"damaged", damaged},
+                    {"modified", modified},
                     {"repaired", repaired},
                     {"remaining", remaining}}));
   } else if (!args.quiet) {
-    Print(absl::StrFormat("verified %d entries: %d damaged, %d repaired\n", checked, damaged,
-                          repaired));
+    Print(absl::StrFormat(
+        "verified %d entries: %d damaged, %d repaired%s\n", checked, damaged, repaired,
+        modified == 0 ? "" : absl::StrCat("; ", modified, " written by the user since (kept)")));
   }
   if (remaining > 0) {
     return absl::DataLossError(absl::StrCat("tier verify ", AbsolutePath(args.path), ": ",
@@ -612,12 +640,16 @@ absl::Status RunEvict(const TierArgs& args) {
                     {"evicted_disk_bytes", r.evicted_disk_bytes},
                     {"kept_pinned", r.kept_pinned},
                     {"kept_local", r.kept_local},
-                    {"kept_busy", r.kept_busy}}));
+                    {"kept_busy", r.kept_busy},
+                    {"kept_modified", r.kept_modified}}));
   } else if (!args.quiet) {
     Print(absl::StrFormat(
-        "evicted %d of %d entries (%s of %s MB); kept %d pinned, %d only here, %d in use\n",
+        "evicted %d of %d entries (%s of %s MB); kept %d pinned, %d only here, %d in use%s\n",
         r.evicted, r.entries, Megabytes(r.evicted_bytes), Megabytes(r.bytes), r.kept_pinned,
-        r.kept_local, r.kept_busy));
+        r.kept_local, r.kept_busy,
+        r.kept_modified == 0
+            ? ""
+            : absl::StrCat(", ", r.kept_modified, " files the user wrote since they were filled")));
   }
   return absl::OkStatus();
 }
@@ -787,7 +819,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
   verify->add_flag("--json", args.json, "Print one JSON object");
   verify->add_flag("-q,--quiet", args.quiet, "Print only damaged entries");
   verify->add_option("PATH", args.path, "A path inside a tier")->required();
-  verify->footer("Exits 1 while damaged entries remain.");
+  verify->footer(
+      "Exits 1 while damaged entries remain. A file of a tree written since its fill (its mtime\n"
+      "changed) to other bytes is the user's own: reported as modified, never repaired.");
 
   CLI::App* evict = sub("evict", "Evict entries below PATH, least recently used first");
   evict

@@ -157,6 +157,30 @@ def aws(s3_env, monkeypatch):
     return s3_env
 
 
+def damage(path, offset=0, data=None, truncate=None, keep_etag_cache=True):
+    """Damage behind the tier's back, as a failing disk or a bug below the file system leaves
+    it: `data` written at `offset` (default: the byte there flipped), or the file truncated to
+    `truncate` bytes, and its mtime put back as it was. (A write that changes the mtime is a
+    user's edit, and makes the file theirs: docs/design/tier.md.) The file store's cached MD5
+    is kept with the size and mtime, so it still vouches for the old bytes unless
+    `keep_etag_cache` is False, which drops it (then reads check the content)."""
+    path = pathlib.Path(path)
+    st = path.stat()
+    with open(path, "r+b") as f:
+        if truncate is not None:
+            f.truncate(truncate)
+        else:
+            if data is None:
+                f.seek(offset)
+                data = bytes([f.read(1)[0] ^ 0xFF])
+            f.seek(offset)
+            f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    if not keep_etag_cache:
+        with contextlib.suppress(OSError):
+            os.removexattr(path, "user.wharf.etag")
+
+
 def make_tier(path, env=None):
     """`wharf tier init PATH`; returns PATH."""
     run_wharf("tier", "init", path, "-q", env=env, check=True)

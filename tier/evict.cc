@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "store/local/temp_object.h"
+#include "tier/tree_store.h"
 
 namespace wharf {
 namespace {
@@ -32,6 +33,7 @@ struct Candidate {
   absl::Time last_access;
   bool pinned;
   bool local;
+  bool in_tree;  // outside the tier's own folder: a user's edit there is theirs (UsersEdit)
 };
 
 absl::Time ReadAtime(int fd, const std::string& path) {
@@ -260,13 +262,19 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
   std::vector<Candidate> candidates;
   absl::Status walked = WalkTierFiles(tier, path, [&](const std::string& p, const struct stat& st) {
     const auto entry = ReadEntryAttr(p);
+    if (!entry.has_value()) return;
+    const bool in_tree = !absl::StartsWith(tier.Relative(p), absl::StrCat(Tier::kMetaDir, "/"));
+    if (in_tree && UsersEdit(p, st, *entry)) {
+      ++result.kept_modified;  // the user's own file now, as one without an entry
+      return;
+    }
     if (!IsCompleteEntry(entry, st)) return;
     ++result.entries;
     result.bytes += st.st_size;
     const uint64_t disk = DiskBytes(st);
     result.disk_bytes += disk;
     candidates.push_back({p, static_cast<uint64_t>(st.st_size), disk, LastAccess(p, *entry),
-                          IsPinned(p), entry->local});
+                          IsPinned(p), entry->local, in_tree});
   });
   if (!walked.ok()) {
     close(lock);
@@ -286,7 +294,14 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
       ++result.kept_local;
       continue;
     }
-    switch (RemoveUnlessRead(c.path)) {
+    // Written by the user since the walk looked: theirs now (checked again under the lock).
+    bool edited = false;
+    const auto unedited = [&](const struct stat& st) {
+      const auto entry = ReadEntryAttr(c.path);
+      edited = c.in_tree && entry.has_value() && UsersEdit(c.path, st, *entry);
+      return !edited;
+    };
+    switch (RemoveUnlessRead(c.path, unedited)) {
       case Removal::kGone:  // removed meanwhile
         left -= c.disk_bytes;
         break;
@@ -300,6 +315,7 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
         left -= c.disk_bytes;
         break;
       case Removal::kKept:
+        if (edited) ++result.kept_modified;
         break;
     }
   }

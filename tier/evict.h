@@ -7,7 +7,10 @@
 //    entries it cannot lock;
 //  - a pinned entry (`tier pin`);
 //  - a `local` entry: data written to the tier that exists nowhere else (a checkpoint not
-//    yet exported).
+//    yet exported);
+//  - a file of a tree (outside `.wharf/`) that the user wrote since it was sealed, to other
+//    bytes (UsersEdit, tier/tree_store.h): the user's own file now, counted as none of the
+//    entries.
 // Last access is the entry attribute's fill time or the `user.wharf.atime` attribute readers
 // refresh (at most once a minute per entry), whichever is later. One pass at a time per tier:
 // passes hold `.wharf/locks/evict` (an flock the OS releases if the process dies).
@@ -79,8 +82,9 @@ struct EvictResult {
   uint64_t evicted_disk_bytes = 0;  // and the disk space they took
   uint64_t kept_pinned = 0;
   uint64_t kept_local = 0;
-  uint64_t kept_busy = 0;  // being read
-  bool ran = true;         // false: another pass held the tier's eviction lock (wait = false)
+  uint64_t kept_busy = 0;      // being read
+  uint64_t kept_modified = 0;  // files of trees the user wrote since they were sealed
+  bool ran = true;             // false: another pass held the tier's eviction lock (wait = false)
 };
 
 // Evicts least recently used entries below `path` until they take at most `target_bytes` of

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,40 @@ TEST_F(EvictTest, PinnedLocalAndBusyEntriesStay) {
   close(reader);
   ASSERT_TRUE(EvictTo(*tier_, tier_->root(), 0).ok());
   EXPECT_FALSE(std::filesystem::exists(busy));
+}
+
+TEST_F(EvictTest, AFileTheUserWroteSinceItWasFilledStays) {
+  const std::string same_size = Entry("edited", 100, 500);
+  const std::string other_size = Entry("grown", 100, 400);
+  const std::string touched = Entry("touched", 100, 300);
+  const std::string damaged = Entry("damaged", 100, 200);
+  auto write_at = [](const std::string& path, const std::string& data, bool keep_mtime) {
+    struct stat before;
+    ASSERT_EQ(stat(path.c_str(), &before), 0);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f << data;
+    f.close();
+    if (keep_mtime) {  // damage below the file system: the mtime as sealed
+      const struct timespec times[2] = {before.st_atim, before.st_mtim};
+      ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+    }
+  };
+  write_at(same_size, "EDIT", false);
+  write_at(other_size, std::string(150, 'y'), false);
+  ASSERT_EQ(utimensat(AT_FDCWD, touched.c_str(), nullptr, 0), 0);  // the same bytes
+  write_at(damaged, "DAMAGE", true);
+  auto r = EvictTo(*tier_, tier_->root(), 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // The user's two files are theirs (not counted among the entries); the touched file and the
+  // damaged one are entries and go.
+  EXPECT_EQ(r->kept_modified, 2u);
+  EXPECT_EQ(r->entries, 2u);
+  EXPECT_EQ(r->evicted, 2u);
+  EXPECT_TRUE(std::filesystem::exists(same_size));
+  EXPECT_TRUE(std::filesystem::exists(other_size));
+  EXPECT_FALSE(std::filesystem::exists(touched));
+  EXPECT_FALSE(std::filesystem::exists(damaged));
 }
 
 TEST_F(EvictTest, ReadsThroughTheTierKeepItUnderItsSizeBound) {

@@ -4,8 +4,10 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -103,7 +105,7 @@ TEST_F(ExportTierPathTest, ExportsMarksAndResumes) {
   EXPECT_EQ(third->transfer.failed, 0u);
 }
 
-TEST_F(ExportTierPathTest, AFileWrittenSinceItsExportIsCheckedNotSkipped) {
+TEST_F(ExportTierPathTest, AFileWrittenSinceItsExportIsTheUsersAndDamageFails) {
   // A CRC32C entry too (a checkpoint's file), besides the fixture's MD5 ones.
   TierTreeOptions crc;
   crc.written_checksum = Checksum::kCrc32c;
@@ -121,18 +123,41 @@ TEST_F(ExportTierPathTest, AFileWrittenSinceItsExportIsCheckedNotSkipped) {
   ASSERT_TRUE(touched.ok()) << touched.status();
   EXPECT_EQ(touched->transfer.skipped, 3u);
   // Edited in place to the same size: the entries' attributes still describe the old bytes,
-  // and neither is skipped as "already there" by them, nor uploaded as the entry.
+  // and neither is skipped as "already there" by them. Written since they were sealed, the
+  // files are the user's own now, exported as plain files with the user's bytes.
   for (const char* name : {"a.bin", "c.bin"}) {
     std::fstream f(Dir() + "/" + name, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(0);
     f << "DATA";
   }
   auto edited = ExportTierPath(tier_, Dir(), {dst_.store(), "out/"}, {});
-  ASSERT_FALSE(edited.ok());
-  EXPECT_THAT(std::string(edited.status().message()),
+  ASSERT_TRUE(edited.ok()) << edited.status();
+  EXPECT_EQ(edited->transfer.skipped, 1u);  // sub/b.bin
+  EXPECT_EQ(ReadFile(dst_.PathOf("out/a.bin")), "DATA of a.bin");
+  EXPECT_EQ(ReadFile(dst_.PathOf("out/c.bin")), "DATA of c.bin");
+  auto again = ExportTierPath(tier_, Dir(), {dst_.store(), "out/"}, {});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->transfer.skipped, 3u);  // by content: the user's files are there now
+
+  // Other bytes with the mtime as sealed (the touch above was taken as the entry's own by
+  // the listing that found the same bytes), and no ETag cached for them: damage, never
+  // uploaded as the entry.
+  const std::string b = Dir() + "/sub/b.bin";
+  struct stat sealed;
+  ASSERT_EQ(stat(b.c_str(), &sealed), 0);
+  {
+    std::fstream f(b, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    f << "DATA";
+  }
+  const struct timespec times[2] = {sealed.st_atim, sealed.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, b.c_str(), times, 0), 0);
+  ASSERT_EQ(removexattr(b.c_str(), "user.wharf.etag"), 0);
+  auto damaged = ExportTierPath(tier_, b, {dst_.store(), "fresh/"}, {});
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_THAT(std::string(damaged.status().message()),
               ::testing::HasSubstr("no longer holds its tier entry's data"));
-  EXPECT_EQ(ReadFile(dst_.PathOf("out/a.bin")), "data of a.bin");
-  EXPECT_EQ(ReadFile(dst_.PathOf("out/c.bin")), "data of c.bin");
+  EXPECT_FALSE(std::filesystem::exists(dst_.PathOf("fresh/b.bin")));
 }
 
 TEST_F(ExportTierPathTest, OneFileGoesBelowAPrefixUnderItsName) {

@@ -201,6 +201,7 @@ std::string TierEntry::ToJson() const {
   if (!crc32c.empty()) j["crc32c"] = crc32c;
   j["filled"] = filled == absl::InfinitePast() ? 0.0 : absl::ToUnixMicros(filled) / 1e6;
   j["local"] = local;
+  if (mtime != absl::InfinitePast()) j["mtime_ns"] = absl::ToUnixNanos(mtime);
   if (block) {
     j["block_offset"] = block_offset;
     j["object_size"] = object_size;
@@ -221,6 +222,7 @@ std::optional<TierEntry> TierEntry::FromJson(absl::string_view text) {
     if (e.md5.empty() && e.crc32c.empty()) return std::nullopt;
     e.filled = absl::FromUnixMicros(static_cast<int64_t>(j.at("filled").get<double>() * 1e6));
     e.local = j.value("local", false);
+    if (j.contains("mtime_ns")) e.mtime = absl::FromUnixNanos(j.at("mtime_ns").get<int64_t>());
     if (j.contains("block_offset")) {
       e.block = true;
       e.block_offset = j.at("block_offset").get<uint64_t>();
@@ -252,6 +254,10 @@ std::optional<TierEntry> ReadEntryAttr(const std::string& path) {
 bool IsCompleteEntry(const std::optional<TierEntry>& entry, const struct stat& st) {
   return entry.has_value() && S_ISREG(st.st_mode) &&
          entry->size == static_cast<uint64_t>(st.st_size);
+}
+
+bool WrittenSinceSealed(const TierEntry& entry, const struct stat& st) {
+  return entry.mtime != absl::InfinitePast() && absl::TimeFromTimespec(st.st_mtim) != entry.mtime;
 }
 
 absl::Status WriteEntryAttr(int fd, const TierEntry& entry) {

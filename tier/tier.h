@@ -68,6 +68,10 @@ struct TierEntry {
   std::string crc32c;
   absl::Time filled = absl::InfinitePast();
   bool local = false;  // the data exists nowhere else (not exported yet): never evicted
+  // The data file's modification time as it was sealed (entries of trees: imports and data
+  // written to the tier; InfinitePast for read-through copies, and for entries sealed before
+  // it was recorded). A file whose mtime is another was written since (WrittenSinceSealed).
+  absl::Time mtime = absl::InfinitePast();
   // A block of a big object (TierStore): the data file holds bytes [block_offset,
   // block_offset + size) of a source object of object_size bytes; source and etag are the
   // object's. Not a block: both 0 and `block` false.
@@ -95,6 +99,10 @@ std::optional<TierEntry> ReadEntryAttr(int fd);
 std::optional<TierEntry> ReadEntryAttr(const std::string& path);
 // A complete entry: the attribute parses and its size is the file's.
 bool IsCompleteEntry(const std::optional<TierEntry>& entry, const struct stat& st);
+// Whether the file (`st`) was written since its entry was sealed: its modification time is not
+// the one the entry recorded (false when the entry recorded none). Such a file whose size or
+// content is no longer the entry's is the user's own (TierTreeStore's UsersEdit), not damage.
+bool WrittenSinceSealed(const TierEntry& entry, const struct stat& st);
 absl::Status WriteEntryAttr(int fd, const TierEntry& entry);
 absl::Status WriteEntryAttr(const std::string& path, const TierEntry& entry);
 bool IsPinned(const std::string& path);

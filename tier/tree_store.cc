@@ -77,31 +77,36 @@ std::string OwnEtag(absl::string_view crc32c, absl::Time at) {
 absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
                                      const PutOptions& options) {
   std::string own_etag;
-  auto meta = temp.Seal(options.mtime, /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
-    if (IsMd5Hex(options.source_etag) && absl::AsciiStrToLower(options.source_etag) != m.etag) {
-      return absl::DataLossError(absl::StrCat("the content's MD5 ", m.etag,
-                                              " is not the source's ETag ", options.source_etag,
-                                              " (", options.source_uri, ")"));
-    }
-    TierEntry entry;
-    entry.source = options.source_uri;
-    entry.etag = options.source_etag;
-    entry.size = m.size;
-    entry.filled = absl::Now();
-    entry.local = options.source_uri.empty();
-    if (m.etag.empty()) {  // a CRC32C file (only without provenance: see NewTemp)
-      entry.crc32c = temp.checksum();
-      own_etag = entry.etag = OwnEtag(entry.crc32c, entry.filled);
-      struct stat st;
-      if (fstat(fd, &st) == 0) StoreLocalEtag(fd, st, own_etag);
-    } else {
-      entry.md5 = m.etag;
-    }
-    WHARF_RETURN_IF_ERROR(WriteEntryAttr(fd, entry));
-    // A file the user pinned stays pinned when a new version replaces it (set before the
-    // rename: never a moment unpinned).
-    return IsPinned(temp.target()) ? SetPinned(temp.path(), true) : absl::OkStatus();
-  });
+  // The file's mtime is set even without a source's time, to now from the precise clock: the
+  // kernel stamps a write with its coarse clock (ticks of ~4 ms), so a user's write within the
+  // tick of the seal would otherwise leave the mtime the entry recorded (WrittenSinceSealed).
+  auto meta = temp.Seal(
+      options.mtime.value_or(absl::Now()), /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
+        if (IsMd5Hex(options.source_etag) && absl::AsciiStrToLower(options.source_etag) != m.etag) {
+          return absl::DataLossError(absl::StrCat("the content's MD5 ", m.etag,
+                                                  " is not the source's ETag ", options.source_etag,
+                                                  " (", options.source_uri, ")"));
+        }
+        TierEntry entry;
+        entry.source = options.source_uri;
+        entry.etag = options.source_etag;
+        entry.size = m.size;
+        entry.filled = absl::Now();
+        entry.local = options.source_uri.empty();
+        entry.mtime = m.mtime;  // the file's, as sealed (its source's time, or now)
+        if (m.etag.empty()) {   // a CRC32C file (only without provenance: see NewTemp)
+          entry.crc32c = temp.checksum();
+          own_etag = entry.etag = OwnEtag(entry.crc32c, entry.filled);
+          struct stat st;
+          if (fstat(fd, &st) == 0) StoreLocalEtag(fd, st, own_etag);
+        } else {
+          entry.md5 = m.etag;
+        }
+        WHARF_RETURN_IF_ERROR(WriteEntryAttr(fd, entry));
+        // A file the user pinned stays pinned when a new version replaces it (set before the
+        // rename: never a moment unpinned).
+        return IsPinned(temp.target()) ? SetPinned(temp.path(), true) : absl::OkStatus();
+      });
   if (!meta.ok()) return meta.status();
   meta->key = key;
   if (!options.source_uri.empty()) meta->etag = options.source_etag;
@@ -120,6 +125,23 @@ std::string FileEtag(const TierEntry& entry, const std::string& path, const stru
   if (!entry.md5.empty()) return *cached == entry.md5 ? entry.md5 : "";
   if (!absl::StartsWith(*cached, OwnEtagPrefix(entry.crc32c))) return "";
   return *std::move(cached);
+}
+
+// The file (open as `fd`, or at `path`) holds `entry`'s data but was written since it was
+// sealed (only touched): the entry takes the file's mtime as its own again, so that other
+// bytes with this mtime are damage from now on, not the user's (WrittenSinceSealed). Read
+// again just before: what another process wrote to it meanwhile (an export's mark) stays.
+// Best effort: else the next check looks at the content again.
+void RenewSealedMtime(int fd, const std::string& path, const struct stat& st,
+                      const TierEntry& entry) {
+  if (!WrittenSinceSealed(entry, st)) return;
+  std::optional<TierEntry> now = fd >= 0 ? ReadEntryAttr(fd) : ReadEntryAttr(path);
+  if (!now.has_value() || !WrittenSinceSealed(*now, st) || now->md5 != entry.md5 ||
+      now->crc32c != entry.crc32c) {
+    return;
+  }
+  now->mtime = absl::TimeFromTimespec(st.st_mtim);
+  (void)(fd >= 0 ? WriteEntryAttr(fd, *now) : WriteEntryAttr(path, *now));
 }
 
 // RecheckEntry on the file at `path`, opened here ("" when it cannot be opened).
@@ -149,10 +171,18 @@ std::string RecheckEntry(int fd, const struct stat& st, const TierEntry& entry,
     if (found.ok() && *found == (md5 ? entry.md5 : entry.crc32c)) {
       renewed = md5 ? entry.md5 : OwnEtag(entry.crc32c, absl::Now());
       StoreLocalEtag(fd, st, renewed);
+      RenewSealedMtime(fd, "", st, entry);
     }
   }
   if (sum != nullptr) *sum = std::move(found);
   return renewed;
+}
+
+bool UsersEdit(const std::string& path, const struct stat& st, const TierEntry& entry) {
+  if (!WrittenSinceSealed(entry, st)) return false;
+  if (!IsCompleteEntry(entry, st)) return true;
+  if (!FileEtag(entry, path, st).empty()) return false;  // the ETag cache vouches for it
+  return Recheck(path, entry).empty();
 }
 
 std::string EntryEtag(const TierEntry& entry) {
@@ -221,19 +251,22 @@ void TierTreeStore::Describe(ListPage& page) const {
                                  : meta.etag == entry->md5;
     }
     if (holds) {
+      RenewSealedMtime(-1, path, st, *entry);
       meta.etag = EntryEtag(*entry);
       // The content's MD5 when the entry records one (an import's): so an export compares
       // by content with a destination whose ETag or md5Hash is an MD5, whatever ETag the
       // source gave (a GCS generation, a multipart ETag).
       meta.md5 = entry->md5;
-    } else if (complete) {
-      // Edited since it was sealed (in place, to the same size): no ETag, so its read checks
-      // the content and fails naming the file (GetAsync), as `tier verify` reports it. Never
-      // exported as the entry (a checkpoint's file, an imported object); an import's rerun
-      // fetches the source's bytes again.
+    } else if (complete && !WrittenSinceSealed(*entry, st)) {
+      // Damaged (other bytes of the same size, its mtime as sealed): no ETag, so its read
+      // checks the content and fails naming the file (GetAsync), as `tier verify` reports
+      // it. Never exported as the entry (a checkpoint's file, an imported object); an
+      // import's rerun fetches the source's bytes again.
       meta.etag.clear();
       meta.md5.clear();
     } else if (!options_.plain_file_etags) {
+      // Not an entry: a file of the user's, or an entry's file the user wrote since it was
+      // sealed (UsersEdit), which is the user's own now. Listed as a plain file.
       meta.etag.clear();
     }
   }
@@ -294,12 +327,20 @@ void TierTreeStore::GetAsync(GetRequest request, Callback<GetResult> done) {
     // cache): gone, the file was written since it was sealed (or the attribute was lost). Its
     // content decides, on the blocking pool: the same bytes get their ETag back; others are
     // never served as the entry (an export would upload an edit or damage as the checkpoint,
-    // or as the imported object).
+    // or as the imported object). Other bytes in a file written since it was sealed are the
+    // user's (read as a plain file); with the mtime as sealed they are damage (the read fails).
     runtime_->blocking_pool().Schedule([this, request = std::move(request),
                                         entry = *std::move(entry),
                                         done = std::move(done)]() mutable {
       absl::StatusOr<std::string> sum;
-      std::string own = Recheck(absl::StrCat(dir_, "/", request.key), entry, &sum);
+      const std::string path = absl::StrCat(dir_, "/", request.key);
+      std::string own = Recheck(path, entry, &sum);
+      struct stat now;
+      if (own.empty() && stat(path.c_str(), &now) == 0 && WrittenSinceSealed(entry, now)) {
+        // Written since it was sealed: the user's own file now (UsersEdit), read as one.
+        GetEntryAsync(std::move(request), std::nullopt, "", std::move(done));
+        return;
+      }
       if (own.empty()) {
         const bool md5 = !entry.md5.empty();
         std::move(done)(absl::DataLossError(absl::StrCat(

@@ -93,6 +93,7 @@ class TierTreeStore : public ForwardingStore {
   absl::StatusOr<ObjectMeta> Head(const std::string& key) override;
   void PutAsync(std::string key, absl::Cord data, const PutOptions& options,
                 Callback<ObjectMeta> done) override;
+  using ForwardingStore::PutAsync;  // the plain form, which calls the one above
   absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data,
                                  const PutOptions& options) override;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key,
@@ -162,6 +163,16 @@ class TierTreeStore : public ForwardingStore {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread committer_;
 };
+
+// Whether the file at `path` (`st`) is the user's own since it was sealed as `entry`: written
+// since (its mtime is not the one the entry recorded: WrittenSinceSealed) and its size or
+// content no longer the entry's. Outside the tier's own folder such a file is the user's data
+// (docs/design/tier.md, "Files written after their fill"): listed and read as a plain file,
+// exported as one, never evicted, and reported but not repaired by `tier verify`. Other bytes
+// with the mtime as sealed are damage. Hashes the file only when it was written since, its
+// size is the entry's and the file store's ETag cache does not vouch for its content (a file
+// only touched: the cache then takes the entry's checksum again).
+bool UsersEdit(const std::string& path, const struct stat& st, const TierEntry& entry);
 
 // The ETag an entry lists with: its source's, or for data written to the tier itself (no
 // source), the MD5 of its content (or its own CRC32C-based ETag, TierTreeOptions).

@@ -9,7 +9,7 @@ import stat
 import subprocess
 import time
 
-from conftest import run_wharf, wharf_bin
+from conftest import damage, run_wharf, wharf_bin
 
 MiB = 1 << 20
 
@@ -91,14 +91,10 @@ def test_import_resumes_by_etag_and_verify_repairs(tmp_path, bucket, s3_env, s3_
                                   "complete": True, "objects": 41}]
 
     assert run_wharf("tier", "verify", dest, env=s3_env).returncode == 0
-    # Damage behind the tier's back: a flipped byte (same size) and a truncation.
-    with open(dest / "big.bin", "r+b") as f:
-        f.seek(MiB)
-        byte = f.read(1)
-        f.seek(MiB)
-        f.write(bytes([byte[0] ^ 0xFF]))
-    with open(dest / "0/obj-0000.bin", "r+b") as f:
-        f.truncate(100)
+    # Damage behind the tier's back (the mtimes as sealed): a flipped byte (same size) and a
+    # truncation.
+    damage(dest / "big.bin", offset=MiB)
+    damage(dest / "0/obj-0000.bin", truncate=100)
     damaged = run_wharf("tier", "verify", dest, env=s3_env)
     assert damaged.returncode == 1
     out = damaged.stdout.decode()

@@ -5,7 +5,7 @@ resumability of one-object imports and of exports of a user's own files."""
 import json
 import os
 
-from conftest import run_wharf
+from conftest import damage, run_wharf
 
 
 def wharf_json(*args, env, ok=True):
@@ -85,8 +85,7 @@ def test_a_partly_failed_import_and_export_still_print_their_summary(tmp_path, b
     s3_client.put_object(Bucket=bucket, Key="e/two.txt", Body=b"two")
     tree = tmp_path / "t" / "e"
     run_wharf("tier", "import", f"s3://{bucket}/e/", tree, env=s3_env, check=True)
-    with open(tree / "two.txt", "r+b") as f:
-        f.write(b"TWO")  # same size, other bytes
+    damage(tree / "two.txt", data=b"TWO", keep_etag_cache=False)  # same size and mtime
     summary, _ = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env, ok=False)
     assert (summary["uploaded"], summary["failed"]) == (1, 1), summary
 
@@ -99,7 +98,7 @@ def test_verify_json_is_one_object_and_a_failed_repair_keeps_the_file(tmp_path, 
     run_wharf("tier", "import", f"s3://{bucket}/v/", dest, env=s3_env, check=True)
     run_wharf("tier", "pin", dest / "f1", env=s3_env, check=True)
     for name in ("f1", "f2"):
-        os.truncate(dest / name, 10)
+        damage(dest / name, truncate=10)  # the mtime as sealed: damage, not an edit
 
     # Wrong credentials: the repair fails, the damaged file stays where it was.
     bad = dict(s3_env, AWS_SECRET_ACCESS_KEY="wrong-secret")
@@ -355,26 +354,52 @@ def test_settings_a_tier_cannot_take_are_usage_errors(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
 
 
-def test_an_imported_file_edited_to_the_same_size_is_not_exported_as_already_there(
-        tmp_path, bucket, s3_env, s3_client):
-    s3_client.put_object(Bucket=bucket, Key="ed/a.txt", Body=b"HELLO2")
-    s3_client.put_object(Bucket=bucket, Key="ed/b.txt", Body=b"other")
+def test_an_imported_file_the_user_writes_is_theirs(tmp_path, bucket, s3_env, s3_client):
+    # As Lustre HSM's "dirty" files: an entry's file written since it was filled (its mtime is
+    # not the one sealed) to other bytes, at the same size or not, is the user's own now. It
+    # is exported as their file, never evicted, and reported but left alone by `tier verify
+    # --repair` (fetching the source again would destroy the edit). Only an import's rerun,
+    # which makes the tree the source's again, puts the source's bytes back.
+    sources = {"a.txt": b"HELLO2", "b.txt": b"other", "c.txt": b"third"}
+    for name, body in sources.items():
+        s3_client.put_object(Bucket=bucket, Key=f"ed/{name}", Body=body)
     tree = tmp_path / "t" / "ed"
     run_wharf("tier", "import", f"s3://{bucket}/ed/", tree, env=s3_env, check=True)
     summary, _ = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env)
-    assert summary["uploaded"] == 2, summary
+    assert summary["uploaded"] == 3, summary
     with open(tree / "a.txt", "r+b") as f:
         f.write(b"HELLO3")  # in place, the same size
-    # Not skipped by what the entry recorded: the read finds the edit and names the file.
-    summary, proc = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env, ok=False)
-    assert (summary["skipped"], summary["failed"]) == (1, 1), summary
-    assert "a.txt" in proc.stderr and "no longer holds its tier entry's data" in proc.stderr
-    assert s3_client.get_object(Bucket=bucket, Key="out/a.txt")["Body"].read() == b"HELLO2"
-    # A rerun of the import puts the source's bytes back; the export is then current.
-    run_wharf("tier", "import", f"s3://{bucket}/ed/", tree, env=s3_env, check=True)
-    assert (tree / "a.txt").read_bytes() == b"HELLO2"
+    with open(tree / "c.txt", "ab") as f:
+        f.write(b" and more")  # in place, another size
+    edits = {"a.txt": b"HELLO3", "c.txt": b"third and more"}
     summary, _ = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env)
-    assert (summary["uploaded"], summary["skipped"]) == (0, 2), summary
+    assert (summary["uploaded"], summary["skipped"]) == (2, 1), summary
+    for name, body in edits.items():
+        assert s3_client.get_object(Bucket=bucket, Key=f"out/{name}")["Body"].read() == body
+    summary, _ = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env)
+    assert (summary["uploaded"], summary["skipped"]) == (0, 3), summary
+
+    for repair in ([], ["--repair"]):
+        verify = run_wharf("tier", "verify", *repair, tree, env=s3_env)
+        assert verify.returncode == 0, verify.stderr
+        out = verify.stdout.decode()
+        assert out.count("modified ") == 2 and "a.txt: written since it was filled" in out, out
+        assert "2 written by the user since (kept)" in out, out
+    summary, _ = wharf_json("tier", "verify", tree, env=s3_env)
+    assert (summary["damaged"], summary["modified"]) == (0, 2), summary
+    status, _ = wharf_json("tier", "status", tree, env=s3_env)
+    assert (status["entries"], status["modified"]) == (1, 2), status
+
+    evicted, _ = wharf_json("tier", "evict", tree, env=s3_env)
+    assert (evicted["evicted"], evicted["kept_modified"]) == (1, 2), evicted
+    assert not (tree / "b.txt").exists()
+    for name, body in edits.items():
+        assert (tree / name).read_bytes() == body
+
+    run_wharf("tier", "import", f"s3://{bucket}/ed/", tree, env=s3_env, check=True)
+    for name, body in sources.items():
+        assert (tree / name).read_bytes() == body
+    assert wharf_json("tier", "verify", tree, env=s3_env)[0]["modified"] == 0
 
 
 def test_pin_and_unpin_count_the_entries_they_change(tmp_path, bucket, s3_env, s3_client):

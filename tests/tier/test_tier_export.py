@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from conftest import run_wharf, wharf_bin
+from conftest import damage, run_wharf, wharf_bin
 
 MiB = 1 << 20
 
@@ -267,11 +267,9 @@ def test_a_checkpoint_file_changed_in_the_tier_is_not_exported(tmp_path, bucket,
     files = sorted(p for p in step.iterdir() if p.suffix == ".distcp")
     damaged, touched = files[0], step / "manifest.json"
     assert entry_of(damaged)["local"] and entry_of(damaged)["crc32c"]
-    with open(damaged, "r+b") as f:
-        f.seek(100)
-        byte = f.read(1)
-        f.seek(100)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    # A flipped byte, its mtime as sealed (a write that changed it would be a user's edit,
+    # exported as their file), and the ETag cached for the old bytes lost.
+    damage(damaged, offset=100, keep_etag_cache=False)
     os.utime(touched, (time.time() + 5, time.time() + 5))
     proc = run_wharf("tier", "export", tier / "run", f"s3://{bucket}/ck/", env=s3_env)
     assert proc.returncode == 1
