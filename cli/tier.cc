@@ -580,15 +580,14 @@ absl::Status RunVerify(const TierArgs& args) {
           }
         }
         if (problem.empty()) return;
+        // Written since it was filled (its mtime is not the one sealed): most likely a user's
+        // edit rather than damage below the file system. Either way the entry no longer holds
+        // its source's data, so it counts as damage and --repair fetches the source again;
+        // the line says which, so an edit is not replaced unknowingly (eviction, which runs
+        // unasked, never removes such a file: UsersEdit).
         if (InTree(*tier, p) && WrittenSinceSealed(*entry, st)) {
-          // Written since it was filled: the user's edit, not damage (UsersEdit). Never
-          // repaired: fetching the source again would destroy it.
           ++modified;
-          if (!args.quiet) {
-            report(absl::StrCat("modified ", OneLine(p), ": written since it was filled (",
-                                OneLine(problem), "); the user's own file now, left as it is\n"));
-          }
-          return;
+          problem = absl::StrCat("written since it was filled (", problem, ")");
         }
         ++damaged;
         if (args.repair) {
@@ -613,8 +612,9 @@ absl::Status RunVerify(const TierArgs& args) {
                     {"remaining", remaining}}));
   } else if (!args.quiet) {
     Print(absl::StrFormat(
-        "verified %d entries: %d damaged, %d repaired%s\n", checked, damaged, repaired,
-        modified == 0 ? "" : absl::StrCat("; ", modified, " written by the user since (kept)")));
+        "verified %d entries: %d damaged%s, %d repaired\n", checked, damaged,
+        modified == 0 ? "" : absl::StrCat(" (", modified, " of them written since their fill)"),
+        repaired));
   }
   if (remaining > 0) {
     return absl::DataLossError(absl::StrCat("tier verify ", AbsolutePath(args.path), ": ",
@@ -820,8 +820,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
   verify->add_flag("-q,--quiet", args.quiet, "Print only damaged entries");
   verify->add_option("PATH", args.path, "A path inside a tier")->required();
   verify->footer(
-      "Exits 1 while damaged entries remain. A file of a tree written since its fill (its mtime\n"
-      "changed) to other bytes is the user's own: reported as modified, never repaired.");
+      "Exits 1 while damaged entries remain. A file written since its fill (its mtime changed)\n"
+      "to other bytes is reported as such, and --repair replaces it with the source's bytes too:\n"
+      "copy or export an edit you keep first (eviction never removes such a file).");
 
   CLI::App* evict = sub("evict", "Evict entries below PATH, least recently used first");
   evict

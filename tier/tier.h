@@ -101,7 +101,7 @@ std::optional<TierEntry> ReadEntryAttr(const std::string& path);
 bool IsCompleteEntry(const std::optional<TierEntry>& entry, const struct stat& st);
 // Whether the file (`st`) was written since its entry was sealed: its modification time is not
 // the one the entry recorded (false when the entry recorded none). Such a file whose size or
-// content is no longer the entry's is the user's own (TierTreeStore's UsersEdit), not damage.
+// content is no longer the entry's is the user's (UsersEdit, tier/tree_store.h).
 bool WrittenSinceSealed(const TierEntry& entry, const struct stat& st);
 absl::Status WriteEntryAttr(int fd, const TierEntry& entry);
 absl::Status WriteEntryAttr(const std::string& path, const TierEntry& entry);

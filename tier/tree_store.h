@@ -168,10 +168,11 @@ class TierTreeStore : public ForwardingStore {
 // since (its mtime is not the one the entry recorded: WrittenSinceSealed) and its size or
 // content no longer the entry's. Outside the tier's own folder such a file is the user's data
 // (docs/design/tier.md, "Files written after their fill"): listed and read as a plain file,
-// exported as one, never evicted, and reported but not repaired by `tier verify`. Other bytes
-// with the mtime as sealed are damage. Hashes the file only when it was written since, its
-// size is the entry's and the file store's ETag cache does not vouch for its content (a file
-// only touched: the cache then takes the entry's checksum again).
+// exported as one, never evicted (`tier verify` names it as written since its fill; --repair,
+// asked for, fetches the source over it). Other bytes with the mtime as sealed are damage. Hashes
+// the file only when it was written since, its size is the entry's and the file store's ETag cache
+// does not vouch for its content (a file only touched: the cache then takes the entry's checksum
+// again).
 bool UsersEdit(const std::string& path, const struct stat& st, const TierEntry& entry);
 
 // The ETag an entry lists with: its source's, or for data written to the tier itself (no

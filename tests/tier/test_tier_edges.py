@@ -354,12 +354,12 @@ def test_settings_a_tier_cannot_take_are_usage_errors(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
 
 
-def test_an_imported_file_the_user_writes_is_theirs(tmp_path, bucket, s3_env, s3_client):
+def test_an_imported_file_the_user_writes_is_exported_and_never_evicted(tmp_path, bucket,
+                                                                         s3_env, s3_client):
     # As Lustre HSM's "dirty" files: an entry's file written since it was filled (its mtime is
-    # not the one sealed) to other bytes, at the same size or not, is the user's own now. It
-    # is exported as their file, never evicted, and reported but left alone by `tier verify
-    # --repair` (fetching the source again would destroy the edit). Only an import's rerun,
-    # which makes the tree the source's again, puts the source's bytes back.
+    # not the one sealed) to other bytes, at the same size or not, is the user's. It is
+    # exported as their file and never evicted (eviction runs unasked). `tier verify` reports
+    # it as written since its fill, and --repair (asked for) puts the source's bytes back.
     sources = {"a.txt": b"HELLO2", "b.txt": b"other", "c.txt": b"third"}
     for name, body in sources.items():
         s3_client.put_object(Bucket=bucket, Key=f"ed/{name}", Body=body)
@@ -379,27 +379,25 @@ def test_an_imported_file_the_user_writes_is_theirs(tmp_path, bucket, s3_env, s3
     summary, _ = wharf_json("tier", "export", tree, f"s3://{bucket}/out/", env=s3_env)
     assert (summary["uploaded"], summary["skipped"]) == (0, 3), summary
 
-    for repair in ([], ["--repair"]):
-        verify = run_wharf("tier", "verify", *repair, tree, env=s3_env)
-        assert verify.returncode == 0, verify.stderr
-        out = verify.stdout.decode()
-        assert out.count("modified ") == 2 and "a.txt: written since it was filled" in out, out
-        assert "2 written by the user since (kept)" in out, out
-    summary, _ = wharf_json("tier", "verify", tree, env=s3_env)
-    assert (summary["damaged"], summary["modified"]) == (0, 2), summary
     status, _ = wharf_json("tier", "status", tree, env=s3_env)
     assert (status["entries"], status["modified"]) == (1, 2), status
-
     evicted, _ = wharf_json("tier", "evict", tree, env=s3_env)
     assert (evicted["evicted"], evicted["kept_modified"]) == (1, 2), evicted
     assert not (tree / "b.txt").exists()
     for name, body in edits.items():
         assert (tree / name).read_bytes() == body
 
-    run_wharf("tier", "import", f"s3://{bucket}/ed/", tree, env=s3_env, check=True)
-    for name, body in sources.items():
-        assert (tree / name).read_bytes() == body
-    assert wharf_json("tier", "verify", tree, env=s3_env)[0]["modified"] == 0
+    verify = run_wharf("tier", "verify", tree, env=s3_env)
+    assert verify.returncode == 1
+    out = verify.stdout.decode()
+    assert "a.txt: written since it was filled (content MD5" in out, out
+    assert "c.txt: written since it was filled (size 14" in out, out
+    assert "2 damaged (2 of them written since their fill)" in out, out
+    repaired, _ = wharf_json("tier", "verify", "--repair", tree, env=s3_env)
+    assert (repaired["damaged"], repaired["modified"], repaired["repaired"]) == (2, 2, 2)
+    for name, body in edits.items():
+        assert (tree / name).read_bytes() == sources[name]
+    assert wharf_json("tier", "verify", tree, env=s3_env)[0]["damaged"] == 0
 
 
 def test_pin_and_unpin_count_the_entries_they_change(tmp_path, bucket, s3_env, s3_client):

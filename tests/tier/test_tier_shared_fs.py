@@ -209,10 +209,10 @@ def test_pin_and_readers_on_one_node_hold_against_eviction_on_the_other(node_dir
 
 def test_a_file_written_on_one_node_is_the_users_on_the_other(node_dirs, bucket, s3_env,
                                                               s3_client):
-    """The mtime an entry records is the file's as both nodes see it: a user's write through A
-    makes the file theirs through B (kept by eviction, reported and left alone by verify
-    --repair), damage with the mtime as sealed is repaired through B, and the untouched
-    entries are evicted."""
+    """The mtime an entry records is the file's as both nodes see it: a file a user wrote
+    through A is theirs through B (eviction keeps it, verify says it was written since its
+    fill), damage with the mtime as sealed is damage through B, and the untouched entries are
+    evicted."""
     objects = put_objects(s3_client, bucket, "u/", 6, size=3000, seed=4)
     tree_a, tree_b = (d / "tier" / "u" for d in node_dirs)
     run_wharf("tier", "import", f"s3://{bucket}/u/", tree_a, env=s3_env, check=True)
@@ -221,16 +221,17 @@ def test_a_file_written_on_one_node_is_the_users_on_the_other(node_dirs, bucket,
         f.write(b"the user's bytes")
     mine = (tree_a / edited).read_bytes()
     damage(tree_a / damaged, offset=10)
-    proc = run_wharf("tier", "verify", "--repair", "--json", tree_b, env=s3_env)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_wharf("tier", "verify", "--json", tree_b, env=s3_env)
+    assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
-    assert (out["checked"], out["damaged"], out["repaired"], out["modified"]) == (6, 1, 1, 1), out
-    assert (tree_a / damaged).read_bytes() == objects[damaged]
-    assert (tree_b / edited).read_bytes() == mine
+    assert (out["checked"], out["damaged"], out["modified"]) == (6, 2, 1), out
+    assert f"{edited}: written since it was filled" in proc.stderr
+    assert f"{damaged}: content MD5" in proc.stderr
     out = tier_json("evict", tree_b)
     assert (out["evicted"], out["kept_modified"]) == (5, 1), out
     left = [p.relative_to(tree_a) for p in tree_a.rglob("*") if p.is_file()]
     assert [p.as_posix() for p in left if ".wharf" not in p.parts] == [edited]
+    assert (tree_b / edited).read_bytes() == mine
 
 
 def test_min_free_on_a_file_system_without_capacity_warns_once(shared_dir, bucket, s3_env,
