@@ -9,6 +9,7 @@ import fastavro
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.json
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -222,3 +223,68 @@ def test_gzip_csv_and_jsonl_stream_inflated(root):
     store.put("z/bad.csv.gz", gzip.compress(b"a,b\n1,2\n" * 1000)[:-20])  # truncated
     with pytest.raises(ValueError, match="bad.csv.gz: corrupt or truncated gzip"):
         list(IterableDataset.from_files(root + "z/bad.csv.gz"))
+
+
+def test_corrupt_parquet_and_avro_name_the_file_and_where(root):
+    # pyarrow's and fastavro's decoders raised their own errors (OSError "Corrupt snappy
+    # compressed data.", zlib.error) without the file; they name it now, as the CSV errors do.
+    store = wharf.Store(root)
+    buf = io.BytesIO()  # snappy pages (Parquet pages carry no checksum unless asked to)
+    pq.write_table(pa.table({"a": range(4_000), "s": [f"x{i}" for i in range(4_000)]}), buf,
+                   row_group_size=1_000, compression="snappy")
+    data = bytearray(buf.getvalue())
+    data[200:260] = b"\xff" * 60  # inside the first row group's compressed pages
+    store.put("bad.parquet", bytes(data))
+    with pytest.raises(ValueError, match=r"read parquet .*bad\.parquet: row group 0: corrupt"):
+        list(IterableDataset.from_files(root + "bad.parquet", shuffle=False))
+    schema = {"type": "record", "name": "r",
+              "fields": [{"name": "a", "type": "long"}, {"name": "s", "type": "string"}]}
+    buf = io.BytesIO()
+    fastavro.writer(buf, schema, [{"a": i, "s": "y" * 50} for i in range(20_000)],
+                    codec="deflate", sync_interval=16_000)
+    avro = bytearray(buf.getvalue())
+    avro[len(avro) // 2] ^= 0xFF
+    store.put("bad.avro", bytes(avro))
+    with pytest.raises(ValueError, match=r"bad\.avro: corrupt Avro block at byte \d+"):
+        list(IterableDataset.from_files(root + "bad.avro", shuffle=False))
+
+
+def test_jsonl_fields_that_appear_in_a_later_block_are_added(root):
+    # A field first seen (or first not null) after the first block was an ArrowInvalid from
+    # combining batches of two schemas; read_json of the whole file reads it. Later batches
+    # carry it, and the earlier rows of a batch that spans it get nulls.
+    lines = [json.dumps({"a": i, "pad": "p" * 40, "z": None}) for i in range(3_000)]
+    lines.append(json.dumps({"a": 3_000, "pad": "x", "newf": 3, "z": 7}))
+    body = ("\n".join(lines) + "\n").encode()
+    wharf.Store(root).put("nf.jsonl", body)
+    for batch_rows in (1_000, 10_000):
+        ds = IterableDataset.from_files(root + "nf.jsonl", batch_rows=batch_rows, shuffle=False)
+        ds._text_block = 16_384
+        batches = list(ds)
+        got = pa.concat_tables([pa.Table.from_batches([b]) for b in batches],
+                               promote_options="default")
+        want = pa.json.read_json(pa.BufferReader(body))
+        assert got.num_rows == 3_001
+        assert got.column("a").to_pylist() == want.column("a").to_pylist()
+        assert got.column("newf").to_pylist() == want.column("newf").to_pylist()
+        assert got.column("z").to_pylist() == want.column("z").to_pylist()
+        assert "newf" in batches[-1].schema.names
+
+
+def test_parquet_in_a_fresh_process_and_an_iterator_left_open_at_exit(root):
+    # A fresh process that never imported pyarrow.parquet itself (`import pyarrow` does not
+    # load it: from_files raised AttributeError), and an iterator it leaves open, which its
+    # teardown closes after the modules the read-ahead pool's shutdown needs are gone.
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    _put_parquet(root, "open.parquet", _frame(5_000, columns=2), 1_000)
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(wharf.__file__).parent.parent))
+    script = ("from wharf.torch import IterableDataset\n"
+              f"it = iter(IterableDataset.from_files({root + 'open.parquet'!r}, batch_rows=100))\n"
+              "next(it)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr

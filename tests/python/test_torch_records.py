@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 import torch_helpers as h
 from torch_helpers import target  # noqa: F401 - the fixture
 import wharf
-from wharf.torch import IterableDataset
+from wharf.torch import DistributedSampler, IterableDataset, MapDataset
 
 SHARDS = 6
 PER_SHARD = 4
@@ -226,8 +226,33 @@ def test_bad_arguments_fail_where_the_dataset_is_made(tmp_path):
     for kwargs, error in [(dict(seed=-1), ValueError), (dict(rank=0, world_size=0), ValueError)]:
         with pytest.raises(error):
             IterableDataset.from_prefix(root, **kwargs)
+    # Accepted before and refused at the first iteration as a pybind TypeError (or, for a
+    # float index, silently truncated).
+    for kwargs, match in [(dict(prefetch=-1), "prefetch must be >= 0"),
+                          (dict(prefetch_bytes=-1), "prefetch_bytes must be >= 0"),
+                          (dict(max_in_flight=-2), "max_in_flight must be >= 0"),
+                          (dict(seed=2**64), "seed must be <= 18446744073709551615")]:
+        with pytest.raises(ValueError, match=match):
+            IterableDataset.from_prefix(root, **kwargs)
+    ds = IterableDataset.from_prefix(root, seed=2**64 - 1, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        ds.set_epoch(-1)
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        IterableDataset.from_shards(root, format="tar", shards=["s0.tar"]).set_epoch(-1)
+    maps = MapDataset.from_prefix(root)
+    with pytest.raises(TypeError):
+        maps[1.5]
+    with pytest.raises(TypeError):
+        maps.__getitems__([0, 1.0])
+    assert maps[1].key == "s0.tar"
     import numpy as np
     assert len(IterableDataset.from_prefix(root, seed=np.int64(7), rank=0, world_size=1)) == 2
+    assert maps[np.int64(0)].key == "obj"
+    # torch's DistributedSampler names world_size num_replicas.
+    sampler = DistributedSampler(maps, num_replicas=2, rank=1, shuffle=False)
+    assert list(sampler) == [1]
+    with pytest.raises(ValueError, match="num_replicas=2 and world_size=3 disagree"):
+        DistributedSampler(maps, num_replicas=2, world_size=3, rank=0)
 
 
 def test_listing_options_with_a_sub_prefix_or_a_list_of_shards(target, tmp_path):

@@ -62,6 +62,7 @@ Resume (RecordDataset): exact, per (rank, worker) share; see RecordDataset.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
@@ -297,6 +298,7 @@ class _GlobalOrder(_EpochSync, _Distributed):
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch's order. A resumed epoch keeps its cursor; another starts at 0."""
+        _check_int("epoch", epoch, 0)
         if int(epoch) != self._epoch:
             self._epoch, self._start = int(epoch), 0
             self._epoch_changed()
@@ -360,7 +362,8 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
         ...  ckpt["data"] = sampler.state_dict(steps=step + 1, batch_size=64)
         ...  sampler.load_state_dict(ckpt["data"])        # then iterate: the unseen samples
 
-    It yields this rank's share of the epoch's permutation from the cursor: the same indices
+    rank and world_size default to torch.distributed's (num_replicas= is accepted as torch's
+    name for world_size). It yields this rank's share of the epoch's permutation from the cursor: the same indices
     as IterableDataset over the same index, seed and epoch. Every rank yields the same
     count (padded by repeating samples, or the tail dropped with drop_last). The DataLoader
     draws indices ahead of the batches it returns, so the position comes from the steps the
@@ -369,8 +372,14 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
 
     def __init__(self, dataset: Union["MapDataset", "_wharf.SampleIndex"], *,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 rank: Optional[int] = None, world_size: Optional[int] = None):
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 num_replicas: Optional[int] = None):
         from wharf.torch._shards import ShardMapDataset
+        if num_replicas is not None:  # torch's name for world_size
+            if world_size is not None and world_size != num_replicas:
+                raise ValueError(f"num_replicas={num_replicas} and world_size={world_size} "
+                                 "disagree (num_replicas is torch's name for world_size)")
+            world_size = num_replicas
         index = dataset.index if isinstance(dataset, (MapDataset, ShardMapDataset)) else dataset
         if not (hasattr(index, "fingerprint") and hasattr(index, "__len__")):
             raise TypeError(f"DistributedSampler orders a wharf MapDataset (from_prefix, "
@@ -439,6 +448,7 @@ class MapDataset(torch.utils.data.Dataset):
     def __init__(self, index: "_wharf.SampleIndex", transform: Optional[Callable] = None,
                  max_in_flight: int = 0, memory_budget: Union[int, str] = 0,
                  read_ahead_window: int = 512, read_ahead_bytes: Union[int, str] = "256M"):
+        _check_int("max_in_flight", max_in_flight, 0, maximum=(1 << 31) - 1)
         self._index = index
         self.transform = transform
         self._engine = dict(max_in_flight=max_in_flight, memory_budget=memory_budget)
@@ -560,7 +570,7 @@ class MapDataset(torch.utils.data.Dataset):
         return got
 
     def __getitem__(self, i: int) -> Any:
-        i = int(i)
+        i = operator.index(i)  # an int (numpy's too); a float is a TypeError, as for a list
         n = len(self)
         got = self._planned([i if i >= 0 else i + n])
         key, data = got[0] if got is not None else self._engine_reader().get(i)
@@ -570,7 +580,8 @@ class MapDataset(torch.utils.data.Dataset):
         n = len(self)
         normalized = []
         for i in indices:
-            j = int(i) + n if int(i) < 0 else int(i)
+            i = operator.index(i)
+            j = i + n if i < 0 else i
             if not 0 <= j < n:  # the IndexError ds[i] raises (below -n is not sample n - 1)
                 raise IndexError(f"sample {i} of a dataset of {n} samples")
             normalized.append(j)
@@ -619,8 +630,10 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
                  prefetch_bytes: int = 0,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  max_in_flight: int = 0, memory_budget: Union[int, str] = 0):
-        if batch_size_hint < 1:
-            raise ValueError("batch_size_hint must be >= 1")
+        _check_int("batch_size_hint", batch_size_hint, 1)
+        _check_int("prefetch", prefetch, 0, optional=True)
+        _check_int("prefetch_bytes", prefetch_bytes, 0)
+        _check_int("max_in_flight", max_in_flight, 0, maximum=(1 << 31) - 1)
         self._init_order(index, shuffle, seed, drop_last, rank, world_size)
         self._init_epoch_sync()
         self.transform = transform
@@ -794,6 +807,7 @@ class _ShardEpochs(_EpochSync):
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
+        _check_int("epoch", epoch, 0)
         if int(epoch) != self._epoch:
             self._epoch, self._resume, self._live = int(epoch), None, None
         self._publish_epoch()

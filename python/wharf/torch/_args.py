@@ -2,9 +2,14 @@
 import operator
 
 
-def _check_int(name: str, value, minimum: int, optional: bool = False) -> None:
-    """An int argument at least `minimum` (None too when optional): checked where the dataset
-    is made, not at its first iteration (in a DataLoader worker)."""
+# Seeds, epochs and byte counts travel to C++ as unsigned 64-bit integers.
+U64_MAX = (1 << 64) - 1
+
+
+def _check_int(name: str, value, minimum: int, optional: bool = False,
+               maximum: int = U64_MAX) -> None:
+    """An int argument in [minimum, maximum] (None too when optional): checked where the
+    dataset is made, not at its first iteration (in a DataLoader worker)."""
     if value is None and optional:
         return
     try:
@@ -15,3 +20,5 @@ def _check_int(name: str, value, minimum: int, optional: bool = False) -> None:
         raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")

@@ -25,6 +25,7 @@ import gzip
 import io
 import json
 import os
+import sys
 import zlib
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -48,6 +49,13 @@ def _pa():
     except ImportError as e:  # pragma: no cover - the tests install it
         raise ImportError("IterableDataset.from_files needs pyarrow (pip install pyarrow)") from e
     return pyarrow
+
+
+def _pq():
+    """pyarrow.parquet (a submodule that `import pyarrow` does not load)."""
+    _pa()
+    import pyarrow.parquet
+    return pyarrow.parquet
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,7 +105,7 @@ class _ParquetFile:
     """One Parquet file's footer (metadata) and the reads of its row groups' column chunks."""
 
     def __init__(self, ranges, key, uri, size, etag, footer):
-        pq = _pa().parquet
+        pq = _pq()
         self.key, self.uri, self.size, self.etag = key, uri, size, etag
         self._footer = footer  # (offset, bytes): the footer and its length, the file's end
         self._ranges = ranges
@@ -148,10 +156,14 @@ class _ParquetFile:
 
     def decode(self, rg, columns, pieces):
         """The row group's chosen columns as a pyarrow Table, from fetch()'s bytes."""
-        pq = _pa().parquet
+        pq, pa = _pq(), _pa()
         f = pq.ParquetFile(_Sparse(self.uri, self.size, [self._footer] + pieces),
                            metadata=self.metadata)
-        return f.read_row_group(rg, columns=None if columns is None else list(columns))
+        try:
+            return f.read_row_group(rg, columns=None if columns is None else list(columns))
+        except (OSError, pa.ArrowException) as e:  # pyarrow's decoders: corrupt pages
+            raise ValueError(f"read parquet {self.uri}: row group {rg}: corrupt data "
+                             f"({e})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +219,8 @@ def _avro_header(f, uri):
 
 
 def _avro_blocks(f, uri, size, header_len, sync, begin, end):
-    """The raw blocks (count, bytes including their header and sync) that start in
-    [begin, end) of the file open in `f`."""
+    """The raw blocks (offset in the file, bytes including their header and sync) that start
+    in [begin, end) of the file open in `f`."""
     # A block starts right after the header or right after a sync marker.
     if begin <= header_len:
         pos = header_len
@@ -242,7 +254,7 @@ def _avro_blocks(f, uri, size, header_len, sync, begin, end):
         if block[-_SYNC:] != sync:
             raise ValueError(f"{uri}: Avro block at byte {pos} does not end in the file's sync "
                              "marker (corrupt file)")
-        yield count, block
+        yield pos, block
         pos += total
 
 
@@ -513,8 +525,11 @@ class RowDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
             arrow = _arrow_type(schema)
             if self.columns is not None and arrow is not None:
                 arrow = pa.struct([arrow.field(c) for c in self.columns])
-            for _, block in _avro_blocks(f, uri, size, len(header), sync, begin, end):
-                records = list(fastavro.reader(io.BytesIO(header + block)))
+            for pos, block in _avro_blocks(f, uri, size, len(header), sync, begin, end):
+                try:
+                    records = list(fastavro.reader(io.BytesIO(header + block)))
+                except Exception as e:  # noqa: BLE001 - the codecs' and decoder's many types
+                    raise ValueError(f"{uri}: corrupt Avro block at byte {pos} ({e!r})") from None
                 if self.columns is not None:
                     records = [{c: r.get(c) for c in self.columns} for r in records]
                 if arrow is not None:
@@ -527,7 +542,8 @@ class RowDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
         owns. pyarrow's own streaming readers would call the wharf file object from their
         I/O threads, which then hold Python objects past the iteration (see _arrow_owned);
         parsing blocks keeps every Python call on this thread. The first block fixes the
-        column names and types for the rest (as pyarrow's streaming readers do)."""
+        column names and types for the rest (as pyarrow's streaming readers do); JSON lines
+        may add fields later (a field first seen, or first not null, in a later block)."""
         pa = _pa()
         csv = self.format == "csv"
         if csv:
@@ -579,8 +595,13 @@ class RowDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
                 if names is None:
                     names = read.column_names or _csv_names(pcsv, rows, read_kw, parse)
                 return table, names
+            # Later blocks: the fields seen so far keep their types; a field that was null
+            # until now, or is new, is inferred (and added, as read_json of the whole file
+            # would add it: the rows before it lack it, and their batches lack the column).
+            known = None if schema is None else pa.schema(
+                [f for f in schema if not pa.types.is_null(f.type)])
             table = pjson.read_json(pa.BufferReader(_arrow_owned(pa, rows)), parse_options=(
-                pjson.ParseOptions(explicit_schema=schema) if schema is not None else None))
+                pjson.ParseOptions(explicit_schema=known) if known is not None else None))
             if self.columns is not None:
                 table = table.select(self.columns)
             return table, names
@@ -640,6 +661,8 @@ class RowDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
                 line += rows.count(b"\n")
                 if schema is None:
                     schema = table.schema
+                elif not csv and table.schema != schema:
+                    schema = pa.unify_schemas([schema, table.schema], promote_options="default")
                 yield from table.to_batches()
                 if not block:
                     return
@@ -676,17 +699,28 @@ class _UnitReadAhead:
         self._top_up(k)
         return None if fut is None else fut.result()
 
-    def close(self):
+    def close(self, _finalizing=sys.is_finalizing):  # bound now: globals are gone at exit
         for fut in self._futures.values():
             fut.cancel()
         self._futures.clear()
+        if _finalizing():
+            # An iterator left open is closed in the interpreter's teardown, after the modules
+            # the pool's shutdown uses are gone; concurrent.futures joined its threads before.
+            return
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _combine(pa, pieces):
     if len(pieces) == 1:
         return pieces[0]
-    return pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+    if any(p.schema != pieces[0].schema for p in pieces):
+        # JSON lines whose later rows add a field (or give one that was null a type): the
+        # earlier rows of the batch get nulls in it.
+        table = pa.concat_tables([pa.Table.from_batches([p]) for p in pieces],
+                                 promote_options="default")
+    else:
+        table = pa.Table.from_batches(pieces)
+    return table.combine_chunks().to_batches()[0]
 
 
 def _csv_names(pcsv, rows, read_kw, parse):
