@@ -150,6 +150,11 @@ absl::Status RunCp(const CpArgs& args) {
       if (absl::IsUnavailable(s) || s.message().find("Broken pipe") != absl::string_view::npos) {
         return absl::OkStatus();
       }
+      if (absl::IsNotFound(s) &&
+          PrefixHasObjects(*src.store, AsPrefix(src.uri.key)).value_or(false)) {
+        return UsageError(absl::StrCat(verb, " ", src.store->Uri(src.uri.key),
+                                       ": is a prefix, not an object (- takes one object)"));
+      }
       return s;
     }
     WHARF_ASSIGN_OR_RETURN(OpenedUri dst, OpenCliUri(args.dst));

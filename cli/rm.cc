@@ -129,8 +129,9 @@ absl::Status RunRm(const RmArgs& args) {
     }
     if (absl::IsNotFound(meta.status())) {
       WHARF_ASSIGN_OR_RETURN(bool is_prefix, PrefixHasObjects(store, AsPrefix(key)));
-      return absl::NotFoundError(absl::StrCat(
-          "rm ", uri, is_prefix ? ": a prefix, not an object; use -r" : ": no such object"));
+      // A prefix without -r is a usage error (exit 2), as for cp and fetch.
+      if (is_prefix) return UsageError(absl::StrCat("rm ", uri, ": is a prefix; use -r"));
+      return absl::NotFoundError(absl::StrCat("rm ", uri, ": no such object"));
     }
     WHARF_RETURN_IF_ERROR(meta.status());
   }

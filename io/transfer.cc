@@ -677,15 +677,27 @@ class Engine {
     }
     if (inside && (rel.empty() || (marker && !dst_keeps_markers_))) return std::nullopt;
     absl::string_view checked = marker ? rel.substr(0, rel.size() - 1) : rel;
-    const std::string unsafe =
-        inside ? UnsafeKeyReason(checked) : "it is not below the source prefix";
+    // Only a file system tree reads a key as a path; an object store's keys are opaque, so
+    // "a//b" or "a/../b" is copied there as it is (as aws s3 cp copies it). A NUL byte is
+    // refused everywhere (no store's protocol carries it intact).
+    const std::string unsafe = !inside          ? "it is not below the source prefix"
+                               : dst_file_tree_ ? UnsafeKeyReason(checked)
+                               : absl::StrContains(rel, absl::string_view("\0", 1))
+                                   ? "a NUL byte cannot be in a key"
+                                   : "";
     if (!unsafe.empty()) {
       outcome_.Fail(absl::InvalidArgumentError(
           absl::StrCat(op_, " ", src_.store->Uri(key), ": refusing the key: ", unsafe)));
       return std::nullopt;
     }
     *rel_out = rel;
-    return JoinKey(dst_prefix_, rel);
+    return DstKey(rel);
+  }
+
+  // The destination key of the source key `rel` (relative to the source prefix): below the
+  // destination prefix as it is, or for a file tree as a path (JoinKey: no leading '/').
+  std::string DstKey(absl::string_view rel) const {
+    return dst_file_tree_ ? JoinKey(dst_prefix_, rel) : absl::StrCat(dst_prefix_, rel);
   }
 
   bool InShard(absl::string_view rel) const {
@@ -711,6 +723,11 @@ class Engine {
       ++listed_;
       // Filtered out before anything else: a key the filters exclude is not refused either.
       if (inside && !rel.empty() && !PassesFilters(options_.filters, rel)) return false;
+      if (inside) {
+        // The source has this key: the destination's object of that name is no extra for
+        // --delete, whether it is copied, skipped (a marker) or refused below.
+        if (auto it = existing_.find(HashKey(rel)); it != existing_.end()) it->second.seen = true;
+      }
       dst_key = Destination(meta, &rel);
       if (!dst_key) return false;
       DstEntry* have = nullptr;
@@ -789,6 +806,7 @@ class Engine {
           what, ": the source is inside the destination, where --delete would remove it"));
     }
     dst_keeps_markers_ = dst_.store->capabilities().trailing_slash_keys;
+    dst_file_tree_ = dst_local_ || dst_.store->capabilities().nested_keys_conflict;
     {
       // On a file system a key cannot be both a file and a folder: where sync --delete
       // would remove the one in the way, it is removed before the copy needs its place.
@@ -845,8 +863,7 @@ class Engine {
           continue;
         }
         absl::string_view rel = absl::string_view(meta.key).substr(src_prefix_.size());
-        puts.Put(JoinKey(dst_prefix_, rel), *std::move(r->data), PutFor(meta), meta,
-                 src_.store->Uri(meta.key));
+        puts.Put(DstKey(rel), *std::move(r->data), PutFor(meta), meta, src_.store->Uri(meta.key));
       }
       puts.Wait();
       workers.Wait();
@@ -1014,6 +1031,7 @@ class Engine {
   bool same_store_ = false, server_side_ = false, src_local_ = false, dst_local_ = false;
   bool guess_types_ = false;  // uploads get their key's extension's Content-Type
   bool dst_keeps_markers_ = true;
+  bool dst_file_tree_ = true;  // keys become paths at the destination (checked: Destination)
   std::string op_;
   int inflight_ = 0;
   std::string src_prefix_, dst_prefix_;

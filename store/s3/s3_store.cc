@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -862,9 +863,20 @@ void S3Store::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done
     absl::Status first;
     StatusCallback done;
   };
+  // XML 1.0 cannot carry most control characters, and a parser turns "\r" into "\n": such
+  // keys are deleted one by one (DeleteObject takes the key in the URI), not in a batch that
+  // the server would refuse as a whole.
+  std::vector<std::string> alone;
+  const auto batchable = std::stable_partition(keys.begin(), keys.end(), [](const std::string& k) {
+    return std::none_of(k.begin(), k.end(), [](char c) {
+      return static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n';
+    });
+  });
+  std::move(batchable, keys.end(), std::back_inserter(alone));
+  keys.erase(batchable, keys.end());
   auto shared = std::make_shared<Shared>();
-  shared->pending = static_cast<int>((keys.size() + kBatch - 1) / kBatch);
-  shared->total = keys.size();
+  shared->pending = static_cast<int>((keys.size() + kBatch - 1) / kBatch + alone.size());
+  shared->total = keys.size() + alone.size();
   shared->done = std::move(done);
   auto finish_one = [shared](absl::Status s, int failures) {
     bool last;
@@ -902,22 +914,32 @@ void S3Store::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done
     call->sign_payload = true;
     call->headers = {{"content-md5", Md5HexAndBase64(call->body).second},
                      {"content-type", "application/xml"}};
-    Execute(std::move(call), [this, finish_one](absl::StatusOr<HttpResponse> r) mutable {
-      if (!r.ok()) return finish_one(r.status(), 0);
-      pugi::xml_document reply;
-      reply.load_buffer(r->body.data(), r->body.size());
-      int failures = 0;
-      absl::Status first;
-      for (pugi::xml_node e : reply.child("DeleteResult").children("Error")) {
-        if (std::string_view(e.child_value("Code")) == "NoSuchKey") continue;
-        if (failures++ == 0) {
-          first = absl::UnknownError(absl::StrCat("delete ", Uri(e.child_value("Key")), ": ",
-                                                  e.child_value("Code"), ": ",
-                                                  e.child_value("Message")));
-        }
-      }
-      finish_one(first, failures);
-    });
+    const size_t n = std::min(keys.size(), i + kBatch) - i;
+    Execute(std::move(call),
+            [this, finish_one, n, first_key = keys[i]](absl::StatusOr<HttpResponse> r) mutable {
+              if (!r.ok()) {
+                // The whole batch failed: say which one (the error names only the bucket).
+                return finish_one(Annotate(r.status(), absl::StrCat("a batch of ", n, " keys from ",
+                                                                    Uri(first_key), " on")),
+                                  0);
+              }
+              pugi::xml_document reply;
+              reply.load_buffer(r->body.data(), r->body.size());
+              int failures = 0;
+              absl::Status first;
+              for (pugi::xml_node e : reply.child("DeleteResult").children("Error")) {
+                if (std::string_view(e.child_value("Code")) == "NoSuchKey") continue;
+                if (failures++ == 0) {
+                  first = absl::UnknownError(absl::StrCat("delete ", Uri(e.child_value("Key")),
+                                                          ": ", e.child_value("Code"), ": ",
+                                                          e.child_value("Message")));
+                }
+              }
+              finish_one(first, failures);
+            });
+  }
+  for (std::string& key : alone) {
+    DeleteAsync(std::move(key), [finish_one](absl::Status s) mutable { finish_one(s, 0); });
   }
 }
 

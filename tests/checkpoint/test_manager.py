@@ -1076,6 +1076,43 @@ def test_an_export_killed_midway_is_resumed_by_the_next_manager(keep_last, keep_
     mgr.close()
 
 
+def test_a_restart_while_the_bucket_is_out_of_reach_keeps_the_unexported_checkpoints(
+        tmp_path, bucket, aws, s3_client):
+    # The export bucket is down across a restart (here: not created yet). A manager that could
+    # not list it resumed no exports, so retention (keep_last=1) deleted step 3, which was
+    # selected for export and never exported: the durable copy was lost for good.
+    root, dest_bucket = tmp_path / "r", bucket + "-late"
+    dest = f"s3://{dest_bucket}/run"
+
+    def run(steps):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mgr = CheckpointManager(root, export_to=dest, keep_last=1, export_every=3)
+            for step in steps:
+                mgr.save(step, {"t": torch.full((4,), float(step))}).result()
+            with pytest.raises(wharf.WharfError):
+                mgr.close()  # the exports failed
+        return [str(w.message) for w in caught]
+
+    run([1, 2, 3])
+    assert tier_steps(root) == [3]  # the latest, and awaiting its export
+    said = run([4])
+    assert any("kept here until their exports complete" in m for m in said), said
+    assert tier_steps(root) == [3, 4]
+    s3_client.create_bucket(Bucket=dest_bucket)
+    try:
+        mgr = CheckpointManager(root, export_to=dest, keep_last=1, export_every=3)
+        mgr.wait()
+        assert _ls_steps(dest, aws) == [3]
+        assert tier_steps(root) == [4]  # exported now, and no longer the latest
+        assert mgr.restore(3)["t"].tolist() == [3.0] * 4
+        mgr.close()
+    finally:
+        for o in s3_client.list_objects_v2(Bucket=dest_bucket).get("Contents", []):
+            s3_client.delete_object(Bucket=dest_bucket, Key=o["Key"])
+        s3_client.delete_bucket(Bucket=dest_bucket)
+
+
 # ---- 10. metrics that are not finite ----
 
 def test_nan_and_infinite_metrics_are_recorded_and_never_ranked(tmp_path, s3_env):

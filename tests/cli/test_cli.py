@@ -472,6 +472,12 @@ def test_cp_prefix_without_r_is_an_error(tmp_path):
     assert len(lines) == 2 and lines[0].endswith("is a prefix; use -r")
     assert lines[1] == "Run 'wharf cp --help' for usage."
     assert not (tmp_path / "dst").exists()
+    proc = run("cp", tmp_path / "src", "-", check=2)
+    assert "src: is a prefix, not an object (- takes one object)" in proc.stderr.decode()
+    # rm says the same, with the same exit status, and deletes nothing.
+    proc = run("rm", tmp_path / "src", check=2)
+    assert stderr_lines(proc)[0].endswith("src: is a prefix; use -r")
+    assert (tmp_path / "src" / "a" / "b").exists()
 
 
 def test_cp_missing_source_is_an_error(tmp_path):
@@ -531,7 +537,7 @@ def test_rm_recursive(tmp_path):
     files = {f"d/{i:04d}/x": b"." for i in range(1500)}  # more than one batch of 1000
     files["d.txt"] = b"outside the prefix"
     make_tree(tmp_path, files)
-    run("rm", tmp_path / "d", check=1)  # a prefix needs -r
+    run("rm", tmp_path / "d", check=2)  # a prefix needs -r (a usage error, as for cp)
     proc = run("rm", "-r", tmp_path / "d", check=0)
     assert proc.stdout == b"deleted 1500 objects\n"
     assert tree_of(tmp_path) == {"d.txt": b"outside the prefix"}

@@ -387,6 +387,52 @@ def test_ls_of_an_empty_bucket_is_empty_and_a_missing_prefix_an_error(bucket, s3
     assert gone.returncode == 1 and "a prefix, not an object" in gone.stderr
 
 
+def test_keys_that_are_no_paths_copy_between_buckets_and_sync_delete_keeps_them(
+        tmp_path, bucket, s3_env, s3_client):
+    # An object store's keys are opaque: 'a//b', 'a/./b' and 'a/../b' are copied between
+    # buckets as they are (aws s3 cp does). They were refused as if the destination were a
+    # folder, and sync --delete then took them for keys the source lacks and deleted the
+    # destination's copies (data loss). Into a folder they are still refused.
+    other = bucket + "-d"
+    s3_client.create_bucket(Bucket=other)
+    odd = ["p//abs.txt", "p/./dot.txt", "p/x/../../esc.txt", "p/ok.txt"]
+    try:
+        for key in odd:
+            s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
+            s3_client.put_object(Bucket=other, Key=key, Body=b"old " + key.encode())
+        s3_client.put_object(Bucket=other, Key="p/extra.txt", Body=b"extra")
+        proc = run_wharf("sync", "--delete", f"s3://{bucket}/p/", f"s3://{other}/p/",
+                         env=s3_env)
+        assert proc.returncode == 0, proc.stderr
+        keys = sorted(o["Key"] for o in s3_client.list_objects_v2(Bucket=other)["Contents"])
+        assert keys == sorted(odd), keys
+        for key in odd:
+            assert s3_client.get_object(Bucket=other, Key=key)["Body"].read() == key.encode()
+        again = run_wharf("sync", "--delete", f"s3://{bucket}/p/", f"s3://{other}/q/",
+                          env=s3_env, check=True)
+        assert b"copied 4 objects" in again.stdout, again.stdout
+        s3_client.head_object(Bucket=other, Key="q//abs.txt")
+        local = run_wharf("cp", "-r", f"s3://{bucket}/p/", tmp_path / "d", env=s3_env)
+        assert local.returncode == 1 and local.stderr.count("refusing the key") == 3, \
+            local.stderr
+        assert [p.name for p in (tmp_path / "d").rglob("*")] == ["ok.txt"]
+    finally:
+        for o in s3_client.list_objects_v2(Bucket=other).get("Contents", []):
+            s3_client.delete_object(Bucket=other, Key=o["Key"])
+        s3_client.delete_bucket(Bucket=other)
+
+
+def test_rm_r_deletes_keys_with_control_characters_too(bucket, s3_env, s3_client):
+    # DeleteObjects is XML, which cannot carry most control characters (and turns "\r" into
+    # "\n"): one such key failed its whole batch with a bare "HTTP 400", deleting nothing.
+    keys = [f"cc/n{i:03d}" for i in range(30)] + ["cc/c\x01t", "cc/r\rt", "cc/t\tab"]
+    for key in keys:
+        s3_client.put_object(Bucket=bucket, Key=key, Body=b"x")
+    proc = run_wharf("rm", "-r", f"s3://{bucket}/cc/", env=s3_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Contents" not in s3_client.list_objects_v2(Bucket=bucket, Prefix="cc/")
+
+
 def test_keys_the_filters_exclude_are_not_refused_either(tmp_path, bucket, s3_env, s3_client):
     # A listing may hold keys that cannot be files ('..', '//'): refused one by one when
     # selected, but a key the filters exclude is skipped before that, failing nothing.

@@ -910,16 +910,26 @@ class CheckpointManager:
         each completes retention keeps its checkpoint here."""
         try:
             here = self.root.list()["complete"]
-            there = self.export_root.list()["complete"]
         except _wharf.WharfError as e:
             warnings.warn(f"wharf: could not look for exports to {self.export_root.uri} to "
                           f"resume: {e}", RuntimeWarning, stacklevel=3)
             return
-        if self._highest is None:  # the two listings _check_order would make again
+        try:
+            there = self.export_root.list()["complete"]
+        except _wharf.WharfError as e:
+            # The bucket is out of reach: every checkpoint here selected for export is taken
+            # as not exported, so retention keeps it until an export completes (it is tried
+            # now and after each save); resuming without them would let retention delete
+            # the checkpoints that were to become the durable copies.
+            warnings.warn(f"wharf: could not list {self.export_root.uri} ({e}); the "
+                          "checkpoints selected for export are kept here until their exports "
+                          "complete", RuntimeWarning, stacklevel=3)
+            there = None
+        if self._highest is None and there is not None:  # the listings _check_order makes
             self._highest = max([-1] + [m["step"] for m in here + there])
+        there = {m["step"]: m for m in there or []}
         # A step there that is another checkpoint (this step saved again, its export not
         # completed) is exported again.
-        there = {m["step"]: m for m in there}
         selected = {m["step"] for m in here
                     if _own_user_data(m).get("export") and not self._same(m, there.get(m["step"]))}
         with self._lock:
