@@ -1,5 +1,6 @@
 #include "checkpoint/catalog.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "store/keys.h"
 #include "store/local/local_store.h"
+#include "store/local/temp_object.h"
 #include "store/registry.h"
 #include "store/uri.h"
 #include "tier/export.h"
@@ -517,6 +519,29 @@ absl::StatusOr<int> CheckpointRoot::RemoveAbandoned(int64_t before_step) const {
   });
   if (!aborted.ok()) return aborted.status();
   return static_cast<int>(removed.size());
+}
+
+absl::StatusOr<int> CheckpointRoot::RemoveLeftovers() const {
+  int removed = 0;
+  if (!local_dir_.empty()) {
+    if (DIR* dir = opendir(local_dir_.c_str()); dir != nullptr) {
+      std::vector<std::string> temps;
+      while (const dirent* e = readdir(dir)) {
+        if (absl::StartsWith(e->d_name, kLockedTempPrefix)) temps.emplace_back(e->d_name);
+      }
+      for (const std::string& name : temps)
+        removed += RemoveAbandonedTemp(dirfd(dir), name.c_str());
+      closedir(dir);
+    }
+  }
+  // The files' uploads: keys directly below the folder (a step directory's are
+  // RemoveAbandoned's, which knows which saves may still run).
+  auto aborted = AbortUploads(prefix_, [&](absl::string_view key) {
+    absl::string_view rel = key;
+    return absl::ConsumePrefix(&rel, prefix_) && !absl::StrContains(rel, '/');
+  });
+  if (!aborted.ok()) return aborted.status();
+  return removed + *aborted;
 }
 
 absl::StatusOr<RootConfig> CheckpointRoot::ReadConfig() const {

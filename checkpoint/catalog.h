@@ -151,6 +151,12 @@ class CheckpointRoot {
   // or above `before_step` (saves that may be running now) are left alone. Returns how many
   // step directories (or upload sets) it removed.
   absl::StatusOr<int> RemoveAbandoned(int64_t before_step) const;
+  // What killed saves left directly in the root's folder, as DCP's StorageWriter writes a
+  // checkpoint (its files, no step directories): the temporary files of writers that are gone
+  // (a local folder) and the multipart uploads of its files (a store). A live writer's are
+  // kept (its temporary file is locked; call it before this save's files are written, as the
+  // coordinator plans). Returns how many it removed.
+  absl::StatusOr<int> RemoveLeftovers() const;
   // Makes room for a new save of `step`: removes its manifest and everything below it.
   absl::Status Clear(int64_t step) const { return Delete(step); }
 

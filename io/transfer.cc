@@ -606,8 +606,10 @@ class Engine {
   absl::Status CopyOne(FetchScheduler& parts, const ObjectMeta& meta, const std::string& dst_key) {
     const std::string src_uri = src_.store->Uri(meta.key);
     const std::string dst_uri = dst_.store->Uri(dst_key);
-    if (server_side_) {
-      // Server-side: no bytes pass through this machine.
+    const uint64_t max_copy = src_.store->capabilities().max_copy_size;
+    if (server_side_ && (max_copy == 0 || meta.size <= max_copy)) {
+      // Server-side: no bytes pass through this machine. (Above the store's limit on one
+      // copy, S3's 5 GiB, the object streams through a multipart writer below.)
       WHARF_ASSIGN_OR_RETURN(ObjectMeta copied, src_.store->Copy(meta.key, dst_key));
       outcome_.Bytes(copied.size);
       outcome_.Stored(meta, src_uri, copied, dst_uri);

@@ -107,6 +107,26 @@ class SlowPutStore : public ForwardingStore {
   const absl::Duration delay_;
 };
 
+// A store whose server-side copies take objects up to `max_copy` bytes (as S3's CopyObject
+// takes 5 GiB); counts them.
+class CappedCopyStore : public ForwardingStore {
+ public:
+  CappedCopyStore(std::shared_ptr<ObjectStore> inner, uint64_t max_copy)
+      : ForwardingStore(std::move(inner)), caps_(ForwardingStore::capabilities()) {
+    caps_.max_copy_size = max_copy;
+  }
+  const Capabilities& capabilities() const override { return caps_; }
+  void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override {
+    copies_.fetch_add(1);
+    ForwardingStore::CopyAsync(std::move(src_key), std::move(dst_key), std::move(done));
+  }
+  int copies() const { return copies_.load(); }
+
+ private:
+  Capabilities caps_;
+  std::atomic<int> copies_{0};
+};
+
 // Counts objects planned (selected by the listing) and done, and the most planned and not
 // yet done at any moment.
 class CountingObserver : public TransferObserver {
@@ -141,6 +161,26 @@ TEST(TransferTest, ObjectTwelveTimesTheBudgetStreamsWithinIt) {
   // Every part was charged to the budget, and the budget was never exceeded.
   EXPECT_GT(options.runtime->budget().peak(), 0u);
   EXPECT_LE(options.runtime->budget().peak(), 2 * kMiB);
+}
+
+TEST(TransferTest, WithinAStoreAnObjectAboveItsCopyLimitStreams) {
+  TempStore temp;
+  auto store = std::make_shared<CappedCopyStore>(temp.store(), 4096);
+  const std::string big = RandomBytes(4097, 7), small = RandomBytes(4096, 8);
+  ASSERT_TRUE(temp.store()->Put("p/big", absl::Cord(big)).ok());
+  ASSERT_TRUE(temp.store()->Put("p/small", absl::Cord(small)).ok());
+  TransferOptions options;
+  options.recursive = true;
+  auto summary = Transfer({store, "p/"}, {store, "q/"}, options);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->objects, 2u);
+  EXPECT_EQ(store->copies(), 1);  // the small one, server-side; the big one streamed
+  EXPECT_EQ(ReadFile(temp.PathOf("q/big")), big);
+  EXPECT_EQ(ReadFile(temp.PathOf("q/small")), small);
+  options.recursive = false;
+  ASSERT_TRUE(Transfer({store, "p/big"}, {store, "one"}, options).ok());
+  EXPECT_EQ(store->copies(), 1);
+  EXPECT_EQ(ReadFile(temp.PathOf("one")), big);
 }
 
 TEST(TransferTest, BudgetSmallerThanOnePartStillMovesTheObject) {

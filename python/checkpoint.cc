@@ -126,6 +126,9 @@ class PyCheckpointRoot {
     Check(WithoutGil([&] { return root_->Delete(step); }));
   }
 
+  int RemoveLeftovers() {
+    return Check(WithoutGil([&] { return root_->RemoveLeftovers(); }));
+  }
   int RemoveAbandoned(int64_t before_step) {
     return Check(WithoutGil([&] { return root_->RemoveAbandoned(before_step); }));
   }
@@ -267,6 +270,9 @@ void RegisterCheckpoint(py::module_& m) {
            "Writes the step's manifest (last): the checkpoint exists from now on")
       .def("delete", &PyCheckpointRoot::Delete, py::arg("step"))
       .def("remove_abandoned", &PyCheckpointRoot::RemoveAbandoned, py::arg("before_step"))
+      .def("remove_leftovers", &PyCheckpointRoot::RemoveLeftovers,
+           "Temporary files of dead writers and multipart uploads of files directly in the "
+           "folder (what killed DCP saves left); how many were removed")
       .def("read_config", &PyCheckpointRoot::ReadConfig)
       .def("write_config", &PyCheckpointRoot::WriteConfig, py::arg("export_to") = "",
            py::arg("metric") = "", py::arg("mode") = "min")

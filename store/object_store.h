@@ -265,6 +265,9 @@ struct Capabilities {
   // PutAsync and NewWriter take PutOptions (each backend documents which fields it uses);
   // otherwise options other than the defaults fail with Unimplemented.
   bool put_options = false;
+  // The largest object CopyAsync copies (S3's CopyObject: 5 GiB); 0: any size. A transfer
+  // streams a larger object through a writer instead.
+  uint64_t max_copy_size = 0;
 };
 
 template <typename T>

@@ -359,6 +359,7 @@ const Capabilities& S3Store::capabilities() const {
     c.multipart_upload = true;
     c.max_page_size = 1000;
     c.put_options = true;
+    c.max_copy_size = uint64_t{5} << 30;  // CopyObject's limit
     return c;
   }();
   return caps;

@@ -349,6 +349,38 @@ def test_a_save_that_dies_over_a_checkpoint_leaves_none_not_a_mix(kind, request,
     assert torch.equal(out["a"], torch.full((100,), 5.0))
 
 
+@pytest.mark.parametrize("kind", ["s3", "local", "tier"])
+def test_the_next_save_removes_what_killed_saves_left(kind, request, tmp_path):
+    # A save killed with -9 leaves temporary files of its writers (a folder) or multipart
+    # uploads of its files (a bucket); nothing removed them, so each kill cost the space of
+    # what it had written. The next save to the folder removes them; a live writer's
+    # temporary file (locked) and uploads of keys in subfolders stay.
+    import fcntl
+    at = where(kind, request, tmp_path)
+    dcp.save({"a": torch.ones(100)}, storage_writer=StorageWriter(at.uri))
+    if at.local_dir is not None:
+        dead = os.path.join(at.local_dir, ".wharf-tmp-ldeadwriter")
+        live = os.path.join(at.local_dir, ".wharf-tmp-llivewriter")
+        for path in (dead, live):
+            with open(path, "wb") as f:
+                f.write(b"partial")
+        holder = open(live, "rb")
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        dcp.save({"a": torch.full((100,), 2.0)}, storage_writer=StorageWriter(at.uri))
+        assert not os.path.exists(dead) and os.path.exists(live)
+        holder.close()
+    else:
+        client = request.getfixturevalue("s3_client")
+        for key in ("__0_0.distcp", "__0_7.distcp", "sub/__0_0.distcp"):
+            client.create_multipart_upload(Bucket=at.bucket, Key=f"{at.prefix}/{key}")
+        dcp.save({"a": torch.full((100,), 2.0)}, storage_writer=StorageWriter(at.uri))
+        left = client.list_multipart_uploads(Bucket=at.bucket).get("Uploads", [])
+        assert [u["Key"] for u in left] == [f"{at.prefix}/sub/__0_0.distcp"]
+    out = {"a": torch.zeros(100)}
+    dcp.load(out, storage_reader=StorageReader(at.uri))
+    assert torch.equal(out["a"], torch.full((100,), 2.0))
+
+
 @pytest.mark.parametrize("kind", ["s3", "local"])
 def test_a_missing_data_file_is_an_error_naming_it(kind, request, tmp_path):
     at = where(kind, request, tmp_path)

@@ -279,6 +279,12 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
         # only after it returns), so a save that dies midway leaves no checkpoint rather
         # than the old metadata over a mix of old and new files.
         self._drop_old_metadata()
+        # What killed saves to this folder left (temporary files of dead writers, multipart
+        # uploads of its files) goes before this save's writers start; a live writer's stays.
+        try:
+            self.root.remove_leftovers()
+        except PermissionError:
+            pass  # credentials that may write but not list or abort uploads
         return [dataclasses.replace(p, storage_data=_Prefix(f"__{i}_"))
                 if p.storage_data is None else p for i, p in enumerate(plans)]
 
