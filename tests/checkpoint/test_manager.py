@@ -1113,6 +1113,27 @@ def test_a_restart_while_the_bucket_is_out_of_reach_keeps_the_unexported_checkpo
         s3_client.delete_bucket(Bucket=dest_bucket)
 
 
+def test_a_damaged_copy_in_a_plain_folder_is_restored_from_the_bucket(tmp_path, bucket, aws):
+    # A local folder's copy cut short (the bucket's intact): restore raised DataLossError
+    # instead of reading the exported copy, as a tier's partly evicted copy is read.
+    root, dest = tmp_path / "plain", f"s3://{bucket}/plain"
+    mgr = CheckpointManager(root, export_to=dest, keep_last=3)
+    for step in (1, 2):
+        mgr.save(step, {"t": torch.full((1000,), float(step))}).result()
+    mgr.wait()
+    data = sorted(p for p in (root / step_dir(2)).iterdir() if p.name.endswith(".distcp"))
+    with open(data[0], "r+b") as f:
+        f.truncate(10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert mgr.restore(2)["t"].tolist() == [2.0] * 1000
+    said = [str(w.message) for w in caught]
+    assert any("step 2 is left out" in m and "is used instead" in m for m in said), said
+    assert data[0].stat().st_size > 10  # the local copy was made whole again
+    assert mgr.restore(2)["t"].tolist() == [2.0] * 1000
+    mgr.close()
+
+
 # ---- 10. metrics that are not finite ----
 
 def test_nan_and_infinite_metrics_are_recorded_and_never_ranked(tmp_path, s3_env):

@@ -1065,10 +1065,12 @@ class CheckpointManager:
         listing = self.root.list()
         self._warn_damaged(self.root, listing)
         in_root = {m["step"]: m for m in listing["complete"]}
-        partial = {}  # step: why, for tier copies that lack files of their manifest
-        if self.export_root is not None and self.root.in_tier:
+        partial = {}  # step: why, for local copies that lack files of their manifest
+        if self.export_root is not None and self.root.is_local:
             # An exported tier copy is evictable: eviction may have taken some of its files
-            # and left its manifest. Such a copy is not complete here; the bucket's is.
+            # and left its manifest; a plain folder's copy may have been damaged (a file
+            # removed or cut short). Such a copy is not complete here; the bucket's is, and
+            # restore() copies it back over the local one.
             for step in list(in_root):
                 try:
                     self.root.files(step)
@@ -1094,9 +1096,12 @@ class CheckpointManager:
                     here[m["step"]]["where"] = "both"
                 else:
                     here[m["step"]] = dict(_with_nonfinite(m), where="bucket")
-        # Partly evicted and not in the bucket either: damaged, left out as such.
-        self._warn_damaged(self.root, {"damaged": [(step, why) for step, why in partial.items()
-                                                   if step not in here]})
+        # Partly evicted and not in the bucket either: damaged, left out as such. In a plain
+        # folder (nothing evicts there) a damaged copy is news even when the bucket has one.
+        self._warn_damaged(self.root, {"damaged": [
+            (step, why if step not in here else f"{why} (the copy at {self.export_root.uri} is "
+                                                "used instead)")
+            for step, why in partial.items() if step not in here or not self.root.in_tier]})
         return [here[s] for s in sorted(here)], set(in_root)
 
     def _warn_damaged(self, root, listing: dict) -> None:
