@@ -482,10 +482,13 @@ class Engine {
       : src_(src), dst_(dst), options_(options), observer_(observer), outcome_(observer) {
     if (!options_.runtime) options_.runtime = Runtime::Default();
     same_store_ = src_.store == dst_.store;
+    // Another bucket of the same service, reached with the same credentials: copied
+    // server-side too (CopyFrom), as aws s3 cp copies between buckets.
+    cross_copy_ = !same_store_ && dst_.store->CanCopyFrom(*src_.store);
     // A server-side copy keeps the source's metadata and settings (ObjectStore::Copy takes no
     // options): with upload options, the bytes go through this machine so that none is
     // silently dropped.
-    server_side_ = same_store_ && options_.put.is_default();
+    server_side_ = (same_store_ || cross_copy_) && options_.put.is_default();
     src_local_ = IsLocal(*src_.store);
     dst_local_ = IsLocal(*dst_.store);
     guess_types_ = !dst_local_ && options_.put.content_type.empty() &&
@@ -610,7 +613,9 @@ class Engine {
     if (server_side_ && (max_copy == 0 || meta.size <= max_copy)) {
       // Server-side: no bytes pass through this machine. (Above the store's limit on one
       // copy, S3's 5 GiB, the object streams through a multipart writer below.)
-      WHARF_ASSIGN_OR_RETURN(ObjectMeta copied, src_.store->Copy(meta.key, dst_key));
+      WHARF_ASSIGN_OR_RETURN(ObjectMeta copied,
+                             same_store_ ? src_.store->Copy(meta.key, dst_key)
+                                         : dst_.store->CopyFrom(*src_.store, meta.key, dst_key));
       outcome_.Bytes(copied.size);
       outcome_.Stored(meta, src_uri, copied, dst_uri);
       return absl::OkStatus();
@@ -1030,7 +1035,8 @@ class Engine {
   TransferOptions options_;
   TransferObserver* const observer_;
   Outcome outcome_;
-  bool same_store_ = false, server_side_ = false, src_local_ = false, dst_local_ = false;
+  bool same_store_ = false, cross_copy_ = false, server_side_ = false, src_local_ = false,
+       dst_local_ = false;
   bool guess_types_ = false;  // uploads get their key's extension's Content-Type
   bool dst_keeps_markers_ = true;
   bool dst_file_tree_ = true;  // keys become paths at the destination (checked: Destination)

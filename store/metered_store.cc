@@ -265,6 +265,22 @@ void MeteredStore::CopyAsync(std::string src_key, std::string dst_key, Callback<
                     Metered(meters_, std::move(call), std::move(done)));
 }
 
+const ObjectStore& MeteredStore::Unmetered(const ObjectStore& store) {
+  const auto* metered = dynamic_cast<const MeteredStore*>(&store);
+  return metered != nullptr ? metered->inner() : store;
+}
+
+bool MeteredStore::CanCopyFrom(const ObjectStore& src) const {
+  return inner().CanCopyFrom(Unmetered(src));
+}
+
+void MeteredStore::CopyFromAsync(const ObjectStore& src, std::string src_key, std::string dst_key,
+                                 Callback<ObjectMeta> done) {
+  Call call = meters_->Begin(internal::kCopy, *this, dst_key);
+  inner().CopyFromAsync(Unmetered(src), std::move(src_key), std::move(dst_key),
+                        Metered(meters_, std::move(call), std::move(done)));
+}
+
 void MeteredStore::ComposeAsync(std::vector<std::string> sources, std::string dst_key,
                                 Callback<ObjectMeta> done) {
   Call call = meters_->Begin(internal::kCompose, *this, dst_key);

@@ -41,6 +41,10 @@ class MeteredStore : public ForwardingStore {
   void DeleteAsync(std::string key, StatusCallback done) override;
   void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) override;
   void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
+  // Between two metered stores: the backends decide (the metering changes no data).
+  bool CanCopyFrom(const ObjectStore& src) const override;
+  void CopyFromAsync(const ObjectStore& src, std::string src_key, std::string dst_key,
+                     Callback<ObjectMeta> done) override;
   void ComposeAsync(std::vector<std::string> sources, std::string dst_key,
                     Callback<ObjectMeta> done) override;
   // The blocking forms go to the inner store's (a backend may run them inline, cheaper than
@@ -60,6 +64,9 @@ class MeteredStore : public ForwardingStore {
                                                           const PutOptions& options) override;
 
  private:
+  // The backend of a metered store, else the store itself.
+  static const ObjectStore& Unmetered(const ObjectStore& store);
+
   // Shared with callbacks that may run after the store is gone.
   std::shared_ptr<internal::StoreMeters> meters_;
 };

@@ -204,6 +204,18 @@ absl::StatusOr<ObjectMeta> ObjectStore::Copy(const std::string& src_key,
       [&](Callback<ObjectMeta> cb) { CopyAsync(src_key, dst_key, std::move(cb)); });
 }
 
+void ObjectStore::CopyFromAsync(const ObjectStore& src, std::string src_key, std::string dst_key,
+                                Callback<ObjectMeta> done) {
+  std::move(done)(absl::UnimplementedError(absl::StrCat(
+      "copy ", src.Uri(src_key), " to ", Uri(dst_key), ": no server-side copy between them")));
+}
+
+absl::StatusOr<ObjectMeta> ObjectStore::CopyFrom(const ObjectStore& src, const std::string& src_key,
+                                                 const std::string& dst_key) {
+  return WaitFor<ObjectMeta>(
+      [&](Callback<ObjectMeta> cb) { CopyFromAsync(src, src_key, dst_key, std::move(cb)); });
+}
+
 absl::StatusOr<std::vector<PendingUpload>> ObjectStore::ListUploads(const std::string& prefix) {
   return absl::UnimplementedError(
       absl::StrCat("list uploads ", Uri(prefix), ": the store has no multipart uploads"));

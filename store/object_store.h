@@ -303,6 +303,14 @@ class ObjectStore {
   virtual void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) = 0;
   // Server-side copy within this store.
   virtual void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) = 0;
+  // Whether CopyFromAsync copies from `src` (another bucket of the same service, reached the
+  // same way with the same credentials): false by default.
+  virtual bool CanCopyFrom(const ObjectStore& /*src*/) const { return false; }
+  // Server-side copy of `src_key` of `src` into `dst_key` here: no byte passes through this
+  // machine, and the object keeps its metadata (Content-Type, user metadata), as CopyAsync.
+  // Unimplemented unless CanCopyFrom(src).
+  virtual void CopyFromAsync(const ObjectStore& src, std::string src_key, std::string dst_key,
+                             Callback<ObjectMeta> done);
   // Concatenates `sources` into `dst_key`. Unimplemented unless capabilities().compose.
   virtual void ComposeAsync(std::vector<std::string> sources, std::string dst_key,
                             Callback<ObjectMeta> done);
@@ -325,6 +333,8 @@ class ObjectStore {
   virtual absl::Status Delete(const std::string& key);
   virtual absl::Status DeleteMany(std::vector<std::string> keys);
   virtual absl::StatusOr<ObjectMeta> Copy(const std::string& src_key, const std::string& dst_key);
+  absl::StatusOr<ObjectMeta> CopyFrom(const ObjectStore& src, const std::string& src_key,
+                                      const std::string& dst_key);
   absl::StatusOr<ObjectMeta> Compose(std::vector<std::string> sources, const std::string& dst_key);
 
   // ---- Multipart uploads left behind ----

@@ -945,18 +945,47 @@ void S3Store::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done
 }
 
 void S3Store::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
-  for (const std::string* key : {&src_key, &dst_key}) {
-    if (absl::Status s = RequireObjectKey("copy", Uri(*key), *key); !s.ok()) {
-      return std::move(done)(std::move(s));
-    }
+  std::string src_uri = Uri(src_key);
+  CopyObjectAsync(bucket_, std::move(src_uri), std::move(src_key), std::move(dst_key),
+                  std::move(done));
+}
+
+bool S3Store::CanCopyFrom(const ObjectStore& src) const {
+  const auto* other = dynamic_cast<const S3Store*>(&src);
+  if (other == nullptr) return false;
+  if (other == this) return true;
+  const S3ClientConfig &a = config_, &b = other->config_;
+  return options_.scheme == other->options_.scheme && !bucket_.empty() && !other->bucket_.empty() &&
+         !a.anonymous && !b.anonymous && a.endpoint == b.endpoint && a.region == b.region &&
+         a.path_style == b.path_style && a.ca_bundle == b.ca_bundle && a.profile == b.profile &&
+         a.credentials_source == b.credentials_source &&
+         a.credentials.access_key_id == b.credentials.access_key_id;
+}
+
+void S3Store::CopyFromAsync(const ObjectStore& src, std::string src_key, std::string dst_key,
+                            Callback<ObjectMeta> done) {
+  if (!CanCopyFrom(src)) {
+    return ObjectStore::CopyFromAsync(src, std::move(src_key), std::move(dst_key), std::move(done));
+  }
+  const auto& other = static_cast<const S3Store&>(src);
+  CopyObjectAsync(other.bucket_, other.Uri(src_key), std::move(src_key), std::move(dst_key),
+                  std::move(done));
+}
+
+void S3Store::CopyObjectAsync(const std::string& src_bucket, std::string src_uri,
+                              std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {
+  if (absl::Status s = RequireObjectKey("copy", src_uri, src_key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
+  if (absl::Status s = RequireObjectKey("copy", Uri(dst_key), dst_key); !s.ok()) {
+    return std::move(done)(std::move(s));
   }
   auto call = std::make_shared<Call>();
-  call->op = absl::StrCat("copy ", Uri(src_key), " to");
+  call->op = absl::StrCat("copy ", src_uri, " to");
   call->method = "PUT";
   call->key = dst_key;
   call->headers = {
-      {"x-amz-copy-source", UriEncode(absl::StrCat("/", bucket_, "/", src_key), false)}};
-  const std::string src_uri = Uri(src_key);
+      {"x-amz-copy-source", UriEncode(absl::StrCat("/", src_bucket, "/", src_key), false)}};
   Execute(std::move(call), [this, dst_key = std::move(dst_key), src_uri,
                             done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
     if (!r.ok()) return std::move(done)(r.status());

@@ -97,6 +97,11 @@ class S3Store : public ObjectStore {
   void DeleteAsync(std::string key, StatusCallback done) override;
   void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) override;
   void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
+  // Another S3Store of the same scheme, endpoint, region, addressing, CA bundle and credentials
+  // (profile, source and key id): CopyObject names the source bucket.
+  bool CanCopyFrom(const ObjectStore& src) const override;
+  void CopyFromAsync(const ObjectStore& src, std::string src_key, std::string dst_key,
+                     Callback<ObjectMeta> done) override;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key) override;
   absl::StatusOr<std::unique_ptr<ObjectWriter>> NewWriter(std::string key,
                                                           const PutOptions& options) override;
@@ -135,6 +140,10 @@ class S3Store : public ObjectStore {
   void SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
                    const Credentials* credentials);
   absl::Duration Backoff(int attempt);
+
+  // CopyObject of `src_bucket`/`src_key` (a bucket of this endpoint) into `dst_key`.
+  void CopyObjectAsync(const std::string& src_bucket, std::string src_uri, std::string src_key,
+                       std::string dst_key, Callback<ObjectMeta> done);
 
   const std::string bucket_;
   const S3ClientConfig config_;

@@ -345,22 +345,36 @@ def test_cp_recursive_resumes_skipping_what_is_there(tmp_path, bucket, s3_env, s
 
 
 def test_copy_between_buckets_of_the_same_server(bucket, s3_env, s3_client):
-    """Both sides on one transport: big objects go through the engine in ordered chunks into
-    a multipart writer, so no event-loop thread ever waits on the other store."""
+    """Another bucket of the same endpoint and credentials: copied server-side (CopyObject
+    names the source bucket), so the objects keep their Content-Type and user metadata, as
+    aws s3 cp keeps them. With upload options the bytes go through the engine in ordered
+    chunks into a multipart writer (no event-loop thread waits on the other store)."""
     other = bucket + "-b"
     s3_client.create_bucket(Bucket=other)
     try:
         big = random_bytes(20 << 20, 123)
         s3_client.put_object(Bucket=bucket, Key="x/big.bin", Body=big)
-        s3_client.put_object(Bucket=bucket, Key="x/small.bin", Body=b"small")
+        s3_client.put_object(Bucket=bucket, Key="x/small.bin", Body=b"small",
+                             ContentType="application/x-custom", Metadata={"owner": "alice"},
+                             CacheControl="max-age=60")
         run_wharf("cp", "-r", "--quiet", f"s3://{bucket}/x/", f"s3://{other}/y/", env=s3_env,
                   check=True, timeout=120)
         got = s3_client.get_object(Bucket=other, Key="y/big.bin")
+        assert got["Body"].read() == big
+        small = s3_client.get_object(Bucket=other, Key="y/small.bin")
+        assert small["Body"].read() == b"small"
+        assert (small["ContentType"], small["Metadata"], small.get("CacheControl")) == (
+            "application/x-custom", {"owner": "alice"}, "max-age=60"), small
+        run_wharf("cp", f"s3://{bucket}/x/small.bin", f"s3://{other}/one.bin", env=s3_env,
+                  check=True)
+        one = s3_client.head_object(Bucket=other, Key="one.bin")
+        assert (one["ContentType"], one["Metadata"]) == ("application/x-custom",
+                                                         {"owner": "alice"}), one
+        # Upload options: streamed (a multipart upload for the big one), the options applied.
+        run_wharf("cp", "--storage-class", "STANDARD", f"s3://{bucket}/x/big.bin",
+                  f"s3://{other}/single.bin", env=s3_env, check=True, timeout=120)
+        got = s3_client.get_object(Bucket=other, Key="single.bin")
         assert got["Body"].read() == big and "-" in got["ETag"]  # multipart upload
-        assert s3_client.get_object(Bucket=other, Key="y/small.bin")["Body"].read() == b"small"
-        run_wharf("cp", f"s3://{bucket}/x/big.bin", f"s3://{other}/single.bin", env=s3_env,
-                  check=True, timeout=120)
-        assert s3_client.get_object(Bucket=other, Key="single.bin")["Body"].read() == big
     finally:
         for o in s3_client.list_objects_v2(Bucket=other).get("Contents", []):
             s3_client.delete_object(Bucket=other, Key=o["Key"])
