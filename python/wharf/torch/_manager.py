@@ -918,23 +918,24 @@ class CheckpointManager:
             there = self.export_root.list()["complete"]
         except _wharf.WharfError as e:
             # The bucket is out of reach: every checkpoint here selected for export is taken
-            # as not exported, so retention keeps it until an export completes (it is tried
-            # now and after each save); resuming without them would let retention delete
-            # the checkpoints that were to become the durable copies.
+            # as not exported, so retention keeps it until an export completes (tried after
+            # the next save, as a failed export is); resuming without them would let
+            # retention delete the checkpoints that were to become the durable copies.
             warnings.warn(f"wharf: could not list {self.export_root.uri} ({e}); the "
                           "checkpoints selected for export are kept here until their exports "
                           "complete", RuntimeWarning, stacklevel=3)
             there = None
         if self._highest is None and there is not None:  # the listings _check_order makes
             self._highest = max([-1] + [m["step"] for m in here + there])
-        there = {m["step"]: m for m in there or []}
+        exported = {m["step"]: m for m in there or []}
         # A step there that is another checkpoint (this step saved again, its export not
         # completed) is exported again.
-        selected = {m["step"] for m in here
-                    if _own_user_data(m).get("export") and not self._same(m, there.get(m["step"]))}
+        selected = {m["step"] for m in here if _own_user_data(m).get("export")
+                    and not self._same(m, exported.get(m["step"]))}
         with self._lock:
             self._to_export |= selected
-        self._submit_exports()
+        if there is not None:
+            self._submit_exports()
 
     def _exporting(self) -> set:
         with self._lock:
