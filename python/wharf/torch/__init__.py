@@ -363,8 +363,8 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
         ...  sampler.load_state_dict(ckpt["data"])        # then iterate: the unseen samples
 
     rank and world_size default to torch.distributed's (num_replicas= is accepted as torch's
-    name for world_size). It yields this rank's share of the epoch's permutation from the cursor: the same indices
-    as IterableDataset over the same index, seed and epoch. Every rank yields the same
+    name for world_size). It yields this rank's share of the epoch's permutation from the
+    cursor: the same indices as IterableDataset over the same index, seed and epoch. Every rank yields the same
     count (padded by repeating samples, or the tail dropped with drop_last). The DataLoader
     draws indices ahead of the batches it returns, so the position comes from the steps the
     training loop completed: state_dict(steps, batch_size) gives the global cursor
