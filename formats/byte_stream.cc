@@ -83,6 +83,7 @@ class ByteStream::Inflater {
   std::unique_ptr<char[]> out_ = std::make_unique<char[]>(kInflateBufferBytes);
   size_t begin_ = 0, end_ = 0;  // the unconsumed output: out_[begin_, end_)
   bool member_ended_ = false;   // the last gzip member (or the zlib stream) ended
+  bool padded_ = false;         // zero padding followed it: only more zeros may come
   bool done_ = false;           // nothing more comes: the object ended after a whole stream
   absl::Status error_;          // found while inflating; returned once out_ is consumed
 };
@@ -172,15 +173,17 @@ absl::Status ByteStream::Fill() {
         const size_t zeros = view->find_first_not_of('\0');
         if (zeros == absl::string_view::npos) {
           reader_->Consume(view->size());
+          f.padded_ = true;
           continue;
         }
-        if (zeros == 0 && (*view)[0] == '\x1f') {
+        if (zeros == 0 && (*view)[0] == '\x1f' && !f.padded_) {
           inflateReset(&f.z_);
           f.member_ended_ = false;
           continue;
         }
         reader_->Consume(zeros);
-        // Zeros followed by other bytes: garbage either way.
+        // Zeros followed by other bytes, a member after the padding included: garbage,
+        // wherever the object's chunks happened to end (the padding ends the stream).
       }
       return Fail(absl::StatusCode::kDataLoss,
                   absl::StrCat("bytes after the end of the ", kind, " stream at compressed byte ",

@@ -158,6 +158,26 @@ TEST(ByteStreamTest, GzipMembersInARowAreOneStreamAndZeroPaddingEndsIt) {
   }
 }
 
+TEST(ByteStreamTest, AMemberAfterZeroPaddingIsGarbageWhereverTheChunksEnd) {
+  // Found by fuzz_tfrecord: read in chunks that ended exactly where the padding did, the
+  // member after it was read as the stream's next one; read whole, it was garbage.
+  TempStore tmp;
+  const std::string a = Payload(1'000, 6), b = Payload(1'000, 7);
+  const std::string gz = Deflate(a, Deflated::kGzip);
+  ASSERT_TRUE(
+      tmp.store()
+          ->Put("p.gz", absl::Cord(gz + std::string(64, '\0') + Deflate(b, Deflated::kGzip)))
+          .ok());
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{64}, gz.size() + 64, uint64_t{1} << 20}) {
+    auto s = OpenStream(tmp, "p.gz", chunk, Compression::kAuto);
+    ASSERT_TRUE(s.ok());
+    auto got = Drain(**s);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << chunk;
+    EXPECT_THAT(got.status().message(), HasSubstr("bytes after the end of the gzip stream"))
+        << chunk;
+  }
+}
+
 TEST(ByteStreamTest, OpenedAtADecompressedOffsetItSkipsThere) {
   TempStore tmp;
   const std::string data = Payload(200'000, 5);
