@@ -482,13 +482,12 @@ class Engine {
       : src_(src), dst_(dst), options_(options), observer_(observer), outcome_(observer) {
     if (!options_.runtime) options_.runtime = Runtime::Default();
     same_store_ = src_.store == dst_.store;
-    // Another bucket of the same service, reached with the same credentials: copied
-    // server-side too (CopyFrom), as aws s3 cp copies between buckets.
-    cross_copy_ = !same_store_ && dst_.store->CanCopyFrom(*src_.store);
     // A server-side copy keeps the source's metadata and settings (ObjectStore::Copy takes no
     // options): with upload options, the bytes go through this machine so that none is
-    // silently dropped.
-    server_side_ = (same_store_ || cross_copy_) && options_.put.is_default();
+    // silently dropped. Another bucket of the same service, reached with the same
+    // credentials, is copied server-side too (CopyFrom), as aws s3 cp copies between buckets.
+    server_side_ =
+        (same_store_ || dst_.store->CanCopyFrom(*src_.store)) && options_.put.is_default();
     src_local_ = IsLocal(*src_.store);
     dst_local_ = IsLocal(*dst_.store);
     guess_types_ = !dst_local_ && options_.put.content_type.empty() &&
@@ -1035,8 +1034,7 @@ class Engine {
   TransferOptions options_;
   TransferObserver* const observer_;
   Outcome outcome_;
-  bool same_store_ = false, cross_copy_ = false, server_side_ = false, src_local_ = false,
-       dst_local_ = false;
+  bool same_store_ = false, server_side_ = false, src_local_ = false, dst_local_ = false;
   bool guess_types_ = false;  // uploads get their key's extension's Content-Type
   bool dst_keeps_markers_ = true;
   bool dst_file_tree_ = true;  // keys become paths at the destination (checked: Destination)
