@@ -40,7 +40,18 @@ bool ParseDecimal(absl::string_view s, uint64_t* out) {
 
 namespace {
 constexpr absl::string_view kUsagePayload = "wharf.cli/usage";
+constexpr absl::string_view kSkippedPayload = "wharf.cli/skipped";
 }  // namespace
+
+absl::Status SkippedError(absl::string_view message) {
+  absl::Status s = absl::FailedPreconditionError(message);
+  s.SetPayload(kSkippedPayload, absl::Cord("1"));
+  return s;
+}
+
+bool IsSkippedError(const absl::Status& status) {
+  return status.GetPayload(kSkippedPayload).has_value();
+}
 
 absl::Status UsageError(absl::string_view message) {
   absl::Status s = absl::InvalidArgumentError(message);

@@ -37,6 +37,11 @@ namespace wharf::cli {
 // exits 2 with a pointer to --help, as for the parser's own errors.
 absl::Status UsageError(absl::string_view message);
 bool IsUsageError(const absl::Status& status);
+// Everything selected was done except entries the source's listing had to leave out (each
+// named in a warning line): main exits 2, as `aws s3` does for skipped files, without the
+// pointer to --help.
+absl::Status SkippedError(absl::string_view message);
+bool IsSkippedError(const absl::Status& status);
 
 // ---- Parsing and formatting ----
 

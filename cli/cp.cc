@@ -96,7 +96,8 @@ void AddCp(CLI::App& app, CpArgs& args) {
       "receives it under its own name. SRC - uploads standard input; DST - writes the object\n"
       "to standard output. With -r, SRC/KEY is copied to DST/KEY for every key below SRC;\n"
       "keys that would land outside DST ('..', '//', ...) are refused. Each object appears\n"
-      "complete or not at all. Failures are reported one per line; the rest go on. A rerun\n"
+      "complete or not at all. Failures are reported one per line; the rest go on (exit 1;\n"
+      "exit 2 when the only trouble was local entries that are not files, as aws s3). A rerun\n"
       "of cp -r skips objects the destination already holds with the same size and ETag (for\n"
       "an object uploaded in parts: the local file hashed in the same parts); one object\n"
       "without -r is always copied (use sync to skip it when up to date).");
@@ -115,7 +116,7 @@ void AddSync(CLI::App& app, CpArgs& args) {
       "MD5 against an object's), by size and modification time where the two sides' tags\n"
       "cannot be compared (an object uploaded in parts: a destination at least as new as its\n"
       "source is current; downloads take the object's time). Nothing is deleted without\n"
-      "--delete.");
+      "--delete. Exit 2 when entries of a local SRC that are not files were left out.");
   sync->parse_complete_callback([&args] { args.sync = true; });
 }
 
@@ -193,12 +194,21 @@ absl::Status RunCp(const CpArgs& args) {
       options.recursive = false;
     } else {
       TransferSummary summary;
+      const uint64_t skipped_before = LocalStore::SkippedEntries();
       absl::Status status = TransferWithSummary({src.store, target.prefix}, {dst_store, dst_key},
                                                 options, &summary, &observer);
       progress.Stop();
       // After some objects failed (each named as it failed), what the others did still
       // counts: the summary comes before the final error line.
       if (status.ok() || summary.failed > 0) PrintSummary(summary, args);
+      const uint64_t skipped = LocalStore::SkippedEntries() - skipped_before;
+      if (status.ok() && skipped > 0) {
+        return SkippedError(absl::StrFormat(
+            "%s %s: %d %s of a local folder left out (named in the warnings above: not files "
+            "or folders, links to nothing, names not UTF-8); everything else was %s",
+            verb, src.store->Uri(target.prefix), skipped, skipped == 1 ? "entry" : "entries",
+            args.dryrun ? "listed" : "copied"));
+      }
       return status;
     }
   } else if (key.empty() || key.back() == '/' || absl::IsNotFound(src.store->Head(key).status())) {

@@ -44,6 +44,7 @@ namespace {
 constexpr char kVersion[] = "wharf 0.1.0";
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitSkipped = 2;  // as `aws s3`: skipped sources, the rest done
 
 void PrintError(absl::string_view message) {
   const std::string line = absl::StrCat("wharf: ", OneLine(message), "\n");
@@ -316,6 +317,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "Run 'wharf %s--help' for usage.\n",
                  verb_path.empty() ? "" : (verb_path + " ").c_str());
     return kExitUsage;
+  }
+  if (IsSkippedError(status)) {
+    PrintError(status.message());
+    return kExitSkipped;
   }
   if (!status.ok()) {
     PrintError(status.message());

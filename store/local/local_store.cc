@@ -97,6 +97,14 @@ absl::StatusOr<std::string> EtagOf(const std::string& path, int fd_or_minus1,
   return hex;
 }
 
+// The process runtime's count of entries listings left out (LocalStore::SkippedEntries).
+Counter* SkippedCounter() {
+  return Runtime::Default()->metrics().GetCounter(
+      "wharf_local_list_skipped_total",
+      "Entries of local folders that listings left out (links to nothing or looping, FIFOs, "
+      "sockets, devices, names not UTF-8), each with a warning");
+}
+
 class LocalWriter : public ObjectWriter {
  public:
   LocalWriter(std::unique_ptr<TempObject> temp, std::string key, std::string uri,
@@ -173,6 +181,7 @@ class Lister {
   // One warning line for an entry the listing leaves out (a dangling link: ENOENT; a link
   // to a directory above it: ELOOP).
   static void SkipWarning(const std::string& dir, absl::string_view name, int err) {
+    SkippedCounter()->Add();
     std::string path;  // dir/name without the doubled slashes of root "/" and "d/" keys
     for (char c : absl::StrCat(dir, "/", name)) {
       if (c != '/' || path.empty() || path.back() != '/') path += c;
@@ -590,6 +599,8 @@ bool IsKept(const std::string& dir) {
 }
 
 }  // namespace
+
+uint64_t LocalStore::SkippedEntries() { return SkippedCounter()->value(); }
 
 void LocalStore::KeepDirectory(absl::string_view path) {
   std::string dir(path);

@@ -54,6 +54,12 @@ class LocalStore : public ObjectStore {
   // given, the Python Store its folder. Process-wide; absolute paths.
   static void KeepDirectory(absl::string_view path);
 
+  // How many entries listings of local folders have left out in this process, each with a
+  // warning line: links to nothing or to a folder they are in, FIFOs, sockets, devices, names
+  // that are not UTF-8 (the runtime's `wharf_local_list_skipped_total`). `cp -r` and `sync`
+  // exit 2 when theirs left any out, as `aws s3` does: the rest was copied, not all.
+  static uint64_t SkippedEntries();
+
   // InvalidArgument (naming the key and the rule) unless `key` is a valid file:// key.
   static absl::Status ValidateKey(absl::string_view key);
 

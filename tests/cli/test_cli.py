@@ -638,12 +638,20 @@ def test_a_failed_delete_of_sync_delete_is_reported_once_and_the_rest_deleted(tm
     assert tree_of(tmp_path / "dst") == {"keep": b"k", "a/x2": b"2"}
 
 
-def test_a_fifo_in_a_source_is_skipped_with_a_warning(tmp_path):
+def test_a_fifo_in_a_source_is_skipped_with_a_warning_and_exit_2(tmp_path):
+    # As `aws s3 cp/sync` do: the rest is copied, and the exit status says not everything was.
     make_tree(tmp_path / "src", {"f": b"1"})
     os.mkfifo(tmp_path / "src" / "pipe")
-    proc = run("cp", "-r", "-q", tmp_path / "src", tmp_path / "dst", check=0)
-    assert tree_of(tmp_path / "dst") == {"f": b"1"}
-    assert "pipe: not a file or a folder" in proc.stderr.decode(), proc.stderr
+    for verb, dst in ((["cp", "-r"], "dst"), (["sync"], "synced")):
+        proc = run(*verb, "-q", tmp_path / "src", tmp_path / dst, check=2)
+        assert tree_of(tmp_path / dst) == {"f": b"1"}
+        lines = stderr_lines(proc)
+        assert any("pipe: not a file or a folder" in line for line in lines), lines
+        assert "1 entry of a local folder left out" in lines[-1], lines
+        assert "everything else was copied" in lines[-1] and "--help" not in lines[-1], lines
+    # Without the FIFO the same copy is whole: exit 0.
+    os.remove(tmp_path / "src" / "pipe")
+    run("sync", "-q", tmp_path / "src", tmp_path / "synced", check=0)
 
 
 def test_symbolic_links_are_followed_except_into_a_loop_and_dangling_ones_are_named(tmp_path):
@@ -654,9 +662,10 @@ def test_symbolic_links_are_followed_except_into_a_loop_and_dangling_ones_are_na
     (src / "d" / "to-other").symlink_to("../other")  # followed: not above d
     (src / "d" / "file-link").symlink_to("f")
     (src / "dangling").symlink_to("missing")
-    proc = run("cp", "-r", "-q", src, tmp_path / "dst", check=0)
+    proc = run("cp", "-r", "-q", src, tmp_path / "dst", check=2)  # three left out
     assert tree_of(tmp_path / "dst") == {
         "d/f": b"1", "d/file-link": b"1", "d/to-other/g": b"2", "other/g": b"2"}
+    assert "3 entries of a local folder left out" in stderr_lines(proc)[-1], proc.stderr
     err = proc.stderr.decode()
     assert f"skipping {src}/d/up: a symbolic link to a directory it is in" in err, err
     assert f"skipping {src}/d/self: a symbolic link to a directory it is in" in err, err
