@@ -75,12 +75,14 @@ absl::StatusOr<Candidates> Collect(const std::string& uri) {
   WHARF_ASSIGN_OR_RETURN(c.config, c.root->ReadConfig());
   WHARF_ASSIGN_OR_RETURN(CheckpointRoot::Listing here, c.root->List());
   WarnDamaged(here);
-  // An exported tier copy is evictable: eviction may take some of its files and leave its
-  // manifest. Such a copy is not complete here (the bucket's is; else it is damaged).
+  // A local copy is checked against its manifest (a stat per file). An exported tier copy
+  // is evictable: eviction may take some of its files and leave its manifest, so a copy
+  // that lacks some is the bucket's (else damaged). In a plain folder, or a tier that does
+  // not export, a file missing or cut short is damage, said in a warning.
   const bool evictable = c.root->tier() != nullptr && !c.config.export_to.empty();
   std::map<int64_t, absl::Status> partial;
   for (Manifest& m : here.complete) {
-    if (evictable) {
+    if (c.root->is_local()) {
       if (absl::Status s = c.root->Files(m).status(); !s.ok()) {
         partial.emplace(m.step, std::move(s));
         continue;
@@ -92,7 +94,15 @@ absl::StatusOr<Candidates> Collect(const std::string& uri) {
   }
   auto warn_partial = [&] {
     for (const auto& [step, why] : partial) {
-      if (c.by_step.count(step) > 0) continue;  // complete in the bucket
+      if (c.by_step.count(step) > 0) {  // complete in the bucket
+        if (!evictable) {
+          Warn(absl::StrCat("step ", step, ": the copy in ", OneLine(c.root->uri()),
+                            " is damaged (", OneLine(why.message()),
+                            "); the exported one is listed (wharf ckpt restore --step ", step,
+                            " reads it)"));
+        }
+        continue;
+      }
       Warn(absl::StrCat("step ", step, " is left out: ", OneLine(why.message()),
                         " (wharf ckpt rm --step ", step, " removes it)"));
     }

@@ -415,3 +415,32 @@ def test_best_by_a_metric_the_root_does_not_record_ranks_by_its_own_mode(tmp_pat
         assert out.returncode == 0, out.stderr
         picked[args] = json.loads(out.stdout)["step"]
     assert list(picked.values()) == [2, 2, 3, 1]  # acc: max (recorded); loss: min, or --mode
+
+
+def test_a_damaged_copy_in_a_plain_folder_is_listed_from_the_bucket_or_left_out(tmp_path, bucket,
+                                                                              aws):
+    # A plain folder (no tier) that exports every save: a file of its step 2 cut short and one
+    # of step 3 (never exported) deleted. `ls` must not call the local copy of 2 complete
+    # ("both"): it lists the bucket's, with a warning, and a restore reads that one; step 3,
+    # complete nowhere, is left out.
+    root = tmp_path / "plain"
+    remote = f"s3://{bucket}/plain"
+    mgr = CheckpointManager(root, export_to=remote, export_every=2, async_save=False)
+    for step in (1, 2, 3):
+        mgr.save(step, state_of(step))
+    mgr.close()
+    assert [(j["step"], j["where"]) for j in ls_json(root, aws)] == \
+        [(1, "tier"), (2, "both"), (3, "tier")]
+    cut = root / step_dir(2) / "__0_0.distcp"
+    cut.write_bytes(cut.read_bytes()[:100])
+    os.remove(root / step_dir(3) / "__0_0.distcp")
+    proc = run_wharf("ckpt", "ls", "--json", root, env=aws, check=True)
+    lines = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [(j["step"], j["where"]) for j in lines] == [(1, "tier"), (2, "bucket")]
+    assert lines[1]["uri"] == f"{remote}/{step_dir(2)}/"
+    err = proc.stderr
+    assert f"step 2: the copy in file://{root}/ is damaged" in err, err
+    assert "step 3 is left out" in err and "__0_0.distcp" in err, err
+    out = ckpt("restore", root, "--step", "2", "-q", tmp_path / "back", env=aws)
+    assert out.returncode == 0, out.stderr
+    same(CheckpointManager(tmp_path / "back").restore(2), state_of(2))
