@@ -23,7 +23,7 @@ using nlohmann::json;
 
 bool IsIndex(absl::string_view uri) {
   const size_t query = uri.find('?');
-  return absl::EndsWith(uri.substr(0, query), ".json");
+  return absl::EndsWithIgnoreCase(uri.substr(0, query), ".json");
 }
 
 // The URI's folder ("s3://b/m/" for "s3://b/m/model.safetensors.index.json"), where an
@@ -95,8 +95,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
     } else {
       expanded.push_back(uri);
     }
+    // One file named twice (also spelled two ways: a path and its file:// URI) is read once.
     for (std::string& u : expanded) {
-      if (seen.insert(u).second) file_uris.push_back(std::move(u));
+      WHARF_ASSIGN_OR_RETURN(auto opened, stores.Open(u));
+      if (seen.insert(opened.first->Uri(opened.second)).second) file_uris.push_back(std::move(u));
     }
   }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -22,6 +23,58 @@ absl::Status BadTensor(absl::string_view uri, absl::string_view name, absl::stri
   return absl::DataLossError(
       absl::StrCat(uri, ": not a valid safetensors file: tensor '", name, "': ", what));
 }
+
+// The first top-level name given twice and the first field given twice in one tensor's
+// entry ("<tensor>\0<field>"), found in one linear SAX pass (values are not kept). A syntax
+// error ends the pass; the DOM parse that follows reports it.
+struct DuplicateKeys final : nlohmann::json_sax<json> {
+  std::string twice;
+  std::string field_twice;
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    in_object_.push_back(true);
+    return true;
+  }
+  bool end_object() override {
+    in_object_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    in_object_.push_back(false);
+    return true;
+  }
+  bool end_array() override {
+    in_object_.pop_back();
+    return true;
+  }
+  bool key(string_t& name) override {
+    if (in_object_.size() == 1) {
+      current_ = name;
+      fields_.clear();
+      if (twice.empty() && !names_.insert(current_).second) twice = current_;
+    } else if (in_object_.size() == 2 && in_object_[0] && current_ != "__metadata__" &&
+               field_twice.empty() && !fields_.insert(name).second) {
+      field_twice = absl::StrCat(current_, std::string(1, '\0'), name);
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  std::vector<bool> in_object_;  // the open containers, outermost first: object or array
+  std::set<std::string> names_;
+  std::string current_;  // the tensor whose entry is being read
+  std::set<std::string> fields_;
+};
 
 bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) {
   return __builtin_mul_overflow(a, b, out);
@@ -79,26 +132,16 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view text,
     return Malformed(uri, "the header holds a NUL byte (it is not JSON)");
   }
   // A name given twice would silently keep its last entry (the JSON parser's way): refused,
-  // as safetensors refuses it; so is a field given twice in one tensor's entry.
-  std::set<std::string> names;
-  std::string twice;
-  std::string current;  // the tensor whose entry is being read
-  std::set<std::string> fields;
-  std::string field_twice;  // "<tensor>\0<field>"
-  const json::parser_callback_t note_names = [&](int depth, json::parse_event_t event,
-                                                 json& parsed) {
-    if (event != json::parse_event_t::key) return true;
-    if (depth == 1) {
-      current = parsed.get<std::string>();
-      fields.clear();
-      if (twice.empty() && !names.insert(current).second) twice = current;
-    } else if (depth == 2 && current != "__metadata__" && field_twice.empty() &&
-               !fields.insert(parsed.get<std::string>()).second) {
-      field_twice = absl::StrCat(current, std::string(1, '\0'), parsed.get<std::string>());
-    }
-    return true;
-  };
-  const json header = json::parse(text.begin(), text.end(), note_names, /*allow_exceptions=*/false);
+  // as safetensors refuses it; so is a field given twice in one tensor's entry. The keys are
+  // checked by a SAX pass of their own before the document is built: the parser's callback
+  // form rescans the enclosing object at every object's end, quadratic in the tensors (a
+  // header of 32,000 tensors took minutes).
+  DuplicateKeys keys;
+  json::sax_parse(text.begin(), text.end(), &keys, json::input_format_t::json,
+                  /*strict=*/true);
+  const std::string& twice = keys.twice;
+  const std::string& field_twice = keys.field_twice;
+  const json header = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return Malformed(uri, "the header is not valid JSON");
   }

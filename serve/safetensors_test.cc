@@ -109,6 +109,42 @@ TEST(Safetensors, RefusesMalformedHeadersNamingFileAndTensor) {
   }
 }
 
+// `n` one-byte U8 tensors "t<i>" in order, plus `extra` (a JSON member, or "") after them.
+std::string ManyTensors(int n, const std::string& extra) {
+  std::string json = "{";
+  for (int i = 0; i < n; ++i) {
+    absl::StrAppend(&json, i > 0 ? "," : "", "\"t", i, R"(":{"dtype":"U8","shape":[1],)",
+                    R"("data_offsets":[)", i, ",", i + 1, "]}");
+  }
+  return absl::StrCat(json, extra, "}");
+}
+
+TEST(Safetensors, FindsNamesAndFieldsGivenTwiceInAHeaderOfManyTensors) {
+  // 50,000 entries: the check of names given twice is linear (the JSON parser's callback form
+  // was quadratic here: minutes for 32,000 tensors).
+  constexpr int kN = 50000;
+  auto h = Parse(File(ManyTensors(kN, ""), kN));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->tensors.size(), static_cast<size_t>(kN));
+
+  auto twice =
+      Parse(File(ManyTensors(kN, R"(,"t7":{"dtype":"U8","shape":[1],"data_offsets":[0,1]})"), kN));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_THAT(twice.status().message(), HasSubstr("tensor 't7': the header names it twice"));
+
+  auto field = Parse(File(
+      ManyTensors(kN, R"(,"u":{"dtype":"U8","shape":[1],"shape":[1],"data_offsets":[0,1]})"), kN));
+  ASSERT_FALSE(field.ok());
+  EXPECT_THAT(field.status().message(), HasSubstr("tensor 'u': its entry gives 'shape' twice"));
+
+  // Keys deeper down (objects in arrays, the metadata's own fields) are not a tensor's fields.
+  auto deep = Parse(File(R"({"__metadata__":{"a":"1","b":"2"},)"
+                         R"("w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],)"
+                         R"("x":[{"k":1},{"k":2}]}})",
+                         1));
+  EXPECT_TRUE(deep.ok()) << deep.status();
+}
+
 TEST(Safetensors, AcceptsNullMetadataAndTrailingSpaces) {
   // As safetensors does: "__metadata__": null is no metadata; the header may be padded.
   auto h = Parse(

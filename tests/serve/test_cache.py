@@ -452,6 +452,8 @@ def test_dir_unwritable_degrades_with_one_warning(tmp_path):
     ours = [w for w in caught if issubclass(w.category, PredictionCacheWarning)]
     assert len(ours) == 1, [str(w.message) for w in ours]
     assert str(blocker / "pc") in str(ours[0].message)
+    # Reported at the caller's line, not at wharf's own file.
+    assert ours[0].filename == __file__ and ours[0].lineno > 0, (ours[0].filename, ours[0].lineno)
     assert cache.stats()["degraded"] and cache.stats()["errors"] >= 2
 
 
@@ -913,3 +915,20 @@ def test_cache_does_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported'" % str(
                 pathlib.Path(__file__).resolve().parents[2] / "python"))
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_request_nested_deeper_than_python_recurses_is_a_value_error():
+    # Lists nest as deep as dicts (one frame per level); past the recursion limit the
+    # request is refused with a ValueError that says so, not a RecursionError.
+    deep_list, deep_dict = [], {}
+    for _ in range(400):
+        deep_list, deep_dict = [deep_list], {"k": deep_dict}
+    assert canonical_request(deep_list) == b"[" * 401 + b"]" * 401
+    assert canonical_request(deep_dict).count(b'{"k":') == 400
+    deeper = []
+    for _ in range(sys.getrecursionlimit() + 100):
+        deeper = [deeper, {1: "x"}]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        canonical_request(deeper)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        PredictionCache("memory").get_or_compute("v1", deeper, lambda r: b"x")

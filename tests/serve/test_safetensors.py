@@ -342,3 +342,33 @@ def test_the_staged_path_refuses_shapes_torch_cannot_hold(tmp_path):
                                         "data_offsets": [4, 4]}}, bytes(4)))
     with pytest.raises(ValueError, match=f"{path}: tensor 'a': torch cannot make a tensor "):
         dict(_stream_staged(_open(str(path), 0, {}), torch.device("cpu")))
+
+
+def test_one_file_spelled_two_ways_arguments_and_devices(tmp_path, monkeypatch):
+    path = tmp_path / "m.safetensors"
+    tensors = {f"t{i}": torch.full((2,), float(i)) for i in range(3)}
+    save_file(tensors, path)
+    monkeypatch.chdir(tmp_path)
+    # A relative path, the absolute one and its file:// URI are one file: read once.
+    got = load_safetensors(["m.safetensors", str(path), f"file://{path}"])
+    assert list(got) == list(tensors) and all(torch.equal(got[k], tensors[k]) for k in got)
+    # An index whose name ends in upper case is still an index.
+    (tmp_path / "index.JSON").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: "m.safetensors" for k in tensors}}))
+    assert list(load_safetensors(str(tmp_path / "index.JSON"))) == list(tensors)
+    with pytest.raises(TypeError, match="uri_or_uris is a URI or path"):
+        load_safetensors(5)
+    with pytest.raises(ValueError, match="device 'meta'"):
+        load_safetensors(str(path), device="meta")
+
+
+def test_a_header_of_many_tensors_loads_as_load_file_does(tmp_path):
+    # 40,000 entries in one header (a merged MoE or quantized checkpoint): the parse is linear
+    # (it was quadratic: minutes), and every tensor is there.
+    path = tmp_path / "many.safetensors"
+    tensors = {f"layer.{i}.scale": torch.tensor([float(i)]) for i in range(40000)}
+    save_file(tensors, path)
+    got = load_safetensors(str(path))
+    want = load_file(path)
+    assert list(got) == list(want)
+    assert all(torch.equal(got[k], want[k]) for k in ("layer.0.scale", "layer.39999.scale"))

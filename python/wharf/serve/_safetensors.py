@@ -34,7 +34,11 @@ def _uris(uris: UriArg) -> List[str]:
     # A bytes path is one path (iterating it would give ints).
     if isinstance(uris, (str, bytes, os.PathLike)):
         return [os.fsdecode(uris)]
-    out = [os.fsdecode(u) for u in uris]
+    try:
+        out = [os.fsdecode(u) for u in uris]
+    except TypeError:
+        raise TypeError(f"load safetensors: uri_or_uris is a URI or path, a list of them, or an "
+                        f"index.json URI, not {uris!r}") from None
     if not out:
         raise ValueError("load safetensors: no file named")
     return out
@@ -225,6 +229,8 @@ def _check_device(device) -> None:
     """A device this process cannot place tensors on is refused before anything is read."""
     try:
         dev = torch.device(device)
+        if dev.type == "meta":  # as safetensors refuses it
+            raise ValueError("meta tensors hold no bytes, and a load reads them all")
         if dev.type != "cpu":
             torch.empty(0, device=dev)
     except (RuntimeError, AssertionError, TypeError, ValueError) as e:

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -57,6 +58,8 @@ _dumps = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=Fa
 
 
 _CONTAINERS = (dict, list, tuple)
+# The wharf package's folder: frames below it are wharf's own (see _failed).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _string_keys(obj):
@@ -78,8 +81,14 @@ def _string_keys(obj):
                     raise ValueError(f"the request's keys {k!r} collide once made strings")
             out[k] = v
         return out if changed else obj
-    items = [_string_keys(v) if isinstance(v, _CONTAINERS) else v for v in obj]
-    return items if any(a is not b for a, b in zip(items, obj)) else obj
+    items, changed = [], False
+    for v in obj:  # a loop, not a comprehension: one frame per level, as for dicts
+        if isinstance(v, _CONTAINERS):
+            v2 = _string_keys(v)
+            changed = changed or v2 is not v
+            v = v2
+        items.append(v)
+    return items if changed else obj
 
 
 def canonical_request(request) -> bytes:
@@ -96,6 +105,9 @@ def canonical_request(request) -> bytes:
     try:
         return _dumps(_string_keys(request) if isinstance(request, _CONTAINERS)
                       else request).encode()
+    except RecursionError:
+        raise ValueError("PredictionCache: the request is nested too deeply to be made JSON "
+                         "(Python's recursion limit); pass its bytes instead") from None
     except (TypeError, ValueError) as e:
         why = str(e)
         if "not supported between instances" in why:
@@ -966,11 +978,18 @@ class PredictionCache:
         if first:
             # warn_explicit without a registry: shown again after a recovery and a new failure
             # even when the text repeats (warnings.warn shows a text once per call site).
+            # Reported at the caller's line (the first frame outside wharf), as warnings.warn
+            # with a stacklevel would be.
+            frame = sys._getframe(1)
+            while frame.f_back is not None and \
+                    frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+                frame = frame.f_back
             warnings.warn_explicit(
                 f"wharf.serve.PredictionCache: the backend {self.backend} failed "
                 f"({type(exc).__name__}: {exc}); computing predictions without the cache, "
                 f"trying it again every {self.retry_after:g} s",
-                PredictionCacheWarning, __file__, 0, module=__name__)
+                PredictionCacheWarning, frame.f_code.co_filename, frame.f_lineno,
+                module=frame.f_globals.get("__name__", "__main__"))
 
     def _recovered(self, write):
         with self._stats_lock:
