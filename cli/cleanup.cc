@@ -7,6 +7,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -55,7 +56,10 @@ void AddCleanup(CLI::App& app, CleanupArgs& args) {
   cmd->add_flag("--json", args.json,
                 "One JSON line per upload (uri, upload_id, initiated, action) and a summary");
   cmd->add_flag("-q,--quiet", args.quiet, "Print only errors");
-  cmd->add_option("URI", args.uri, "The bucket or prefix (s3://BUCKET/PREFIX)")->required();
+  cmd->add_option("URI", args.uri,
+                  "The bucket, a prefix (s3://BUCKET/PREFIX: that folder's uploads and PREFIX's "
+                  "own), or one key")
+      ->required();
 }
 
 absl::Status RunCleanup(const CleanupArgs& args) {
@@ -78,6 +82,14 @@ absl::Status RunCleanup(const CleanupArgs& args) {
     return absl::OkStatus();
   }
   if (!uploads.ok()) return Annotate(uploads.status(), what);
+  // A prefix names a folder and the object of that key, as for `rm -r`: s3://b/run1 is
+  // run1 and run1/..., never run10/ (whose uploads may be someone's in progress).
+  if (!prefix.empty() && prefix.back() != '/') {
+    const std::string folder = absl::StrCat(prefix, "/");
+    std::erase_if(*uploads, [&](const PendingUpload& u) {
+      return u.key != prefix && !absl::StartsWith(u.key, folder);
+    });
+  }
   const absl::Time cutoff = absl::Now() - age;
   uint64_t aborted = 0, kept = 0, failed = 0;
   absl::Status first_error;

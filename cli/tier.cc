@@ -397,7 +397,7 @@ bool InTree(const Tier& tier, const std::string& path) {
 
 absl::Status RunStatus(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
-  const std::string path = AbsolutePath(args.path);
+  const std::string path = tier->PathIn(args.path);
   uint64_t entries = 0, bytes = 0, disk_bytes = 0, pinned = 0, local = 0, blocks = 0,
            other_files = 0, modified = 0;
   WHARF_RETURN_IF_ERROR(
@@ -561,7 +561,7 @@ absl::Status RunVerify(const TierArgs& args) {
     }
   };
   absl::Status walk = WalkTierFiles(
-      *tier, AbsolutePath(args.path), [&](const std::string& p, const struct stat& st) {
+      *tier, tier->PathIn(args.path), [&](const std::string& p, const struct stat& st) {
         const auto entry = ReadEntryAttr(p);
         if (!entry.has_value()) return;  // not an entry: a file of its own
         ++checked;
@@ -630,7 +630,7 @@ absl::Status RunEvict(const TierArgs& args) {
   if (!args.to.empty()) {
     WHARF_ASSIGN_OR_RETURN(target, ParseSize(args.to));
   }
-  WHARF_ASSIGN_OR_RETURN(EvictResult r, EvictTo(*tier, AbsolutePath(args.path), target));
+  WHARF_ASSIGN_OR_RETURN(EvictResult r, EvictTo(*tier, tier->PathIn(args.path), target));
   if (args.json) {
     Print(JsonLine({{"entries", r.entries},
                     {"bytes", r.bytes},
@@ -659,7 +659,7 @@ absl::Status RunPin(const TierArgs& args, bool pin) {
   uint64_t changed = 0, already = 0;
   absl::Status first;
   WHARF_RETURN_IF_ERROR(WalkTierFiles(
-      *tier, AbsolutePath(args.path), [&](const std::string& p, const struct stat& st) {
+      *tier, tier->PathIn(args.path), [&](const std::string& p, const struct stat& st) {
         const auto entry = ReadEntryAttr(p);
         if (!IsCompleteEntry(entry, st)) return;
         const bool as_asked = IsPinned(p) == pin;

@@ -172,7 +172,7 @@ absl::Status ExportTierPath(std::shared_ptr<Tier> tier, const std::string& path,
                             TierExportSummary* out, TransferObserver* observer) {
   *out = TierExportSummary{.dst_uri = dst.store->Uri(dst.key)};
   // Normalized: `dir` is compared with the tier root and joined with relative keys.
-  const std::string target = AbsolutePath(path);
+  const std::string target = tier->PathIn(path);
   if (target != tier->root() && !absl::StartsWith(target, absl::StrCat(tier->root(), "/"))) {
     return absl::InvalidArgumentError(
         absl::StrCat("tier export ", target, ": not inside the tier ", tier->root()));

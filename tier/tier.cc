@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -127,6 +128,25 @@ std::string AbsolutePath(const std::string& path) {
   std::string out = absolute.ok() ? *std::move(absolute) : path;
   if (out.size() > 1 && out.back() == '/') out.pop_back();
   return out;
+}
+
+// `path` (absolute) with the symbolic links of its longest existing ancestor resolved, the
+// rest kept as written; `path` itself when nothing resolves.
+std::string ResolvedPath(const std::string& path) {
+  std::string head = path;
+  std::string tail;
+  while (true) {
+    char real[PATH_MAX];
+    if (realpath(head.c_str(), real) != nullptr) {
+      std::string out = real;
+      if (!tail.empty()) out = absl::StrCat(out == "/" ? "" : out, tail);
+      return out;
+    }
+    const size_t slash = head.rfind('/');
+    if (slash == std::string::npos || head == "/") return path;
+    tail = absl::StrCat(head.substr(slash), tail);
+    head = slash == 0 ? "/" : head.substr(0, slash);
+  }
 }
 
 // ---- TierConfig ----
@@ -361,10 +381,18 @@ std::string Tier::MetaPath(absl::string_view rel) const {
 }
 
 std::string Tier::Relative(const std::string& path) const {
-  const std::string abs = AbsolutePath(path);
-  if (abs == root_) return "";
+  std::string abs = AbsolutePath(path);
   const std::string prefix = root_ == "/" ? "/" : root_ + "/";
+  // A path that reaches the tier through a symbolic link is taken where it leads (Find).
+  if (abs != root_ && !absl::StartsWith(abs, prefix)) abs = ResolvedPath(abs);
+  if (abs == root_) return "";
   return absl::StartsWith(abs, prefix) ? abs.substr(prefix.size()) : abs;
+}
+
+std::string Tier::PathIn(const std::string& path) const {
+  const std::string rel = Relative(path);
+  if (!rel.empty() && rel.front() == '/') return rel;  // not inside: as it is
+  return rel.empty() ? root_ : absl::StrCat(root_ == "/" ? "" : root_, "/", rel);
 }
 
 absl::StatusOr<std::shared_ptr<Tier>> Tier::Open(const std::string& root) {
@@ -400,12 +428,20 @@ absl::Status RequirePath(const std::string& path) {
 
 absl::StatusOr<std::shared_ptr<Tier>> Tier::Find(const std::string& path) {
   WHARF_RETURN_IF_ERROR(RequirePath(path));
-  std::string dir = AbsolutePath(path);
-  while (true) {
-    if (IsRoot(dir)) return Open(dir);
-    const size_t slash = dir.rfind('/');
-    if (dir == "/" || slash == std::string::npos) break;
-    dir = slash == 0 ? "/" : dir.substr(0, slash);
+  // The directories above the path as written (a link to a tier's root names that tier),
+  // then, when none is a tier's, above the path the links lead to (a link to a folder
+  // inside a tier is inside it: without this, `--cache LINK` made a tier within the tier).
+  const std::string written = AbsolutePath(path);
+  const std::string resolved = ResolvedPath(written);
+  for (const std::string* start : {&written, &resolved}) {
+    if (start == &resolved && resolved == written) break;
+    std::string dir = *start;
+    while (true) {
+      if (IsRoot(dir)) return Open(dir);
+      const size_t slash = dir.rfind('/');
+      if (dir == "/" || slash == std::string::npos) break;
+      dir = slash == 0 ? "/" : dir.substr(0, slash);
+    }
   }
   return absl::NotFoundError(
       absl::StrCat(path,

@@ -155,6 +155,9 @@ class Tier : public std::enable_shared_from_this<Tier> {
   std::string MetaPath(absl::string_view rel) const;
   // `path` (absolute, inside the tier) relative to the root; "" for the root itself.
   std::string Relative(const std::string& path) const;
+  // `path` as it lies in the tier: absolute, with a link into the tier resolved (a link to a
+  // folder inside it, as Find takes it); root() + "/" + Relative(path).
+  std::string PathIn(const std::string& path) const;
 
   // This process's temporary directory, created on first use (again after a fork), owned
   // while the process lives. Files written there are published by rename. Creating it

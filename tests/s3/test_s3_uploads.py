@@ -458,7 +458,8 @@ def test_cleanup_aborts_the_unfinished_uploads_below_a_prefix(bucket, s3_env, s3
                               Body=b"x" * 100)
         return u["UploadId"]
 
-    ids = {key: start(key) for key in ("run/a.bin", "run/sub/b.bin", "other/c.bin")}
+    ids = {key: start(key) for key in ("run/a.bin", "run/sub/b.bin", "other/c.bin",
+                                       "run10/d.bin")}
 
     def pending():
         return sorted(u["Key"] for u in
@@ -474,14 +475,23 @@ def test_cleanup_aborts_the_unfinished_uploads_below_a_prefix(bucket, s3_env, s3
                          f"(dryrun) abort upload of s3://{bucket}/run/sub/b.bin"
                          + lines[1][lines[1].index(" (started"):]]
     assert lines[2] == "would abort 2 uploads"
-    assert pending() == ["other/c.bin", "run/a.bin", "run/sub/b.bin"]
+    assert pending() == ["other/c.bin", "run/a.bin", "run/sub/b.bin", "run10/d.bin"]
     out = run_wharf("cleanup", "--older-than", "0", "--json", f"s3://{bucket}/run/",
                     env=s3_env, check=True)
     rows = [json.loads(line) for line in out.stdout.decode().splitlines()]
     assert {(r["uri"], r["upload_id"], r["action"]) for r in rows[:-1]} == {
         (f"s3://{bucket}/{k}", ids[k], "aborted") for k in ("run/a.bin", "run/sub/b.bin")}
     assert rows[-1] == {"uploads": 2, "aborted": 2, "kept": 0, "failed": 0}
-    assert pending() == ["other/c.bin"]
+    assert pending() == ["other/c.bin", "run10/d.bin"]
+    # A prefix without its '/' is that folder (and that one key), as for rm -r: run10/'s
+    # uploads, perhaps someone's in progress, are not run's.
+    start("run")
+    out = run_wharf("cleanup", "--older-than", "0", f"s3://{bucket}/run", env=s3_env, check=True)
+    assert out.stdout.decode().splitlines() == [
+        f"aborted upload of s3://{bucket}/run" + out.stdout.decode()[
+            out.stdout.decode().index(" (started"):].splitlines()[0],
+        "aborted 1 upload"], out.stdout
+    assert pending() == ["other/c.bin", "run10/d.bin"]
     # Usage errors exit 2; a store without multipart uploads says so; a missing bucket is one line.
     out = run_wharf("cleanup", "--older-than", "3x", f"s3://{bucket}/", env=s3_env)
     assert out.returncode == 2 and "--older-than: '3x' is not an age" in out.stderr

@@ -294,3 +294,36 @@ def test_a_complete_import_answers_listings_through_the_tier(tmp_path, bucket, s
     # the tree short (the read-through copy does not count) and the bucket answers.
     kept[0].unlink()
     assert len(listed("--cache", tier)) == 29
+
+
+def test_a_link_to_a_folder_inside_a_tier_is_inside_that_tier(tmp_path, bucket, s3_env, s3_client):
+    # Every verb takes any path inside a tier, also through a symbolic link to a folder in it;
+    # --cache through such a link uses the tier, not a new tier made within it.
+    put_objects(s3_client, bucket, "lnk/e/", 6)
+    put_objects(s3_client, bucket, "lnk/d/", 4)
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, "-q", env=s3_env, check=True)
+    import_json(f"s3://{bucket}/lnk/e/", tier / "e", env=s3_env)
+    import_json(f"s3://{bucket}/lnk/d/", tier / "d", env=s3_env)
+    link = tmp_path / "link-e"
+    link.symlink_to(tier / "e")
+    status = json.loads(run_wharf("tier", "status", "--json", link, env=s3_env,
+                                  check=True).stdout)
+    assert status["tier"] == str(tier) and status["path"] == str(tier / "e")
+    assert status["entries"] == 6
+    one = sorted(p for p in os.listdir(tier / "e") if p != ".wharf")[0]
+    run_wharf("tier", "pin", link / one, env=s3_env, check=True)
+    assert json.loads(run_wharf("tier", "status", "--json", link / one, env=s3_env,
+                                check=True).stdout)["pinned"] == 1
+    verify = run_wharf("tier", "verify", link, env=s3_env, check=True)
+    assert b"verified 6 entries" in verify.stdout, verify.stdout
+    got = run_wharf("--cache", link, "cat", f"s3://{bucket}/lnk/d/0/obj-0000.bin", env=s3_env,
+                    check=True)
+    assert got.stdout == s3_client.get_object(Bucket=bucket, Key="lnk/d/0/obj-0000.bin")[
+        "Body"].read()
+    assert not (tier / "e" / ".wharf").exists()  # no tier within the tier
+    assert "no tier was there" not in got.stderr
+    # init through the link sets the enclosing tier's settings, as init of its folder does.
+    init = run_wharf("tier", "init", link, env=s3_env, check=True)
+    assert f"inside the tier at {tier}" in init.stderr, init.stderr
+    assert not (tier / "e" / ".wharf").exists()
