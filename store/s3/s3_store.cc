@@ -1308,8 +1308,22 @@ class S3Writer : public ObjectWriter {
       id = created.upload_id;
     }
     if (!id.empty()) {
-      (void)store.AbortUpload(key, id);
-      return;
+      // A commit may be in flight on the writer's thread: the abort can then meet it on the
+      // server (seen here as an upload left with all its parts once the process was gone).
+      // So the upload is aborted until the key's listing no longer holds it (aborted, or
+      // completed by that commit), within the signal handler's time for cleanups.
+      const absl::Time deadline = absl::Now() + absl::Seconds(8);
+      while (true) {
+        const absl::Status aborted = store.AbortUpload(key, id);
+        absl::StatusOr<std::vector<PendingUpload>> left = store.ListUploads(key);
+        // A listing this client may not make: the abort's own answer decides.
+        bool listed = !left.ok() && !aborted.ok() && !absl::IsNotFound(aborted);
+        for (const PendingUpload& u : left.ok() ? *left : std::vector<PendingUpload>{}) {
+          listed |= u.key == key && u.upload_id == id;
+        }
+        if (!listed || absl::Now() > deadline) return;
+        absl::SleepFor(absl::Milliseconds(250));
+      }
     }
     absl::StatusOr<std::vector<PendingUpload>> uploads = store.ListUploads(key);
     if (!uploads.ok()) return;
