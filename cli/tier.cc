@@ -186,9 +186,16 @@ absl::Status RunImport(const TierArgs& args) {
     using ProgressObserver::ProgressObserver;
     void OnObjectAt(const ObjectMeta& src, const ObjectMeta&, bool) override {
       tree_bytes.fetch_add(src.size, std::memory_order_relaxed);
+      // The disk space the file takes, as the bound counts it: whole blocks.
+      tree_disk_bytes.fetch_add((src.size + block - 1) / block * block, std::memory_order_relaxed);
     }
+    uint64_t block = 4096;
     std::atomic<uint64_t> tree_bytes{0};
+    std::atomic<uint64_t> tree_disk_bytes{0};
   } observer(progress);
+  if (struct statvfs vfs; statvfs(dest.c_str(), &vfs) == 0 && vfs.f_frsize > 0) {
+    observer.block = vfs.f_frsize;
+  }
   TransferSummary counts;  // also when the import fails
   absl::StatusOr<TransferSummary> summary;
   std::string source_uri;
@@ -272,20 +279,25 @@ absl::Status RunImport(const TierArgs& args) {
   }
   if (!summary.ok()) return summary.status();
   // Imported files are evictable entries: a tree larger than the tier's bound cannot stay whole.
+  // The bound counts disk space: many small files take whole blocks each (1,000-byte files,
+  // 4 KiB apiece), so the estimate of that, not the bytes, is compared.
   const uint64_t tree_bytes = observer.tree_bytes.load();
+  const uint64_t tree_disk_bytes = observer.tree_disk_bytes.load();
   const uint64_t max_size = tier->config().max_size;
-  if (max_size > 0 && tree_bytes > max_size) {
+  if (max_size > 0 && tree_disk_bytes > max_size) {
     const std::string warning = absl::StrFormat(
-        "wharf: tier import: the imported tree (%s MB) is larger than the tier's max size (%s "
-        "MB): eviction will remove its least recently used files unless they are pinned (wharf "
-        "tier pin %s) or the bound is raised (wharf tier init %s --max-size SIZE)\n",
-        Megabytes(tree_bytes), Megabytes(max_size), dest, tier->root());
+        "wharf: tier import: the imported tree (%s MB, about %s MB of disk) is larger than the "
+        "tier's max size (%s MB of disk): eviction will remove its least recently used files "
+        "unless they are pinned (wharf tier pin %s) or the bound is raised (wharf tier init %s "
+        "--max-size SIZE)\n",
+        Megabytes(tree_bytes), Megabytes(tree_disk_bytes), Megabytes(max_size), dest, tier->root());
     std::fwrite(warning.data(), 1, warning.size(), stderr);
   }
   const double seconds = absl::ToDoubleSeconds(summary->elapsed);
   if (args.json) {
     json j = summary_json();
     j["tree_bytes"] = tree_bytes;
+    j["tree_disk_bytes"] = tree_disk_bytes;  // an estimate: whole blocks per file
     if (args.world_size > 0) {
       j["rank"] = args.rank;
       j["world_size"] = args.world_size;
@@ -631,17 +643,33 @@ absl::Status RunEvict(const TierArgs& args) {
     WHARF_ASSIGN_OR_RETURN(target, ParseSize(args.to));
   }
   WHARF_ASSIGN_OR_RETURN(EvictResult r, EvictTo(*tier, tier->PathIn(args.path), target));
+  // What stays: entries that could not go (pinned, only here, being read) may hold the path
+  // above the target; said, so that a script does not take the space for freed.
+  const uint64_t remaining = r.disk_bytes - std::min(r.disk_bytes, r.evicted_disk_bytes);
+  const bool target_met = remaining <= target;
+  if (!args.to.empty() && !target_met) {
+    const std::string warning = absl::StrFormat(
+        "wharf: tier evict --to %s: the entries below %s still take %s MB of disk: %d pinned, "
+        "%d only here (not exported), %d in use cannot go (wharf tier unpin PATH releases "
+        "pinned ones)\n",
+        args.to, tier->PathIn(args.path), Megabytes(remaining), r.kept_pinned, r.kept_local,
+        r.kept_busy);
+    std::fwrite(warning.data(), 1, warning.size(), stderr);
+  }
   if (args.json) {
-    Print(JsonLine({{"entries", r.entries},
-                    {"bytes", r.bytes},
-                    {"disk_bytes", r.disk_bytes},
-                    {"evicted", r.evicted},
-                    {"evicted_bytes", r.evicted_bytes},
-                    {"evicted_disk_bytes", r.evicted_disk_bytes},
-                    {"kept_pinned", r.kept_pinned},
-                    {"kept_local", r.kept_local},
-                    {"kept_busy", r.kept_busy},
-                    {"kept_modified", r.kept_modified}}));
+    json j = {{"entries", r.entries},
+              {"bytes", r.bytes},
+              {"disk_bytes", r.disk_bytes},
+              {"evicted", r.evicted},
+              {"evicted_bytes", r.evicted_bytes},
+              {"evicted_disk_bytes", r.evicted_disk_bytes},
+              {"kept_pinned", r.kept_pinned},
+              {"kept_local", r.kept_local},
+              {"kept_busy", r.kept_busy},
+              {"kept_modified", r.kept_modified},
+              {"remaining_disk_bytes", remaining}};
+    if (!args.to.empty()) j["target_met"] = target_met;
+    Print(JsonLine(j));
   } else if (!args.quiet) {
     Print(absl::StrFormat(
         "evicted %d of %d entries (%s of %s MB); kept %d pinned, %d only here, %d in use%s\n",

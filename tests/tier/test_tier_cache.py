@@ -276,6 +276,13 @@ def test_bounded_tier_evicts_by_itself_and_on_request(tmp_path, bucket, s3_env, 
     # The pinned entry counts, and stays.
     assert to["disk_bytes"] - to["evicted_disk_bytes"] <= 20000, to
     assert status(tier)["disk_bytes"] == to["disk_bytes"] - to["evicted_disk_bytes"]
+    assert to["remaining_disk_bytes"] == status(tier)["disk_bytes"] and to["target_met"], to
+    # A target the pinned entry alone exceeds is not met: said in the JSON and on stderr.
+    short = run_wharf("tier", "evict", "--json", "--to", "1", tier, check=True)
+    out = json.loads(short.stdout)
+    assert out["target_met"] is False and out["kept_pinned"] == 1, out
+    assert out["remaining_disk_bytes"] > 1, out
+    assert "still take" in short.stderr and "1 pinned" in short.stderr, short.stderr
 
 
 def test_a_bound_holds_when_each_read_is_a_process_of_its_own(tmp_path, bucket, s3_env,

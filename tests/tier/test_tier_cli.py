@@ -247,6 +247,16 @@ def test_an_import_larger_than_the_tiers_bound_warns_once_and_keeps_every_file(t
     assert fits.stderr == ""
     unbounded = run_wharf("tier", "import", src, tmp_path / "u", check=True)
     assert unbounded.stderr == ""
+    # The bound is disk space: 500 files of 1,000 bytes are 0.5 MB, but whole blocks each
+    # (2 MB at 4 KiB): more than a 1M bound, so the warning comes, before eviction thins them.
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    for i in range(500):
+        (tiny / f"{i}.bin").write_bytes(os.urandom(1000))
+    small = run_wharf("tier", "import", "--json", tiny, tmp_path / "t" / "tiny", check=True)
+    summary = json.loads(small.stdout)
+    assert summary["tree_bytes"] == 500 * 1000 < 1 << 20 < summary["tree_disk_bytes"], summary
+    assert "larger than the tier's max size" in small.stderr, small.stderr
 
 
 def test_a_complete_import_answers_listings_through_the_tier(tmp_path, bucket, s3_env, s3_client):
