@@ -98,6 +98,14 @@ uint64_t HashKey(absl::string_view s) {
 }
 
 int64_t Seconds(absl::Time t) { return t == absl::InfinitePast() ? 0 : absl::ToUnixSeconds(t); }
+// A source's time in whole seconds, rounded up: a file written at 10:11:28.17 is newer than
+// an object stamped 10:11:28 (S3 keeps whole seconds), so a same-size edit made in the second
+// of the upload is copied again, as aws s3 sync does, rather than taken for current.
+int64_t SourceSeconds(absl::Time t) {
+  return t == absl::InfinitePast()
+             ? 0
+             : absl::ToInt64Seconds(absl::Ceil(t - absl::UnixEpoch(), absl::Seconds(1)));
+}
 
 bool IsLocal(const ObjectStore& store) { return absl::StartsWith(store.Uri(""), "file://"); }
 
@@ -529,7 +537,7 @@ class Engine {
       // least as new as its source is current (downloads get the object's time).
       const std::string md5 = ContentMd5(meta);
       if (have->md5_hash != 0 && !md5.empty()) return HashKey(md5) == have->md5_hash;
-      return have->mtime_s >= Seconds(meta.mtime);
+      return have->mtime_s >= SourceSeconds(meta.mtime);
     }
     if (have->etag_hash == HashKey(meta.etag)) return true;
     // ETags of two kinds (a file's MD5 and a GCS generation): the content's MD5 where both

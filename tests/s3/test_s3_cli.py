@@ -498,6 +498,34 @@ def test_sync_decides_an_edit_within_the_second_of_the_copy_by_content(tmp_path,
     assert "skipped 2 up to date" in proc.stdout.decode()
 
 
+def test_sync_uploads_a_same_size_edit_in_the_second_of_a_multipart_upload(tmp_path, bucket,
+                                                                           s3_env, s3_client):
+    # An object uploaded in parts has no MD5 to compare: times decide. A file edited (same
+    # size) at 10:11:28.3, after an upload stamped 10:11:28, is newer: copied, as aws s3 sync
+    # does (its time was cut to whole seconds and tied).
+    src = tmp_path / "mp"
+    src.mkdir()
+    data = bytearray(random_bytes(12 << 20, seed=5))
+    (src / "m.bin").write_bytes(data)
+    from boto3.s3.transfer import TransferConfig
+    s3_client.upload_file(str(src / "m.bin"), bucket, "mp/m.bin", Config=TransferConfig(
+        multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+    head = s3_client.head_object(Bucket=bucket, Key="mp/m.bin")
+    assert head["ETag"].strip('"').endswith("-3"), head["ETag"]
+    stamped = head["LastModified"].timestamp()
+    data[7] ^= 0xFF
+    (src / "m.bin").write_bytes(data)
+    os.utime(src / "m.bin", (stamped + 0.3, stamped + 0.3))
+    proc = run_wharf("sync", src, f"s3://{bucket}/mp", env=s3_env, check=True)
+    assert "copied 1 object" in proc.stdout.decode(), proc.stdout
+    assert s3_client.get_object(Bucket=bucket, Key="mp/m.bin")["Body"].read() == bytes(data)
+    # A file at exactly the object's second is current (a download gives it that time).
+    down = tmp_path / "down"
+    run_wharf("sync", "-q", f"s3://{bucket}/mp", down, env=s3_env, check=True)
+    proc = run_wharf("sync", f"s3://{bucket}/mp", down, env=s3_env, check=True)
+    assert "skipped 1 up to date" in proc.stdout.decode(), proc.stdout
+
+
 def test_a_key_naming_an_object_and_a_prefix_is_not_guessed(tmp_path, bucket, s3_env, s3_client):
     for key in ("run", "run/x", "run/y", "solo"):
         s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
