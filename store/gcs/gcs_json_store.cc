@@ -959,41 +959,69 @@ void GcsJsonStore::CopyAsync(std::string src_key, std::string dst_key, Callback<
       return std::move(done)(std::move(s));
     }
   }
-  RewriteRound(std::move(src_key), std::move(dst_key), "", 0, std::move(done));
+  RewriteRound(ObjectUrl(src_key), Uri(src_key), std::move(dst_key), "", 0, std::move(done));
 }
 
-void GcsJsonStore::RewriteRound(std::string src_key, std::string dst_key, std::string token,
-                                int rounds, Callback<ObjectMeta> done) {
+bool GcsJsonStore::CanCopyFrom(const ObjectStore& src) const {
+  const auto* other = dynamic_cast<const GcsJsonStore*>(&src);
+  if (other == nullptr) return false;
+  if (other == this) return true;
+  // Anonymous on both sides only works against an emulator, which then copies as GCS does.
+  return !bucket_.empty() && !other->bucket_.empty() &&
+         config_.endpoint == other->config_.endpoint &&
+         config_.credentials_source == other->config_.credentials_source &&
+         (config_.credentials == nullptr) == (other->config_.credentials == nullptr);
+}
+
+void GcsJsonStore::CopyFromAsync(const ObjectStore& src, std::string src_key, std::string dst_key,
+                                 Callback<ObjectMeta> done) {
+  if (!CanCopyFrom(src)) {
+    return ObjectStore::CopyFromAsync(src, std::move(src_key), std::move(dst_key), std::move(done));
+  }
+  const auto& other = static_cast<const GcsJsonStore&>(src);
+  if (absl::Status s = RequireObjectKey("copy", other.Uri(src_key), src_key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
+  if (absl::Status s = RequireObjectKey("copy", Uri(dst_key), dst_key); !s.ok()) {
+    return std::move(done)(std::move(s));
+  }
+  RewriteRound(other.ObjectUrl(src_key), other.Uri(src_key), std::move(dst_key), "", 0,
+               std::move(done));
+}
+
+void GcsJsonStore::RewriteRound(std::string src_url, std::string src_uri, std::string dst_key,
+                                std::string token, int rounds, Callback<ObjectMeta> done) {
   auto call = std::make_shared<Call>();
-  call->op = absl::StrCat("copy ", Uri(src_key), " to");
+  call->op = absl::StrCat("copy ", src_uri, " to");
   call->key = dst_key;
   call->method = "POST";
-  call->url = absl::StrCat(ObjectUrl(src_key), "/rewriteTo/b/", EncodeComponent(bucket_), "/o/",
+  call->url = absl::StrCat(src_url, "/rewriteTo/b/", EncodeComponent(bucket_), "/o/",
                            EncodeComponent(dst_key));
   if (!token.empty()) absl::StrAppend(&call->url, "?rewriteToken=", EncodeComponent(token));
   call->headers = {{"content-type", "application/json"}};
   call->body = absl::Cord("{}");
-  const std::string what = absl::StrCat("copy ", Uri(src_key), " to ", Uri(dst_key));
-  Execute(std::move(call),
-          [this, src_key = std::move(src_key), dst_key = std::move(dst_key), rounds, what,
-           done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
-            if (!r.ok()) return std::move(done)(r.status());
-            auto j = ParseJsonBody(*r, what);
-            if (!j.ok()) return std::move(done)(j.status());
-            const auto done_field = j->find("done");
-            const bool finished =
-                done_field == j->end() || !done_field->is_boolean() || done_field->get<bool>();
-            if (finished) {
-              const json& resource = j->contains("resource") ? (*j)["resource"] : *j;
-              return std::move(done)(MetaFromResource(resource, what));
-            }
-            const std::string next = JsonString(*j, "rewriteToken");
-            if (next.empty() || rounds >= 10000) {
-              return std::move(done)(absl::DataLossError(
-                  absl::StrCat(what, ": rewrite not done and no rewriteToken to continue with")));
-            }
-            RewriteRound(std::move(src_key), std::move(dst_key), next, rounds + 1, std::move(done));
-          });
+  const std::string what = absl::StrCat("copy ", src_uri, " to ", Uri(dst_key));
+  Execute(std::move(call), [this, src_url = std::move(src_url), src_uri = std::move(src_uri),
+                            dst_key = std::move(dst_key), rounds, what,
+                            done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+    if (!r.ok()) return std::move(done)(r.status());
+    auto j = ParseJsonBody(*r, what);
+    if (!j.ok()) return std::move(done)(j.status());
+    const auto done_field = j->find("done");
+    const bool finished =
+        done_field == j->end() || !done_field->is_boolean() || done_field->get<bool>();
+    if (finished) {
+      const json& resource = j->contains("resource") ? (*j)["resource"] : *j;
+      return std::move(done)(MetaFromResource(resource, what));
+    }
+    const std::string next = JsonString(*j, "rewriteToken");
+    if (next.empty() || rounds >= 10000) {
+      return std::move(done)(absl::DataLossError(
+          absl::StrCat(what, ": rewrite not done and no rewriteToken to continue with")));
+    }
+    RewriteRound(std::move(src_url), std::move(src_uri), std::move(dst_key), next, rounds + 1,
+                 std::move(done));
+  });
 }
 
 void GcsJsonStore::ComposeAsync(std::vector<std::string> sources, std::string dst_key,

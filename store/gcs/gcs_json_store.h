@@ -79,6 +79,11 @@ class GcsJsonStore : public ObjectStore {
   void DeleteAsync(std::string key, StatusCallback done) override;
   void DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) override;
   void CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) override;
+  // Another bucket of the same endpoint reached with the same credentials: copied on the
+  // server (rewriteTo), keeping Content-Type and metadata, as within one bucket.
+  bool CanCopyFrom(const ObjectStore& src) const override;
+  void CopyFromAsync(const ObjectStore& src, std::string src_key, std::string dst_key,
+                     Callback<ObjectMeta> done) override;
   // REQUIRES (else InvalidArgument): 1 to 32 sources, as GCS allows.
   void ComposeAsync(std::vector<std::string> sources, std::string dst_key,
                     Callback<ObjectMeta> done) override;
@@ -114,8 +119,10 @@ class GcsJsonStore : public ObjectStore {
   void SendAttempt(std::shared_ptr<Call> call, ResponseCallback done, const std::string& token);
   absl::Duration Backoff(int attempt);
   // One rewriteTo round; loops on rewriteToken.
-  void RewriteRound(std::string src_key, std::string dst_key, std::string token, int rounds,
-                    Callback<ObjectMeta> done);
+  // `src_url` is the source object's URL (this bucket's or another's, CopyFromAsync),
+  // `src_uri` its URI for messages.
+  void RewriteRound(std::string src_url, std::string src_uri, std::string dst_key,
+                    std::string token, int rounds, Callback<ObjectMeta> done);
 
   const std::string bucket_;
   const GcsJsonConfig config_;

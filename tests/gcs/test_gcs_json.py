@@ -341,3 +341,36 @@ def test_endpoint_url_is_the_s3_sides_in_a_command_naming_both(gcs_emulator, gcs
     run_wharf(*flag, "sync", f"s3://{bucket}/", f"gs://{gcs_bucket}/x/", env=env, check=True)
     for key in ("e/t.json", "x/t.json"):
         assert run_wharf("cat", f"gs://{gcs_bucket}/{key}", env=env, check=True).stdout == b"{}"
+
+
+def test_a_copy_between_two_buckets_is_a_rewrite_that_keeps_type_and_metadata(
+        gcs_emulator, gcs_client, gcs_bucket, tmp_path):
+    # Two buckets of one endpoint, the same credentials: copied on the server (rewriteTo),
+    # as within one bucket, so the object keeps its Content-Type and metadata (streamed
+    # through this machine it lost both).
+    other = f"wharf-py-{os.urandom(8).hex()}"
+    gcs_client.create_bucket(other)
+    try:
+        blob = gcs_client.bucket(gcs_bucket).blob("meta/y.dat")
+        blob.metadata = {"owner": "bob"}
+        blob.upload_from_string(b"png bytes", content_type="image/png")
+        env = gcs_env(gcs_emulator)
+        metrics = tmp_path / "m.json"
+        run_wharf("--metrics", metrics, "cp", f"gs://{gcs_bucket}/meta/y.dat",
+                  f"gs://{other}/meta/y2.dat", env=env, check=True)
+        copied = gcs_client.bucket(other).get_blob("meta/y2.dat")
+        assert copied.download_as_bytes() == b"png bytes"
+        assert copied.content_type == "image/png" and copied.metadata == {"owner": "bob"}
+        ops = {s["labels"]["op"] for s in json.loads(metrics.read_text())["metrics"]
+               if s["name"] == "wharf_store_requests_total" and s["value"] > 0}
+        assert "copy" in ops and "get" not in ops, ops  # no byte came through here
+        # A whole prefix too, and a missing source is one clear line.
+        run_wharf("cp", "-r", f"gs://{gcs_bucket}/meta/", f"gs://{other}/tree/", env=env,
+                  check=True)
+        assert gcs_client.bucket(other).get_blob("tree/y.dat").content_type == "image/png"
+        missing = run_wharf("cp", f"gs://{gcs_bucket}/meta/nope", f"gs://{other}/x", env=env)
+        assert missing.returncode == 1 and "nope" in missing.stderr, missing.stderr
+    finally:
+        for b in gcs_client.list_blobs(other):
+            b.delete()
+        gcs_client.bucket(other).delete()
