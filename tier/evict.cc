@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "base/status.h"
 #include "store/local/temp_object.h"
 #include "tier/tree_store.h"
@@ -325,8 +326,10 @@ absl::StatusOr<EvictResult> EvictTo(const Tier& tier, const std::string& path,
 
 namespace {
 std::string NoCapacityWarning(const Tier& tier) {
-  return absl::StrCat("tier ", tier.root(),
-                      ": the file system reports no capacity, so --min-free is ignored");
+  return absl::StrFormat(
+      "tier %s: the file system reports no capacity, so its min free space (%g%%, set with "
+      "`wharf tier init --min-free`) is ignored; --max-size bounds it",
+      tier.root(), tier.config().min_free);
 }
 }  // namespace
 

@@ -243,7 +243,8 @@ def test_min_free_on_a_file_system_without_capacity_warns_once(shared_dir, bucke
     assert os.statvfs(a).f_blocks == 0, "the test needs a file system that reports no capacity"
     objects = put_objects(s3_client, bucket, "m/", 30, size=10000, seed=3)
     tier_a, tier_b = a / "tier", b / "tier"
-    warning = re.compile(r"reports no capacity, so --min-free is ignored")
+    warning = re.compile(r"reports no capacity, so its min free space \(20%, set with "
+                         r"`wharf tier init --min-free`\) is ignored")
     init = run_wharf("tier", "init", "--min-free", "20", "--max-size", "100000", tier_a)
     assert init.returncode == 0, init.stderr
     assert len(warning.findall(init.stderr)) == 1, init.stderr
