@@ -735,11 +735,14 @@ void AddTier(CLI::App& app, TierArgs& args) {
       },
       "SIZE");
   CLI::App* init = sub("init", "Make TIER_DIR a tier, or change its settings");
-  init->add_option("--mode", args.mode,
-                   "immutable: entries never go stale (training data); ttl: revalidate with the "
-                   "source after --ttl")
+  init->add_option(
+          "--mode", args.mode,
+          "immutable: entries never go stale (training data); ttl: revalidate with the "
+          "source after --ttl (a new tier's default: immutable; a given tier keeps what it "
+          "has unless given)")
       ->check(CLI::IsMember({"immutable", "ttl"}));
-  init->add_option("--ttl", args.ttl_seconds, "Seconds an entry stays fresh in ttl mode")
+  init->add_option("--ttl", args.ttl_seconds,
+                   "Seconds an entry stays fresh in ttl mode (default 3600)")
       ->check(CLI::Validator(
           [](std::string& v) {
             // At most 100 years: what tier.json stores as a number (inf is not JSON).
@@ -751,9 +754,12 @@ void AddTier(CLI::App& app, TierArgs& args) {
           "SECONDS"));
   init->add_option("--max-size", args.max_size,
                    "Disk space the tier's entries may take (e.g. 500G; their allocated blocks, "
-                   "not only their bytes)")
+                   "not only their bytes; 0: unbounded, a new tier's default)")
       ->check(size_check);
-  init->add_option("--min-free", args.min_free, "Percent of the file system to keep free")
+  init->add_option(
+          "--min-free", args.min_free,
+          "Percent of the file system to keep free (default 5; ignored, with a warning, where the "
+          "file system reports no capacity)")
       ->check(CLI::Range(0.0, 99.0));
   init->add_option("--block-size", args.block_size,
                    "Objects above --block-threshold are read through the tier in blocks of this "
