@@ -642,7 +642,8 @@ absl::Status RunEvict(const TierArgs& args) {
   if (!args.to.empty()) {
     WHARF_ASSIGN_OR_RETURN(target, ParseSize(args.to));
   }
-  WHARF_ASSIGN_OR_RETURN(EvictResult r, EvictTo(*tier, tier->PathIn(args.path), target));
+  const std::string path = tier->PathIn(args.path);
+  WHARF_ASSIGN_OR_RETURN(EvictResult r, EvictTo(*tier, path, target));
   // What stays: entries that could not go (pinned, only here, being read) may hold the path
   // above the target; said, so that a script does not take the space for freed.
   const uint64_t remaining = r.disk_bytes - std::min(r.disk_bytes, r.evicted_disk_bytes);
@@ -652,8 +653,7 @@ absl::Status RunEvict(const TierArgs& args) {
         "wharf: tier evict --to %s: the entries below %s still take %s MB of disk: %d pinned, "
         "%d only here (not exported), %d in use cannot go (wharf tier unpin PATH releases "
         "pinned ones)\n",
-        args.to, tier->PathIn(args.path), Megabytes(remaining), r.kept_pinned, r.kept_local,
-        r.kept_busy);
+        args.to, path, Megabytes(remaining), r.kept_pinned, r.kept_local, r.kept_busy);
     std::fwrite(warning.data(), 1, warning.size(), stderr);
   }
   if (args.json) {

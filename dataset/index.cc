@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "base/file_io.h"
 #include "base/hash.h"
+#include "base/json_sax.h"
 #include "base/status.h"
 #include "dataset/index_file.h"
 #include "nlohmann/json.hpp"
@@ -29,20 +30,8 @@ using Json = nlohmann::json;
 // Captures the parser's message for a line that is not valid JSON. nlohmann reports errors
 // by exception unless asked not to; a SAX handler gets the message without one (the library
 // throws nothing, convention 1).
-class ErrorCapture : public nlohmann::json_sax<Json> {
+class ErrorCapture : public JsonSaxBase {
  public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
   bool parse_error(std::size_t, const std::string&,
                    const nlohmann::detail::exception& ex) override {
     message = ex.what();

@@ -66,7 +66,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
 
   // The files: each URI, or the shards its index names.
   std::vector<std::string> file_uris;
-  std::set<std::string> seen;
+  std::vector<std::pair<std::shared_ptr<ObjectStore>, std::string>> file_stores;  // store, key
+  std::set<std::string> seen;  // the files' canonical URIs
   // What each index promises: (index URI, tensor, the URI of the file holding it).
   struct Promise {
     const std::string* index;
@@ -98,7 +99,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
     // One file named twice (also spelled two ways: a path and its file:// URI) is read once.
     for (std::string& u : expanded) {
       WHARF_ASSIGN_OR_RETURN(auto opened, stores.Open(u));
-      if (seen.insert(opened.first->Uri(opened.second)).second) file_uris.push_back(std::move(u));
+      if (seen.insert(opened.first->Uri(opened.second)).second) {
+        file_uris.push_back(std::move(u));
+        file_stores.push_back(std::move(opened));
+      }
     }
   }
 
@@ -108,7 +112,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(
   files.resize(file_uris.size());
   std::map<ObjectStore*, std::vector<size_t>> by_store;
   for (size_t i = 0; i < file_uris.size(); ++i) {
-    WHARF_ASSIGN_OR_RETURN(auto opened, stores.Open(file_uris[i]));
+    auto& opened = file_stores[i];
     files[i].uri = file_uris[i];
     files[i].store = std::move(opened.first);
     files[i].key = std::move(opened.second);

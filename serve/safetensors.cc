@@ -4,10 +4,10 @@
 #include <cstring>
 #include <set>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/json_sax.h"
 #include "nlohmann/json.hpp"
 
 namespace wharf::serve {
@@ -27,50 +27,40 @@ absl::Status BadTensor(absl::string_view uri, absl::string_view name, absl::stri
 // The first top-level name given twice and the first field given twice in one tensor's
 // entry ("<tensor>\0<field>"), found in one linear SAX pass (values are not kept). A syntax
 // error ends the pass; the DOM parse that follows reports it.
-struct DuplicateKeys final : nlohmann::json_sax<json> {
+class DuplicateKeys final : public JsonSaxBase {
+ public:
   std::string twice;
   std::string field_twice;
 
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override {
-    in_object_.push_back(true);
-    return true;
-  }
-  bool end_object() override {
-    in_object_.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t) override {
-    in_object_.push_back(false);
-    return true;
-  }
-  bool end_array() override {
-    in_object_.pop_back();
-    return true;
-  }
+  bool start_object(std::size_t) override { return Open(); }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(); }
+  bool end_array() override { return Close(); }
+  // Depth 1: a tensor's name (or __metadata__); depth 2: a field of its entry (the header
+  // begins with '{', so the outermost container is the header's object).
   bool key(string_t& name) override {
-    if (in_object_.size() == 1) {
+    if (depth_ == 1) {
       current_ = name;
       fields_.clear();
       if (twice.empty() && !names_.insert(current_).second) twice = current_;
-    } else if (in_object_.size() == 2 && in_object_[0] && current_ != "__metadata__" &&
-               field_twice.empty() && !fields_.insert(name).second) {
+    } else if (depth_ == 2 && current_ != "__metadata__" && field_twice.empty() &&
+               !fields_.insert(name).second) {
       field_twice = absl::StrCat(current_, std::string(1, '\0'), name);
     }
     return true;
   }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
-    return false;
-  }
 
  private:
-  std::vector<bool> in_object_;  // the open containers, outermost first: object or array
+  bool Open() {
+    ++depth_;
+    return true;
+  }
+  bool Close() {
+    --depth_;
+    return true;
+  }
+
+  int depth_ = 0;  // containers open (objects and arrays)
   std::set<std::string> names_;
   std::string current_;  // the tensor whose entry is being read
   std::set<std::string> fields_;
