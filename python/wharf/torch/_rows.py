@@ -109,7 +109,7 @@ class _ParquetFile:
         self.key, self.uri, self.size, self.etag = key, uri, size, etag
         self._footer = footer  # (offset, bytes): the footer and its length, the file's end
         self._ranges = ranges
-        self.metadata = pq.ParquetFile(_Sparse(uri, size, [footer])).metadata
+        self.metadata = pq.ParquetFile(_Sparse(uri, size, [footer]), pre_buffer=False).metadata
 
     @classmethod
     def open(cls, ranges, key, uri, size, etag):
@@ -157,10 +157,16 @@ class _ParquetFile:
     def decode(self, rg, columns, pieces):
         """The row group's chosen columns as a pyarrow Table, from fetch()'s bytes."""
         pq, pa = _pq(), _pa()
+        # Read and decoded on this thread alone (the read-ahead threads decode row groups in
+        # parallel): with pre_buffer or use_threads, pyarrow's I/O and CPU pools hold the
+        # Python-owned bytes _Sparse returns and drop the last reference on their own threads,
+        # after this call has returned; a pool thread that takes the GIL for that while the
+        # interpreter exits aborts the process ("terminate called without an active exception").
         f = pq.ParquetFile(_Sparse(self.uri, self.size, [self._footer] + pieces),
-                           metadata=self.metadata)
+                           metadata=self.metadata, pre_buffer=False)
         try:
-            return f.read_row_group(rg, columns=None if columns is None else list(columns))
+            return f.read_row_group(rg, columns=None if columns is None else list(columns),
+                                    use_threads=False)
         except (OSError, pa.ArrowException) as e:  # pyarrow's decoders: corrupt pages
             raise ValueError(f"read parquet {self.uri}: row group {rg}: corrupt data "
                              f"({e})") from None
