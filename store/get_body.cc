@@ -80,4 +80,22 @@ absl::Status DeliverGetBytes(const GetRequest& request, uint64_t filled, absl::s
   return absl::OkStatus();
 }
 
+void SuffixOfEmptyObject(ObjectStore& store, const GetRequest& request, absl::Status refused,
+                         Callback<GetResult> done) {
+  if (!request.range.suffix || !absl::IsOutOfRange(refused)) {
+    return std::move(done)(std::move(refused));
+  }
+  store.HeadAsync(request.key, [if_match = request.if_match, if_none_match = request.if_none_match,
+                                refused = std::move(refused),
+                                done = std::move(done)](absl::StatusOr<ObjectMeta> head) mutable {
+    if (!head.ok() || head->size != 0 || (!if_match.empty() && head->etag != if_match)) {
+      return std::move(done)(std::move(refused));
+    }
+    GetResult result;
+    result.not_modified = !if_none_match.empty() && head->etag == if_none_match;
+    result.meta = *std::move(head);
+    std::move(done)(std::move(result));
+  });
+}
+
 }  // namespace wharf

@@ -45,6 +45,14 @@ absl::StatusOr<RangeCut> CutFromWholeObject(const ByteRange& range, std::optiona
 absl::Status DeliverGetBytes(const GetRequest& request, uint64_t filled, absl::string_view bytes,
                              absl::string_view uri);
 
+// A suffix range ("the last N bytes") of an empty object is empty, as the local store and
+// `tail -c` have it; HTTP servers refuse it with 416 (RFC 9110: unsatisfiable). Called with
+// that refusal (`refused`, OutOfRange) of `request`: a HEAD of the key decides. An empty object
+// (of the version asked for, when the request pins one) answers 0 bytes; anything else passes
+// `refused` on unchanged.
+void SuffixOfEmptyObject(ObjectStore& store, const GetRequest& request, absl::Status refused,
+                         Callback<GetResult> done);
+
 }  // namespace wharf
 
 #endif  // WHARF_STORE_GET_BODY_H_

@@ -765,7 +765,10 @@ void GcsJsonStore::GetAsync(GetRequest request, Callback<GetResult> done) {
       return std::move(done)(std::move(result));
     }
     if (state->refused) return std::move(done)(*state->refused);
-    if (!r.ok()) return std::move(done)(r.status());
+    if (!r.ok()) {
+      if (state->delivered > 0) return std::move(done)(r.status());
+      return SuffixOfEmptyObject(*this, state->request, r.status(), std::move(done));
+    }
     result.meta.etag = state->generation;
     result.time_to_first_byte = r->time_to_first_byte;
     result.request_id = Header(*r, "x-guploader-uploadid");

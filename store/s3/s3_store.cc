@@ -731,50 +731,54 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
     return true;
   };
   // The ETag and extent are learned from the first response's headers.
-  Execute(call, [call, state, uri, done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
-    const int attempts = call->attempt;
-    call.reset();  // breaks the cycle through call->on_* closures holding `state`
-    if (state->refused) return std::move(done)(*state->refused);
-    if (!r.ok()) return std::move(done)(r.status());
-    GetResult result;
-    result.meta.key = state->request.key;
-    result.meta.etag = Unquote(Header(*r, "etag"));
-    result.meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
-    result.time_to_first_byte = r->time_to_first_byte;
-    result.attempts = attempts;
-    result.request_id = Header(*r, "x-amz-request-id");
-    if (r->status == 304) {  // If-None-Match matched: nothing delivered
-      result.not_modified = true;
-      if (result.meta.etag.empty()) result.meta.etag = state->request.if_none_match;
-      // A 304 may carry the Content-Length a 200 would have; servers that leave it out
-      // leave the size unknown (0).
-      if (!absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size)) {
-        result.meta.size = 0;
-      }
-      return std::move(done)(std::move(result));
-    }
-    const std::string content_range = Header(*r, "content-range");
-    uint64_t length = r->body_bytes;
-    if (!content_range.empty()) {
-      uint64_t first = 0, last = 0, total = 0;
-      if (!ParseContentRange(content_range, &first, &last, &total)) {
-        return std::move(done)(absl::DataLossError(
-            absl::StrCat("get ", uri, ": malformed Content-Range '", content_range, "'")));
-      }
-      result.meta.size = total;
-      result.offset = first;
-      length = last - first + 1;
-    } else if (!absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size)) {
-      result.meta.size = r->body_bytes;  // a whole object sent without a Content-Length
-    }
-    if (state->delivered > 0 || state->cut.active) result.offset = state->begin;
-    result.bytes = state->delivered + state->attempt_bytes;
-    if (r->body_bytes != length) {
-      return std::move(done)(absl::DataLossError(
-          absl::StrCat("get ", uri, ": received ", r->body_bytes, " bytes, expected ", length)));
-    }
-    std::move(done)(std::move(result));
-  });
+  Execute(call,
+          [this, call, state, uri, done = std::move(done)](absl::StatusOr<HttpResponse> r) mutable {
+            const int attempts = call->attempt;
+            call.reset();  // breaks the cycle through call->on_* closures holding `state`
+            if (state->refused) return std::move(done)(*state->refused);
+            if (!r.ok()) {
+              if (state->delivered > 0) return std::move(done)(r.status());
+              return SuffixOfEmptyObject(*this, state->request, r.status(), std::move(done));
+            }
+            GetResult result;
+            result.meta.key = state->request.key;
+            result.meta.etag = Unquote(Header(*r, "etag"));
+            result.meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
+            result.time_to_first_byte = r->time_to_first_byte;
+            result.attempts = attempts;
+            result.request_id = Header(*r, "x-amz-request-id");
+            if (r->status == 304) {  // If-None-Match matched: nothing delivered
+              result.not_modified = true;
+              if (result.meta.etag.empty()) result.meta.etag = state->request.if_none_match;
+              // A 304 may carry the Content-Length a 200 would have; servers that leave it out
+              // leave the size unknown (0).
+              if (!absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size)) {
+                result.meta.size = 0;
+              }
+              return std::move(done)(std::move(result));
+            }
+            const std::string content_range = Header(*r, "content-range");
+            uint64_t length = r->body_bytes;
+            if (!content_range.empty()) {
+              uint64_t first = 0, last = 0, total = 0;
+              if (!ParseContentRange(content_range, &first, &last, &total)) {
+                return std::move(done)(absl::DataLossError(
+                    absl::StrCat("get ", uri, ": malformed Content-Range '", content_range, "'")));
+              }
+              result.meta.size = total;
+              result.offset = first;
+              length = last - first + 1;
+            } else if (!absl::SimpleAtoi(Header(*r, "content-length"), &result.meta.size)) {
+              result.meta.size = r->body_bytes;  // a whole object sent without a Content-Length
+            }
+            if (state->delivered > 0 || state->cut.active) result.offset = state->begin;
+            result.bytes = state->delivered + state->attempt_bytes;
+            if (r->body_bytes != length) {
+              return std::move(done)(absl::DataLossError(absl::StrCat(
+                  "get ", uri, ": received ", r->body_bytes, " bytes, expected ", length)));
+            }
+            std::move(done)(std::move(result));
+          });
 }
 
 void S3Store::PutAsync(std::string key, absl::Cord data, Callback<ObjectMeta> done) {
