@@ -79,7 +79,7 @@ absl::StatusOr<TransferOptions> OptionsFrom(const CpArgs& args) {
   options.recursive = args.recursive || args.sync;
   options.delete_extra = args.delete_extra;
   options.dryrun = args.dryrun;
-  options.filters = args.filters;
+  WHARF_ASSIGN_OR_RETURN(options.filters, FiltersRelativeTo(args.filters, args.src));
   options.list_workers = args.list_workers;
   return options;
 }

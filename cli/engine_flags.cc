@@ -7,8 +7,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/runtime.h"
+#include "base/status.h"
 #include "cli/common.h"
 #include "cli/verbs.h"
+#include "store/uri.h"
 
 namespace wharf::cli {
 
@@ -59,6 +61,34 @@ std::vector<TransferFilter> FiltersInOrder(int argc, const char* const* argv) {
         filters.push_back({include, arg.substr(with_eq.size())});
       }
     }
+  }
+  return filters;
+}
+
+absl::StatusOr<std::vector<TransferFilter>> FiltersRelativeTo(std::vector<TransferFilter> filters,
+                                                              const std::string& src) {
+  if (filters.empty() || src == "-") return filters;
+  WHARF_ASSIGN_OR_RETURN(ObjectUri uri, ParseUriOrPath(src));
+  // The source as a folder: its URI, and for a local one its path, each ending in '/'.
+  std::string as_uri = uri.ToString();
+  if (!absl::EndsWith(as_uri, "/")) as_uri += '/';
+  std::string as_path;
+  if (uri.scheme == "file") {
+    as_path = absl::StrCat("/", uri.key);
+    if (!absl::EndsWith(as_path, "/")) as_path += '/';
+  }
+  for (TransferFilter& f : filters) {
+    const bool spelled_uri = LooksLikeUri(f.pattern);
+    const bool spelled_path = !as_path.empty() && absl::StartsWith(f.pattern, "/");
+    if (!spelled_uri && !spelled_path) continue;
+    const std::string& root = spelled_uri ? as_uri : as_path;
+    if (!absl::StartsWith(f.pattern, root)) {
+      return UsageError(absl::StrCat(
+          f.include ? "--include " : "--exclude ", f.pattern, ": patterns are relative to ",
+          as_path.empty() ? as_uri : as_path, " (the source); a pattern that spells out a ",
+          spelled_uri ? "URI" : "path", " must start with it"));
+    }
+    f.pattern.erase(0, root.size());
   }
   return filters;
 }

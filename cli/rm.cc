@@ -109,7 +109,9 @@ void AddRm(CLI::App& app, RmArgs& args) {
   rm->add_option("URI", args.uri, "The object or prefix: a URI or a local path")->required();
 }
 
-absl::Status RunRm(const RmArgs& args) {
+absl::Status RunRm(const RmArgs& given) {
+  RmArgs args = given;
+  WHARF_ASSIGN_OR_RETURN(args.filters, FiltersRelativeTo(given.filters, given.uri));
   WHARF_ASSIGN_OR_RETURN(OpenedUri opened, OpenCliUri(args.uri));
   ObjectStore& store = *opened.store;
   const std::string& key = opened.uri.key;

@@ -344,7 +344,7 @@ absl::Status RunExport(const TierArgs& args) {
   Progress progress(Progress::ShouldShow(args.quiet || args.json));
   ProgressObserver observer(progress);
   TierExportOptions options;
-  options.filters = args.filters;
+  WHARF_ASSIGN_OR_RETURN(options.filters, FiltersRelativeTo(args.filters, path));
   options.list_workers = args.list_workers;
   options.put = *std::move(put);
   options.guess_content_type = !args.upload.no_guess_content_type;

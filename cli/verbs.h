@@ -40,6 +40,14 @@ absl::Status ApplyEngineArgs(const EngineArgs& args, int inflight);
 // CLI11 collects each option separately, so main() scans argv for their order.
 std::vector<TransferFilter> FiltersInOrder(int argc, const char* const* argv);
 
+// The rules with patterns that spell out the source made relative to it, as `aws s3` reads
+// them: for a local source an absolute path below it ("/data/src/logs/*" for SRC /data/src),
+// for any source its URI ("s3://b/p/logs/*" for SRC s3://b/p). Such a pattern that is not
+// below the source could match nothing: a usage error (exit 2) naming it, where it would have
+// been ignored.
+absl::StatusOr<std::vector<TransferFilter>> FiltersRelativeTo(std::vector<TransferFilter> filters,
+                                                              const std::string& src);
+
 // --include/--exclude on `cmd`: patterns on paths relative to `relative_to` ("SRC",
 // "TIER_PATH"), in order, the last match wins (FiltersInOrder reads their order from argv).
 void AddFilterFlags(CLI::App* cmd, std::vector<std::string>& include,

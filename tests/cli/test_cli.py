@@ -787,3 +787,22 @@ def test_demo_detects_bytes_that_do_not_match_the_etag(tmp_path):
     lines = stderr_lines(proc)
     assert len(lines) == 1
     assert "1 of 20 objects failed" in lines[0] and "img-000013.raw" in lines[0]
+
+
+def test_filters_that_spell_out_the_source_are_read_relative_to_it(tmp_path):
+    # `--exclude /abs/src/logs/*` (as aws s3 reads it) excludes the source's logs/, and a
+    # file:// spelling of it too; before, such a pattern matched no relative key and the logs
+    # were copied. One outside the source could match nothing: refused, naming it.
+    src = tmp_path / "src"
+    make_tree(src, {"a": b"1", "logs/x": b"2", "logs/y": b"3", "keep/z": b"4"})
+    run("cp", "-r", "--exclude", f"{src}/logs/*", src, tmp_path / "d1", check=0)
+    assert tree_of(tmp_path / "d1") == {"a": b"1", "keep/z": b"4"}
+    run("sync", "--exclude", f"file://{src}/logs/*", "--include", f"{src}/logs/y", src,
+        tmp_path / "d2", check=0)
+    assert tree_of(tmp_path / "d2") == {"a": b"1", "keep/z": b"4", "logs/y": b"3"}
+    bad = run("cp", "-r", "--exclude", f"{tmp_path}/other/*", src, tmp_path / "d3", check=2)
+    assert "--exclude" in bad.stderr.decode() and f"{tmp_path}/other/*" in bad.stderr.decode()
+    assert not (tmp_path / "d3").exists()
+    # rm -r: the same rules.
+    run("rm", "-r", "--exclude", f"{src}/keep/*", src, check=0)
+    assert tree_of(src) == {"keep/z": b"4"}
