@@ -289,6 +289,15 @@ def test_metrics_counters_move(make_cache):
     assert h["count"] >= 3 and h["buckets"][0][0] == 1e-6
     compute = after["histograms"][f'wharf_serve_cache_compute_seconds{{backend="{kind}"}}']
     assert compute["count"] >= 1
+    # A compute that raises is timed too.
+
+    def failing(r):
+        raise RuntimeError("model failed")
+    with pytest.raises(RuntimeError):
+        cache.get_or_compute("v1", "fails", failing)
+    again = wharf.metrics()["histograms"][
+        f'wharf_serve_cache_compute_seconds{{backend="{kind}"}}']
+    assert again["count"] == compute["count"] + 1
 
 
 # ------------------------------------------------------------------------------ memory only

@@ -1012,9 +1012,11 @@ class PredictionCache:
     def _compute(self, request, compute):
         self._count("computes")
         t0 = time.perf_counter()
-        value = _as_bytes(compute(request), "compute(request)'s result")
-        self._m_compute.observe(time.perf_counter() - t0)
-        return value
+        try:
+            result = compute(request)
+        finally:  # a compute that raised took its time too (a slow failure is worth seeing)
+            self._m_compute.observe(time.perf_counter() - t0)
+        return _as_bytes(result, "compute(request)'s result")
 
     def _store(self, key, value):
         b = self._backend()
