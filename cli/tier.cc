@@ -561,6 +561,26 @@ absl::StatusOr<std::string> Repair(const std::shared_ptr<Tier>& tier, const std:
   return absl::StrCat("fetched again from ", entry.source);
 }
 
+// Marks the entry of the file at `path` damaged, so that reads through the tier fetch the
+// object from its source until a repair or a fill replaces the file; drops the file store's
+// cached ETag, so that readers of the tree look at the content again. Through a descriptor,
+// and only while the file still carries the entry verify read (a fill or repair that replaced
+// it meanwhile is not marked). False when the attribute could not be written.
+bool MarkDamaged(const std::string& path, const TierEntry& seen) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::optional<TierEntry> now = ReadEntryAttr(fd);
+  bool marked = false;
+  if (now.has_value() && now->size == seen.size && now->md5 == seen.md5 &&
+      now->crc32c == seen.crc32c) {
+    now->damaged = true;
+    marked = WriteEntryAttr(fd, *now).ok();
+    ForgetLocalEtag(fd);
+  }
+  close(fd);
+  return marked;
+}
+
 absl::Status RunVerify(const TierArgs& args) {
   WHARF_ASSIGN_OR_RETURN(std::shared_ptr<Tier> tier, Tier::Find(args.path));
   uint64_t checked = 0, damaged = 0, repaired = 0, modified = 0;
@@ -611,6 +631,13 @@ absl::Status RunVerify(const TierArgs& args) {
             return;
           }
           problem = absl::StrCat(problem, "; repair failed: ", fixed.status().message());
+        }
+        // Damage (not a user's edit, which reads already tell by its time): reads through
+        // the tier stop serving the file.
+        if (!(InTree(*tier, p) && WrittenSinceSealed(*entry, st)) && !entry->source.empty() &&
+            MarkDamaged(p, *entry)) {
+          problem = absl::StrCat(problem, "; reads through the tier fetch it from ", entry->source,
+                                 " until it is repaired");
         }
         report(absl::StrCat("damaged ", OneLine(p), ": ", OneLine(problem), "\n"));
       });

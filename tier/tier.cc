@@ -226,6 +226,7 @@ std::string TierEntry::ToJson() const {
     j["block_offset"] = block_offset;
     j["object_size"] = object_size;
   }
+  if (damaged) j["damaged"] = true;
   return j.dump();
 }
 
@@ -248,6 +249,7 @@ std::optional<TierEntry> TierEntry::FromJson(absl::string_view text) {
       e.block_offset = j.at("block_offset").get<uint64_t>();
       e.object_size = j.at("object_size").get<uint64_t>();
     }
+    e.damaged = j.value("damaged", false);
     return e;
   } catch (const json::exception&) {
     return std::nullopt;

@@ -78,6 +78,10 @@ struct TierEntry {
   bool block = false;
   uint64_t block_offset = 0;
   uint64_t object_size = 0;
+  // `tier verify` found the file's content is not the entry's (damage below the file system,
+  // not a user's edit): reads through the tier fetch the object from its source instead,
+  // until `tier verify --repair` (or a fill) replaces the file.
+  bool damaged = false;
 
   std::string ToJson() const;
   static std::optional<TierEntry> FromJson(absl::string_view json);

@@ -977,6 +977,7 @@ namespace {
 // for (one attribute read), else its content decides (a file only touched is served, and
 // its cache renewed; one edited in place since it was sealed is not the object).
 bool HoldsEntryData(int fd, const struct stat& st, const TierEntry& entry) {
+  if (entry.damaged) return false;
   return CachedLocalEtag(fd, "", st) == entry.md5 || !RecheckEntry(fd, st, entry).empty();
 }
 
@@ -993,8 +994,8 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
     struct stat st;
     std::optional<TierEntry> entry;
     if (fstat(fd, &st) == 0) entry = ReadEntryAttr(fd);
-    const bool complete =
-        IsCompleteEntry(entry, st) && (entry->md5.empty() || HoldsEntryData(fd, st, *entry));
+    const bool complete = IsCompleteEntry(entry, st) && !entry->damaged &&
+                          (entry->md5.empty() || HoldsEntryData(fd, st, *entry));
     bool fresh = complete && (after_fill || tier_->config().mode == TierConfig::Mode::kImmutable);
     if (complete && !fresh) {
       const absl::Duration ttl = std::max(tier_->config().ttl, req.max_staleness);
@@ -1230,7 +1231,8 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   struct stat st;
   if (stat(read->fill_path.c_str(), &st) == 0) {
     read->stale = ReadEntryAttr(read->fill_path);
-    if (IsCompleteEntry(read->stale, st) && !read->stale->etag.empty()) {
+    // A copy `tier verify` found damaged is fetched whole again, never revalidated.
+    if (IsCompleteEntry(read->stale, st) && !read->stale->damaged && !read->stale->etag.empty()) {
       whole.if_none_match = read->stale->etag;
     } else {
       read->stale.reset();
@@ -1685,8 +1687,9 @@ bool TierStore::OpenBlock(const BlockRead& br, BlockSlot& slot) {
   struct stat st;
   std::optional<TierEntry> entry;
   if (fstat(fd, &st) == 0) entry = ReadEntryAttr(fd);
-  if (!IsCompleteEntry(entry, st) || !entry->block || entry->etag != br.version.etag ||
-      entry->source != br.uri || entry->object_size != br.version.size ||
+  if (!IsCompleteEntry(entry, st) || entry->damaged || !entry->block ||
+      entry->etag != br.version.etag || entry->source != br.uri ||
+      entry->object_size != br.version.size ||
       entry->block_offset != slot.index * tier_->config().block_size ||
       entry->size != slot.length) {
     close(fd);

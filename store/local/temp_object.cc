@@ -66,6 +66,8 @@ void StoreLocalEtag(int fd, const struct stat& st, absl::string_view md5_hex) {
   (void)fsetxattr(fd, kEtagXattr, value.data(), value.size(), 0);
 }
 
+void ForgetLocalEtag(int fd) { (void)fremovexattr(fd, kEtagXattr); }
+
 std::optional<std::string> CachedLocalEtag(int fd, const std::string& path, const struct stat& st) {
   char buf[128];
   ssize_t n = fd >= 0 ? fgetxattr(fd, kEtagXattr, buf, sizeof(buf))

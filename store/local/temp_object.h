@@ -158,5 +158,7 @@ std::string Crc32cHex(uint32_t crc);
 // is returned only while they still match `st`. `fd` may be -1 to read by path.
 void StoreLocalEtag(int fd, const struct stat& st, absl::string_view md5_hex);
 std::optional<std::string> CachedLocalEtag(int fd, const std::string& path, const struct stat& st);
+// Drops the ETag cached on the open file: its content decides again (it was found damaged).
+void ForgetLocalEtag(int fd);
 
 }  // namespace wharf

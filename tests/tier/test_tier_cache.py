@@ -538,3 +538,56 @@ def test_cli_cache_reads_file_uris_through_the_tier_but_not_plain_paths(tmp_path
         b"in the tier"
     after = status(tier)
     assert (after["fills"], after["hits"]) == (3, 4)
+
+
+def _damage_in_place_keeping_size_and_time(path):
+    """Bit rot as the file system would hand it back: one byte flipped, the size, mtime and
+    inode as they were (so the cached ETag, keyed on them, still vouches for the file)."""
+    st = os.stat(path)
+    mode = st.st_mode & 0o777
+    os.chmod(path, mode | 0o200)
+    with open(path, "r+b") as f:
+        f.seek(7)
+        b = f.read(1)
+        f.seek(7)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.chmod(path, mode)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns
+
+
+def test_reads_stop_serving_what_verify_found_damaged(tmp_path, bucket, s3_env, s3_client):
+    # An imported file (MD5 entry) and a filled copy (CRC32C entry), each damaged below the
+    # file system (same size and time): hits are not checksummed, so reads served the damage
+    # even after `tier verify` had reported it. Verify now marks the entries; reads through
+    # the tier fetch the objects from the bucket, and --repair clears the mark.
+    objects = put_objects(s3_client, bucket, "rot/", 2)
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", "-q", tier, env=s3_env, check=True)
+    run_wharf("tier", "import", "-q", f"s3://{bucket}/rot/", tier / "rot", env=s3_env,
+              check=True)
+    imported = tier / "rot" / "0000.bin"
+    uri = f"s3://{bucket}/rot/0001.bin"
+    run_wharf("cat", "--cache", tier, uri, env=s3_env, check=True)  # 0001 was imported too
+    # A read-through copy of another prefix: filled by a read.
+    s3_client.put_object(Bucket=bucket, Key="rot2/x.bin", Body=objects["rot/0001.bin"])
+    run_wharf("cat", "--cache", tier, f"s3://{bucket}/rot2/x.bin", env=s3_env, check=True)
+    filled = tier / ".wharf" / "objects" / "s3" / bucket / "rot2" / "x.bin"
+    assert filled.exists()
+    for path in (imported, filled):
+        _damage_in_place_keeping_size_and_time(path)
+    verify = run_wharf("tier", "verify", tier, env=s3_env)
+    assert verify.returncode == 1, verify
+    out = verify.stdout.decode()
+    assert out.count("until it is repaired") == 2, out
+    for path in (imported, filled):
+        assert json.loads(os.getxattr(path, "user.wharf.entry"))["damaged"] is True
+    for key, want in (("rot/0000.bin", objects["rot/0000.bin"]),
+                      ("rot2/x.bin", objects["rot/0001.bin"])):
+        got = run_wharf("cat", "--cache", tier, f"s3://{bucket}/{key}", env=s3_env, check=True)
+        assert got.stdout == want, key
+    fixed = run_wharf("tier", "verify", "--repair", tier, env=s3_env)
+    assert fixed.returncode == 0, fixed
+    assert imported.read_bytes() == objects["rot/0000.bin"]
+    assert "damaged" not in json.loads(os.getxattr(imported, "user.wharf.entry"))
+    assert run_wharf("tier", "verify", tier, env=s3_env).returncode == 0
