@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "formats/byte_stream.h"
 
 namespace wharf {
 namespace {
@@ -186,6 +187,14 @@ absl::Status LineReader::SkipByteOrderMark() {
     return Fail(absl::StatusCode::kInvalidArgument, 0,
                 "the object starts with a UTF-16 or UTF-32 byte-order mark; wharf reads "
                 "UTF-8 text (convert it, e.g. with iconv)");
+  }
+  // A compressed object read as text would be rows of compressed bytes (a .csv.gz shard given
+  // to from_shards); refused, naming what it holds. Only signatures no UTF-8 text starts with.
+  if (auto kind = SniffCompression(h, /*zlib_too=*/false); kind.has_value() && *kind != "bzip2") {
+    return Fail(absl::StatusCode::kInvalidArgument, 0,
+                absl::StrCat("the object is ", *kind,
+                             "-compressed; rows are read as stored (IterableDataset.from_files "
+                             "inflates .csv.gz and .jsonl.gz files as they stream)"));
   }
   if (absl::Status s = reader_->Seek(0); !s.ok()) return io_error(s);
   return absl::OkStatus();

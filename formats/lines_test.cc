@@ -299,6 +299,28 @@ TEST(LinesTest, AUtf8ByteOrderMarkIsDroppedAndUtf16IsRefused) {
   EXPECT_TRUE(absl::StrContains(status.message(), "UTF-16 or UTF-32 byte-order mark")) << status;
 }
 
+TEST(LinesTest, ACompressedObjectIsRefusedNotReadAsRows) {
+  // A .csv.gz / .jsonl.gz read as text came back as rows of gzip bytes, without an error.
+  TempStore tmp;
+  ASSERT_TRUE(tmp.store()
+                  ->Put("a.jsonl.gz", absl::Cord(absl::string_view("\x1f\x8b\x08\x00\xdfw\x11k"
+                                                                   "\x02\xff\nM\xd6",
+                                                                   14)))
+                  .ok());
+  ASSERT_TRUE(tmp.store()->Put("a.csv.zst", absl::Cord("\x28\xb5\x2f\xfd rest\n")).ok());
+  // Text that merely starts with letters of a signature is text.
+  ASSERT_TRUE(tmp.store()->Put("bzh.csv", absl::Cord("BZh,x\n1,2\n")).ok());
+  for (const auto& [key, kind] : {std::pair{"a.jsonl.gz", "gzip"}, {"a.csv.zst", "zstd"}}) {
+    absl::Status status;
+    EXPECT_TRUE(ReadRows(tmp.store(), key, Jsonl(4096), &status).empty()) << key;
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_THAT(status.message(), ::testing::HasSubstr(absl::StrCat(
+                                      key, " at byte 0: the object is ", kind, "-compressed")));
+    EXPECT_THAT(status.message(), ::testing::HasSubstr("from_files"));
+  }
+  EXPECT_THAT(ReadRows(tmp.store(), "bzh.csv", Csv(4096)), ElementsAre("BZh,x", "1,2"));
+}
+
 TEST(LinesTest, CsvVariantsPandasReadsOtherwiseAreRefusedByName) {
   TempStore tmp;
   // Backslash-escaped quotes (escapechar="\\", doublequote=False): row 3 (after the

@@ -213,6 +213,14 @@ absl::StatusOr<std::optional<TarMember>> TarReader::Next() {
     auto got = stream_->Read(absl::MakeSpan(block));
     if (!got.ok()) return IoError(got.status(), at);
     if (*got == 0) {
+      // An empty object is no archive (a failed or cut upload, most likely): tarfile says
+      // "empty file", GNU tar "does not look like a tar archive". An empty archive still has
+      // its end-of-archive blocks.
+      if (at == 0) {
+        return Fail(absl::StatusCode::kDataLoss, 0,
+                    "the object is empty: not a tar archive (an empty archive has its "
+                    "end-of-archive blocks)");
+      }
       // No end-of-archive blocks: accepted, as tarfile and GNU tar do.
       if (extended) {
         return Fail(absl::StatusCode::kDataLoss, first,

@@ -504,6 +504,18 @@ TEST(TarTest, TruncatedShardsAreDataLoss) {
   ASSERT_TRUE(tmp.store()->Put("dangling.tar", absl::Cord(dangling)).ok());
   flat = ReadSamples(tmp.store(), "dangling.tar");
   EXPECT_EQ(flat.status().code(), absl::StatusCode::kDataLoss) << flat.status();
+  // An empty object (a failed upload) is no archive: it gave 0 samples without an error. An
+  // archive of no members (its end-of-archive blocks) is one.
+  ASSERT_TRUE(tmp.store()->Put("empty.tar", absl::Cord()).ok());
+  flat = ReadSamples(tmp.store(), "empty.tar");
+  EXPECT_EQ(flat.status().code(), absl::StatusCode::kDataLoss) << flat.status();
+  EXPECT_TRUE(
+      absl::StrContains(flat.status().message(), "empty.tar at byte 0: the object is empty"))
+      << flat.status();
+  ASSERT_TRUE(tmp.store()->Put("none.tar", absl::Cord(std::string(10240, '\0'))).ok());
+  flat = ReadSamples(tmp.store(), "none.tar");
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_TRUE(flat->keys.empty());
 }
 
 TEST(TarTest, DuplicateExtensionsAndOversizedMembersAreErrors) {

@@ -156,6 +156,17 @@ def test_csv_and_jsonl_rows(target):
     store.put("jb/b.jsonl", b'{"a": 1}\n\n{"a": 2}\n \t\r\n{"a": 3}\n\n')
     ds = IterableDataset.from_shards(uri + "jb/", format="jsonl", shuffle=False)
     assert [json.loads(bytes(s.data)) for s in ds] == [{"a": 1}, {"a": 2}, {"a": 3}]
+    # A gzip-compressed shard named by hand came back as rows of gzip bytes; it is refused,
+    # naming the object and pointing at from_files, which inflates it.
+    import gzip
+    store.put("gz/a.jsonl.gz", gzip.compress(("\n".join(lines) + "\n").encode()))
+    ds = IterableDataset.from_shards(uri, ["gz/a.jsonl.gz"], format="jsonl", shuffle=False)
+    with pytest.raises(ValueError, match="gzip-compressed.*from_files") as e:
+        list(ds)
+    assert store.url("gz/a.jsonl.gz") in str(e.value)
+    got = [row["i"] for b in IterableDataset.from_files(uri + "gz/a.jsonl.gz", shuffle=False)
+           for row in b.to_pylist()]
+    assert got == list(range(10))
 
 
 def test_the_format_registry_names_formats_and_suffixes(target):
