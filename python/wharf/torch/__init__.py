@@ -830,6 +830,9 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
     each worker reads its shards in turn and, with shuffle_buffer=N, mixes records in a buffer
     of N (seeded from seed, epoch, rank and worker). Counts per rank follow the shards' sizes:
     use equal shards, as many as a multiple of world_size * num_workers, for equal counts.
+    The buffer's records are held outside the memory budget (they are copied out of the
+    readers' chunks, which go back to it), so it costs about N x the mean record size per
+    worker: 1000 records of 200 KiB are 200 MiB each, whatever the budget.
 
     rows_per_item=N (csv/jsonl): yield lists of up to N row Samples (one buffer per list).
     header=True (csv/jsonl): the first row of each shard is its header, not a record.
