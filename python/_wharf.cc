@@ -13,6 +13,7 @@
 // forked child (DataLoader workers), whose copy of the parent's event loop has no thread.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -58,6 +59,21 @@ thread_local PyObject* t_caught_traceback = nullptr;
 #endif
 
 }  // namespace
+
+bool InterpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+ReleaseGil::~ReleaseGil() noexcept(false) {
+  if (InterpreterFinalizing() && !OnPythonMainThread()) {
+    for (;;) pause();  // the process ends around this thread
+  }
+  PyEval_RestoreThread(tstate_);
+}
 
 bool OnPythonMainThread() {
   return PyThread_get_thread_ident() == g_main_thread.load(std::memory_order_relaxed);

@@ -55,14 +55,32 @@ inline py::str KeyToPython(const std::string& key) {
 // REQUIRES: the GIL is held.
 [[noreturn]] void Raise(const absl::Status& status);
 
+// Whether the interpreter is being torn down (after atexit; only daemon threads are left
+// besides the main thread, which runs the teardown).
+bool InterpreterFinalizing();
+
 // Releases the GIL for the scope, for a call into wharf. The thread takes its absl identity
 // first (once per thread), so its first wait cannot race a fork (base/fork.h).
+//
+// Taking the GIL back at interpreter exit: CPython (before 3.14) ends a daemon thread that
+// asks for it then by unwinding its stack (pthread_exit), and an unwind through a noexcept
+// destructor is std::terminate, "terminate called without an active exception", rc 134 for
+// a script whose daemon thread was in a wharf call. So a daemon thread that finds the
+// teardown under way waits for the process to end instead (what Python 3.14 does with them),
+// and the destructor is noexcept(false), so that the unwind of one that was already waiting
+// for the GIL passes through (pybind11 lets it through its dispatcher).
 class ReleaseGil {
  public:
-  ReleaseGil() { EnsureThreadIdentity(); }
+  ReleaseGil() {
+    EnsureThreadIdentity();
+    tstate_ = PyEval_SaveThread();
+  }
+  ~ReleaseGil() noexcept(false);
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
 
  private:
-  py::gil_scoped_release release_;
+  PyThreadState* tstate_ = nullptr;
 };
 
 // ---- Ctrl-C (base/cancel.h) ----

@@ -230,7 +230,7 @@ void RegisterRecords(py::module_& m) {
           for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(f[at + i]);
           return v;
         };
-        py::gil_scoped_release unlocked;
+        ReleaseGil unlocked;
         return MaskCrc32c(Crc32c(f.substr(0, 8))) == le32(8) &&
                MaskCrc32c(Crc32c(f.substr(12, f.size() - 16))) == le32(f.size() - 4);
       },

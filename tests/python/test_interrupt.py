@@ -276,3 +276,30 @@ def test_a_checkpoint_copy_is_interrupted(proxy, bucket):
     dst = wharf._wharf.CheckpointRoot(f"s3://{bucket}/dst/")
     hang(proxy, method="GET", path_regex="/src/step-")
     interrupted_within(lambda: wharf._wharf.copy_checkpoint(src, dst, 1, 0, False), after=1.0)
+
+
+@pytest.mark.parametrize("loop", ["store.list()",
+                                  "store.get('obj')",
+                                  "f = wharf.open(root + 'w.bin', 'wb'); "
+                                  "[f.write(block) for _ in range(32)]; f.close()"])
+def test_a_script_exits_cleanly_while_a_daemon_thread_is_in_a_wharf_call(bucket, loop):
+    # At interpreter exit CPython ends a daemon thread that takes the GIL back by unwinding
+    # it (pthread_exit); through the GIL release's noexcept destructor that was std::terminate
+    # ("terminate called without an active exception", rc 134) in 3 runs of 3.
+    root = f"s3://{bucket}/daemon/"
+    wharf.Store(root).put("obj", os.urandom(1 << 20))
+    script = textwrap.dedent(f"""
+        import os, threading, time, wharf
+        root = {root!r}
+        store = wharf.Store(root)
+        block = os.urandom(1 << 20)
+        def run():
+            {loop}
+        threading.Thread(target=lambda: [run() for _ in iter(int, 1)], daemon=True).start()
+        time.sleep(0.3)
+    """)
+    for _ in range(4):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env=dict(os.environ), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "terminate" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
