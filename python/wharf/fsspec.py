@@ -51,7 +51,8 @@ _FSSPEC_OPTIONS = frozenset({
     "cache_type", "block_size", "fill_cache", "cache_options"})
 # Options fsspec callers pass to open() for fsspec's own buffered files (wharf's read-ahead
 # replaces their caches): ignored.
-_FSSPEC_FILE_OPTIONS = frozenset({"cache_type", "fill_cache", "requester_pays"})
+# `size` (the caller's idea of the object's size, s3fs's open(size=)): the object's own is read.
+_FSSPEC_FILE_OPTIONS = frozenset({"cache_type", "fill_cache", "requester_pays", "size"})
 
 # Options of the filesystems install() stands in for (s3fs, gcsfs) that mean something here.
 _CREDENTIAL_OPTIONS = frozenset({"key", "secret", "token", "username", "password",
@@ -288,7 +289,9 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         return [self._dir_entry(scheme, b["name"], "")
                 for b in _wharf.list_buckets(scheme, **options)]
 
-    def ls(self, path, detail=True, **kwargs):
+    def ls(self, path, detail=False, **kwargs):
+        # detail=False by default, as s3fs and gcsfs (which install() stands in for) have it;
+        # fsspec's own methods ask for what they need.
         buckets = self._buckets(path)
         if buckets is not None:
             return buckets if detail else [e["name"] for e in buckets]
@@ -359,16 +362,19 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         except FileNotFoundError:
             return False
 
-    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+    def find(self, path, maxdepth=None, withdirs=False, detail=False, prefix="", **kwargs):
+        """Files below path; `prefix` (as s3fs's) keeps those whose name below path starts
+        with it, listed by that prefix."""
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
+        name_prefix = prefix or ""
         store, key, (scheme, bucket) = self._resolve(path)
         prefix = key + "/" if key else ""
         out = {}
         if maxdepth == 1:
-            listing = store.list(prefix, recursive=False)
+            listing = store.list(prefix + name_prefix, recursive=False)
         else:
-            listing = store.list(prefix, recursive=True)
+            listing = store.list(prefix + name_prefix, recursive=True)
         for e in listing:
             rel = (e.get("key") or e.get("prefix"))[len(prefix):]
             is_dir = "prefix" in e or rel.endswith("/")
@@ -392,7 +398,7 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
                 out[self._name(scheme, bucket, e["key"])] = self._file_entry(scheme, bucket, e)
         if listing and withdirs:  # the directory itself, as fsspec's find (a bucket too)
             out[self._name(scheme, bucket, key)] = self._dir_entry(scheme, bucket, key)
-        if not out and key:
+        if not out and key and not name_prefix:
             try:
                 out[self._name(scheme, bucket, key)] = self._file_entry(scheme, bucket,
                                                                         store.head(key))
@@ -478,8 +484,8 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         paths = self.expand_path(path, recursive=recursive)
         if len(paths) == 1 and not isinstance(path, list) and paths[0] == self._strip_protocol(
                 path):
-            return self.cat_file(paths[0])
-        results = self._parallel(self.cat_file, paths, "return")
+            return self.cat_file(paths[0], **kwargs)
+        results = self._parallel(lambda p: self.cat_file(p, **kwargs), paths, "return")
         out = {}
         for p, r in zip(paths, results):
             if isinstance(r, FileNotFoundError) and recursive and self.isdir(p):

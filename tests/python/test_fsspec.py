@@ -66,7 +66,7 @@ def root(request, aws, tmp_path):
 
 def test_the_root_above_the_buckets_lists_them(fs, bucket):
     # As s3fs: ls("s3://") (or "" on the s3 filesystem) gives the buckets, as directories.
-    listed = fs.ls("s3://")
+    listed = fs.ls("s3://", detail=True)
     assert {"name": f"s3://{bucket}", "size": 0, "type": "directory"} in listed
     assert f"s3://{bucket}" in fs.ls("s3://", detail=False)
     s3 = WharfS3FileSystem(skip_instance_cache=True)
@@ -81,12 +81,12 @@ def test_ls_info_isdir_isfile_exists(fs, root):
              join(root, "d/e/c"): b"", join(root, "d.txt"): b"x"})
     assert fs.ls(root, detail=False) == [join(root, "a.txt"), join(root, "d"),
                                          join(root, "d.txt")]
-    detail = {e["name"]: e for e in fs.ls(root + "/")}  # a trailing slash is the same
+    detail = {e["name"]: e for e in fs.ls(root + "/", detail=True)}  # a trailing slash too
     assert detail[join(root, "a.txt")]["type"] == "file"
     assert detail[join(root, "a.txt")]["size"] == 5
     assert detail[join(root, "d")] == {"name": join(root, "d"), "size": 0, "type": "directory"}
-    assert [e["name"] for e in fs.ls(join(root, "d"))] == [join(root, "d/b.bin"),
-                                                           join(root, "d/e")]
+    # Names by default, as s3fs and gcsfs give them.
+    assert fs.ls(join(root, "d")) == [join(root, "d/b.bin"), join(root, "d/e")]
     # ls of a file is the file
     assert fs.ls(join(root, "a.txt"), detail=False) == [join(root, "a.txt")]
     with pytest.raises(FileNotFoundError):
@@ -121,6 +121,10 @@ def test_find_maxdepth_withdirs_detail(fs, root):
     detail = fs.find(join(root, "d"), detail=True)
     assert set(detail) == {join(root, k) for k in ("d/b", "d/e/c", "d/e/f/g")}
     assert detail[join(root, "d/e/f/g")]["size"] == 7
+    # prefix= (s3fs's): names below the path that start with it (it was ignored)
+    assert fs.find(root, prefix="d/e") == [join(root, k) for k in ("d/e/c", "d/e/f/g")]
+    assert fs.find(join(root, "d"), prefix="e/f") == [join(root, "d/e/f/g")]
+    assert fs.find(root, prefix="zz") == []
     # find of a file is the file; of nothing, nothing
     assert fs.find(join(root, "d/b")) == [join(root, "d/b")]
     assert fs.find(join(root, "nothing")) == []
@@ -136,6 +140,11 @@ def test_cat_cat_file_ranges(fs, root):
     fs.pipe_file(join(root, "small"), b"abc")
     fs.pipe_file(join(root, "empty"), b"")
     assert fs.cat(join(root, "blob")) == data
+    # cat passes start/end on to cat_file, as fsspec's own cat does (they were dropped: the
+    # whole object came back).
+    assert fs.cat(join(root, "blob"), start=2, end=5) == data[2:5]
+    assert fs.cat([join(root, "blob"), join(root, "small")], start=1, end=2) == {
+        join(root, "blob"): data[1:2], join(root, "small"): b"b"}
     assert fs.cat_file(join(root, "blob"), 100, 300) == data[100:300]
     assert fs.cat_file(join(root, "blob"), start=10_000) == data[10_000:]
     assert fs.cat_file(join(root, "blob"), end=5) == data[:5]
@@ -257,6 +266,8 @@ def test_open_read_write_exclusive(fs, root):
     with pytest.raises(TypeError, match="unknown options"):
         fs.open(join(root, "x"), "rb", no_such_option=1)
     with fs.open(join(root, "x"), "rb", cache_type="readahead") as f:  # fsspec's: ignored
+        assert f.read() == b"first"
+    with fs.open(join(root, "x"), "rb", size=5) as f:  # s3fs's (blockcache passes it)
         assert f.read() == b"first"
 
 
