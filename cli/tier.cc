@@ -617,7 +617,8 @@ absl::Status RunVerify(const TierArgs& args) {
         // its source's data, so it counts as damage and --repair fetches the source again;
         // the line says which, so an edit is not replaced unknowingly (eviction, which runs
         // unasked, never removes such a file: UsersEdit).
-        if (InTree(*tier, p) && WrittenSinceSealed(*entry, st)) {
+        const bool users_edit = InTree(*tier, p) && WrittenSinceSealed(*entry, st);
+        if (users_edit) {
           ++modified;
           problem = absl::StrCat("written since it was filled (", problem, ")");
         }
@@ -634,8 +635,7 @@ absl::Status RunVerify(const TierArgs& args) {
         }
         // Damage (not a user's edit, which reads already tell by its time): reads through
         // the tier stop serving the file.
-        if (!(InTree(*tier, p) && WrittenSinceSealed(*entry, st)) && !entry->source.empty() &&
-            MarkDamaged(p, *entry)) {
+        if (!users_edit && !entry->source.empty() && MarkDamaged(p, *entry)) {
           problem = absl::StrCat(problem, "; reads through the tier fetch it from ", entry->source,
                                  " until it is repaired");
         }

@@ -977,8 +977,13 @@ namespace {
 // for (one attribute read), else its content decides (a file only touched is served, and
 // its cache renewed; one edited in place since it was sealed is not the object).
 bool HoldsEntryData(int fd, const struct stat& st, const TierEntry& entry) {
-  if (entry.damaged) return false;
   return CachedLocalEtag(fd, "", st) == entry.md5 || !RecheckEntry(fd, st, entry).empty();
+}
+
+// A complete entry that `tier verify` has not found damaged: what a read may be answered
+// from (or revalidated against) instead of the source.
+bool Servable(const std::optional<TierEntry>& entry, const struct stat& st) {
+  return IsCompleteEntry(entry, st) && !entry->damaged;
 }
 
 }  // namespace
@@ -994,8 +999,8 @@ bool TierStore::ServeLocal(PendingRead& read, bool after_fill) {
     struct stat st;
     std::optional<TierEntry> entry;
     if (fstat(fd, &st) == 0) entry = ReadEntryAttr(fd);
-    const bool complete = IsCompleteEntry(entry, st) && !entry->damaged &&
-                          (entry->md5.empty() || HoldsEntryData(fd, st, *entry));
+    const bool complete =
+        Servable(entry, st) && (entry->md5.empty() || HoldsEntryData(fd, st, *entry));
     bool fresh = complete && (after_fill || tier_->config().mode == TierConfig::Mode::kImmutable);
     if (complete && !fresh) {
       const absl::Duration ttl = std::max(tier_->config().ttl, req.max_staleness);
@@ -1232,7 +1237,7 @@ void TierStore::Fill(std::shared_ptr<PendingRead> read) {
   if (stat(read->fill_path.c_str(), &st) == 0) {
     read->stale = ReadEntryAttr(read->fill_path);
     // A copy `tier verify` found damaged is fetched whole again, never revalidated.
-    if (IsCompleteEntry(read->stale, st) && !read->stale->damaged && !read->stale->etag.empty()) {
+    if (Servable(read->stale, st) && !read->stale->etag.empty()) {
       whole.if_none_match = read->stale->etag;
     } else {
       read->stale.reset();
@@ -1687,9 +1692,8 @@ bool TierStore::OpenBlock(const BlockRead& br, BlockSlot& slot) {
   struct stat st;
   std::optional<TierEntry> entry;
   if (fstat(fd, &st) == 0) entry = ReadEntryAttr(fd);
-  if (!IsCompleteEntry(entry, st) || entry->damaged || !entry->block ||
-      entry->etag != br.version.etag || entry->source != br.uri ||
-      entry->object_size != br.version.size ||
+  if (!Servable(entry, st) || !entry->block || entry->etag != br.version.etag ||
+      entry->source != br.uri || entry->object_size != br.version.size ||
       entry->block_offset != slot.index * tier_->config().block_size ||
       entry->size != slot.length) {
     close(fd);
