@@ -883,7 +883,9 @@ void AddTier(CLI::App& app, TierArgs& args) {
   verify->footer(
       "Exits 1 while damaged entries remain. A file written since its fill (its mtime changed)\n"
       "to other bytes is reported as such, and --repair replaces it with the source's bytes too:\n"
-      "copy or export an edit you keep first (eviction never removes such a file).");
+      "copy or export an edit you keep first (eviction never removes such a file). Other\n"
+      "damage is marked on the entry: reads through the tier fetch the object from its source\n"
+      "until --repair (or a fill) replaces the file.");
 
   CLI::App* evict = sub("evict", "Evict entries below PATH, least recently used first");
   evict
