@@ -857,6 +857,14 @@ void S3Store::DeleteAsync(std::string key, StatusCallback done) {
   });
 }
 
+struct S3Store::DeleteBatch {
+  absl::Time first_attempt;
+  int attempt = 0;
+  int failures = 0;  // keys that failed for good so far
+  absl::Status first;
+  absl::AnyInvocable<void(absl::Status, int)> done;
+};
+
 void S3Store::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done) {
   constexpr size_t kBatch = 1000;  // S3's limit per DeleteObjects call
   if (keys.empty()) return std::move(done)(absl::OkStatus());
@@ -902,50 +910,84 @@ void S3Store::DeleteManyAsync(std::vector<std::string> keys, StatusCallback done
     std::move(shared->done)(result);
   };
   for (size_t i = 0; i < keys.size(); i += kBatch) {
-    pugi::xml_document doc;
-    pugi::xml_node del = doc.append_child("Delete");
-    del.append_attribute("xmlns") = std::string(kXmlNs).c_str();
-    del.append_child("Quiet").text() = "true";
-    for (size_t j = i; j < std::min(keys.size(), i + kBatch); ++j) {
-      del.append_child("Object").append_child("Key").text() = keys[j].c_str();
-    }
-    std::ostringstream xml;
-    doc.save(xml, "", pugi::format_raw);
-    auto call = std::make_shared<Call>();
-    call->op = "delete";
-    call->method = "POST";
-    call->query = {{"delete", ""}};
-    call->body = absl::Cord(xml.str());
-    call->sign_payload = true;
-    call->headers = {{"content-md5", Md5HexAndBase64(call->body).second},
-                     {"content-type", "application/xml"}};
-    const size_t n = std::min(keys.size(), i + kBatch) - i;
-    Execute(std::move(call),
-            [this, finish_one, n, first_key = keys[i]](absl::StatusOr<HttpResponse> r) mutable {
-              if (!r.ok()) {
-                // The whole batch failed: say which one (the error names only the bucket).
-                return finish_one(Annotate(r.status(), absl::StrCat("a batch of ", n, " keys from ",
-                                                                    Uri(first_key), " on")),
-                                  0);
-              }
-              pugi::xml_document reply;
-              reply.load_buffer(r->body.data(), r->body.size());
-              int failures = 0;
-              absl::Status first;
-              for (pugi::xml_node e : reply.child("DeleteResult").children("Error")) {
-                if (std::string_view(e.child_value("Code")) == "NoSuchKey") continue;
-                if (failures++ == 0) {
-                  first = absl::UnknownError(absl::StrCat("delete ", Uri(e.child_value("Key")),
-                                                          ": ", e.child_value("Code"), ": ",
-                                                          e.child_value("Message")));
-                }
-              }
-              finish_one(first, failures);
-            });
+    auto batch = std::make_shared<DeleteBatch>();
+    batch->first_attempt = absl::Now();
+    batch->done = finish_one;
+    const size_t end = std::min(keys.size(), i + kBatch);
+    DeleteBatchAsync(std::move(batch),
+                     std::vector<std::string>(std::make_move_iterator(keys.begin() + i),
+                                              std::make_move_iterator(keys.begin() + end)));
   }
   for (std::string& key : alone) {
     DeleteAsync(std::move(key), [finish_one](absl::Status s) mutable { finish_one(s, 0); });
   }
+}
+
+void S3Store::DeleteBatchAsync(std::shared_ptr<DeleteBatch> batch, std::vector<std::string> keys) {
+  ++batch->attempt;
+  pugi::xml_document doc;
+  pugi::xml_node del = doc.append_child("Delete");
+  del.append_attribute("xmlns") = std::string(kXmlNs).c_str();
+  del.append_child("Quiet").text() = "true";
+  for (const std::string& key : keys) {
+    del.append_child("Object").append_child("Key").text() = key.c_str();
+  }
+  std::ostringstream xml;
+  doc.save(xml, "", pugi::format_raw);
+  auto call = std::make_shared<Call>();
+  call->op = "delete";
+  call->method = "POST";
+  call->query = {{"delete", ""}};
+  call->body = absl::Cord(xml.str());
+  call->sign_payload = true;
+  call->headers = {{"content-md5", Md5HexAndBase64(call->body).second},
+                   {"content-type", "application/xml"}};
+  const size_t n = keys.size();
+  Execute(std::move(call), [this, batch = std::move(batch), n,
+                            first_key = keys.front()](absl::StatusOr<HttpResponse> r) mutable {
+    if (!r.ok()) {
+      // The whole request failed: say which one (the error names only the bucket).
+      absl::Status s = Annotate(
+          r.status(), absl::StrCat("a batch of ", n, " keys from ", Uri(first_key), " on"));
+      if (batch->first.ok()) batch->first = std::move(s);
+      return std::move(batch->done)(batch->first, batch->failures);
+    }
+    pugi::xml_document reply;
+    reply.load_buffer(r->body.data(), r->body.size());
+    std::vector<std::string> again;
+    absl::Status last_retryable;
+    for (pugi::xml_node e : reply.child("DeleteResult").children("Error")) {
+      const absl::string_view code = e.child_value("Code");
+      if (code == "NoSuchKey") continue;
+      absl::Status s = absl::UnknownError(absl::StrCat("delete ", Uri(e.child_value("Key")), ": ",
+                                                       code, ": ", e.child_value("Message")));
+      if (IsRetryableCode(code)) {
+        again.emplace_back(e.child_value("Key"));
+        last_retryable = std::move(s);
+        continue;
+      }
+      if (batch->failures++ == 0) batch->first = std::move(s);
+    }
+    if (again.empty()) return std::move(batch->done)(batch->first, batch->failures);
+    const absl::Duration spent = absl::Now() - batch->first_attempt;
+    if (batch->attempt < options_.retry.max_attempts && spent < options_.retry.max_total) {
+      retries_.Count(absl::StrContains(last_retryable.message(), ": SlowDown:") ? "throttled"
+                                                                                : "server_error");
+      const absl::Duration delay =
+          std::min(Backoff(batch->attempt), options_.retry.max_total - spent);
+      AfterDelayOrCancel(delay, CancelToken(),
+                         [this, batch = std::move(batch), again = std::move(again)]() mutable {
+                           DeleteBatchAsync(std::move(batch), std::move(again));
+                         });
+      return;
+    }
+    if (batch->failures == 0) {
+      batch->first =
+          Annotate(last_retryable, absl::StrCat("gave up after ", batch->attempt, " attempts"));
+    }
+    batch->failures += static_cast<int>(again.size());
+    std::move(batch->done)(batch->first, batch->failures);
+  });
 }
 
 void S3Store::CopyAsync(std::string src_key, std::string dst_key, Callback<ObjectMeta> done) {

@@ -141,6 +141,14 @@ class S3Store : public ObjectStore {
                    const Credentials* credentials);
   absl::Duration Backoff(int attempt);
 
+  // One DeleteObjects request of at most 1000 `keys`. Keys the reply lists with a retryable
+  // error (SlowDown, InternalError, ...: S3 answers 200 and fails keys one by one when it is
+  // busy) are sent again in a smaller request, with backoff, within the retry policy;
+  // `done` gets the first lasting failure and how many keys failed (0 for none, or when the
+  // whole request failed).
+  struct DeleteBatch;
+  void DeleteBatchAsync(std::shared_ptr<DeleteBatch> batch, std::vector<std::string> keys);
+
   // CopyObject of `src_bucket`/`src_key` (a bucket of this endpoint) into `dst_key`.
   void CopyObjectAsync(const std::string& src_bucket, std::string src_uri, std::string src_key,
                        std::string dst_key, Callback<ObjectMeta> done);

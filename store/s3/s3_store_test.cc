@@ -151,6 +151,57 @@ TEST(S3StoreTest, GivesUpAfterMaxAttempts) {
   EXPECT_EQ(transport->request_count(), 4u);
 }
 
+// A DeleteObjects reply of 200 that fails some keys: the retryable ones are sent again alone,
+// the others are reported.
+std::string DeleteErrors(std::vector<std::pair<std::string, std::string>> key_codes) {
+  std::string xml = "<?xml version=\"1.0\"?><DeleteResult>";
+  for (const auto& [key, code] : key_codes) {
+    absl::StrAppend(&xml, "<Error><Key>", key, "</Key><Code>", code,
+                    "</Code><Message>simulated</Message></Error>");
+  }
+  return absl::StrCat(xml, "</DeleteResult>");
+}
+
+TEST(S3StoreTest, DeleteManyRetriesTheKeysFailedWithRetryableCodes) {
+  std::vector<std::string> bodies;
+  absl::Mutex mu;
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
+    absl::MutexLock lock(&mu);
+    bodies.emplace_back(req.body);
+    if (bodies.size() == 1) {
+      return Ok(DeleteErrors(
+          {{"a", "InternalError"}, {"b", "AccessDenied"}, {"c", "NoSuchKey"}, {"d", "SlowDown"}}));
+    }
+    return Ok(DeleteErrors({}));
+  });
+  const uint64_t throttled = Retries("throttled")->value();
+  const uint64_t server = Retries("server_error")->value();
+  auto store = MakeStore(transport);
+  absl::Status s = store->DeleteMany({"a", "b", "c", "d", "e"});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("delete s3://bkt/b: AccessDenied"));
+  ASSERT_EQ(bodies.size(), 2u);
+  EXPECT_THAT(bodies[1], HasSubstr("<Key>a</Key>"));
+  EXPECT_THAT(bodies[1], HasSubstr("<Key>d</Key>"));
+  for (const char* key : {"<Key>b</Key>", "<Key>c</Key>", "<Key>e</Key>"}) {
+    EXPECT_THAT(bodies[1], Not(HasSubstr(key)));
+  }
+  EXPECT_EQ(Retries("throttled")->value() + Retries("server_error")->value() - throttled - server,
+            1u);
+}
+
+TEST(S3StoreTest, DeleteManyGivesUpOnKeysThatKeepFailing) {
+  std::atomic<int> calls{0};
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
+    ++calls;
+    return Ok(DeleteErrors({{"a", "SlowDown"}}));
+  });
+  auto store = MakeStore(transport);
+  absl::Status s = store->DeleteMany({"a", "b"});
+  EXPECT_EQ(calls.load(), 4);  // max_attempts
+  EXPECT_THAT(std::string(s.message()), HasSubstr("delete s3://bkt/a: SlowDown"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("gave up after 4 attempts"));
+}
+
 TEST(S3StoreTest, NotImplementedIsNotRetried) {
   // 501 (a header asks for what the server does not do) and 505 answer every attempt alike.
   for (int status : {501, 505}) {
