@@ -276,6 +276,7 @@ class ObjectWriteFile {
 
   size_t Write(const py::handle& b) {
     ObjectWriter& w = writer();
+    RaiseIfInterrupted("write");
     std::optional<OneThread> guard(std::in_place, busy_, "file");
     BufferView view(b, /*writable=*/false);
     const char* src = view.data();
@@ -310,6 +311,7 @@ class ObjectWriteFile {
   // Commits: the object appears now, whole. On failure nothing is left (the writer aborts).
   py::dict Close() {
     ObjectWriter& w = writer();
+    RaiseIfInterrupted("close");
     std::optional<OneThread> guard(std::in_place, busy_, "file");
     absl::StatusOr<ObjectMeta> meta = WithoutGilIn(scope_, [&]() -> absl::StatusOr<ObjectMeta> {
       if (staged_ > 0) {
@@ -330,6 +332,16 @@ class ObjectWriteFile {
     return d;
   }
 
+  // A call that Ctrl-C interrupted cancelled the upload: the file is spent. Each later write
+  // or close fails at once, rather than buffer bytes that can never be committed; the first
+  // drops the upload and what the file holds (abort() or the finalizer then close it).
+  void RaiseIfInterrupted(absl::string_view op) {
+    if (!IsCancelled(scope_)) return;
+    DropUpload();
+    Raise(absl::CancelledError(absl::StrCat(
+        op, " ", uri_, ": cancelled (an earlier call was interrupted); nothing was committed")));
+  }
+
   // abort() of Python: not under a write of another thread.
   void AbortFromPython() {
     OneThread guard(busy_, "file");
@@ -343,15 +355,19 @@ class ObjectWriteFile {
       (void)writer_.release();
       return;
     }
-    {
-      ReleaseGil release;
-      writer_->Abort();
-      staging_.reset();
-    }
+    DropUpload();
     LeakOrDestroy(writer_, generation_);
   }
 
  private:
+  void DropUpload() {
+    if (dropped_) return;
+    dropped_ = true;
+    ReleaseGil release;
+    writer_->Abort();
+    staging_.reset();
+  }
+
   ObjectWriter& writer() {
     if (writer_ == nullptr) RaiseClosed();
     if (generation_ != ForkGeneration()) {
@@ -402,6 +418,7 @@ class ObjectWriteFile {
   const uint64_t generation_;
   std::string uri_;
   std::unique_ptr<ObjectWriter> writer_;
+  bool dropped_ = false;  // writer_'s upload was aborted
   std::shared_ptr<MemoryBudget> budget_;
   std::shared_ptr<MemoryBudget::Account> account_;
   std::shared_ptr<char> staging_;  // the block being filled, or null

@@ -128,6 +128,30 @@ def test_an_interrupted_multipart_write_leaves_no_upload(proxy, bucket, s3_clien
         wharf.Store(f"s3://{bucket}/").head("big")
 
 
+def test_a_file_being_written_fails_at_once_after_an_interrupt(proxy, bucket, s3_client):
+    # The interrupted call (here the close, waiting for its parts) cancelled the upload: later
+    # writes and closes fail at once, naming it, instead of taking bytes into a buffer that
+    # can never be committed.
+    hang(proxy, method="PUT", query_regex="partNumber=")
+    before = {u["UploadId"] for u in all_uploads(s3_client, bucket)}
+    f = wharf.open(f"s3://{bucket}/spent", "wb")
+    chunk = os.urandom(1 << 20)
+    for _ in range(24):
+        f.write(chunk)
+    interrupted_within(f.close, after=1.0)
+    proxy.clear_faults()
+    with pytest.raises(wharf.WharfError, match=r"write s3://.*/spent: cancelled"):
+        f.write(b"x")
+    with pytest.raises(wharf.WharfError, match=r"close s3://.*/spent: cancelled"):
+        f.close()
+    f.abort()
+    assert f.closed
+    left = [u for u in all_uploads(s3_client, bucket) if u["UploadId"] not in before]
+    assert left == [], f"multipart uploads left behind: {left}"
+    with pytest.raises(wharf.NotFoundError):
+        wharf.Store(f"s3://{bucket}/").head("spent")
+
+
 def test_a_file_read_and_its_read_ahead_are_interrupted(proxy, bucket):
     store = wharf.Store(f"s3://{bucket}/")
     data = os.urandom(1 << 20) * 64  # more than the read-ahead holds
