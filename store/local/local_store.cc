@@ -26,6 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -629,10 +630,44 @@ void LocalStore::PruneEmptyParents(absl::string_view key) const {
 absl::Status LocalStore::Delete(const std::string& key) {
   const std::string op = absl::StrCat("delete ", Uri(key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
-  if (unlink(PathOf(key).c_str()) != 0) {
-    // Deleting a missing object succeeds, as on S3; a directory is not an object either.
-    if (errno == ENOENT || errno == ENOTDIR || errno == EISDIR) return absl::OkStatus();
+  // The folders below the root are walked without following links: a listing follows a link
+  // to a folder (as a copy's source should), but a delete through one would remove files
+  // outside the root (rm -r and sync --delete of a folder holding a link to another).
+  // A link as the key's last part is removed itself, never its target.
+  const std::vector<absl::string_view> parts = absl::StrSplit(key, '/');
+  int dir = open(root_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return absl::OkStatus();
     return ErrnoToStatus(errno, op);
+  }
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const std::string name(parts[i]);
+    const int next = openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int err = errno;
+    struct stat st;
+    // A link gives ENOTDIR (ELOOP on some systems) with O_DIRECTORY | O_NOFOLLOW.
+    const bool link = next < 0 && fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                      S_ISLNK(st.st_mode);
+    close(dir);
+    if (next < 0) {
+      if (!link && (err == ENOENT || err == ENOTDIR)) return absl::OkStatus();  // none there
+      if (link || err == ELOOP) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            op, ": not deleted: ", PathOf(absl::StrJoin(parts.begin(), parts.begin() + i + 1, "/")),
+            " is a symbolic link, and wharf never deletes through one (delete the link itself "
+            "to drop it)"));
+      }
+      return ErrnoToStatus(err, op);
+    }
+    dir = next;
+  }
+  const int rc = unlinkat(dir, std::string(parts.back()).c_str(), 0);
+  const int err = errno;
+  close(dir);
+  if (rc != 0) {
+    // Deleting a missing object succeeds, as on S3; a directory is not an object either.
+    if (err == ENOENT || err == ENOTDIR || err == EISDIR) return absl::OkStatus();
+    return ErrnoToStatus(err, op);
   }
   PruneEmptyParents(key);
   return absl::OkStatus();

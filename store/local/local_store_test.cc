@@ -261,6 +261,31 @@ TEST_F(LocalStoreTest, DeletePrunesNoKeptDirectoryNorOneAboveIt) {
   EXPECT_TRUE(fs::is_directory(fs::path(root_) / "k"));  // above a kept one: stays
 }
 
+TEST_F(LocalStoreTest, DeleteNeverGoesThroughALinkToAFolder) {
+  // A folder outside the root, reached through a link inside it: the listing follows the link
+  // (a copy's source may be arranged so), but no delete removes a file through it.
+  const std::string outside = MakeTempDir();
+  ASSERT_TRUE(LocalStore::Open(outside, Runtime::Default())
+                  .value()
+                  ->Put("sub/precious", absl::Cord("keep"))
+                  .ok());
+  fs::create_symlink(outside, fs::path(root_) / "link");
+  ASSERT_TRUE(store_->Put("mine", absl::Cord("1")).ok());
+  auto listed = store_->List(ListOptions{});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->objects.size(), 2u);  // link/sub/precious, mine
+  absl::Status s = store_->DeleteMany({"link/sub/precious", "mine"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("/link is a symbolic link"));
+  EXPECT_TRUE(fs::exists(fs::path(outside) / "sub/precious"));
+  EXPECT_FALSE(fs::exists(fs::path(root_) / "mine"));  // the others are deleted
+  // The link itself, as a key, is removed; its target stays.
+  ASSERT_TRUE(store_->Delete("link").ok());
+  EXPECT_FALSE(fs::exists(fs::symlink_status(fs::path(root_) / "link")));
+  EXPECT_TRUE(fs::exists(fs::path(outside) / "sub/precious"));
+  fs::remove_all(outside);
+}
+
 TEST_F(LocalStoreTest, UriNamesTheRoot) {
   EXPECT_EQ(store_->Uri("a b/c"), absl::StrCat("file://", root_, "/a b/c"));
   auto missing = store_->Read("nope");
