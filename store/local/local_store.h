@@ -99,6 +99,8 @@ class LocalStore : public ObjectStore {
   absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data, const PutOptions& options,
                                  const Md5Digest* md5);
   std::string PathOf(absl::string_view key) const;
+  // InvalidArgument when `key` lies in a tier's own folder (a '.wharf' holding tier.json).
+  absl::Status RefuseTierFolder(absl::string_view key) const;
   // Removes now-empty directories from `key`'s parent up to (not including) the root or a
   // kept directory (KeepDirectory) or one above it.
   void PruneEmptyParents(absl::string_view key) const;

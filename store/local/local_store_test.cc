@@ -286,6 +286,20 @@ TEST_F(LocalStoreTest, DeleteNeverGoesThroughALinkToAFolder) {
   fs::remove_all(outside);
 }
 
+TEST_F(LocalStoreTest, NoKeyIsWrittenIntoATiersOwnFolder) {
+  // A copy of a bucket holding '.wharf/...' keys into a tier must not replace its settings.
+  ASSERT_TRUE(store_->Put("t/.wharf/tier.json", absl::Cord("{}")).ok());  // no tier yet: a key
+  for (const char* key : {"t/.wharf/tier.json", "t/.wharf/imports/x.json"}) {
+    auto put = store_->Put(key, absl::Cord("evil"));
+    EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument) << key;
+    EXPECT_THAT(std::string(put.status().message()), testing::HasSubstr("own folder of the tier"));
+    EXPECT_FALSE(store_->NewWriter(key).ok()) << key;
+    EXPECT_FALSE(store_->Copy("t/.wharf/tier.json", key).ok()) << key;
+  }
+  EXPECT_EQ(*store_->Read("t/.wharf/tier.json"), "{}");
+  EXPECT_TRUE(store_->Put("u/.wharf/x", absl::Cord("1")).ok());  // no tier.json there
+}
+
 TEST_F(LocalStoreTest, UriNamesTheRoot) {
   EXPECT_EQ(store_->Uri("a b/c"), absl::StrCat("file://", root_, "/a b/c"));
   auto missing = store_->Read("nope");
