@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -59,8 +60,17 @@ absl::Status WriteAll(int fd, const absl::Cord& data) {
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view data) {
-  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A name no one can guess, created new (O_EXCL) and never through a link planted at it:
+  // the folder may be shared (./wharf-trace-PID.json in /tmp, a metrics file).
+  std::string tmp;
+  int fd = -1;
+  std::random_device random;
+  for (int attempt = 0; fd < 0 && attempt < 8; ++attempt) {
+    tmp = absl::StrCat(path, ".tmp-", getpid(), "-", absl::Hex(random(), absl::kZeroPad8),
+                       absl::Hex(random(), absl::kZeroPad8));
+    fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));
   absl::Status written = WriteAll(fd, data);
   if (close(fd) != 0 && written.ok()) written = ErrnoToStatus(errno, absl::StrCat("close ", tmp));

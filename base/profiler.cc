@@ -406,7 +406,7 @@ std::string Profiler::EventsText(absl::string_view process_name) {
 }
 
 void Profiler::MergeSpool(const std::string& folder, ProfileReport& report) {
-  // Temp files being written end in ".tmp-<pid>", not ".json": only whole files are read.
+  // Temp files being written end in ".tmp-<pid>-<random>", not ".json": only whole files are read.
   std::string text;
   for (const std::string& path : ListFiles(folder, ".json")) {
     const bool read = ReadFile(path, &text);
