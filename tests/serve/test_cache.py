@@ -948,3 +948,13 @@ def test_a_request_nested_deeper_than_python_recurses_is_a_value_error():
         canonical_request(deeper)
     with pytest.raises(ValueError, match="nested too deeply"):
         PredictionCache("memory").get_or_compute("v1", deeper, lambda r: b"x")
+
+
+@pytest.mark.parametrize("url", ["redis://:s3cr3tpass@127.0.0.1:notaport/0",
+                                 "redis://user:s3cr3tpass@127.0.0.1:6379/x",
+                                 "rediss://user:s3cr3tpass@127.0.0.1:6379/0"])
+def test_a_bad_redis_url_is_named_without_its_password(url):
+    with pytest.raises(ValueError) as e:
+        PredictionCache(url)
+    assert "s3cr3tpass" not in str(e.value)
+    assert "127.0.0.1" in str(e.value) and ":***@" in str(e.value)

@@ -608,10 +608,28 @@ class _RedisBackend:
         self._r.close()
 
 
+def _redacted(url):
+    """`url` without the password of its user part, for messages: scheme://user:***@host..."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc_end = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if i != -1:
+            netloc_end = min(netloc_end, i)
+    netloc, tail = rest[:netloc_end], rest[netloc_end:]
+    user, at, host = netloc.rpartition("@")
+    if not at:
+        return url
+    name = user.partition(":")[0]
+    return f"{scheme}://{name}:***@{host}{tail}"
+
+
 def _parse_redis_url(url):
     """redis://[[user]:password@]HOST[:PORT][/DB] -> (host, port, db, user, password)."""
     def bad(why):
-        return ValueError(f"PredictionCache: bad Redis URL {url!r}: {why} "
+        return ValueError(f"PredictionCache: bad Redis URL {_redacted(url)!r}: {why} "
                           f"(expected redis://HOST:PORT/DB)")
     try:
         u = urlsplit(url)
@@ -650,7 +668,8 @@ def _parse_backend(backend, max_bytes, timeout, key_prefix):
                              f"(expected file:///absolute/path)")
         return _DirBackend(unquote(u.path), max_bytes)
     if "://" in backend:
-        raise ValueError(f"PredictionCache: unknown backend {backend!r}: expected 'memory', "
+        raise ValueError(f"PredictionCache: unknown backend {_redacted(backend)!r}: expected "
+                         f"'memory', "
                          f"'redis://HOST:PORT/DB', or a directory path or file:// URI")
     # A bare word that is not a directory is more likely a misspelt backend than a folder to
     # create: a new directory must be written as a path (./name, /abs/name).
