@@ -222,6 +222,21 @@ def test_filesystemreader_refuses_a_wharf_checkpoint_by_name(tmp_path):
     assert torch.count_nonzero(dst["f32"]) == 0 and torch.count_nonzero(dst["big"]) == 0
 
 
+def test_damaged_metadata_is_named_as_such(tmp_path):
+    sd = state()
+    dcp.save(sd, storage_writer=StorageWriter(str(tmp_path / "w")))
+    meta = tmp_path / "w" / ".metadata"
+    meta.write_bytes(meta.read_bytes()[:100])
+    with pytest.raises((Exception, CheckpointException)) as info:  # the latter: BaseException
+        dcp.load(zeros_like(sd), storage_reader=StorageReader(str(tmp_path / "w")))
+    # torch gathers the reader's errors into its own; ours names the file and the cause
+    text = str(info.value)
+    if isinstance(info.value, CheckpointException):
+        text += " ".join(str(e) for e in failures(info.value))
+    assert re.search(r"/w/\.metadata: the checkpoint's metadata is damaged \(Unpickling",
+                     text), text
+
+
 # ---- 3. two ranks: DTensor shards, resharding, one process -----------------------------------
 
 @pytest.mark.parametrize("kind", ["s3", "tier"])

@@ -327,3 +327,36 @@ def test_a_script_exits_cleanly_while_a_daemon_thread_is_in_a_wharf_call(bucket,
                               env=dict(os.environ), timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "terminate" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_in_a_checkpoint_load_comes_out_as_keyboard_interrupt(proxy, bucket):
+    # A torch Future takes Exceptions only: handing it KeyboardInterrupt failed an assertion
+    # ("is of type KeyboardInterrupt, not an Exception") instead of interrupting.
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from wharf.torch.checkpoint import StorageReader, StorageWriter
+    sd = {"w": torch.arange(1 << 18, dtype=torch.float32)}
+    dcp.save(sd, storage_writer=StorageWriter(f"s3://{bucket}/ck"))
+    proxy.set_faults([{"match": {"method": "GET", "path_regex": r"\.distcp$"}, "action": "delay",
+                       "phase": "request", "delay_ms": HANG_MS, "count": None}])
+
+    def ctrl_c(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGUSR1, ctrl_c)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises((KeyboardInterrupt, CheckpointException)) as info:
+            dcp.load({"w": torch.zeros(1 << 18)}, storage_reader=StorageReader(f"s3://{bucket}/ck"))
+    finally:
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGUSR1, old)
+    assert time.monotonic() - start < PROMPT_S
+    causes = [info.value]
+    if isinstance(info.value, CheckpointException):  # torch wraps what a rank raised
+        causes = [f[0] if isinstance(f, tuple) else f for f in info.value.failures.values()]
+    assert all(isinstance(c, KeyboardInterrupt) for c in causes), causes

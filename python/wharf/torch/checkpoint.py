@@ -368,10 +368,14 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
             for w in writes:
                 w.result()
             future.set_result(results)
-        except BaseException as e:  # the future carries it to DCP
+        except Exception as e:  # the future carries it to DCP
             for w in writes:
                 w.cancel()
             future.set_exception(e)
+        except BaseException:  # Ctrl-C: raised as itself (a torch Future takes Exceptions only)
+            for w in writes:
+                w.cancel()
+            raise
         finally:
             pool.shutdown(wait=True)  # no write still reads a buffer when they are freed
         return future
@@ -492,7 +496,12 @@ class StorageReader(_Located, _StorageReader):
             raise FileNotFoundError(
                 f"{self.uri.rstrip('/')}/{name}: no such checkpoint (DCP writes its metadata "
                 f"last: a save that did not finish has none)")
-        metadata = pickle.loads(data)
+        try:
+            metadata = pickle.loads(data)
+        except Exception as e:
+            raise _wharf.DataLossError(
+                f"{self.uri.rstrip('/')}/{name}: the checkpoint's metadata is damaged "
+                f"({type(e).__name__}: {e})") from None
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -565,7 +574,7 @@ class StorageReader(_Located, _StorageReader):
             if staged:
                 self._read_waves(planner, staged)
             future.set_result(None)
-        except BaseException as e:
+        except Exception as e:  # Ctrl-C (a BaseException) is raised as itself
             future.set_exception(e)
         return future
 
