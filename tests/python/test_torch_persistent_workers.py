@@ -67,6 +67,19 @@ def test_persistent_workers_follow_set_epoch(make, context, tmp_path):
     assert all(sorted(o) == sorted(kept[0]) for o in kept)
 
 
+@pytest.mark.parametrize("make", [_objects, _records], ids=["objects", "records"])
+@pytest.mark.parametrize("copy_of", ["deepcopy", "pickle"])
+def test_a_copied_dataset_follows_set_epoch_in_persistent_fork_workers(make, copy_of, tmp_path):
+    import copy
+    import pickle
+    ds = make(f"file://{tmp_path}/")
+    fresh, _ = _epochs(ds, "fork", persistent=False)
+    dup = copy.deepcopy(ds) if copy_of == "deepcopy" else pickle.loads(pickle.dumps(ds))
+    dup.set_epoch(0)
+    kept, _ = _epochs(dup, "fork", persistent=True)
+    assert kept == fresh  # not the first epoch's order three times
+
+
 def test_a_state_loaded_after_persistent_workers_started_is_an_error(tmp_path):
     ds = _objects(f"file://{tmp_path}/")
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=_keys,

@@ -233,6 +233,18 @@ class _EpochSync:
         except (RuntimeError, OSError):  # no shared memory: workers get their copy's epoch
             self._synced = None
 
+    def __setstate__(self, state):
+        # A copy (copy.deepcopy, a pickle round trip in this process) gets a private tensor:
+        # moved back into shared memory, or fork workers would never see set_epoch(). A spawn
+        # worker's copy arrives shared already.
+        self.__dict__.update(state)
+        synced = state.get("_synced")
+        if synced is not None and not synced.is_shared():
+            try:
+                synced.share_memory_()
+            except (RuntimeError, OSError):
+                self._synced = None
+
     def _publish_epoch(self, restored: bool = False) -> None:
         synced = getattr(self, "_synced", None)
         if synced is None:
