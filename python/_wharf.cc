@@ -490,6 +490,12 @@ PYBIND11_MODULE(_wharf, m) {
       [](std::string scheme, const py::kwargs& options) {
         // "gs://" (a URI without a bucket, as `wharf ls gs://` takes it) is the scheme too.
         if (absl::EndsWith(scheme, "://")) scheme.resize(scheme.size() - 3);
+        if (scheme.find_first_of(":/") != std::string::npos) {
+          throw py::value_error(
+              absl::StrCat("list_buckets: expected a scheme such as 's3' or "
+                           "'gs://', got '",
+                           scheme, "'"));
+        }
         const StoreOptions opts = StoreOptionsFromKwargs(options);
         std::vector<BucketInfo> buckets =
             Check(WithoutGil([&] { return StoreRegistry::Global().ListBuckets(scheme, opts); }));

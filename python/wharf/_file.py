@@ -246,6 +246,20 @@ class ObjectFile(io.BufferedIOBase):
                           f"{self._mode!r}) was garbage-collected without close(): the upload "
                           "is aborted, nothing was written", ResourceWarning, stacklevel=2)
 
+    # ---- copies ----
+    def __copy__(self):
+        # A copy would share the upload or the read-ahead: the copy's finalizer would end the
+        # original's.
+        raise TypeError(f"a wharf.open({self._uri!r}) file cannot be copied: open the object "
+                        f"again for a second reader")
+
+    def __deepcopy__(self, memo):
+        return self.__copy__()
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(f"a wharf.open({self._uri!r}) file cannot be pickled: pass its URI and "
+                        f"open it where it is read")
+
     # ---- helpers ----
     def _interrupted(self):
         """A writer whose close() is a wrapper's `with` exit while an exception unwinds, or the

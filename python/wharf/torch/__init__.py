@@ -187,6 +187,8 @@ def _index_for(uri: str, suffixes: Sequence[str] = (), list_workers: int = 16,
                index_cache=None, **store):
     """The index of from_prefix: an index file (as from a manifest), mapped and shared by every process that opens it (it pickles as the file's path), so no
     per-sample list lives in the dataset or travels to DataLoader workers."""
+    if isinstance(suffixes, (str, bytes)):  # list(".jpg") would be [".", "j", "p", "g"]
+        suffixes = [suffixes]
     index = _wharf.SampleIndex.from_prefix(uri, suffixes=list(suffixes), workers=list_workers,
                                            index_cache=index_cache, **store)
     if len(index) == 0:

@@ -424,7 +424,10 @@ class CheckpointManager:
             raise ValueError(f"keep_best must be >= 0, not {keep_best!r}")
         if export_every < 1:
             raise ValueError("export_every must be at least 1")
-        self.root = _wharf.CheckpointRoot(str(dir_or_uri), **store_options)
+        if not isinstance(dir_or_uri, (str, os.PathLike)) or not os.fspath(dir_or_uri):
+            raise TypeError(f"CheckpointManager: dir_or_uri must be a directory path or a URI "
+                            f"(str or os.PathLike), got {dir_or_uri!r}")
+        self.root = _wharf.CheckpointRoot(os.fspath(dir_or_uri), **store_options)
         # What the root records (checkpoints.json): a manager opened without export_to=,
         # metric= or mode= (to restore, say) exports, lists and ranks as the run that saved
         # did (and as `wharf ckpt` does), and never erases the settings.
