@@ -115,10 +115,16 @@ absl::Status CancelledCall(absl::string_view op, absl::string_view uri) {
   return absl::CancelledError(absl::StrCat(op, " ", uri, ": cancelled"));
 }
 
+// The body the server received does not match the checksum sent with it: damaged on the
+// way. The request still holds its body, so sending it again is right.
+bool IsDamagedBodyCode(absl::string_view code) {
+  return code == "BadDigest" || code == "XAmzContentSHA256Mismatch";
+}
+
 bool IsRetryableCode(absl::string_view code) {
   return code == "SlowDown" || code == "RequestTimeout" || code == "InternalError" ||
          code == "ServiceUnavailable" || code == "Throttling" || code == "ThrottlingException" ||
-         code == "RequestTimeTooSkewed";
+         code == "RequestTimeTooSkewed" || IsDamagedBodyCode(code);
 }
 
 struct S3Error {
@@ -198,6 +204,7 @@ absl::string_view RetryCause(const absl::StatusOr<HttpResponse>& response) {
   }
   if (code == "RequestTimeout") return "timeout";
   if (code == "RequestTimeTooSkewed") return "clock_skew";
+  if (IsDamagedBodyCode(code)) return "connection";
   return "server_error";
 }
 
@@ -274,6 +281,9 @@ absl::Status ErrorFromResponse(const HttpResponse& response, absl::string_view o
     code = absl::StatusCode::kAlreadyExists;
   } else if (e.code == "BucketNotEmpty") {
     code = absl::StatusCode::kFailedPrecondition;
+  } else if (IsDamagedBodyCode(e.code)) {
+    code = absl::StatusCode::kDataLoss;
+    hint = "the bytes the server received differ from those sent: damaged on the way";
   } else if (IsRetryableResponse(response)) {
     code = absl::StatusCode::kUnavailable;
   } else if (response.status == 501 || response.status == 505) {

@@ -202,6 +202,26 @@ TEST(S3StoreTest, DeleteManyGivesUpOnKeysThatKeepFailing) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("gave up after 4 attempts"));
 }
 
+TEST(S3StoreTest, BadDigestIsSentAgainThenDataLoss) {
+  // A body damaged on the way (the server's MD5 of it differs from Content-MD5): the request
+  // still holds the bytes, so it is sent again; if it never arrives whole, DataLoss.
+  std::atomic<int> calls{0};
+  auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
+    return ++calls == 1 ? Err(400, "BadDigest")
+                        : Ok("", {{"etag", absl::StrCat("\"", Md5Hex("data"), "\"")}});
+  });
+  auto store = MakeStore(transport);
+  EXPECT_TRUE(store->Put("k", absl::Cord("data")).ok());
+  EXPECT_EQ(calls.load(), 2);
+  auto always = std::make_shared<CannedTransport>(
+      [](const HttpRequest&) { return Err(400, "XAmzContentSHA256Mismatch"); });
+  auto failing = MakeStore(always);
+  absl::Status s = failing->Put("k", absl::Cord("data")).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("damaged on the way"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("4 attempts"));
+}
+
 TEST(S3StoreTest, NotImplementedIsNotRetried) {
   // 501 (a header asks for what the server does not do) and 505 answer every attempt alike.
   for (int status : {501, 505}) {
