@@ -900,7 +900,11 @@ class Engine {
       summary.deleted += deleted_early_;
     }
     WHARF_RETURN_IF_ERROR(Annotate(listing, what));
-    if (options_.delete_extra) {
+    // As rsync does after I/O errors, a sync whose copies failed deletes nothing: a failure
+    // may come with a source that was not what it seemed (a damaged listing), and a rerun
+    // deletes the extras once the copies succeed.
+    const bool deletes_held = options_.delete_extra && outcome_.failed() > 0;
+    if (options_.delete_extra && !deletes_held) {
       WHARF_RETURN_IF_ERROR(DeleteExtra(summary));
     }
     if (const uint64_t failed = outcome_.failed(); failed > 0) {
@@ -908,10 +912,14 @@ class Engine {
       // Without an observer nobody saw them: the first one's cause goes with the count.
       const absl::Status first = outcome_.first_error();
       return absl::Status(
-          first.code(), absl::StrCat(what, ": ", failed, " of ", summary.listed, " objects failed",
-                                     observer_ && observer_->ShowsErrors()
-                                         ? ""
-                                         : absl::StrCat(" (the first: ", first.message(), ")")));
+          first.code(),
+          absl::StrCat(what, ": ", failed, " of ", summary.listed, " objects failed",
+                       observer_ && observer_->ShowsErrors()
+                           ? ""
+                           : absl::StrCat(" (the first: ", first.message(), ")"),
+                       deletes_held ? "; nothing was deleted for --delete (rerun once the "
+                                      "copies succeed)"
+                                    : ""));
     }
     return absl::OkStatus();
   }

@@ -592,6 +592,22 @@ def test_sync_delete_replaces_a_file_by_a_folder_and_back_in_one_run(tmp_path):
     assert tree_of(tmp_path / "dst3")["a"] == b"old"
 
 
+def test_sync_delete_deletes_nothing_when_a_copy_failed(tmp_path):
+    # As rsync after I/O errors: a failure may come with a source that was not what it seemed
+    # (a damaged listing once made a sync delete a file the source has), so the extras wait.
+    make_tree(tmp_path / "src", {"c": b"5", "new": b"n"})
+    make_tree(tmp_path / "dst", {"c/kept": b"6", "old": b"o"})
+    bad = run("sync", "--delete", "--exclude", "c/kept", tmp_path / "src", tmp_path / "dst",
+              check=1)
+    assert "nothing was deleted for --delete" in bad.stderr.decode(), bad.stderr
+    assert tree_of(tmp_path / "dst") == {"c/kept": b"6", "old": b"o", "new": b"n"}
+    (tmp_path / "dst" / "c" / "kept").unlink()
+    (tmp_path / "dst" / "c").rmdir()
+    run("sync", "-q", "--delete", "--exclude", "c/kept", tmp_path / "src", tmp_path / "dst",
+        check=0)
+    assert tree_of(tmp_path / "dst") == {"c": b"5", "new": b"n"}
+
+
 def test_sync_delete_with_the_source_inside_the_destination_is_refused(tmp_path):
     # It deleted the source: everything below the destination that the source did not list,
     # the source's own files included.
