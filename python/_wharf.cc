@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -348,6 +349,13 @@ class Store {
   // the object's URI instead of passing off other bytes.
   std::vector<Buffer> GetMany(const py::sequence& items_in, int inflight,
                               const py::object& memory_budget) {
+    if (py::isinstance<py::str>(items_in) || py::isinstance<py::bytes>(items_in)) {
+      // A str is a sequence too: its characters would be fetched as keys.
+      throw py::type_error(
+          "get_many: keys must be a list of keys or list() entries, not one str (use get() "
+          "for one object, or get_many([key]))");
+    }
+    if (inflight < 0) throw py::value_error("get_many: inflight must be >= 0 (0: the runtime's)");
     auto s = store();
     FetchOptions options;
     options.max_in_flight = inflight;
@@ -372,9 +380,20 @@ class Store {
           throw py::type_error("get_many: an entry that is a mapping needs a str \"key\"");
         }
         if (py::object size = entry.attr("get")("size", py::none()); !size.is_none()) {
+          if (!py::isinstance<py::int_>(size) || size.cast<py::int_>() < py::int_(0) ||
+              size.cast<py::int_>() > py::int_(std::numeric_limits<int64_t>::max())) {
+            throw py::value_error(
+                absl::StrCat("get_many: the \"size\" of an entry is a byte count (an int >= 0), "
+                             "got ",
+                             py::repr(size).cast<std::string>()));
+          }
           item.size = size.cast<uint64_t>();
         }
         if (py::object etag = entry.attr("get")("etag", py::none()); !etag.is_none()) {
+          if (!py::isinstance<py::str>(etag)) {
+            throw py::type_error(absl::StrCat("get_many: the \"etag\" of an entry is a str, got ",
+                                              py::repr(etag).cast<std::string>()));
+          }
           item.etag = etag.cast<std::string>();
         }
       }

@@ -47,3 +47,18 @@ __all__ = ["AlreadyExistsError", "Buffer", "DataLossError", "NotFoundError", "Pe
            "SampleReader", "Sampler", "SampleStream", "Store", "WharfError", "consumed_after",
            "parse_sampler_state", "split_csv", "configure", "metrics", "metrics_text", "parse_size",
            "split_budget_for_worker", "open", "ObjectFile", "profile", "Profile", "list_buckets"]
+
+# The subpackages load on first use, so `import wharf` then `wharf.torch.save(...)` works as
+# `import wharf.torch` would, without importing torch (or redis, fsspec) for every user.
+_SUBMODULES = ("torch", "serve", "fsspec", "lightning", "demo")
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        import importlib
+        return importlib.import_module(f"wharf.{name}")
+    raise AttributeError(f"module 'wharf' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SUBMODULES))

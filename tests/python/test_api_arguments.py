@@ -48,3 +48,42 @@ def test_an_open_file_refuses_copy_and_pickle(tmp_path, mode):
     f.close()
     if mode == "wb":
         assert bytes(store.get("y")) == b"still usable"
+
+
+def test_subpackages_load_on_first_use_without_importing_torch_before():
+    import subprocess
+    import sys
+    code = ("import sys, wharf\n"
+            "assert 'torch' not in sys.modules\n"
+            "assert callable(wharf.torch.save) and 'torch' in sys.modules\n"
+            "assert wharf.serve.PredictionCache\n"
+            "try:\n    wharf.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "no attribute 'no_such_name'" in out.stdout
+
+
+def test_get_many_refuses_one_str_and_bad_entry_fields(tmp_path):
+    store = wharf.Store(f"file://{tmp_path}/")
+    store.put("abc", b"x")
+    with pytest.raises(TypeError, match="not one str"):
+        store.get_many("abc")
+    for entry, err, what in [({"key": "abc", "size": -1}, ValueError, "size"),
+                             ({"key": "abc", "size": "5"}, ValueError, "size"),
+                             ({"key": "abc", "size": 2 ** 64}, ValueError, "size"),
+                             ({"key": "abc", "etag": 5}, TypeError, "etag")]:
+        with pytest.raises(err, match=what):
+            store.get_many([entry])
+    with pytest.raises(ValueError, match="inflight"):
+        store.get_many(["abc"], inflight=-1)
+    assert [bytes(b) for b in store.get_many(["abc", {"key": "abc", "size": 1}])] == [b"x", b"x"]
+
+
+def test_a_transform_that_is_not_callable_is_refused_at_once(tmp_path):
+    store = wharf.Store(f"file://{tmp_path}/")
+    store.put("d/a.bin", b"a")
+    with pytest.raises(TypeError, match="transform must be a callable"):
+        MapDataset.from_prefix(f"file://{tmp_path}/d/", [".bin"])  # suffixes in transform's place
+    with pytest.raises(TypeError, match="transform must be a callable"):
+        IterableDataset.from_prefix(f"file://{tmp_path}/d/", transform=5)

@@ -71,7 +71,7 @@ import torch.utils.data
 
 from wharf import _profile, _wharf
 from wharf.torch import _ahead
-from wharf.torch._args import _check_int
+from wharf.torch._args import _callable_or_none, _check_int
 from wharf.torch._ahead import ReadAheadSampler
 from wharf._file import ObjectFile
 from wharf._runtime import split_budget_for_worker
@@ -464,7 +464,7 @@ class MapDataset(torch.utils.data.Dataset):
                  read_ahead_window: int = 512, read_ahead_bytes: Union[int, str] = "256M"):
         _check_int("max_in_flight", max_in_flight, 0, maximum=(1 << 31) - 1)
         self._index = index
-        self.transform = transform
+        self.transform = _callable_or_none("transform", transform)
         self._engine = dict(max_in_flight=max_in_flight, memory_budget=memory_budget)
         self._reader = None
         self._pid = None
@@ -650,7 +650,7 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
         _check_int("max_in_flight", max_in_flight, 0, maximum=(1 << 31) - 1)
         self._init_order(index, shuffle, seed, drop_last, rank, world_size)
         self._init_epoch_sync()
-        self.transform = transform
+        self.transform = _callable_or_none("transform", transform)
         self.batch_size_hint = int(batch_size_hint)
         self._stream_options = dict(prefetch=prefetch, prefetch_bytes=prefetch_bytes,
                                     max_in_flight=max_in_flight, memory_budget=memory_budget)
@@ -923,7 +923,7 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         self._keyed = info["shape"] == "fields"  # records are dicts of named fields (tar)
         self.shuffle = shuffle
         self.seed = int(seed)
-        self.transform = transform
+        self.transform = _callable_or_none("transform", transform)
         self.rows_per_item = rows_per_item
         self._options = dict(shuffle_buffer=shuffle_buffer, header=header, delimiter=delimiter,
                              quote=quote, skip_empty_rows=skip_empty_rows,

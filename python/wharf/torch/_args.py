@@ -22,3 +22,10 @@ def _check_int(name: str, value, minimum: int, optional: bool = False,
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
+
+
+def _callable_or_none(name: str, fn):
+    """`fn`, refused at once (not at the first sample, inside a worker) unless callable."""
+    if fn is not None and not callable(fn):
+        raise TypeError(f"{name} must be a callable or None, got {type(fn).__name__} {fn!r:.80}")
+    return fn

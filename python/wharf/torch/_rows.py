@@ -34,7 +34,7 @@ import torch
 from wharf import _profile, _wharf
 from wharf._file import open as _open_object
 from wharf.torch import _Distributed, _ShardEpochs
-from wharf.torch._args import _check_int
+from wharf.torch._args import _callable_or_none, _check_int
 
 FORMATS = {"parquet": (".parquet", ".parq"), "avro": (".avro",),
            "csv": (".csv", ".csv.gz"),
@@ -360,7 +360,8 @@ class RowDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
         self.batch_rows = int(batch_rows)
         self.columns = None if columns is None else list(columns)
         _check_int("seed", seed, 0)
-        self.shuffle, self.seed, self.transform = shuffle, int(seed), transform
+        self.shuffle, self.seed = shuffle, int(seed)
+        self.transform = _callable_or_none("transform", transform)
         self.split_bytes = _wharf.parse_size(split_bytes)
         self.coalesce_gap = _wharf.parse_size(coalesce_gap)
         self.csv_options = dict(csv_options or {})

@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from wharf import _wharf
+from wharf.torch._args import _callable_or_none
 
 _RANDOM_ACCESS = {"tar": (".tar",), "tfrecord": (".tfrecord", ".tfrecords")}
 
@@ -81,7 +82,8 @@ class ShardMapDataset(torch.utils.data.Dataset):
         if not listed:
             raise ValueError(f"no {format} shards found at {uri}"
                              + (f" under {shards!r}" if isinstance(shards, str) else ""))
-        self.uri, self.format, self.transform = uri, format, transform
+        self.uri, self.format = uri, format
+        self.transform = _callable_or_none("transform", transform)
         self.shards = [(o["key"], o["size"], o["etag"]) for o in listed]
         self._ranges = _wharf._RangeReader(uri, **store)
         self._shard_of = array("I")
