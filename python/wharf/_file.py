@@ -247,18 +247,12 @@ class ObjectFile(io.BufferedIOBase):
                           "is aborted, nothing was written", ResourceWarning, stacklevel=2)
 
     # ---- copies ----
-    def __copy__(self):
-        # A copy would share the upload or the read-ahead: the copy's finalizer would end the
-        # original's.
-        raise TypeError(f"a wharf.open({self._uri!r}) file cannot be copied: open the object "
-                        f"again for a second reader")
-
-    def __deepcopy__(self, memo):
-        return self.__copy__()
-
-    def __reduce_ex__(self, protocol):
-        raise TypeError(f"a wharf.open({self._uri!r}) file cannot be pickled: pass its URI and "
-                        f"open it where it is read")
+    def __reduce__(self):
+        # copy.copy, copy.deepcopy and pickle all come here. A copy would share the upload or
+        # the read-ahead (the copy's finalizer ended the original's). wharf.fsspec's files
+        # override this: they reopen at their position, as fsspec's files pickle.
+        raise TypeError(f"a wharf.open({self._uri!r}) file cannot be copied or pickled: open "
+                        f"the object again (by its URI) where it is read")
 
     # ---- helpers ----
     def _interrupted(self):

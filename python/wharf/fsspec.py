@@ -27,8 +27,10 @@ The filesystem pickles as its class and options (fsspec's rule); each process op
 stores, one wharf.Store per (scheme, bucket), with credentials from its own environment.
 """
 import datetime
+import contextlib
 import os
 import re
+import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from glob import has_magic
@@ -572,16 +574,46 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         with src:
             callback.set_size(src.size)
             close = outfile is None
+            tmp = None
             if close:
-                parent = os.path.dirname(os.fspath(lpath))
+                # Written beside the target under a temporary name and renamed over it when
+                # whole: a failed read never leaves a partial file at lpath.
+                lpath = os.fspath(lpath)
+                parent = os.path.dirname(lpath)
                 if parent:
                     os.makedirs(parent, exist_ok=True)
-                outfile = open(lpath, "wb")
+                tmp = os.path.join(parent, f".wharf-tmp-{os.getpid()}-{secrets.token_hex(6)}")
+                outfile = open(tmp, "xb")
             try:
                 _pump(src, outfile, min(_CHUNK, max(src.size, 1)), callback)
+                if close:
+                    outfile.close()
+                    os.replace(tmp, lpath)
+                    tmp = None
             finally:
                 if close:
                     outfile.close()
+                    if tmp is not None:
+                        with contextlib.suppress(OSError):
+                            os.unlink(tmp)
+
+    def get(self, rpath, lpath, recursive=False, callback=DEFAULT_CALLBACK, maxdepth=None,
+            **kwargs):
+        """fsspec's get, after a check of the keys it would copy: one with a '.', '..' or empty
+        path component would land outside lpath (fsspec releases without check_contained
+        write it there) or on another key's file ('a/./b' and 'a/b'), so the copy is refused
+        before anything is written, naming it."""
+        if recursive or (isinstance(rpath, str) and has_magic(rpath)):
+            for path in self.expand_path(rpath, recursive=recursive, maxdepth=maxdepth):
+                key = self._split(path)[2]
+                if any(part in ("", ".", "..") for part in key.split("/")[:-1]) or \
+                        key.split("/")[-1] in (".", ".."):
+                    raise ValueError(f"wharf fsspec: get: the key {key!r} ({path}) has a '.', '..' "
+                                     f"or empty path component: as a local path it would land "
+                                     f"outside {lpath} or on another key's file; nothing was "
+                                     f"copied (wharf cp -r copies the others and names it)")
+        return super().get(rpath, lpath, recursive=recursive, callback=callback,
+                           maxdepth=maxdepth, **kwargs)
 
     def cp_file(self, path1, path2, **kwargs):
         """Server-side copy within one store (S3 CopyObject, GCS rewrite); across stores,

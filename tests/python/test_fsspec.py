@@ -76,6 +76,34 @@ def test_the_root_above_the_buckets_lists_them(fs, bucket):
     assert {b["name"] for b in wharf.list_buckets("s3://")} >= {bucket}  # a bucketless URI
 
 
+def test_get_refuses_keys_that_would_land_outside_and_leaves_no_partial_file(
+        fs, bucket, s3_client, tmp_path):
+    # Keys a listing may hold that are no path below the destination: fsspec releases without
+    # check_contained wrote 'p/../../x' outside it, and 'p/./a' onto 'p/a'.
+    for key in ("g/ok", "g/../../fsspec-outside-" + bucket, "g/sub/./dup", "g/sub/dup"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=b"z")
+    dst = tmp_path / "deep" / "dst"
+    dst.mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"has a '\.', '\.\.' or empty path component"):
+        fs.get(f"s3://{bucket}/g/", str(dst) + "/", recursive=True)
+    assert list(dst.iterdir()) == []
+    assert not list(tmp_path.rglob("fsspec-outside-*"))
+    # A read that fails halfway leaves nothing at the target (it is written beside it and
+    # renamed when whole).
+    s3_client.put_object(Bucket=bucket, Key="h/big", Body=os.urandom(3 << 20))
+
+    class Stop(Exception):
+        pass
+
+    class FailAfterFirst(fsspec.callbacks.Callback):
+        def relative_update(self, inc=1):
+            raise Stop()
+
+    with pytest.raises(Stop):
+        fs.get_file(f"s3://{bucket}/h/big", str(tmp_path / "part"), callback=FailAfterFirst())
+    assert sorted(os.listdir(tmp_path)) == ["deep"]
+
+
 def test_ls_info_isdir_isfile_exists(fs, root):
     fs.pipe({join(root, "a.txt"): b"hello", join(root, "d/b.bin"): b"12345678",
              join(root, "d/e/c"): b"", join(root, "d.txt"): b"x"})
