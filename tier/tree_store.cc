@@ -401,6 +401,7 @@ absl::StatusOr<std::unique_ptr<TempObject>> TierTreeStore::NewTemp(const std::st
         absl::StrCat(op, ": a .wharf/tier.json below the tier would make a tier of its own"));
   }
   WHARF_RETURN_IF_ERROR(Annotate(LocalStore::ValidateKey(key), op));
+  WHARF_RETURN_IF_ERROR(Annotate(RefuseLinksBelow(dir_, absl::StrCat(dir_, "/", key)), op));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(options), op));
   if (options.if_absent) {
     return absl::UnimplementedError(

@@ -581,6 +581,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord da
   const std::string op = absl::StrCat("put ", Uri(key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
   WHARF_RETURN_IF_ERROR(Annotate(RefuseTierFolder(key), op));
+  WHARF_RETURN_IF_ERROR(Annotate(RefuseLinksBelow(root_, PathOf(key)), op));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), op));
   auto temp = TempObject::Create(PathOf(key), "", Checksum::kMd5, put_options.if_absent);
   if (!temp.ok()) return Annotate(temp.status(), op);
@@ -601,6 +602,7 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string 
   const std::string uri = Uri(key);
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), absl::StrCat("put ", uri)));
   WHARF_RETURN_IF_ERROR(Annotate(RefuseTierFolder(key), absl::StrCat("put ", uri)));
+  WHARF_RETURN_IF_ERROR(Annotate(RefuseLinksBelow(root_, PathOf(key)), absl::StrCat("put ", uri)));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), absl::StrCat("put ", uri)));
   auto temp = TempObject::Create(PathOf(key), "", Checksum::kMd5, put_options.if_absent);
   if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
@@ -709,6 +711,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Copy(const std::string& src_key,
   const std::string op = absl::StrCat("copy ", Uri(src_key), " to ", Uri(dst_key));
   WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(dst_key), op));
   WHARF_RETURN_IF_ERROR(Annotate(RefuseTierFolder(dst_key), op));
+  WHARF_RETURN_IF_ERROR(Annotate(RefuseLinksBelow(root_, PathOf(dst_key)), op));
   auto temp = TempObject::Create(PathOf(dst_key));
   if (!temp.ok()) return Annotate(temp.status(), op);
   // Stream through the temp object so the copy is atomic and its ETag computed.

@@ -300,6 +300,30 @@ TEST_F(LocalStoreTest, NoKeyIsWrittenIntoATiersOwnFolder) {
   EXPECT_TRUE(store_->Put("u/.wharf/x", absl::Cord("1")).ok());  // no tier.json there
 }
 
+TEST_F(LocalStoreTest, NoWriteGoesThroughALinkToAFolderBelowTheRoot) {
+  const std::string outside = MakeTempDir();
+  fs::create_symlink(outside, fs::path(root_) / "link");
+  for (const char* key : {"link/x", "link/deeper/x"}) {
+    auto put = store_->Put(key, absl::Cord("1"));
+    EXPECT_EQ(put.status().code(), absl::StatusCode::kFailedPrecondition) << key;
+    EXPECT_THAT(std::string(put.status().message()), testing::HasSubstr("is a symbolic link"));
+    EXPECT_FALSE(store_->NewWriter(key).ok()) << key;
+  }
+  EXPECT_TRUE(fs::is_empty(outside));
+  // The root may itself be a link; a link as the key's last part is replaced, not written
+  // through.
+  const std::string via = MakeTempDir() + "/via";
+  fs::create_symlink(root_, via);
+  auto linked = LocalStore::Open(via, Runtime::Default());
+  ASSERT_TRUE(linked.ok()) << linked.status();
+  EXPECT_TRUE((*linked)->Put("plain/y", absl::Cord("2")).ok());
+  EXPECT_TRUE(store_->Put("link", absl::Cord("3")).ok());
+  EXPECT_FALSE(fs::is_symlink(fs::path(root_) / "link"));
+  EXPECT_TRUE(fs::is_empty(outside));
+  fs::remove_all(outside);
+  fs::remove_all(fs::path(via).parent_path());
+}
+
 TEST_F(LocalStoreTest, UriNamesTheRoot) {
   EXPECT_EQ(store_->Uri("a b/c"), absl::StrCat("file://", root_, "/a b/c"));
   auto missing = store_->Read("nope");

@@ -14,8 +14,10 @@
 #include <random>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/crc32c.h"
 #include "base/status.h"
 
@@ -122,6 +124,43 @@ absl::Status MakeDirs(const std::string& dir) {
           absl::StrCat("a parent of '", dir, "' is an object, so it cannot be a prefix"));
     }
     return ErrnoToStatus(errno, absl::StrCat("mkdir ", dir));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Mutex plain_dirs_mu(absl::kConstInit);
+// Folders found to be no link (their own last component), by absolute path.
+absl::flat_hash_set<std::string>* plain_dirs ABSL_GUARDED_BY(plain_dirs_mu) = nullptr;
+
+}  // namespace
+
+absl::Status RefuseLinksBelow(absl::string_view root, absl::string_view path) {
+  while (root.size() > 1 && absl::EndsWith(root, "/")) root.remove_suffix(1);
+  if (!absl::StartsWith(path, root) || path.size() <= root.size() + 1) return absl::OkStatus();
+  const size_t last = path.rfind('/');
+  // Each folder from the first below root to the target's parent, shortest first.
+  for (size_t end = path.find('/', root.size() + 1); end != absl::string_view::npos && end <= last;
+       end = path.find('/', end + 1)) {
+    const std::string dir(path.substr(0, end));
+    {
+      absl::MutexLock lock(&plain_dirs_mu);
+      if (plain_dirs != nullptr && plain_dirs->contains(dir)) continue;
+    }
+    struct stat st;
+    if (lstat(dir.c_str(), &st) != 0) break;  // missing: the rest is created as folders
+    if (S_ISLNK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("'", dir,
+                       "' is a symbolic link: wharf writes no file through one (it may lead "
+                       "outside '",
+                       root, "'); replace it with a folder, or write to where it points"));
+    }
+    absl::MutexLock lock(&plain_dirs_mu);
+    if (plain_dirs == nullptr) plain_dirs = new absl::flat_hash_set<std::string>;  // never freed
+    if (plain_dirs->size() >= 100000) plain_dirs->clear();  // bounded; a miss costs one lstat
+    plain_dirs->insert(dir);
   }
   return absl::OkStatus();
 }

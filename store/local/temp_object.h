@@ -137,6 +137,12 @@ class TempObject {
 // Creates every missing directory of `dir` (absolute). A path component that is a file means
 // an object already holds a prefix of the key: FailedPrecondition.
 absl::Status MakeDirs(const std::string& dir);
+// FailedPrecondition when a folder of `path` below `root` (both absolute, `path` inside
+// `root`) is a symbolic link: a write there would land wherever the link points, outside
+// `root` perhaps (a link planted in a destination or a tier). `root` itself and the last
+// component of `path` may be links (a rename replaces a link at the target, never writes
+// through it). A folder found plain is remembered, so a tree's files cost a lookup each.
+absl::Status RefuseLinksBelow(absl::string_view root, absl::string_view path);
 // The process umask, read once without changing it.
 mode_t ProcessUmask();
 // 16 random hex digits (per-thread generator seeded from the OS).

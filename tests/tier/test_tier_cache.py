@@ -591,3 +591,30 @@ def test_reads_stop_serving_what_verify_found_damaged(tmp_path, bucket, s3_env, 
     assert imported.read_bytes() == objects["rot/0000.bin"]
     assert "damaged" not in json.loads(os.getxattr(imported, "user.wharf.entry"))
     assert run_wharf("tier", "verify", tier, env=s3_env).returncode == 0
+
+
+def test_a_link_planted_in_the_tier_is_neither_read_nor_written_through(tmp_path, bucket, s3_env,
+                                                                        s3_client):
+    # A link to another folder in the tier's own area (or a destination) led fills and imports
+    # to write there, and reads to serve whatever it held: such paths bypass the tier now.
+    objects = put_objects(s3_client, bucket, "ln/a/", 2)
+    tier = tmp_path / "tier"
+    run_wharf("tier", "init", tier, env=s3_env, check=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "0000.bin").write_bytes(b"forged")
+    area = tier / ".wharf" / "objects" / "s3" / bucket / "ln"
+    area.mkdir(parents=True)
+    os.symlink(outside, area / "a")
+    for key in ("ln/a/0000.bin", "ln/a/0001.bin"):
+        got = run_wharf("--cache", tier, "cat", f"s3://{bucket}/{key}", env=s3_env, check=True)
+        assert got.stdout == objects[key]
+    assert sorted(os.listdir(outside)) == ["0000.bin"]
+    assert (outside / "0000.bin").read_bytes() == b"forged"
+    # An import into a tree with a link in it refuses the files below the link.
+    dest = tier / "data"
+    dest.mkdir()
+    os.symlink(outside, dest / "a")
+    bad = run_wharf("tier", "import", f"s3://{bucket}/ln/", dest, env=s3_env)
+    assert bad.returncode == 1 and "is a symbolic link" in bad.stderr, bad.stderr
+    assert sorted(os.listdir(outside)) == ["0000.bin"]
