@@ -497,6 +497,7 @@ void CurlTransport::Start(Pending pending) {
     timeout_ms = static_cast<long>(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
   }
   curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(easy, CURLOPT_FRESH_CONNECT, request.fresh_connection ? 1L : 0L);
 
   CURLMcode added = curl_multi_add_handle(multi_, easy);
   if (added != CURLM_OK) {

@@ -442,6 +442,20 @@ TEST_F(CurlTransportTest, SendFromDoneReusesTheConnection) {
   EXPECT_EQ(transport_->stats().connections_opened, 1u);
 }
 
+TEST_F(CurlTransportTest, AFreshConnectionRequestNeverTakesAnIdleOne) {
+  // A multipart create goes on a new connection: on a reused one that died, libcurl would
+  // send it again unseen (two uploads started, one left behind).
+  ASSERT_TRUE(SendAndWait(*transport_, Request("GET", server_.Url("/ok"))).ok());
+  ASSERT_TRUE(SendAndWait(*transport_, Request("GET", server_.Url("/ok"))).ok());
+  EXPECT_EQ(server_.connections_accepted(), 1);  // the idle one is reused
+  HttpRequest fresh = Request("GET", server_.Url("/ok"));
+  fresh.fresh_connection = true;
+  ASSERT_TRUE(SendAndWait(*transport_, std::move(fresh)).ok());
+  EXPECT_EQ(server_.connections_accepted(), 2);
+  ASSERT_TRUE(SendAndWait(*transport_, Request("GET", server_.Url("/ok"))).ok());
+  EXPECT_LE(server_.connections_accepted(), 2);  // later requests reuse again
+}
+
 TEST_F(CurlTransportTest, DestructorCancelsQueuedAndInFlightRequests) {
   CurlTransportOptions options;
   options.max_in_flight = 4;

@@ -90,6 +90,12 @@ struct HttpRequest {
   // Limit on the whole exchange, counted from when the transport starts it (time spent in
   // the transport's own FIFO queue does not count). Zero: the transport's default.
   absl::Duration timeout = absl::ZeroDuration();
+  // Sent on a new connection rather than an idle pooled one. libcurl sends a request again on
+  // its own, unseen, when a reused connection turns out dead before any reply byte; the
+  // server may have acted on the first send (a multipart create then starts two uploads, one
+  // never completed nor aborted). On a new connection it does not: a failure is the caller's
+  // to see and retry knowingly.
+  bool fresh_connection = false;
   // Optional: when it fires, a request not yet handed to the network is failed without being
   // sent, and one in flight is aborted (its connection closed) promptly, not at its next
   // byte; either way `done` gets Cancelled. A response that completed first is delivered.

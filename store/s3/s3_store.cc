@@ -55,6 +55,8 @@ struct S3Store::Call {
   CancelToken cancel;
   // A 304 Not Modified is a success (a GET with If-None-Match), not an error.
   bool accept_not_modified = false;
+  // HttpRequest::fresh_connection: a request whose unseen resend by libcurl would act twice.
+  bool fresh_connection = false;
 
   int attempt = 0;
   absl::Time first_attempt = absl::InfinitePast();
@@ -430,6 +432,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
   request.method = call->method;
   request.body = call->body;
   request.cancel = call->cancel;
+  request.fresh_connection = call->fresh_connection;
   if (call->make_response_body) request.response = call->make_response_body();
   if (call->on_headers) request.on_headers = call->on_headers;
   if (credentials == nullptr) {
@@ -1312,6 +1315,9 @@ class S3Writer : public ObjectWriter {
     call->key = key_;
     call->query = {{"uploads", ""}};
     call->headers = PutOptionHeaders(options_);
+    // Never resent by libcurl unseen (a second upload nobody completes or aborts): a create
+    // sent twice is then one this writer knows of, and sweeps (sweep_pending_).
+    call->fresh_connection = true;
     first_create_ = absl::Now();
     // Registered before the create goes out: an interrupted CLI run aborts the upload on its
     // way out (base/interrupt.h), also one whose create the server has started and not yet

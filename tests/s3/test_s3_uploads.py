@@ -101,6 +101,28 @@ def test_faulty_upload_leaves_no_multipart_upload(proxy, tmp_path, bucket, s3_en
         assert failed, proc.stderr
 
 
+def test_a_create_whose_reply_is_lost_leaves_no_second_upload(proxy, bucket, s3_env,
+                                                               s3_client, monkeypatch):
+    """The server started the upload and its reply was lost on a pooled connection: libcurl
+    sent the create again by itself, unseen, and the first upload stayed behind for good. A
+    create goes on a fresh connection, so the resend is wharf's own, which sweeps."""
+    import os
+    import wharf
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, s3_env[k])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = wharf.Store(f"s3://{bucket}/")
+    store.list()  # leaves an idle connection in the pool
+    proxy.set_faults([{"match": {"method": "POST", "query_regex": r"(^|&)uploads(=|&|$)"},
+                       "action": "lose", "count": 1}])
+    data = os.urandom(20 << 20)
+    with wharf.open(f"s3://{bucket}/lost/a.bin", "wb") as f:
+        f.write(data)
+    assert [e["fault"] for e in proxy.log() if e["method"] == "POST"].count("lose") == 1
+    assert all_uploads(s3_client, bucket) == []
+    assert s3_client.get_object(Bucket=bucket, Key="lost/a.bin")["Body"].read() == data
+
+
 # ---- Upload options ----
 
 def test_content_type_and_storage_class_reach_the_object(tmp_path, bucket, s3_env, s3_client):

@@ -14,7 +14,7 @@ applies and its count drops by one:
                "query_regex": "partNumber=2",  # optional, re.search on the query string
                "target_regex": "...",          # optional, re.search on path + '?' + query
                "headers": {"range": "^bytes=0-"}},  # optional, name -> re.search on its value
-     "action": "status" | "reset" | "truncate" | "shorten" | "delay" | "drop",
+     "action": "status" | "reset" | "truncate" | "shorten" | "delay" | "drop" | "lose",
      "count": 2,          # requests that get the fault (default 1; null = every match)
      "skip": 0,           # matching requests to let through untouched first (default 0)
      "probability": 1.0,  # share of the (otherwise eligible) matching requests that get the
@@ -40,6 +40,8 @@ Actions:
             a well-formed reply that is shorter than the object (a broken proxy's or server's).
   delay     forward, hold the response for `delay_ms`, then relay it.
   drop      close the client connection with RST as soon as the request head has arrived.
+  lose      forward, wait for the server's answer (it acted on the request), then close the
+            client connection with RST before relaying any of it: a reply lost on the way.
 
 Control endpoint (JSON over HTTP, separate port):
   POST /faults            replace the rules (a list, or one rule); POST /faults?append=1 appends
@@ -90,7 +92,7 @@ _IO_SIZE = 256 * 1024
 _HEAD_LIMIT = 1 << 20  # longest header block accepted
 _LOG_LIMIT = 100_000
 
-ACTIONS = ("status", "reset", "truncate", "shorten", "delay", "drop")
+ACTIONS = ("status", "reset", "truncate", "shorten", "delay", "drop", "lose")
 
 # S3-style error codes for injected statuses (S3 itself sends 500 InternalError and 503 SlowDown;
 # the others stand for what load balancers and other stores answer).
@@ -563,6 +565,11 @@ class _ClientConnection:
                 continue
             break
         self.server.state.update(entry, status=status)
+        if action == "lose":
+            self._close_upstream()
+            self.aborted = True
+            await _abort(self.writer, flush=False)
+            return False
         if action == "delay" and rule.phase == "response":
             await asyncio.sleep(rule.delay_ms / 1000)
 
