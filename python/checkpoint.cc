@@ -65,6 +65,12 @@ absl::Span<char> Memory(const py::handle& obj, bool writable,
   return absl::Span<char>(views.back()->data(), views.back()->size());
 }
 
+// A cancel token Python holds (checkpoint writes on a pool thread, cancelled from the thread
+// that Ctrl-C reaches).
+struct CancelScope {
+  CancelToken token = NewCancelToken();
+};
+
 class PyCheckpointRoot {
  public:
   PyCheckpointRoot(const std::string& uri, const py::kwargs& options) {
@@ -148,7 +154,9 @@ class PyCheckpointRoot {
   }
 
   // files: [(key relative to the root, [memory, ...]), ...] -> [(key, size, etag), ...]
-  py::list WriteFiles(const py::list& files, int max_files_in_flight) {
+  // `cancel`: a CancelScope another thread may cancel (Ctrl-C in the thread that waits for
+  // this one): the writes in flight are aborted, their uploads too.
+  py::list WriteFiles(const py::list& files, int max_files_in_flight, const py::object& cancel) {
     std::vector<std::unique_ptr<BufferView>> views;
     std::vector<checkpoint::FileToWrite> todo;
     for (const py::handle& f : files) {
@@ -163,8 +171,10 @@ class PyCheckpointRoot {
     }
     checkpoint::WriteFilesOptions options;
     options.max_files_in_flight = max_files_in_flight;
-    auto written = Check(WithoutGil(
-        [&] { return checkpoint::WriteFiles(*root_->store(), std::move(todo), options); }));
+    CancelToken token = cancel.is_none() ? nullptr : cancel.cast<CancelScope&>().token;
+    auto written = Check(WithoutGilIn(std::move(token), [&] {
+      return checkpoint::WriteFiles(*root_->store(), std::move(todo), options);
+    }));
     py::list out;
     for (const auto& w : written) {
       out.append(py::make_tuple(w.key.substr(root_->prefix().size()), w.size, w.etag));
@@ -240,6 +250,14 @@ class PyCheckpointRoot {
 }  // namespace
 
 void RegisterCheckpoint(py::module_& m) {
+  py::class_<CancelScope>(m, "CancelScope",
+                          "A cancellation shared by calls on other threads: cancel() aborts "
+                          "their requests in flight")
+      .def(py::init<>())
+      .def("cancel", [](CancelScope& c) { c.token->Cancel(); })
+      .def_property_readonly("cancelled",
+                             [](const CancelScope& c) { return IsCancelled(c.token); });
+
   py::class_<PyCheckpointRoot>(
       m, "CheckpointRoot",
       "Where checkpoints live (a bucket prefix, a local directory, a directory of a tier): "
@@ -277,7 +295,7 @@ void RegisterCheckpoint(py::module_& m) {
       .def("write_config", &PyCheckpointRoot::WriteConfig, py::arg("export_to") = "",
            py::arg("metric") = "", py::arg("mode") = "min")
       .def("write_files", &PyCheckpointRoot::WriteFiles, py::arg("files"),
-           py::arg("max_files_in_flight") = 0)
+           py::arg("max_files_in_flight") = 0, py::arg("cancel") = py::none())
       .def("read_ranges", &PyCheckpointRoot::ReadRanges, py::arg("ranges"),
            py::arg("max_in_flight") = 0, py::arg("max_request_bytes") = 0,
            py::arg("coalesce_gap") = uint64_t{256} << 10)

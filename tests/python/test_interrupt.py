@@ -360,3 +360,34 @@ def test_ctrl_c_in_a_checkpoint_load_comes_out_as_keyboard_interrupt(proxy, buck
     if isinstance(info.value, CheckpointException):  # torch wraps what a rank raised
         causes = [f[0] if isinstance(f, tuple) else f for f in info.value.failures.values()]
     assert all(isinstance(c, KeyboardInterrupt) for c in causes), causes
+
+
+def test_ctrl_c_in_a_checkpoint_save_aborts_its_writes_promptly(proxy, bucket, s3_client):
+    # The files are written on a pool thread, which Ctrl-C does not reach: it waited for the
+    # writes (here: a server that never answers) before the interrupt came out.
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from wharf.torch.checkpoint import StorageWriter
+    before = {u["UploadId"] for u in all_uploads(s3_client, bucket)}
+    hang(proxy, method="PUT")
+
+    def ctrl_c(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGUSR1, ctrl_c)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises((KeyboardInterrupt, CheckpointException)):
+            dcp.save({"w": torch.ones(1 << 22)}, storage_writer=StorageWriter(f"s3://{bucket}/sv"))
+    finally:
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGUSR1, old)
+    elapsed = time.monotonic() - start
+    assert elapsed < PROMPT_S, f"the interrupted save took {elapsed:.1f} s"
+    proxy.clear_faults()
+    left = [u for u in all_uploads(s3_client, bucket) if u["UploadId"] not in before]
+    assert left == [], f"multipart uploads left behind: {left}"

@@ -332,6 +332,10 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
         kept: list = []  # what _region made (contiguous copies) lives until written
         future: Future = Future()
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="wharf-ckpt-wave")
+        # The writes run on the pool's threads, where Ctrl-C does not reach: a failure or an
+        # interrupt here cancels them (their requests and uploads aborted), so the shutdown
+        # below does not wait for the rest of the save, or a dead server, to finish them.
+        cancel = _wharf.CancelScope()
         try:
             first = 0
             for k, (wave, _) in enumerate(waves):
@@ -364,15 +368,18 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
                                     results)
                 first += len(files)
                 # GIL released inside write_files.
-                writes.append(pool.submit(self.root.write_files, files, self.max_files_in_flight))
+                writes.append(pool.submit(self.root.write_files, files, self.max_files_in_flight,
+                                          cancel))
             for w in writes:
                 w.result()
             future.set_result(results)
         except Exception as e:  # the future carries it to DCP
+            cancel.cancel()
             for w in writes:
                 w.cancel()
             future.set_exception(e)
         except BaseException:  # Ctrl-C: raised as itself (a torch Future takes Exceptions only)
+            cancel.cancel()
             for w in writes:
                 w.cancel()
             raise
