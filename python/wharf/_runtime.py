@@ -31,11 +31,25 @@ def configure(memory_budget: Union[None, int, str] = None, inflight: Optional[in
     DataLoader workers inherit the settings; unless a worker calls configure() itself (e.g.
     in worker_init_fn), wharf.torch datasets give each worker budget / num_workers."""
     global _configured_in
+    # Every argument is checked before any is applied: a bad one changes nothing.
     budget = None
     if memory_budget is not None:
-        budget = _wharf.parse_size(memory_budget)
+        try:
+            budget = _wharf.parse_size(memory_budget)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"configure: memory_budget: {e}") from None
         if budget <= 0:
-            raise ValueError("memory_budget: must be positive")
+            raise ValueError("configure: memory_budget must be positive")
+    if inflight is not None:
+        if isinstance(inflight, bool) or not isinstance(inflight, int):
+            raise TypeError(f"configure: inflight must be an int, got {inflight!r}")
+        if not 1 <= inflight <= 65536:
+            raise ValueError(f"configure: inflight must be in [1, 65536], got {inflight}")
+    if log_level is not None and (not isinstance(log_level, str) or
+                                  log_level.strip().lower() not in
+                                  ("debug", "info", "warning", "warn", "error", "off", "none")):
+        raise ValueError(f"configure: log_level must be 'debug', 'info', 'warning', 'error' or "
+                         f"'off', got {log_level!r}")
     if log_level is not None:
         _wharf._set_log_level(log_level)
         os.environ["WHARF_LOG"] = log_level

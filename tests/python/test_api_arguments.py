@@ -87,3 +87,16 @@ def test_a_transform_that_is_not_callable_is_refused_at_once(tmp_path):
         MapDataset.from_prefix(f"file://{tmp_path}/d/", [".bin"])  # suffixes in transform's place
     with pytest.raises(TypeError, match="transform must be a callable"):
         IterableDataset.from_prefix(f"file://{tmp_path}/d/", transform=5)
+
+
+def test_configure_checks_every_argument_before_applying_any(monkeypatch):
+    import os
+    monkeypatch.delenv("WHARF_LOG", raising=False)
+    for kwargs, err, what in [(dict(log_level="error", inflight="8"), TypeError, "inflight"),
+                              (dict(log_level="error", inflight=2 ** 40), ValueError, "inflight"),
+                              (dict(log_level="error", memory_budget=-1), ValueError,
+                               "memory_budget"),
+                              (dict(inflight=8, log_level="loud"), ValueError, "log_level")]:
+        with pytest.raises(err, match=what):
+            wharf.configure(**kwargs)
+        assert "WHARF_LOG" not in os.environ  # nothing was applied
