@@ -100,3 +100,17 @@ def test_configure_checks_every_argument_before_applying_any(monkeypatch):
         with pytest.raises(err, match=what):
             wharf.configure(**kwargs)
         assert "WHARF_LOG" not in os.environ  # nothing was applied
+
+
+def test_load_state_dict_refuses_what_is_not_a_state(tmp_path):
+    import json
+    store = wharf.Store(f"file://{tmp_path}/")
+    store.put("d/a.bin", b"a")
+    store.put("t/0.jsonl", b'{"id": 1}\n')
+    datasets = [IterableDataset.from_prefix(f"file://{tmp_path}/d/"),
+                IterableDataset.from_files(f"file://{tmp_path}/t/")]
+    for ds in datasets:
+        for bad in (None, json.dumps(ds.state_dict()), [("epoch", 0)]):
+            with pytest.raises(TypeError, match="state must be a dict"):
+                ds.load_state_dict(bad)
+        ds.load_state_dict(ds.state_dict())  # a real one still loads

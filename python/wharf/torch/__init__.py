@@ -71,7 +71,7 @@ import torch.utils.data
 
 from wharf import _profile, _wharf
 from wharf.torch import _ahead
-from wharf.torch._args import _callable_or_none, _check_int
+from wharf.torch._args import _callable_or_none, _check_int, _check_state
 from wharf.torch._ahead import ReadAheadSampler
 from wharf._file import ObjectFile
 from wharf._runtime import split_budget_for_worker
@@ -435,6 +435,7 @@ class DistributedSampler(_GlobalOrder, torch.utils.data.Sampler):
     def load_state_dict(self, state: dict) -> None:
         """Continues the state's epoch at its cursor with this process's world size. Raises
         WharfError when it is for another dataset, seed or shuffle setting."""
+        _check_state(state)
         self._restore(state)
         self._yielded = 0
 
@@ -755,6 +756,7 @@ class IterableDataset(_GlobalOrder, torch.utils.data.IterableDataset):
         """Continues the state's epoch at its cursor, with this process's world size (or, for
         a worker's state, that worker's share). Raises WharfError when the state is for
         another dataset, seed or shuffle setting."""
+        _check_state(state)
         state = dict(state)
         share = state.pop("worker_share", None)
         self._restore(state)
@@ -961,6 +963,7 @@ class RecordDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset
         """Continues from `state` at the next iteration. ValueError when it is for other
         shards, seed or shuffle setting; a state of another share (rank, worker) is refused
         when the iteration starts."""
+        _check_state(state)
         mine = self._identity()
         theirs = {k: state.get(k) for k in mine}
         if theirs != mine:

@@ -29,3 +29,11 @@ def _callable_or_none(name: str, fn):
     if fn is not None and not callable(fn):
         raise TypeError(f"{name} must be a callable or None, got {type(fn).__name__} {fn!r:.80}")
     return fn
+
+
+def _check_state(state) -> None:
+    """load_state_dict's argument: a mapping (a state_dict() result), refused by name else."""
+    from collections.abc import Mapping
+    if not isinstance(state, Mapping):
+        raise TypeError(f"load_state_dict: state must be a dict (a state_dict() result), got "
+                        f"{type(state).__name__}")

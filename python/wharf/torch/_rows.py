@@ -34,7 +34,7 @@ import torch
 from wharf import _profile, _wharf
 from wharf._file import open as _open_object
 from wharf.torch import _Distributed, _ShardEpochs
-from wharf.torch._args import _callable_or_none, _check_int
+from wharf.torch._args import _callable_or_none, _check_int, _check_state
 
 FORMATS = {"parquet": (".parquet", ".parq"), "avro": (".avro",),
            "csv": (".csv", ".csv.gz"),
@@ -426,6 +426,7 @@ class RowDataset(_ShardEpochs, _Distributed, torch.utils.data.IterableDataset):
         return dict(self._identity(), epoch=self._epoch, share=share)
 
     def load_state_dict(self, state: dict) -> None:
+        _check_state(state)
         mine = self._identity()
         theirs = {k: state.get(k) for k in mine}
         if json.loads(json.dumps(theirs)) != json.loads(json.dumps(mine)):
