@@ -155,6 +155,15 @@ bool IsExpiredCredentialsResponse(const HttpResponse& response) {
 }
 
 // ETag of a part or single PUT as S3 computes it: the hex MD5 of the bytes.
+// True when the reply's ETag is not the MD5 of the body, as AWS documents for objects
+// encrypted with SSE-KMS (also DSSE-KMS) or SSE-C: their ETags are opaque. The Content-MD5
+// sent with the body still has the server check it.
+bool EtagIsOpaque(const HttpResponse& r) {
+  const std::optional<std::string_view> sse = r.header("x-amz-server-side-encryption");
+  return (sse && absl::StartsWith(absl::string_view(sse->data(), sse->size()), "aws:kms")) ||
+         r.header("x-amz-server-side-encryption-customer-algorithm").has_value();
+}
+
 std::pair<std::string, std::string> Md5HexAndBase64(const absl::Cord& data) {
   Md5 md5;
   md5.Update(data);
@@ -843,7 +852,7 @@ void S3Store::PutAsync(std::string key, absl::Cord data, const PutOptions& optio
     meta.size = size;
     meta.etag = Unquote(Header(*r, "etag"));
     meta.mtime = absl::Now();
-    if (meta.etag != md5_hex) {
+    if (meta.etag != md5_hex && !EtagIsOpaque(*r)) {
       return std::move(done)(
           absl::DataLossError(absl::StrCat("put ", uri, ": server ETag ", meta.etag,
                                            " is not the MD5 ", md5_hex, " of what was sent")));
@@ -1489,7 +1498,7 @@ class S3Writer : public ObjectWriter {
             return;
           }
           std::string etag = Unquote(Header(*r, "etag"));
-          if (etag != md5_hex && error_.ok()) {
+          if (etag != md5_hex && !EtagIsOpaque(*r) && error_.ok()) {
             error_ = absl::DataLossError(absl::StrCat("upload part ", number, " of ", Uri(),
                                                       ": ETag ", etag, " is not the part's MD5"));
           }

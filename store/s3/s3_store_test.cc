@@ -817,6 +817,45 @@ std::vector<std::string> SignedHeaders(const HttpRequest& req) {
   return absl::StrSplit(auth.substr(from, auth.find(',', from) - from), ';');
 }
 
+TEST(S3StoreTest, AnSseKmsObjectsEtagIsNotTakenForAnMd5) {
+  // AWS: the ETag of an object (and a part) encrypted with SSE-KMS or SSE-C is no MD5 of its
+  // content; a bucket encrypting by default answers so for every upload. Content-MD5 has the
+  // server check the body. Without such a header, an ETag that is not the MD5 is DataLoss.
+  for (const char* encryption : {"aws:kms", "aws:kms:dsse", "SSE-C", ""}) {
+    auto transport = std::make_shared<CannedTransport>([&](const HttpRequest& req) {
+      std::vector<std::pair<std::string, std::string>> headers = {
+          {"etag", "\"0123456789abcdef0123456789abcdef\""}};
+      if (absl::string_view(encryption) == "SSE-C") {
+        headers.emplace_back("x-amz-server-side-encryption-customer-algorithm", "AES256");
+      } else if (*encryption != '\0') {
+        headers.emplace_back("x-amz-server-side-encryption", encryption);
+      }
+      if (req.method == "POST" && absl::StrContains(req.url, "uploads")) {
+        return Ok(
+            "<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
+            "</InitiateMultipartUploadResult>");
+      }
+      if (req.method == "POST") {  // complete
+        return Ok(
+            "<CompleteMultipartUploadResult><ETag>\"e-2\"</ETag>"
+            "</CompleteMultipartUploadResult>");
+      }
+      return Ok("", headers);
+    });
+    auto store = MakeStore(transport);
+    const bool opaque = *encryption != '\0';
+    auto put = store->Put("k", absl::Cord("hello"));
+    EXPECT_EQ(put.ok(), opaque) << encryption << ": " << put.status();
+    if (!opaque) EXPECT_EQ(put.status().code(), absl::StatusCode::kDataLoss);
+    auto writer = store->NewWriter("big");
+    ASSERT_TRUE(writer.ok());
+    absl::Status wrote = (*writer)->Write(absl::Cord(std::string(6 << 20, 'x')));
+    absl::StatusOr<ObjectMeta> closed =
+        wrote.ok() ? (*writer)->Close() : absl::StatusOr<ObjectMeta>(wrote);
+    EXPECT_EQ(closed.ok(), opaque) << encryption << ": " << closed.status();
+  }
+}
+
 TEST(S3StoreTest, UploadOptionsAreSentAndSigned) {
   auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
     if (req.method == "POST") {
