@@ -603,14 +603,11 @@ std::vector<std::string> TierStore::Candidates(const std::string& key) const {
                                      : absl::StrCat(tier_->root(), "/", import.dir, "/", rest));
     break;  // the longest covering import
   }
-  out.push_back(*std::move(fill));
   // A path through a link below the tier (planted, or a user's) is neither read nor filled:
   // it may lead anywhere. Without its fill path the key bypasses the tier.
-  if (!RefuseLinksBelow(tier_->root(), out.back()).ok()) return {};
-  out.erase(std::remove_if(
-                out.begin(), out.end(),
-                [&](const std::string& p) { return !RefuseLinksBelow(tier_->root(), p).ok(); }),
-            out.end());
+  if (!RefuseLinksBelow(tier_->root(), *fill).ok()) return {};
+  if (!out.empty() && !RefuseLinksBelow(tier_->root(), out.front()).ok()) out.clear();
+  out.push_back(*std::move(fill));
   return out;
 }
 

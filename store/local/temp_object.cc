@@ -140,14 +140,23 @@ absl::Status RefuseLinksBelow(absl::string_view root, absl::string_view path) {
   while (root.size() > 1 && absl::EndsWith(root, "/")) root.remove_suffix(1);
   if (!absl::StartsWith(path, root) || path.size() <= root.size() + 1) return absl::OkStatus();
   const size_t last = path.rfind('/');
+  {
+    // The parent known plain: so were its folders below root when it was entered (shortest
+    // first, below). One lookup for every file of a folder after its first.
+    absl::MutexLock lock(&plain_dirs_mu);
+    if (plain_dirs != nullptr && plain_dirs->contains(path.substr(0, last))) {
+      return absl::OkStatus();
+    }
+  }
   // Each folder from the first below root to the target's parent, shortest first.
   for (size_t end = path.find('/', root.size() + 1); end != absl::string_view::npos && end <= last;
        end = path.find('/', end + 1)) {
-    const std::string dir(path.substr(0, end));
+    const absl::string_view dir_view = path.substr(0, end);
     {
       absl::MutexLock lock(&plain_dirs_mu);
-      if (plain_dirs != nullptr && plain_dirs->contains(dir)) continue;
+      if (plain_dirs != nullptr && plain_dirs->contains(dir_view)) continue;
     }
+    const std::string dir(dir_view);
     struct stat st;
     if (lstat(dir.c_str(), &st) != 0) break;  // missing: the rest is created as folders
     if (S_ISLNK(st.st_mode)) {
