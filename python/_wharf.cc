@@ -609,8 +609,10 @@ PYBIND11_MODULE(_wharf, m) {
            }),
            py::arg("uri"),
            "Store(uri, *, endpoint=None, region=None, anonymous=None, profile=None, "
-           "addressing_style=None, api=None): store options override the URI's query options "
-           "(s3://bucket/prefix/?region=...); unset ones come from the environment")
+           "addressing_style=None, api=None, cache=None): store options override the URI's "
+           "query options (s3://bucket/prefix/?region=...); unset ones come from the "
+           "environment. cache=TIER_DIR reads through a tier (WHARF_CACHE for a whole "
+           "process)")
       .def_property_readonly("uri", &Store::uri, "The URI the store was opened from")
       .def_property_readonly(
           "spec", [](const Store& s) { return s.handle().spec().ToJson(); },

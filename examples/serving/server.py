@@ -437,7 +437,7 @@ def serve_in_thread(model_uri, cache="memory", *, ttl=None, max_bytes=None, mode
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--model", required=True,
                    help="the model's safetensors file: s3://..., gs://..., file://... or a path")
     p.add_argument("--tier", help="read the model through this tier (wharf's cache= option)")
