@@ -1122,3 +1122,7 @@ def __getattr__(name):
         module = importlib.import_module("wharf.torch.checkpoint")
         return module if name == "checkpoint" else module.CheckpointManager
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"CheckpointManager", "checkpoint"})
