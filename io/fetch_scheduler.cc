@@ -92,6 +92,7 @@ struct Slice {
 struct Group {
   std::string key;
   std::string etag;
+  bool etag_opaque = false;  // a reply said the etag is no MD5 (ObjectMeta::etag_opaque)
   std::optional<uint64_t> object_size;
   uint64_t begin = 0, end = 0;  // extent fetched (end may exceed the object: clipped)
   std::vector<Slice> slices;
@@ -658,6 +659,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
       g->attempts += r->attempts;
       stats_.retries += r->attempts - 1;
       g->bytes_received += r->bytes;
+      g->etag_opaque |= r->meta.etag_opaque;
       if (g->composed.empty() && !g->probe_item.has_value() && g->object_size.has_value() &&
           !g->etag.empty() && r->meta.etag == g->etag && r->meta.size != *g->object_size &&
           g->status.ok()) {
@@ -722,6 +724,7 @@ class BatchImpl : public FetchScheduler::Batch, public std::enable_shared_from_t
         if (!g->composed.empty()) ++stats_.composed_objects;
         out.time_to_first_byte = g->ttfb;
         out.latency = latency;
+        out.etag_opaque = g->etag_opaque && g->composed.empty();
         if (first) {
           out.requests = g->parts;
           out.attempts = g->attempts;

@@ -127,6 +127,8 @@ struct FetchResult {
   absl::Duration latency = absl::ZeroDuration();  // submission of its request to completion
   int requests = 0;  // store requests it took (parts), 0 if it shared a coalesced one
   int attempts = 0;  // attempts over those requests (1 each unless retried)
+  // A reply said the object's etag is no MD5 of its content (ObjectMeta::etag_opaque).
+  bool etag_opaque = false;
 };
 
 struct FetchStats {

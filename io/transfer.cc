@@ -608,6 +608,7 @@ class Engine {
     if (guess_types_) put.content_type = ContentTypeOfKey(meta.key);
     put.source_uri = src_.store->Uri(meta.key);
     put.source_etag = meta.etag;
+    put.source_etag_opaque = meta.etag_opaque;
     return put;
   }
 
@@ -877,7 +878,9 @@ class Engine {
           continue;
         }
         absl::string_view rel = absl::string_view(meta.key).substr(src_prefix_.size());
-        puts.Put(DstKey(rel), *std::move(r->data), PutFor(meta), meta, src_.store->Uri(meta.key));
+        PutOptions put = PutFor(meta);
+        put.source_etag_opaque |= r->etag_opaque;  // the GET's headers tell it, not a listing
+        puts.Put(DstKey(rel), *std::move(r->data), std::move(put), meta, src_.store->Uri(meta.key));
       }
       puts.Wait();
       workers.Wait();

@@ -13,6 +13,7 @@ namespace wharf {
 
 std::string ContentMd5(const ObjectMeta& meta) {
   if (!meta.md5.empty()) return meta.md5;
+  if (meta.etag_opaque) return "";
   const bool md5 =
       meta.etag.size() == 32 && std::all_of(meta.etag.begin(), meta.etag.end(),
                                             [](char c) { return absl::ascii_isxdigit(c); });

@@ -56,6 +56,10 @@ struct ObjectMeta {
   // The MD5 of the content (32 lowercase hex) where the store knows it and the etag is not it
   // (GCS's md5Hash beside its generation); empty otherwise. ContentMd5() gives either.
   std::string md5;
+  // The etag looks like an MD5 but is not one: S3 says so for an object encrypted with
+  // SSE-KMS or SSE-C (a GET's or HEAD's headers tell it; a listing cannot). ContentMd5()
+  // then gives nothing, and nothing compares the content with it.
+  bool etag_opaque = false;
 };
 
 // The MD5 of an object's content as its metadata tells it: `md5`, else an etag that is an MD5
@@ -101,6 +105,8 @@ struct PutOptions {
   // and they do not count as options (is_default). The transfer engine sets them.
   std::string source_uri;
   std::string source_etag;
+  // The source's etag is no MD5 of its content (ObjectMeta::etag_opaque): not checked.
+  bool source_etag_opaque = false;
   // Create only: the put fails with AlreadyExists when the key holds an object, decided
   // atomically by the store (S3: If-None-Match: * on PutObject and CompleteMultipartUpload;
   // GCS: ifGenerationMatch=0; file://: a rename that does not replace). A store that cannot

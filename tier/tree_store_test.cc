@@ -93,6 +93,24 @@ TEST_F(TierTreeStoreTest, AsyncPutsAreCheckedAgainstTheirOwnMd5InBatches) {
   }
 }
 
+TEST_F(TierTreeStoreTest, AnOpaqueSourceEtagIsKeptButNotCheckedAgainstTheContent) {
+  // An SSE-KMS object's ETag looks like an MD5 and is none: every such import failed.
+  auto tree = Tree("kms");
+  PutOptions o;
+  o.source_uri = "s3://b/kms/a.bin";
+  o.source_etag = "0123456789abcdef0123456789abcdef";
+  o.source_etag_opaque = true;
+  auto meta = tree->Put("a.bin", absl::Cord("payload"), o);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(meta->etag, o.source_etag);  // what a rerun compares with the listing's
+  auto entry = ReadEntryAttr(tier_->root() + "/kms/a.bin");
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_EQ(entry->md5, Md5Hex("payload"));  // what verify checks the content against
+  o.source_etag_opaque = false;
+  EXPECT_EQ(tree->Put("b.bin", absl::Cord("payload"), o).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST_F(TierTreeStoreTest, PutMakesAnEntryWithProvenance) {
   auto tree = Tree("train");
   PutOptions o;

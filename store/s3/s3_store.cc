@@ -598,6 +598,7 @@ void S3Store::HeadAsync(std::string key, Callback<ObjectMeta> done) {
             // No (or a malformed) Content-Length: the size is unknown (0).
             if (!absl::SimpleAtoi(Header(*r, "content-length"), &meta.size)) meta.size = 0;
             meta.etag = Unquote(Header(*r, "etag"));
+            meta.etag_opaque = EtagIsOpaque(*r);
             meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
             std::move(done)(std::move(meta));
           });
@@ -765,6 +766,7 @@ void S3Store::GetAsync(GetRequest request, Callback<GetResult> done) {
             GetResult result;
             result.meta.key = state->request.key;
             result.meta.etag = Unquote(Header(*r, "etag"));
+            result.meta.etag_opaque = EtagIsOpaque(*r);
             result.meta.mtime = ParseHttpDate(Header(*r, "last-modified"));
             result.time_to_first_byte = r->time_to_first_byte;
             result.attempts = attempts;

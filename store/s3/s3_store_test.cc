@@ -856,6 +856,26 @@ TEST(S3StoreTest, AnSseKmsObjectsEtagIsNotTakenForAnMd5) {
   }
 }
 
+TEST(S3StoreTest, AGetOrHeadOfAnSseKmsObjectMarksItsEtagOpaque) {
+  for (bool kms : {true, false}) {
+    auto transport = std::make_shared<CannedTransport>([&](const HttpRequest&) {
+      std::vector<std::pair<std::string, std::string>> headers = {
+          {"etag", "\"0123456789abcdef0123456789abcdef\""}};
+      if (kms) headers.emplace_back("x-amz-server-side-encryption", "aws:kms");
+      return Ok("data", headers);
+    });
+    auto store = MakeStore(transport);
+    auto head = store->Head("k");
+    ASSERT_TRUE(head.ok()) << head.status();
+    EXPECT_EQ(head->etag_opaque, kms);
+    EXPECT_EQ(ContentMd5(*head).empty(), kms);
+    std::string buffer(4, '\0');
+    auto got = store->Get({.key = "k", .buffer = absl::MakeSpan(buffer)});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->meta.etag_opaque, kms);
+  }
+}
+
 TEST(S3StoreTest, UploadOptionsAreSentAndSigned) {
   auto transport = std::make_shared<CannedTransport>([](const HttpRequest& req) {
     if (req.method == "POST") {
