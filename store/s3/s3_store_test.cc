@@ -846,7 +846,9 @@ TEST(S3StoreTest, AnSseKmsObjectsEtagIsNotTakenForAnMd5) {
     const bool opaque = *encryption != '\0';
     auto put = store->Put("k", absl::Cord("hello"));
     EXPECT_EQ(put.ok(), opaque) << encryption << ": " << put.status();
-    if (!opaque) EXPECT_EQ(put.status().code(), absl::StatusCode::kDataLoss);
+    if (!opaque) {
+      EXPECT_EQ(put.status().code(), absl::StatusCode::kDataLoss);
+    }
     auto writer = store->NewWriter("big");
     ASSERT_TRUE(writer.ok());
     absl::Status wrote = (*writer)->Write(absl::Cord(std::string(6 << 20, 'x')));
