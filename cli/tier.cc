@@ -189,8 +189,10 @@ absl::Status RunImport(const TierArgs& args) {
       tree_files.fetch_add(1, std::memory_order_relaxed);
       // The disk space the file takes, as the bound counts it: whole blocks.
       tree_disk_bytes.fetch_add((src.size + block - 1) / block * block, std::memory_order_relaxed);
+      if (sampled.load(std::memory_order_acquire)) return;  // no lock per object
       absl::MutexLock lock(&mu);
       if (sample_key.empty()) sample_key = dst.key;
+      sampled.store(true, std::memory_order_release);
     }
     // Each file's own share beyond its data blocks (an attribute block where the entry's
     // attributes do not fit in the inode: 4 KiB a file on ext4), as one imported file shows.
@@ -207,6 +209,7 @@ absl::Status RunImport(const TierArgs& args) {
     std::atomic<uint64_t> tree_bytes{0};
     std::atomic<uint64_t> tree_files{0};
     std::atomic<uint64_t> tree_disk_bytes{0};
+    std::atomic<bool> sampled{false};
     absl::Mutex mu;
     std::string sample_key ABSL_GUARDED_BY(mu);
   } observer(progress);

@@ -605,9 +605,8 @@ class WharfFileSystem(fsspec.AbstractFileSystem):
         before anything is written, naming it."""
         if recursive or (isinstance(rpath, str) and has_magic(rpath)):
             for path in self.expand_path(rpath, recursive=recursive, maxdepth=maxdepth):
-                key = self._split(path)[2]
-                if any(part in ("", ".", "..") for part in key.split("/")[:-1]) or \
-                        key.split("/")[-1] in (".", ".."):
+                key = self._split(path)[2]  # "" for a bucket: no component
+                if key and any(part in ("", ".", "..") for part in key.split("/")):
                     raise ValueError(f"wharf fsspec: get: the key {key!r} ({path}) has a '.', '..' "
                                      f"or empty path component: as a local path it would land "
                                      f"outside {lpath} or on another key's file; nothing was "

@@ -386,22 +386,24 @@ absl::Status LocalStore::ValidateKey(absl::string_view key) {
   return absl::OkStatus();
 }
 
-absl::Status LocalStore::RefuseTierFolder(absl::string_view key) const {
-  // Cheap in the common case: no '.wharf' component, no file system call.
-  if (!absl::StrContains(key, kTierMetaDir)) return absl::OkStatus();
-  std::string dir = root_ == "/" ? "" : root_;
-  for (absl::string_view part : absl::StrSplit(key, '/')) {
-    absl::StrAppend(&dir, "/", part);
-    if (part != kTierMetaDir) continue;
-    // A tier's own folder (listings never show it): a copy into the tier, or a bucket's keys
-    // named so, must not overwrite its settings or records.
-    if (access(absl::StrCat(dir, "/", kTierConfig).c_str(), F_OK) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", dir, "' is the own folder of the tier at '",
-                       dir.substr(0, dir.size() - 7), "': wharf never writes keys into it"));
+absl::Status LocalStore::CheckWriteTarget(const std::string& key) const {
+  WHARF_RETURN_IF_ERROR(ValidateKey(key));
+  // A tier's own folder (listings never show it): a copy into the tier, or a bucket's keys
+  // named so, must not overwrite its settings or records. Cheap in the common case: no
+  // '.wharf' component, no file system call.
+  if (absl::StrContains(key, kTierMetaDir)) {
+    std::string dir = root_ == "/" ? "" : root_;
+    for (absl::string_view part : absl::StrSplit(key, '/')) {
+      const std::string parent = dir;
+      absl::StrAppend(&dir, "/", part);
+      if (part == kTierMetaDir && access(absl::StrCat(dir, "/", kTierConfig).c_str(), F_OK) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", dir, "' is the own folder of the tier at '", parent,
+                         "': wharf never writes keys into it"));
+      }
     }
   }
-  return absl::OkStatus();
+  return RefuseLinksBelow(root_, PathOf(key));
 }
 
 absl::StatusOr<std::unique_ptr<LocalStore>> LocalStore::Open(std::string root,
@@ -579,9 +581,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord da
 absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord data,
                                            const PutOptions& put_options, const Md5Digest* md5) {
   const std::string op = absl::StrCat("put ", Uri(key));
-  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), op));
-  WHARF_RETURN_IF_ERROR(Annotate(RefuseTierFolder(key), op));
-  WHARF_RETURN_IF_ERROR(Annotate(RefuseLinksBelow(root_, PathOf(key)), op));
+  WHARF_RETURN_IF_ERROR(Annotate(CheckWriteTarget(key), op));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), op));
   auto temp = TempObject::Create(PathOf(key), "", Checksum::kMd5, put_options.if_absent);
   if (!temp.ok()) return Annotate(temp.status(), op);
@@ -600,9 +600,7 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string 
 absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string key,
                                                                     const PutOptions& put_options) {
   const std::string uri = Uri(key);
-  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(key), absl::StrCat("put ", uri)));
-  WHARF_RETURN_IF_ERROR(Annotate(RefuseTierFolder(key), absl::StrCat("put ", uri)));
-  WHARF_RETURN_IF_ERROR(Annotate(RefuseLinksBelow(root_, PathOf(key)), absl::StrCat("put ", uri)));
+  WHARF_RETURN_IF_ERROR(Annotate(CheckWriteTarget(key), absl::StrCat("put ", uri)));
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), absl::StrCat("put ", uri)));
   auto temp = TempObject::Create(PathOf(key), "", Checksum::kMd5, put_options.if_absent);
   if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
@@ -709,9 +707,7 @@ absl::Status LocalStore::DeleteMany(std::vector<std::string> keys) {
 absl::StatusOr<ObjectMeta> LocalStore::Copy(const std::string& src_key,
                                             const std::string& dst_key) {
   const std::string op = absl::StrCat("copy ", Uri(src_key), " to ", Uri(dst_key));
-  WHARF_RETURN_IF_ERROR(Annotate(ValidateKey(dst_key), op));
-  WHARF_RETURN_IF_ERROR(Annotate(RefuseTierFolder(dst_key), op));
-  WHARF_RETURN_IF_ERROR(Annotate(RefuseLinksBelow(root_, PathOf(dst_key)), op));
+  WHARF_RETURN_IF_ERROR(Annotate(CheckWriteTarget(dst_key), op));
   auto temp = TempObject::Create(PathOf(dst_key));
   if (!temp.ok()) return Annotate(temp.status(), op);
   // Stream through the temp object so the copy is atomic and its ETag computed.

@@ -99,8 +99,10 @@ class LocalStore : public ObjectStore {
   absl::StatusOr<ObjectMeta> Put(const std::string& key, absl::Cord data, const PutOptions& options,
                                  const Md5Digest* md5);
   std::string PathOf(absl::string_view key) const;
-  // InvalidArgument when `key` lies in a tier's own folder (a '.wharf' holding tier.json).
-  absl::Status RefuseTierFolder(absl::string_view key) const;
+  // Whether `key` may be written: a valid key (ValidateKey), not in a tier's own folder (a
+  // '.wharf' holding tier.json: InvalidArgument), and no link to a folder on its way below
+  // the root (RefuseLinksBelow: FailedPrecondition).
+  absl::Status CheckWriteTarget(const std::string& key) const;
   // Removes now-empty directories from `key`'s parent up to (not including) the root or a
   // kept directory (KeepDirectory) or one above it.
   void PruneEmptyParents(absl::string_view key) const;

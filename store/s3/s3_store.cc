@@ -202,14 +202,9 @@ bool ParseContentRange(absl::string_view cr, uint64_t* first, uint64_t* last, ui
          absl::SimpleAtoi(cr.substr(slash + 1), total) && *first <= *last;
 }
 
-}  // namespace
-
-absl::string_view RetryCause(const absl::StatusOr<HttpResponse>& response) {
-  if (!response.ok()) return "connection";  // reset, refused, timed out on the wire
-  if (response->status == 429 || response->status == 503) return "throttled";
-  if (response->status == 408) return "timeout";
-  if (response->status >= 500) return "server_error";
-  const std::string code = ParseError(*response).code;
+// The retry meter's cause for a retryable S3 error code (in an error reply, or for one key
+// of a DeleteObjects reply).
+absl::string_view RetryCauseOfCode(absl::string_view code) {
   if (code == "SlowDown" || code == "Throttling" || code == "ThrottlingException") {
     return "throttled";
   }
@@ -217,6 +212,16 @@ absl::string_view RetryCause(const absl::StatusOr<HttpResponse>& response) {
   if (code == "RequestTimeTooSkewed") return "clock_skew";
   if (IsDamagedBodyCode(code)) return "connection";
   return "server_error";
+}
+
+}  // namespace
+
+absl::string_view RetryCause(const absl::StatusOr<HttpResponse>& response) {
+  if (!response.ok()) return "connection";  // reset, refused, timed out on the wire
+  if (response->status == 429 || response->status == 503) return "throttled";
+  if (response->status == 408) return "timeout";
+  if (response->status >= 500) return "server_error";
+  return RetryCauseOfCode(ParseError(*response).code);
 }
 
 bool IsRetryableResponse(const HttpResponse& response) {
@@ -980,6 +985,7 @@ void S3Store::DeleteBatchAsync(std::shared_ptr<DeleteBatch> batch, std::vector<s
     reply.load_buffer(r->body.data(), r->body.size());
     std::vector<std::string> again;
     absl::Status last_retryable;
+    absl::string_view cause;  // the retry meter's, of the last retryable key
     for (pugi::xml_node e : reply.child("DeleteResult").children("Error")) {
       const absl::string_view code = e.child_value("Code");
       if (code == "NoSuchKey") continue;
@@ -988,6 +994,7 @@ void S3Store::DeleteBatchAsync(std::shared_ptr<DeleteBatch> batch, std::vector<s
       if (IsRetryableCode(code)) {
         again.emplace_back(e.child_value("Key"));
         last_retryable = std::move(s);
+        cause = RetryCauseOfCode(code);
         continue;
       }
       if (batch->failures++ == 0) batch->first = std::move(s);
@@ -995,8 +1002,7 @@ void S3Store::DeleteBatchAsync(std::shared_ptr<DeleteBatch> batch, std::vector<s
     if (again.empty()) return std::move(batch->done)(batch->first, batch->failures);
     const absl::Duration spent = absl::Now() - batch->first_attempt;
     if (batch->attempt < options_.retry.max_attempts && spent < options_.retry.max_total) {
-      retries_.Count(absl::StrContains(last_retryable.message(), ": SlowDown:") ? "throttled"
-                                                                                : "server_error");
+      retries_.Count(cause);
       const absl::Duration delay =
           std::min(Backoff(batch->attempt), options_.retry.max_total - spent);
       AfterDelayOrCancel(delay, CancelToken(),

@@ -32,15 +32,15 @@ class Interrupted(Exception):
 
 
 @contextlib.contextmanager
-def signal_after(seconds, raises=True):
-    """SIGUSR1 to this process after `seconds`; its handler raises Interrupted (or, with
-    raises=False, only counts). Yields the list of times the handler ran."""
+def signal_after(seconds, raises=True, exc=Interrupted):
+    """SIGUSR1 to this process after `seconds`; its handler raises `exc` (KeyboardInterrupt:
+    as Ctrl-C does), or with raises=False only counts. Yields the list of times it ran."""
     ran = []
 
     def handler(signum, frame):
         ran.append(time.monotonic())
         if raises:
-            raise Interrupted()
+            raise exc()
 
     old = signal.signal(signal.SIGUSR1, handler)
     timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1))
@@ -332,7 +332,7 @@ def test_a_script_exits_cleanly_while_a_daemon_thread_is_in_a_wharf_call(bucket,
 def test_ctrl_c_in_a_checkpoint_load_comes_out_as_keyboard_interrupt(proxy, bucket):
     # A torch Future takes Exceptions only: handing it KeyboardInterrupt failed an assertion
     # ("is of type KeyboardInterrupt, not an Exception") instead of interrupting.
-    torch = pytest.importorskip("torch")
+    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from wharf.torch.checkpoint import StorageReader, StorageWriter
@@ -340,21 +340,10 @@ def test_ctrl_c_in_a_checkpoint_load_comes_out_as_keyboard_interrupt(proxy, buck
     dcp.save(sd, storage_writer=StorageWriter(f"s3://{bucket}/ck"))
     proxy.set_faults([{"match": {"method": "GET", "path_regex": r"\.distcp$"}, "action": "delay",
                        "phase": "request", "delay_ms": HANG_MS, "count": None}])
-
-    def ctrl_c(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGUSR1, ctrl_c)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1))
-    timer.start()
     start = time.monotonic()
-    try:
+    with signal_after(0.5, exc=KeyboardInterrupt):
         with pytest.raises((KeyboardInterrupt, CheckpointException)) as info:
             dcp.load({"w": torch.zeros(1 << 18)}, storage_reader=StorageReader(f"s3://{bucket}/ck"))
-    finally:
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGUSR1, old)
     assert time.monotonic() - start < PROMPT_S
     causes = [info.value]
     if isinstance(info.value, CheckpointException):  # torch wraps what a rank raised
@@ -365,27 +354,16 @@ def test_ctrl_c_in_a_checkpoint_load_comes_out_as_keyboard_interrupt(proxy, buck
 def test_ctrl_c_in_a_checkpoint_save_aborts_its_writes_promptly(proxy, bucket, s3_client):
     # The files are written on a pool thread, which Ctrl-C does not reach: it waited for the
     # writes (here: a server that never answers) before the interrupt came out.
-    torch = pytest.importorskip("torch")
+    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from wharf.torch.checkpoint import StorageWriter
     before = {u["UploadId"] for u in all_uploads(s3_client, bucket)}
     hang(proxy, method="PUT")
-
-    def ctrl_c(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGUSR1, ctrl_c)
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1))
-    timer.start()
     start = time.monotonic()
-    try:
+    with signal_after(1.0, exc=KeyboardInterrupt):
         with pytest.raises((KeyboardInterrupt, CheckpointException)):
             dcp.save({"w": torch.ones(1 << 22)}, storage_writer=StorageWriter(f"s3://{bucket}/sv"))
-    finally:
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGUSR1, old)
     elapsed = time.monotonic() - start
     assert elapsed < PROMPT_S, f"the interrupted save took {elapsed:.1f} s"
     proxy.clear_faults()

@@ -613,11 +613,7 @@ def _redacted(url):
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    netloc_end = len(rest)
-    for c in "/?#":
-        i = rest.find(c)
-        if i != -1:
-            netloc_end = min(netloc_end, i)
+    netloc_end = min((i for i in map(rest.find, "/?#") if i != -1), default=len(rest))
     netloc, tail = rest[:netloc_end], rest[netloc_end:]
     user, at, host = netloc.rpartition("@")
     if not at:

@@ -1,5 +1,6 @@
 """Checks of the datasets' arguments, made where a dataset is made."""
 import operator
+from collections.abc import Mapping
 
 
 # Seeds, epochs and byte counts travel to C++ as unsigned 64-bit integers.
@@ -33,7 +34,6 @@ def _callable_or_none(name: str, fn):
 
 def _check_state(state) -> None:
     """load_state_dict's argument: a mapping (a state_dict() result), refused by name else."""
-    from collections.abc import Mapping
     if not isinstance(state, Mapping):
         raise TypeError(f"load_state_dict: state must be a dict (a state_dict() result), got "
                         f"{type(state).__name__}")

@@ -373,16 +373,13 @@ class StorageWriter(_Located, _StorageWriter, _staging.BlockingAsyncStager):
             for w in writes:
                 w.result()
             future.set_result(results)
-        except Exception as e:  # the future carries it to DCP
+        except BaseException as e:
             cancel.cancel()
             for w in writes:
                 w.cancel()
-            future.set_exception(e)
-        except BaseException:  # Ctrl-C: raised as itself (a torch Future takes Exceptions only)
-            cancel.cancel()
-            for w in writes:
-                w.cancel()
-            raise
+            if not isinstance(e, Exception):
+                raise  # Ctrl-C: as itself (a torch Future takes Exceptions only)
+            future.set_exception(e)  # the future carries it to DCP
         finally:
             pool.shutdown(wait=True)  # no write still reads a buffer when they are freed
         return future
