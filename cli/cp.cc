@@ -108,7 +108,7 @@ void AddSync(CLI::App& app, CpArgs& args) {
       "sync", "Copy what is missing or differs below SRC to DST (optionally delete extras)");
   sync->add_flag("--delete", args.delete_extra,
                  "Delete objects below DST that SRC does not have (among those the filters "
-                 "select)");
+                 "select; none in a run where a copy failed: rerun once the copies succeed)");
   AddTransferFlags(sync, args, /*stdio=*/false);
   sync->footer(
       "Copies every object below SRC that DST lacks or holds differently: by size and ETag\n"
