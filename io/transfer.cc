@@ -1011,6 +1011,16 @@ class Engine {
   // that the filters select) are deleted. Runs only after a complete, successful listing.
   // Deleted page by page as the listing goes, so nothing grows with the number of extras.
   absl::Status DeleteExtra(TransferSummary& summary) {
+    {
+      // Only what the first listing found and the source did not list is deleted: when the
+      // source listed all of it (a fresh import, a rerun with nothing gone), a second
+      // listing of the destination would find nothing to do.
+      absl::MutexLock lock(&select_mu_);
+      if (std::none_of(existing_.begin(), existing_.end(),
+                       [](const auto& e) { return !e.second.seen; })) {
+        return absl::OkStatus();
+      }
+    }
     ListOptions range;
     range.prefix = dst_prefix_;
     return ParallelList(

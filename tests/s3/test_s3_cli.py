@@ -344,6 +344,33 @@ def test_cp_recursive_resumes_skipping_what_is_there(tmp_path, bucket, s3_env, s
     assert got == {k[2:]: v for k, v in blobs.items()}
 
 
+def s3_requests(metrics_file, op):
+    m = json.loads(pathlib.Path(metrics_file).read_text())["metrics"]
+    return sum(x["value"] for x in m if x["name"] == "wharf_store_requests_total"
+               and x["labels"].get("scheme") == "s3" and x["labels"].get("op") == op)
+
+
+def test_sync_delete_lists_the_destination_again_only_when_something_may_go(tmp_path, bucket,
+                                                                            s3_env, s3_client):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"f{i}").write_bytes(b"x" * i)
+    run_wharf("sync", "-q", src, f"s3://{bucket}/p/", env=s3_env, check=True)
+    # Nothing below the destination that the source lacks: one listing of it, not two.
+    m = tmp_path / "m.json"
+    run_wharf("--metrics", m, "sync", "-q", "--delete", src, f"s3://{bucket}/p/", env=s3_env,
+              check=True)
+    assert s3_requests(m, "list") == 1
+    # An extra is still found and deleted (the second listing names it).
+    s3_client.put_object(Bucket=bucket, Key="p/extra", Body=b"e")
+    proc = run_wharf("--metrics", m, "sync", "--delete", src, f"s3://{bucket}/p/", env=s3_env,
+                     check=True)
+    assert s3_requests(m, "list") == 2 and b"deleted 1" in proc.stdout, proc.stdout
+    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket, Prefix="p/")["Contents"]]
+    assert sorted(keys) == ["p/f0", "p/f1", "p/f2"]
+
+
 def test_copy_between_buckets_of_the_same_server(bucket, s3_env, s3_client):
     """Another bucket of the same endpoint and credentials: copied server-side (CopyObject
     names the source bucket), so the objects keep their Content-Type and user metadata, as
