@@ -76,7 +76,13 @@ absl::Status RunCat(const CatArgs& args) {
   // ttl still trusts): a reply of the same version must bring the HEAD's count of bytes.
   // A failed HEAD is left to the GET to report: its error body names the cause (NoSuchKey or
   // NoSuchBucket), where a HEAD's 404 has none.
+  // But a HEAD that the network failed (retried until it gave up) is the answer: a GET would
+  // wait as long again for the same end.
   const absl::StatusOr<ObjectMeta> head = opened.store->Head(opened.uri.key);
+  if (!head.ok() && (absl::IsUnavailable(head.status()) || absl::IsCancelled(head.status()) ||
+                     absl::IsDeadlineExceeded(head.status()))) {
+    return head.status();
+  }
   const std::string uri = opened.store->Uri(opened.uri.key);
   FdSink sink(STDOUT_FILENO);
   GetRequest request;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -14,9 +15,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/fork.h"
+#include "base/log.h"
 #include "base/runtime.h"
 #include "http/response_builder.h"
 
@@ -599,9 +602,27 @@ std::unique_ptr<HttpTransport> NewCurlTransport(CurlTransportOptions options) {
   return std::make_unique<CurlTransport>(std::move(options));
 }
 
+absl::Duration StallTimeout() {
+  static const absl::Duration timeout = [] {
+    const absl::Duration fallback = CurlTransportOptions().low_speed_time;
+    const char* v = std::getenv("WHARF_STALL_TIMEOUT");
+    if (v == nullptr || *v == '\0') return fallback;
+    int seconds = 0;
+    if (!absl::SimpleAtoi(v, &seconds) || seconds < 1) {
+      LogLine(LogLevel::kWarning, absl::StrCat("WHARF_STALL_TIMEOUT='", v,
+                                               "' is not a whole number of seconds >= 1; using ",
+                                               absl::FormatDuration(fallback)));
+      return fallback;
+    }
+    return absl::Seconds(seconds);
+  }();
+  return timeout;
+}
+
 std::shared_ptr<HttpTransport> SharedCurlTransport(const std::string& ca_bundle) {
   return Runtime::Default()->Shared<HttpTransport>(absl::StrCat("curl:", ca_bundle), [&] {
     CurlTransportOptions options;
+    options.low_speed_time = StallTimeout();
     options.ca_bundle = ca_bundle;
     return std::shared_ptr<HttpTransport>(NewCurlTransport(options));
   });

@@ -56,6 +56,10 @@ struct CurlTransportOptions {
   std::string ca_bundle;
 };
 
+// The low-speed time of the process's shared transports: WHARF_STALL_TIMEOUT (whole seconds,
+// >= 1; read once; a malformed value is reported once and the default kept), else 30 s.
+absl::Duration StallTimeout();
+
 // Starts the loop thread. Never fails: a URL or TLS problem surfaces per request.
 // max_connections and max_in_flight below 1 are taken as 1.
 std::unique_ptr<HttpTransport> NewCurlTransport(CurlTransportOptions options = {});

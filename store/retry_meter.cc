@@ -1,5 +1,10 @@
 #include "store/retry_meter.h"
 
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/log.h"
 #include "base/runtime.h"
 
 namespace wharf {
@@ -23,6 +28,28 @@ void RetryMeter::Count(absl::string_view cause) {
 double RetryMeter::Uniform01() {
   absl::MutexLock lock(&mu_);
   return absl::Uniform<double>(rng_, 0.0, 1.0);
+}
+
+void RetryMeter::WarnSlowRetry(absl::string_view what, const absl::Status& failure,
+                               absl::Duration took, absl::Duration slow, int next, int max) {
+  if (took < slow || !LogEnabled(LogLevel::kWarning)) return;
+  int unsaid;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_warning_ < absl::Seconds(10)) {
+      ++unsaid_;
+      return;
+    }
+    last_warning_ = now;
+    unsaid = std::exchange(unsaid_, 0);
+  }
+  LogLine(
+      LogLevel::kWarning,
+      absl::StrCat(what, ": ", failure.message(),
+                   absl::StrFormat(" (after %.0f s); retrying, attempt %d of %d",
+                                   absl::ToDoubleSeconds(took), next, max),
+                   unsaid > 0 ? absl::StrCat(" (", unsaid, " more slow requests retried)") : ""));
 }
 
 }  // namespace wharf

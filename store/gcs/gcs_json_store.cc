@@ -19,6 +19,7 @@
 #include "base/status.h"
 #include "base/timer.h"
 #include "http/bearer_signer.h"
+#include "http/curl_transport.h"
 #include "http/retry_after.h"
 #include "nlohmann/json.hpp"
 #include "store/get_body.h"
@@ -403,8 +404,9 @@ void GcsJsonStore::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done
       return std::move(done)(Annotate(s, absl::StrCat(call->op, " ", uri)));
     }
   }
-  transport_->Send(std::move(request), [this, call = std::move(call), done = std::move(done),
-                                        uri](absl::StatusOr<HttpResponse> response) mutable {
+  transport_->Send(std::move(request), [this, call = std::move(call), done = std::move(done), uri,
+                                        sent = absl::Now()](
+                                           absl::StatusOr<HttpResponse> response) mutable {
     absl::Status failure;
     bool retry = false;
     if (!response.ok()) {
@@ -434,6 +436,11 @@ void GcsJsonStore::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done
                            absl::Now() - call->first_attempt < config_.retry.max_total;
     if (retry && in_budget) {
       retries_.Count(RetryCause(response));
+      if (!response.ok()) {
+        retries_.WarnSlowRetry(absl::StrCat(call->op, " ", uri), failure, absl::Now() - sent,
+                               std::min(absl::Seconds(10), StallTimeout()), call->attempt + 1,
+                               config_.retry.max_attempts);
+      }
       const absl::Duration delay =  // a throttling server's Retry-After is waited out
           RetryDelay(response, Backoff(call->attempt),
                      config_.retry.max_total - (absl::Now() - call->first_attempt));

@@ -464,56 +464,62 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
     request.headers = std::move(signed_request->headers);
   }
 
-  transport_->Send(std::move(request), [this, call = std::move(call), done = std::move(done),
-                                        uri](absl::StatusOr<HttpResponse> response) mutable {
-    absl::Status failure;
-    bool retry = false;
-    if (!response.ok()) {
-      failure = response.status();
-      retry = failure.code() == absl::StatusCode::kUnavailable;
-      if (call->on_transport_failure) retry = call->on_transport_failure(failure) && retry;
-    } else if (response->status / 100 != 2 &&
-               !(call->accept_not_modified && response->status == 304)) {
-      if (credentials_cache_ != nullptr && !call->refreshed_credentials &&
-          IsExpiredCredentialsResponse(*response)) {
-        // Temporary credentials that expired early or were revoked: fetch fresh ones and
-        // retry once (the fetch runs on the blocking pool, not on this transport thread).
-        call->refreshed_credentials = true;
-        retries_.Count("credentials");
-        credentials_cache_->Invalidate();
-        Attempt(std::move(call), std::move(done));
-        return;
-      }
-      failure = ErrorFromResponse(*response, call->op, uri, config_);
-      retry = IsRetryableResponse(*response);
-    } else {
-      std::move(done)(std::move(response));
-      return;
-    }
-    // A cancelled call fails as cancelled, whatever the transport or server said, and is
-    // never retried.
-    if (IsCancelled(call->cancel)) return std::move(done)(CancelledCall(call->op, uri));
-    const bool in_budget = call->attempt < options_.retry.max_attempts &&
-                           absl::Now() - call->first_attempt < options_.retry.max_total;
-    if (retry && in_budget) {
-      retries_.Count(RetryCause(response));
-      // Before `call` is moved below; a throttling server's Retry-After is waited out.
-      const absl::Duration delay =
-          RetryDelay(response, Backoff(call->attempt),
-                     options_.retry.max_total - (absl::Now() - call->first_attempt));
-      const CancelToken cancel = call->cancel;
-      AfterDelayOrCancel(delay, cancel,
-                         [this, call = std::move(call), done = std::move(done)]() mutable {
-                           Attempt(std::move(call), std::move(done));
-                         });
-      return;
-    }
-    if (!response.ok()) failure = Annotate(failure, absl::StrCat(call->op, " ", uri));
-    if (retry) {
-      failure = Annotate(failure, absl::StrCat("gave up after ", call->attempt, " attempts"));
-    }
-    std::move(done)(failure);
-  });
+  transport_->Send(
+      std::move(request), [this, call = std::move(call), done = std::move(done), uri,
+                           sent = absl::Now()](absl::StatusOr<HttpResponse> response) mutable {
+        absl::Status failure;
+        bool retry = false;
+        if (!response.ok()) {
+          failure = response.status();
+          retry = failure.code() == absl::StatusCode::kUnavailable;
+          if (call->on_transport_failure) retry = call->on_transport_failure(failure) && retry;
+        } else if (response->status / 100 != 2 &&
+                   !(call->accept_not_modified && response->status == 304)) {
+          if (credentials_cache_ != nullptr && !call->refreshed_credentials &&
+              IsExpiredCredentialsResponse(*response)) {
+            // Temporary credentials that expired early or were revoked: fetch fresh ones and
+            // retry once (the fetch runs on the blocking pool, not on this transport thread).
+            call->refreshed_credentials = true;
+            retries_.Count("credentials");
+            credentials_cache_->Invalidate();
+            Attempt(std::move(call), std::move(done));
+            return;
+          }
+          failure = ErrorFromResponse(*response, call->op, uri, config_);
+          retry = IsRetryableResponse(*response);
+        } else {
+          std::move(done)(std::move(response));
+          return;
+        }
+        // A cancelled call fails as cancelled, whatever the transport or server said, and is
+        // never retried.
+        if (IsCancelled(call->cancel)) return std::move(done)(CancelledCall(call->op, uri));
+        const bool in_budget = call->attempt < options_.retry.max_attempts &&
+                               absl::Now() - call->first_attempt < options_.retry.max_total;
+        if (retry && in_budget) {
+          retries_.Count(RetryCause(response));
+          if (!response.ok()) {
+            retries_.WarnSlowRetry(absl::StrCat(call->op, " ", uri), failure, absl::Now() - sent,
+                                   std::min(absl::Seconds(10), StallTimeout()), call->attempt + 1,
+                                   options_.retry.max_attempts);
+          }
+          // Before `call` is moved below; a throttling server's Retry-After is waited out.
+          const absl::Duration delay =
+              RetryDelay(response, Backoff(call->attempt),
+                         options_.retry.max_total - (absl::Now() - call->first_attempt));
+          const CancelToken cancel = call->cancel;
+          AfterDelayOrCancel(delay, cancel,
+                             [this, call = std::move(call), done = std::move(done)]() mutable {
+                               Attempt(std::move(call), std::move(done));
+                             });
+          return;
+        }
+        if (!response.ok()) failure = Annotate(failure, absl::StrCat(call->op, " ", uri));
+        if (retry) {
+          failure = Annotate(failure, absl::StrCat("gave up after ", call->attempt, " attempts"));
+        }
+        std::move(done)(failure);
+      });
 }
 
 void S3Store::ListAsync(ListOptions options, std::string continuation, Callback<ListPage> done) {

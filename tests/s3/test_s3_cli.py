@@ -4,7 +4,9 @@ import json
 import os
 import time
 import pathlib
+import socket
 import subprocess
+import threading
 
 import pytest
 
@@ -276,6 +278,70 @@ def test_a_well_formed_short_reply_is_never_presented_as_complete(proxy, bucket,
     assert any(e["fault"] == "shorten" for e in proxy.log())
     proxy.set_faults([])
     assert run_wharf("cat", f"s3://{bucket}/d/s", env=env, check=True).stdout == data
+
+
+class SilentServer:
+    """Accepts connections and reads requests, never answers: a server that stopped."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.requests = []
+        self.conns = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self.read, args=(conn,), daemon=True).start()
+
+    def read(self, conn):
+        try:
+            line = conn.makefile("rb").readline()
+        except OSError:
+            return
+        with self.lock:
+            self.requests.append(line.split(b" ")[0].decode())
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_a_server_that_stopped_answering_is_named_while_retried_and_cat_gives_up_once(
+        s3_env):
+    server = SilentServer()
+    try:
+        env = dict(s3_env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{server.port}",
+                   WHARF_STALL_TIMEOUT="1")
+        proc = run_wharf("cat", "s3://bkt/k", env=env, timeout=120)
+        assert proc.returncode == 1 and proc.stdout == b""
+        lines = proc.stderr.splitlines()
+        # Warned while it waited (not only at the end), rate-limited, naming object and cause.
+        warnings = [l for l in lines if l.startswith("wharf: warning: head s3://bkt/k: ")]
+        assert warnings and "retrying, attempt 2 of 10" in warnings[0], proc.stderr
+        assert len(warnings) < 10 and "Timeout was reached" in warnings[0]
+        assert "gave up after 10 attempts" in lines[-1] and "s3://bkt/k" in lines[-1]
+        # The HEAD's end is the answer: no GET waits as long again.
+        assert set(server.requests) == {"HEAD"} and len(server.requests) == 10, server.requests
+    finally:
+        server.close()
+
+
+def test_a_malformed_stall_timeout_is_named_and_the_default_kept(tmp_path, bucket, s3_env,
+                                                                 s3_client):
+    s3_client.put_object(Bucket=bucket, Key="k", Body=b"data")
+    proc = run_wharf("cat", f"s3://{bucket}/k", env=dict(s3_env, WHARF_STALL_TIMEOUT="soon"),
+                     check=True)
+    assert proc.stdout == b"data"
+    assert "WHARF_STALL_TIMEOUT='soon' is not a whole number of seconds >= 1; using 30s" in \
+        proc.stderr
 
 
 def test_a_listing_that_is_not_one_ends_in_an_error_not_a_short_listing(proxy, bucket, s3_env,
