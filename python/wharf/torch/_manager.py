@@ -316,20 +316,39 @@ def _with_nonfinite(manifest: dict) -> dict:
 
 
 class SaveHandle:
-    """One save: result() waits for it (its manifest written) and returns the manifest."""
+    """One save: result() waits for it (its manifest written) and returns the manifest. A
+    failure that result() raised (or exception() returned) is the caller's: the manager's
+    wait() and close() do not raise it again."""
 
-    def __init__(self, step: int, future: Future):
+    def __init__(self, step: int, future: Future, observed=None):
         self.step = step
         self._future = future
+        self._observed = observed  # called with the future once its failure was handed over
 
     def result(self, timeout: Optional[float] = None) -> dict:
-        return self._future.result(timeout)
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            if not self._future.done():
+                raise
+            self._handed_over()
+            raise
+        except BaseException:
+            self._handed_over()
+            raise
 
     def done(self) -> bool:
         return self._future.done()
 
     def exception(self, timeout: Optional[float] = None):
-        return self._future.exception(timeout)
+        e = self._future.exception(timeout)
+        if e is not None:
+            self._handed_over()
+        return e
+
+    def _handed_over(self) -> None:
+        if self._observed is not None and self._future.done():
+            self._observed(self._future)
 
     def __repr__(self):
         return f"<wharf SaveHandle step={self.step} done={self.done()}>"
@@ -477,6 +496,7 @@ class CheckpointManager:
         # and one would fail.
         self._deleting = threading.Lock()
         self._pending: list[Future] = []
+        self._handed: set[Future] = set()  # failed saves whose failure their caller got
         self._saving: list[tuple[int, Future]] = []  # (step, its save) for _check_order
         self._to_export: set[int] = set()  # selected, export not completed: kept on the tier
         self._queued: set[int] = set()  # exports submitted and not finished
@@ -582,13 +602,19 @@ class CheckpointManager:
             try:
                 future.set_result(self._save_now(step, to_save, metrics))
             except BaseException as e:
+                # Raised here, to the caller: not again by wait() or close().
                 future.set_exception(e)
                 raise
         with self._lock:
             self._pending.append(future)
             if self.rank == 0:
                 self._saving.append((step, future))
-        return SaveHandle(step, future)
+        return SaveHandle(step, future, self._handed_over)
+
+    def _handed_over(self, future: Future) -> None:
+        """A save's failure went to its caller (SaveHandle.result/exception)."""
+        with self._lock:
+            self._handed.add(future)
 
     def _all_prepared(self, step: int, error: Optional[BaseException]) -> None:
         """Raises `error` on this rank, and on every other rank an error naming the first
@@ -1014,7 +1040,8 @@ class CheckpointManager:
                     root.delete(m["step"])
 
     def wait(self) -> None:
-        """Waits for every pending save and export; raises the first failure."""
+        """Waits for every pending save and export; raises the first failure that no save's
+        handle handed over already (SaveHandle.result, or save() itself when synchronous)."""
         first = None
         while True:
             with self._lock:
@@ -1025,7 +1052,11 @@ class CheckpointManager:
                 try:
                     f.result()
                 except BaseException as e:
-                    first = first or e
+                    with self._lock:
+                        handed = f in self._handed
+                        self._handed.discard(f)
+                    if not handed:
+                        first = first or e
         if first is not None:
             raise first
 
@@ -1054,8 +1085,17 @@ class CheckpointManager:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return
+        # The block's own exception is the one to see: a save's failure found while closing
+        # becomes a warning, not a replacement for it.
+        try:
+            self.close()
+        except Exception as e:
+            warnings.warn(f"CheckpointManager({self.root.uri!r}) closed after an exception: "
+                          f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
 
     # ---- listing and restoring ----
     def list(self) -> list[dict]:
