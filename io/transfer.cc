@@ -609,12 +609,16 @@ class Engine {
     put.source_uri = src_.store->Uri(meta.key);
     put.source_etag = meta.etag;
     put.source_etag_opaque = meta.etag_opaque;
+    put.source_md5 = ContentMd5(meta);
     return put;
   }
 
   // Copies one object: server-side within one store, else as an ordered part stream from
   // `parts` into a writer of the destination.
-  absl::Status CopyOne(FetchScheduler& parts, const ObjectMeta& meta, const std::string& dst_key) {
+  // `from_head`: `meta` came from a HEAD, whose headers say whether the ETag is opaque (a
+  // listing's cannot: an SSE-KMS object lists with an ETag shaped like an MD5 that is none).
+  absl::Status CopyOne(FetchScheduler& parts, const ObjectMeta& meta, const std::string& dst_key,
+                       bool from_head = false) {
     const std::string src_uri = src_.store->Uri(meta.key);
     const std::string dst_uri = dst_.store->Uri(dst_key);
     const uint64_t max_copy = src_.store->capabilities().max_copy_size;
@@ -628,8 +632,12 @@ class Engine {
       outcome_.Stored(meta, src_uri, copied, dst_uri);
       return absl::OkStatus();
     }
+    PutOptions put = PutFor(meta);
+    // The writer is made before the first GET tells whether the ETag is opaque: a listed
+    // ETag is no MD5 to check a file against here (the tier still checks it: source_etag).
+    if (!from_head && meta.md5.empty()) put.source_md5.clear();
     WHARF_ASSIGN_OR_RETURN(std::unique_ptr<ObjectWriter> writer,
-                           dst_.store->NewWriter(dst_key, PutFor(meta)));
+                           dst_.store->NewWriter(dst_key, std::move(put)));
     ObjectParts source(parts, meta, options_.part_size, kPartsAhead);
     WriterSink sink(std::move(writer));
     WHARF_ASSIGN_OR_RETURN(ObjectMeta stored,
@@ -668,7 +676,8 @@ class Engine {
       return absl::OkStatus();
     }
     FetchScheduler parts(src_.store, PartFetchOptions(options_));
-    return CopyOne(parts, meta, dst_key);  // a failure is the transfer's status, not OnError
+    // A failure is the transfer's status, not OnError.
+    return CopyOne(parts, meta, dst_key, /*from_head=*/true);
   }
 
   // The destination key for a listed source key, or nullopt (with the failure reported)
@@ -879,7 +888,10 @@ class Engine {
         }
         absl::string_view rel = absl::string_view(meta.key).substr(src_prefix_.size());
         PutOptions put = PutFor(meta);
-        put.source_etag_opaque |= r->etag_opaque;  // the GET's headers tell it, not a listing
+        if (r->etag_opaque) {  // the GET's headers tell it, not a listing
+          put.source_etag_opaque = true;
+          if (meta.md5.empty()) put.source_md5.clear();
+        }
         puts.Put(DstKey(rel), *std::move(r->data), std::move(put), meta, src_.store->Uri(meta.key));
       }
       puts.Wait();

@@ -107,6 +107,11 @@ struct PutOptions {
   std::string source_etag;
   // The source's etag is no MD5 of its content (ObjectMeta::etag_opaque): not checked.
   bool source_etag_opaque = false;
+  // The MD5 of the source's content as its metadata tells it (ContentMd5: an S3 single-part
+  // ETag, a GCS md5Hash, a local file's), hex; empty when unknown. The file store, which
+  // computes the MD5 of every file it writes, fails the put as DataLoss when they differ:
+  // the bytes were damaged on the way, and no file is left.
+  std::string source_md5;
   // Create only: the put fails with AlreadyExists when the key holds an object, decided
   // atomically by the store (S3: If-None-Match: * on PutObject and CompleteMultipartUpload;
   // GCS: ifGenerationMatch=0; file://: a rename that does not replace). A store that cannot

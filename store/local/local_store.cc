@@ -106,16 +106,38 @@ Counter* SkippedCounter() {
       "sockets, devices, names not UTF-8), each with a warning");
 }
 
+// A put's bytes against the MD5 their source's metadata gave (PutOptions::source_md5), before
+// the file is renamed into place: `md5` is what the file store computed while writing.
+absl::Status CheckSourceMd5(const PutOptions& options, absl::string_view md5) {
+  if (options.source_md5.empty() || md5.empty() ||
+      absl::EqualsIgnoreCase(options.source_md5, md5)) {
+    return absl::OkStatus();
+  }
+  return absl::DataLossError(
+      absl::StrCat("the content's MD5 ", md5, " is not the source's ", options.source_md5,
+                   options.source_uri.empty() ? "" : absl::StrCat(" (", options.source_uri, ")"),
+                   ": damaged on the way; nothing written"));
+}
+
+// Seal, check against the source's MD5, publish.
+absl::StatusOr<ObjectMeta> CommitChecked(TempObject& temp, const PutOptions& options, bool fsync) {
+  WHARF_ASSIGN_OR_RETURN(ObjectMeta meta,
+                         temp.Seal(options.mtime, fsync, [&](int, const ObjectMeta& m) {
+                           return CheckSourceMd5(options, m.etag);
+                         }));
+  WHARF_RETURN_IF_ERROR(temp.Publish(/*sync_dir=*/fsync, options.if_absent));
+  return meta;
+}
+
 class LocalWriter : public ObjectWriter {
  public:
   LocalWriter(std::unique_ptr<TempObject> temp, std::string key, std::string uri,
-              std::optional<absl::Time> mtime, bool fsync, bool exclusive)
+              PutOptions options, bool fsync)
       : temp_(std::move(temp)),
         key_(std::move(key)),
         uri_(std::move(uri)),
-        mtime_(mtime),
-        fsync_(fsync),
-        exclusive_(exclusive) {}
+        options_(std::move(options)),
+        fsync_(fsync) {}
 
   absl::Status Write(absl::Cord data) override {
     if (!temp_) return absl::FailedPreconditionError(absl::StrCat("write ", uri_, ": closed"));
@@ -126,7 +148,7 @@ class LocalWriter : public ObjectWriter {
 
   absl::StatusOr<ObjectMeta> Close() override {
     if (!temp_) return absl::FailedPreconditionError(absl::StrCat("close ", uri_, ": closed"));
-    auto meta = temp_->Commit(mtime_, fsync_, exclusive_);
+    auto meta = CommitChecked(*temp_, options_, fsync_);
     temp_.reset();
     if (!meta.ok()) return Annotate(meta.status(), absl::StrCat("put ", uri_));
     meta->key = key_;
@@ -139,9 +161,8 @@ class LocalWriter : public ObjectWriter {
   std::unique_ptr<TempObject> temp_;
   const std::string key_;
   const std::string uri_;
-  const std::optional<absl::Time> mtime_;
+  const PutOptions options_;
   const bool fsync_;
-  const bool exclusive_;
 };
 
 // Lists a tree in S3 order (see ListPage in object_store.h). Within one directory, entries
@@ -587,7 +608,7 @@ absl::StatusOr<ObjectMeta> LocalStore::Put(const std::string& key, absl::Cord da
   if (!temp.ok()) return Annotate(temp.status(), op);
   if (md5 != nullptr) (*temp)->SetMd5(*md5);
   WHARF_RETURN_IF_ERROR(Annotate((*temp)->Append(data), op));
-  auto meta = (*temp)->Commit(put_options.mtime, options_.fsync, put_options.if_absent);
+  auto meta = CommitChecked(**temp, put_options, options_.fsync);
   if (!meta.ok()) return Annotate(meta.status(), op);
   meta->key = key;
   return meta;
@@ -604,8 +625,8 @@ absl::StatusOr<std::unique_ptr<ObjectWriter>> LocalStore::NewWriter(std::string 
   WHARF_RETURN_IF_ERROR(Annotate(ValidatePutOptions(put_options), absl::StrCat("put ", uri)));
   auto temp = TempObject::Create(PathOf(key), "", Checksum::kMd5, put_options.if_absent);
   if (!temp.ok()) return Annotate(temp.status(), absl::StrCat("put ", uri));
-  return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri, put_options.mtime,
-                                       options_.fsync, put_options.if_absent);
+  return std::make_unique<LocalWriter>(*std::move(temp), std::move(key), uri, put_options,
+                                       options_.fsync);
 }
 
 namespace {

@@ -374,3 +374,25 @@ def test_a_copy_between_two_buckets_is_a_rewrite_that_keeps_type_and_metadata(
         for b in gcs_client.list_blobs(other):
             b.delete()
         gcs_client.bucket(other).delete()
+
+
+def test_a_download_damaged_on_the_way_is_refused(gcs_emulator, gcs_client, gcs_bucket,
+                                                   tmp_path):
+    # A GCS object's ETag is its generation: the reply's x-goog-hash (CRC32C) checks the
+    # bytes in the store, the md5Hash in the file store behind it.
+    from fault_proxy import FaultProxy
+    data = os.urandom(50_000)
+    gcs_client.bucket(gcs_bucket).blob("d/x").upload_from_string(data)
+    with FaultProxy(gcs_emulator.split("://", 1)[-1]) as proxy:
+        proxy.set_faults([{"match": {"method": "GET", "query_regex": "alt=media"},
+                           "action": "corrupt", "after_bytes": 100, "count": None}])
+        env = gcs_env(proxy.url)
+        proc = run_wharf("cp", "-r", f"gs://{gcs_bucket}/d/", tmp_path / "t", env=env)
+        assert proc.returncode == 1, proc.stderr
+        assert "is not the object's" in proc.stderr or "damaged on the way" in proc.stderr
+        assert f"gs://{gcs_bucket}/d/x" in proc.stderr
+        assert not (tmp_path / "t" / "x").exists()
+        assert any(e["fault"] == "corrupt" for e in proxy.log())
+        proxy.set_faults([])
+        run_wharf("cp", "-r", f"gs://{gcs_bucket}/d/", tmp_path / "t", env=env, check=True)
+        assert (tmp_path / "t" / "x").read_bytes() == data

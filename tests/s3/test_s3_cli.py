@@ -344,6 +344,34 @@ def test_a_malformed_stall_timeout_is_named_and_the_default_kept(tmp_path, bucke
         proc.stderr
 
 
+def test_a_reply_damaged_on_the_way_is_never_written_as_the_object(proxy, bucket, s3_env,
+                                                                  s3_client, tmp_path):
+    # Same length, one byte inverted: only the MD5 the ETag of a single-part upload gives can
+    # tell. The file store hashes what it writes anyway, and compares.
+    data = random_bytes(100 << 10, 11)
+    big = random_bytes(20 << 20, 12)  # above the streaming threshold: one PUT, MD5 ETag
+    s3_client.put_object(Bucket=bucket, Key="d/s", Body=data)
+    s3_client.put_object(Bucket=bucket, Key="b/big", Body=big)
+    proxy.set_faults([{"match": {"method": "GET", "path_regex": "/(d/s|b/big)$"},
+                       "action": "corrupt", "after_bytes": 777, "count": None}])
+    env = via(proxy, s3_env)
+    for args, name in ((("cp", f"s3://{bucket}/d/s", tmp_path / "one"), "d/s"),
+                       (("cp", "-r", f"s3://{bucket}/d/", tmp_path / "tree"), "d/s"),
+                       (("sync", f"s3://{bucket}/d/", tmp_path / "synced"), "d/s"),
+                       (("cp", f"s3://{bucket}/b/big", tmp_path / "big"), "b/big")):
+        proc = run_wharf(*args, env=env)
+        assert proc.returncode == 1, (args, proc.stderr)
+        assert f"s3://{bucket}/{name}" in proc.stderr and "damaged on the way" in proc.stderr, \
+            proc.stderr
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    assert any(e["fault"] == "corrupt" for e in proxy.log())
+    proxy.set_faults([])
+    run_wharf("cp", "-r", f"s3://{bucket}/d/", tmp_path / "tree", env=env, check=True)
+    assert (tmp_path / "tree" / "s").read_bytes() == data
+    run_wharf("cp", f"s3://{bucket}/b/big", tmp_path / "big", env=env, check=True)
+    assert (tmp_path / "big").read_bytes() == big
+
+
 def test_a_listing_that_is_not_one_ends_in_an_error_not_a_short_listing(proxy, bucket, s3_env,
                                                                          s3_client, tmp_path):
     # A page that is XML but no ListBucketResult (a proxy's page) once ended the listing:

@@ -14,7 +14,8 @@ applies and its count drops by one:
                "query_regex": "partNumber=2",  # optional, re.search on the query string
                "target_regex": "...",          # optional, re.search on path + '?' + query
                "headers": {"range": "^bytes=0-"}},  # optional, name -> re.search on its value
-     "action": "status" | "reset" | "truncate" | "shorten" | "delay" | "drop" | "lose",
+     "action": "status" | "reset" | "truncate" | "shorten" | "corrupt" | "delay" | "drop" |
+               "lose",
      "count": 2,          # requests that get the fault (default 1; null = every match)
      "skip": 0,           # matching requests to let through untouched first (default 0)
      "probability": 1.0,  # share of the (otherwise eligible) matching requests that get the
@@ -25,7 +26,8 @@ applies and its count drops by one:
      "code": "SlowDown", "message": "...",  # status: override the XML error code/message
      "headers": {"Retry-After": "1"},       # status: extra response headers
      "close": false,      # status: also close the client connection after the answer
-     "after_bytes": 0,    # reset/truncate/shorten: response bytes relayed after the header block
+     "after_bytes": 0,    # reset/truncate/shorten: response bytes relayed after the header block;
+                          # corrupt: the offset of the body byte that is flipped
                           # (raw bytes, so chunk framing counts for chunked responses)
      "delay_ms": 500,     # delay: hold the response this long after the upstream answered
      "phase": "response"} # delay: or "request" to hold the request before forwarding it
@@ -38,6 +40,8 @@ Actions:
   truncate  the same, but close with FIN: the client sees a short body.
   shorten   the same as truncate, with the response's Content-Length rewritten to `after_bytes`:
             a well-formed reply that is shorter than the object (a broken proxy's or server's).
+  corrupt   forward and relay the whole response, with the body byte at `after_bytes` inverted
+            (damage on the way that no length check can see).
   delay     forward, hold the response for `delay_ms`, then relay it.
   drop      close the client connection with RST as soon as the request head has arrived.
   lose      forward, wait for the server's answer (it acted on the request), then close the
@@ -92,7 +96,7 @@ _IO_SIZE = 256 * 1024
 _HEAD_LIMIT = 1 << 20  # longest header block accepted
 _LOG_LIMIT = 100_000
 
-ACTIONS = ("status", "reset", "truncate", "shorten", "delay", "drop", "lose")
+ACTIONS = ("status", "reset", "truncate", "shorten", "corrupt", "delay", "drop", "lose")
 
 # S3-style error codes for injected statuses (S3 itself sends 500 InternalError and 503 SlowDown;
 # the others stand for what load balancers and other stores answer).
@@ -267,10 +271,11 @@ class _Sink:
     the last byte is already up to date."""
 
     def __init__(self, writer: Optional[asyncio.StreamWriter], limit: Optional[int] = None,
-                 progress=None):
+                 progress=None, flip_at: Optional[int] = None):
         self.writer = writer
         self.limit = limit
         self.progress = progress
+        self.flip_at = flip_at  # a byte offset to invert (the corrupt action)
         self.sent = 0
 
     async def write(self, data: bytes) -> None:
@@ -281,6 +286,9 @@ class _Sink:
         await self._put(data)
 
     async def _put(self, data: bytes) -> None:
+        if self.flip_at is not None and self.sent <= self.flip_at < self.sent + len(data):
+            i = self.flip_at - self.sent
+            data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
         self.sent += len(data)
         if self.progress is not None:
             self.progress(self.sent)
@@ -581,7 +589,8 @@ class _ClientConnection:
                                                        _content_length(rheaders)), rhead)
         self.writer.write(rhead)
         limit = rule.after_bytes if action in ("reset", "truncate", "shorten") else None
-        sink = _Sink(self.writer, limit, lambda sent: state.update(entry, bytes_relayed=sent))
+        sink = _Sink(self.writer, limit, lambda sent: state.update(entry, bytes_relayed=sent),
+                     flip_at=rule.after_bytes if action == "corrupt" else None)
         upstream_close = (_has_token(rheaders, "connection", "close") or
                           (parts[0] == "HTTP/1.0" and
                            not _has_token(rheaders, "connection", "keep-alive")))
