@@ -603,9 +603,9 @@ PYBIND11_MODULE(_wharf, m) {
                                             "prefix: end it with '/' for a folder "
                                             "(Store('s3://b/a/').url('x') is s3://b/a/x, "
                                             "Store('s3://b/a').url('x') is s3://b/ax).")
-      .def(py::init([](std::string uri, const py::kwargs& options) {
+      .def(py::init([](UriArg uri, const py::kwargs& options) {
              return std::make_shared<Store>(
-                 StoreHandle(std::move(uri), StoreOptionsFromKwargs(options)));
+                 StoreHandle(uri.Folder(), StoreOptionsFromKwargs(options)));
            }),
            py::arg("uri"),
            "Store(uri, *, endpoint=None, region=None, anonymous=None, profile=None, "

@@ -43,6 +43,18 @@ struct KeyArg {
   std::string value;
 };
 
+// A URI from Python: a str, or an os.PathLike naming a local path (pathlib.Path), as open()
+// and the os functions take it.
+struct UriArg {
+  std::string value;
+  bool from_path = false;  // an os.PathLike, not a str
+  // The URI of a folder: a path object names the folder itself (pathlib drops the trailing
+  // '/' that a str URI needs: Store(Path("/data")) reads /data/<key>, not /data<key>).
+  std::string Folder() const {
+    return from_path && !value.empty() && value.back() != '/' ? value + "/" : value;
+  }
+};
+
 // A key (or prefix) for Python: UTF-8 decoded with surrogateescape.
 inline py::str KeyToPython(const std::string& key) {
   PyObject* s =
@@ -371,6 +383,38 @@ struct type_caster<wharf::python::KeyArg> {
     value.value.assign(PyBytes_AS_STRING(bytes), static_cast<size_t>(PyBytes_GET_SIZE(bytes)));
     Py_DECREF(bytes);
     return true;
+  }
+};
+template <>
+struct type_caster<wharf::python::UriArg> {
+  PYBIND11_TYPE_CASTER(wharf::python::UriArg, const_name("str | os.PathLike[str]"));
+  bool load(handle src, bool) {
+    if (PyBytes_Check(src.ptr())) {  // as pybind11's str argument takes it
+      value.value.assign(PyBytes_AS_STRING(src.ptr()),
+                         static_cast<size_t>(PyBytes_GET_SIZE(src.ptr())));
+      return true;
+    }
+    if (!PyUnicode_Check(src.ptr()) && PyObject_HasAttrString(src.ptr(), "__fspath__") == 0) {
+      return false;
+    }
+    value.from_path = !PyUnicode_Check(src.ptr());
+    PyObject* path = PyOS_FSPath(src.ptr());  // a str is itself
+    if (path == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    const bool str = PyUnicode_Check(path);  // not a bytes path
+    if (str) {
+      PyObject* bytes = PyUnicode_AsEncodedString(path, "utf-8", "surrogateescape");
+      if (bytes != nullptr) {
+        value.value.assign(PyBytes_AS_STRING(bytes), static_cast<size_t>(PyBytes_GET_SIZE(bytes)));
+        Py_DECREF(bytes);
+      } else {
+        PyErr_Clear();
+      }
+    }
+    Py_DECREF(path);
+    return str;
   }
 };
 }  // namespace pybind11::detail

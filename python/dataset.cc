@@ -62,12 +62,12 @@ class PyIndex {
   PyIndex(StoreHandle handle, SampleIndex index)
       : handle_(std::move(handle)), index_(std::make_shared<const SampleIndex>(std::move(index))) {}
 
-  static std::shared_ptr<PyIndex> FromPrefix(const std::string& uri,
+  static std::shared_ptr<PyIndex> FromPrefix(const UriArg& uri,
                                              const std::vector<std::string>& suffixes, int workers,
                                              int page_size, bool keep_directory_markers,
                                              const py::object& index_cache,
                                              const py::kwargs& store_options) {
-    StoreHandle handle(uri, StoreOptionsFromKwargs(store_options));
+    StoreHandle handle(uri.Folder(), StoreOptionsFromKwargs(store_options));
     auto store = handle.store();
     ListingIndexOptions options;
     options.suffixes = suffixes;
@@ -80,7 +80,7 @@ class PyIndex {
     return std::make_shared<PyIndex>(std::move(handle), std::move(index));
   }
 
-  static std::shared_ptr<PyIndex> FromManifest(const std::string& manifest_uri,
+  static std::shared_ptr<PyIndex> FromManifest(const UriArg& manifest_uri,
                                                const std::string& format,
                                                const py::object& index_cache,
                                                const py::kwargs& store_options) {
@@ -97,7 +97,8 @@ class PyIndex {
     }
     // Sample keys are shown relative to the manifest's folder, which relative keys of the
     // manifest are resolved against too.
-    SpecAndKey parsed = Check(ParseStoreUri(manifest_uri, StoreOptionsFromKwargs(store_options)));
+    SpecAndKey parsed =
+        Check(ParseStoreUri(manifest_uri.value, StoreOptionsFromKwargs(store_options)));
     const std::string manifest_key = parsed.key;
     parsed.key = parsed.key.substr(0, parsed.key.rfind('/') + 1);  // npos + 1 == 0
     StoreHandle handle(parsed.uri().ToString(), parsed.spec, parsed.key);
@@ -108,10 +109,9 @@ class PyIndex {
     return std::make_shared<PyIndex>(std::move(handle), std::move(index));
   }
 
-  static std::shared_ptr<PyIndex> FromKeys(const std::string& uri,
-                                           const std::vector<std::string>& keys,
+  static std::shared_ptr<PyIndex> FromKeys(const UriArg& uri, const std::vector<std::string>& keys,
                                            const py::kwargs& store_options) {
-    StoreHandle handle(uri, StoreOptionsFromKwargs(store_options));
+    StoreHandle handle(uri.Folder(), StoreOptionsFromKwargs(store_options));
     std::vector<std::string> full;
     full.reserve(keys.size());
     for (const std::string& k : keys) full.push_back(handle.Key(k));
@@ -388,9 +388,9 @@ void RegisterDataset(py::module_& m) {
                   "`index_cache` (as for from_prefix) and mapped by every process after")
       .def_static(
           "cache_dir",
-          [](const std::string& uri, const py::object& index_cache,
+          [](const UriArg& uri, const py::object& index_cache,
              const py::kwargs& store_options) -> py::object {
-            StoreHandle handle(uri, StoreOptionsFromKwargs(store_options));
+            StoreHandle handle(uri.Folder(), StoreOptionsFromKwargs(store_options));
             std::string dir = IndexCacheDir(index_cache, *handle.store());
             return dir.empty() ? py::object(py::none()) : py::object(py::str(dir));
           },

@@ -114,3 +114,20 @@ def test_load_state_dict_refuses_what_is_not_a_state(tmp_path):
             with pytest.raises(TypeError, match="state must be a dict"):
                 ds.load_state_dict(bad)
         ds.load_state_dict(ds.state_dict())  # a real one still loads
+
+
+def test_a_pathlib_path_is_taken_where_a_uri_is(tmp_path):
+    # A path object names a folder (pathlib drops the '/' a str URI needs to be one).
+    store = wharf.Store(tmp_path)
+    store.put("d/a.bin", b"a")
+    store.put("d/b.bin", b"b")
+    assert (tmp_path / "d" / "a.bin").read_bytes() == b"a"
+    assert bytes(wharf.Store(tmp_path / "d").get("b.bin")) == b"b"
+    assert len(wharf.SampleIndex.from_prefix(tmp_path / "d")) == 2
+    assert len(wharf.SampleIndex.from_keys(tmp_path / "d", ["a.bin"])) == 1
+    (tmp_path / "m.txt").write_text("d/a.bin\nd/b.bin\n")
+    assert len(wharf.SampleIndex.from_manifest(tmp_path / "m.txt")) == 2
+    for cls in (MapDataset, IterableDataset):
+        assert len(cls.from_prefix(tmp_path / "d", suffixes=".bin")) == 2, cls
+    with pytest.raises(TypeError, match=r"str \| os.PathLike"):
+        wharf.Store(5)
