@@ -269,6 +269,9 @@ class Store {
     options.prefix = Key(prefix);
     ListPage all;
     if (limit < 0) throw py::value_error("list: limit must be >= 0 (0: no limit)");
+    if (parallel < 0) {
+      throw py::value_error("list: parallel must be >= 0 (0: one listing, N: N workers)");
+    }
     if (limit > 0) {
       // One page of at most `limit` entries: enough to tell whether a prefix holds anything
       // (wharf.fsspec's isdir) without listing all of it.
@@ -316,17 +319,34 @@ class Store {
     return MetaToDict(m);
   }
 
-  Buffer Get(const KeyArg& key_arg, std::optional<uint64_t> start, std::optional<uint64_t> end) {
+  Buffer Get(const KeyArg& key_arg, std::optional<int64_t> start, std::optional<int64_t> end) {
     const std::string& key = key_arg.value;
     auto s = store();
+    if (end && *end < 0) {
+      throw py::value_error(absl::StrCat("get ", key, ": end=", *end,
+                                         " is negative (a negative start=-N reads the last N "
+                                         "bytes; end counts from the object's first byte)"));
+    }
+    if (start && *start < 0) {
+      // The last N bytes, as data[-N:] (one suffix-range request, no HEAD first).
+      if (end) {
+        throw py::value_error(absl::StrCat("get ", key, ": a negative start=", *start,
+                                           " (the last ", -*start, " bytes) takes no end"));
+      }
+      const uint64_t n = static_cast<uint64_t>(-(*start + 1)) + 1;
+      return Buffer::FromString(
+          Check(WithoutGil([&] { return s->Read(Key(key), ByteRange::Last(n)); })));
+    }
     const uint64_t from = start.value_or(0);
-    if (end && *end <= from) {
+    if (end && static_cast<uint64_t>(*end) <= from) {
       // An empty range, as a slice of bytes: b"" for an object that exists.
       Check(WithoutGil([&] { return s->Head(Key(key)); }));
       return Buffer::FromString(std::string());
     }
     ByteRange range;
-    if (start || end) range = end ? ByteRange::Of(from, *end - from) : ByteRange::From(from);
+    if (start || end) {
+      range = end ? ByteRange::Of(from, static_cast<uint64_t>(*end) - from) : ByteRange::From(from);
+    }
     absl::StatusOr<std::string> data = WithoutGil([&] { return s->Read(Key(key), range); });
     if (!data.ok() && data.status().code() == absl::StatusCode::kOutOfRange) {
       // A range starting at or past the end: b"" like a slice, once the size confirms it.
@@ -629,7 +649,8 @@ PYBIND11_MODULE(_wharf, m) {
       .def("get", &Store::Get, py::arg("key"), py::arg("start") = py::none(),
            py::arg("end") = py::none(),
            "The object's bytes [start, end) as a Buffer; like a slice, a range that is empty or "
-           "starts at or past the end gives no bytes (a missing object still raises)")
+           "starts at or past the end gives no bytes (a missing object still raises), and "
+           "get(key, -N) is the last N bytes (one suffix-range request)")
       .def("get_many", &Store::GetMany, py::arg("keys"), py::arg("inflight") = 0,
            py::arg("memory_budget") = 0,
            "Many objects at once through the I/O engine, in the order given. keys: str keys, "

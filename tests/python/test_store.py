@@ -52,9 +52,20 @@ def test_ranges_read_like_slices(store):
     assert bytes(store.get("empty", 3)) == b""
     assert bytes(store.get("empty", 0, 1)) == b"" and bytes(store.get("empty", None, 5)) == b""
     # An empty range of a missing object still says that it is missing.
-    for start, end in [(0, 0), (5, None), (None, None)]:
+    for start, end in [(0, 0), (5, None), (None, None), (-3, None)]:
         with pytest.raises(FileNotFoundError, match="missing"):
             store.get("missing", start, end)
+    # A negative start is the last N bytes, as data[-N:]; what a slice would read from the end
+    # otherwise (a negative end, or both) is refused naming the key.
+    for n in (1, 3, 10, 30):
+        assert bytes(store.get("r", -n)) == data[-n:], n
+    assert bytes(store.get("empty", -3)) == b""
+    with pytest.raises(ValueError, match="get r: a negative start=-3 .* takes no end"):
+        store.get("r", -3, 5)
+    with pytest.raises(ValueError, match="get r: end=-1 is negative"):
+        store.get("r", 0, -1)
+    with pytest.raises(ValueError, match="parallel must be >= 0"):
+        store.list(parallel=-1)
 
 
 @pytest.mark.parametrize("store", ["file", "s3", "gs"], indirect=True)
