@@ -100,6 +100,15 @@ class ObjectFile(io.BufferedIOBase):
             uri = os.fspath(uri)
         if not isinstance(uri, str):
             raise TypeError(f"wharf.open: expected a URI or a path, not {type(uri).__name__}")
+        if mode != "rb":
+            reading = [name for name, value, default in (("chunk_size", chunk_size, 0),
+                                                          ("read_ahead", read_ahead, -1),
+                                                          ("access", access, "auto"))
+                       if value != default]
+            if reading:
+                raise ValueError(f"wharf.open({uri!r}, {mode!r}): {', '.join(reading)} "
+                                 f"{'is' if len(reading) == 1 else 'are'} for reading ('rb'); "
+                                 "a write streams parts of the store's part size")
         self._uri = uri
         self._mode = mode
         if mode == "rb":

@@ -196,6 +196,13 @@ def test_errors_are_clear(root):
         wharf.open(root + "x", "r")
     with pytest.raises(ValueError, match="invalid mode"):
         wharf.open(root + "x", "ab")
+    # Reading's options on a write are refused, not ignored; nothing is written.
+    with pytest.raises(ValueError, match=r"chunk_size, access are for reading \('rb'\)"):
+        wharf.open(root + "w", "wb", chunk_size=1 << 20, access="sequential")
+    with pytest.raises(ValueError, match=r"read_ahead is for reading"):
+        wharf.open(root + "w", "xb", read_ahead=4)
+    with pytest.raises(FileNotFoundError):
+        wharf.Store(root).head("w")
     with pytest.raises(FileNotFoundError):
         wharf.open(root + "missing")
     with pytest.raises(wharf.NotFoundError):
