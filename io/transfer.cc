@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "base/log.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "io/fetch_scheduler.h"
@@ -195,6 +196,18 @@ class PutQueue {
       : dst_(dst), max_pending_(max_pending), outcome_(outcome) {}
   ~PutQueue() { Wait(); }
 
+  // A put whose bytes were damaged on the way (IsSourceMismatch) is not a failure yet: it is
+  // kept for the engine to fetch again (TakeDamaged) once the queue is idle.
+  struct Damaged {
+    ObjectMeta src;
+    std::string dst_key;
+    absl::Status status;
+  };
+  std::vector<Damaged> TakeDamaged() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(damaged_, {});
+  }
+
   void Put(std::string dst_key, FetchBuffer data, PutOptions options, ObjectMeta src,
            std::string src_uri) {
     {
@@ -207,16 +220,21 @@ class PutQueue {
     // Zero-copy: the Cord keeps the fetched block (and its budget charge) until written.
     absl::Cord cord = absl::MakeCordFromExternal(data.view(), [data] {});
     std::string dst_uri = dst_.Uri(dst_key);
+    std::string key = dst_key;
     dst_.PutAsync(std::move(dst_key), std::move(cord), options,
                   [this, size, src = std::move(src), src_uri = std::move(src_uri),
-                   dst_uri = std::move(dst_uri)](absl::StatusOr<ObjectMeta> meta) {
+                   dst_uri = std::move(dst_uri),
+                   key = std::move(key)](absl::StatusOr<ObjectMeta> meta) mutable {
+                    const bool damaged = !meta.ok() && IsSourceMismatch(meta.status());
                     if (meta.ok()) {
                       outcome_.Bytes(size);
                       outcome_.Stored(src, src_uri, *meta, dst_uri);
-                    } else {
+                    } else if (!damaged) {
                       outcome_.Fail(meta.status());
                     }
                     absl::MutexLock lock(&mu_);
+                    if (damaged)
+                      damaged_.push_back({std::move(src), std::move(key), meta.status()});
                     --pending_;
                   });
   }
@@ -233,6 +251,7 @@ class PutQueue {
   Outcome& outcome_;
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Damaged> damaged_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---- One part plan, part sources and sinks, one pump ----
@@ -617,6 +636,24 @@ class Engine {
   // `parts` into a writer of the destination.
   // `from_head`: `meta` came from a HEAD, whose headers say whether the ETag is opaque (a
   // listing's cannot: an SSE-KMS object lists with an ETag shaped like an MD5 that is none).
+  // Copies one object, fetching it again (twice at most) when the destination found its
+  // bytes damaged on the way (IsSourceMismatch): that is the network's fault, as a reset is.
+  // `last`: the damaged put that a first attempt (a small object's) already made.
+  absl::Status CopyOneChecked(FetchScheduler& parts, const ObjectMeta& meta,
+                              const std::string& dst_key, bool from_head,
+                              absl::Status last = absl::OkStatus()) {
+    const int tries = last.ok() ? 1 + kDamagedAttempts : kDamagedAttempts;
+    for (int attempt = 0; attempt < tries; ++attempt) {
+      if (!last.ok()) {
+        LogLine(LogLevel::kWarning, absl::StrCat(last.message(), "; fetching it again"));
+      }
+      last = CopyOne(parts, meta, dst_key, from_head);
+      if (!IsSourceMismatch(last)) return last;
+    }
+    return last;
+  }
+  static constexpr int kDamagedAttempts = 2;  // fetches after the damaged one
+
   absl::Status CopyOne(FetchScheduler& parts, const ObjectMeta& meta, const std::string& dst_key,
                        bool from_head = false) {
     const std::string src_uri = src_.store->Uri(meta.key);
@@ -677,7 +714,7 @@ class Engine {
     }
     FetchScheduler parts(src_.store, PartFetchOptions(options_));
     // A failure is the transfer's status, not OnError.
-    return CopyOne(parts, meta, dst_key, /*from_head=*/true);
+    return CopyOneChecked(parts, meta, dst_key, /*from_head=*/true);
   }
 
   // The destination key for a listed source key, or nullopt (with the failure reported)
@@ -896,6 +933,12 @@ class Engine {
       }
       puts.Wait();
       workers.Wait();
+      // Objects whose bytes arrived damaged: fetched again, one at a time (rare). Their GET
+      // said the ETag is an MD5 (it was checked), so the stream checks it too.
+      for (PutQueue::Damaged& d : puts.TakeDamaged()) {
+        absl::Status s = CopyOneChecked(parts, d.src, d.dst_key, /*from_head=*/true, d.status);
+        if (!s.ok()) outcome_.Fail(s);
+      }
       listing = fetch.listing_status();
     }
     if (observer_) observer_->OnPlanFinal();

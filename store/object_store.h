@@ -67,6 +67,19 @@ struct ObjectMeta {
 // composite object).
 std::string ContentMd5(const ObjectMeta& meta);
 
+// A put whose bytes are not what their source's metadata says (PutOptions::source_md5, the
+// tier's check of source_etag) fails as DataLoss carrying this payload: the bytes were damaged
+// on the way, so fetching the object again may succeed (the transfer engine does, twice).
+inline constexpr char kSourceMismatchPayloadUrl[] = "wharf.dev/store/source_mismatch";
+inline absl::Status SourceMismatchError(absl::string_view message) {
+  absl::Status s = absl::DataLossError(message);
+  s.SetPayload(kSourceMismatchPayloadUrl, absl::Cord("1"));
+  return s;
+}
+inline bool IsSourceMismatch(const absl::Status& s) {
+  return absl::IsDataLoss(s) && s.GetPayload(kSourceMismatchPayloadUrl).has_value();
+}
+
 // An in-progress multipart upload (S3 ListMultipartUploads).
 struct PendingUpload {
   std::string key;

@@ -84,7 +84,7 @@ absl::StatusOr<ObjectMeta> SealEntry(TempObject& temp, const std::string& key,
       options.mtime.value_or(absl::Now()), /*fsync=*/false, [&](int fd, const ObjectMeta& m) {
         if (!options.source_etag_opaque && IsMd5Hex(options.source_etag) &&
             absl::AsciiStrToLower(options.source_etag) != m.etag) {
-          return absl::DataLossError(absl::StrCat("the content's MD5 ", m.etag,
+          return SourceMismatchError(absl::StrCat("the content's MD5 ", m.etag,
                                                   " is not the source's ETag ", options.source_etag,
                                                   " (", options.source_uri, ")"));
         }

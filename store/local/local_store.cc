@@ -113,7 +113,7 @@ absl::Status CheckSourceMd5(const PutOptions& options, absl::string_view md5) {
       absl::EqualsIgnoreCase(options.source_md5, md5)) {
     return absl::OkStatus();
   }
-  return absl::DataLossError(
+  return SourceMismatchError(
       absl::StrCat("the content's MD5 ", md5, " is not the source's ", options.source_md5,
                    options.source_uri.empty() ? "" : absl::StrCat(" (", options.source_uri, ")"),
                    ": damaged on the way; nothing written"));
