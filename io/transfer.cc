@@ -634,9 +634,7 @@ class Engine {
 
   // Copies one object: server-side within one store, else as an ordered part stream from
   // `parts` into a writer of the destination.
-  // `from_head`: `meta` came from a HEAD, whose headers say whether the ETag is opaque (a
-  // listing's cannot: an SSE-KMS object lists with an ETag shaped like an MD5 that is none).
-  // Copies one object, fetching it again (twice at most) when the destination found its
+  // Copies one object (CopyOne), fetching it again (twice at most) when the destination found its
   // bytes damaged on the way (IsSourceMismatch): that is the network's fault, as a reset is.
   // `last`: the damaged put that a first attempt (a small object's) already made.
   absl::Status CopyOneChecked(FetchScheduler& parts, const ObjectMeta& meta,
@@ -654,6 +652,8 @@ class Engine {
   }
   static constexpr int kDamagedAttempts = 2;  // fetches after the damaged one
 
+  // `from_head`: `meta` came from a HEAD, whose headers say whether the ETag is opaque (a
+  // listing's cannot: an SSE-KMS object lists with an ETag shaped like an MD5 that is none).
   absl::Status CopyOne(FetchScheduler& parts, const ObjectMeta& meta, const std::string& dst_key,
                        bool from_head = false) {
     const std::string src_uri = src_.store->Uri(meta.key);

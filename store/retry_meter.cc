@@ -1,5 +1,6 @@
 #include "store/retry_meter.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,8 +32,11 @@ double RetryMeter::Uniform01() {
 }
 
 void RetryMeter::WarnSlowRetry(absl::string_view what, const absl::Status& failure,
-                               absl::Duration took, absl::Duration slow, int next, int max) {
-  if (took < slow || !LogEnabled(LogLevel::kWarning)) return;
+                               absl::Duration took, absl::Duration stall_timeout, int next,
+                               int max) {
+  if (took < std::min(absl::Seconds(10), stall_timeout) || !LogEnabled(LogLevel::kWarning)) {
+    return;
+  }
   int unsaid;
   {
     absl::MutexLock lock(&mu_);

@@ -30,13 +30,13 @@ class RetryMeter {
   double Uniform01();
 
   // Warns (LogLevel::kWarning) that `what` ("get s3://b/k") failed with `failure` after
-  // `took` and is sent again as attempt `next` of `max`, when `took` is at least `slow`
-  // (a network store passes 10 s, or its transport's whole stall timeout if shorter): a
-  // stalled or unreachable server would otherwise keep a command silent for minutes. At most
+  // `took` and is sent again as attempt `next` of `max`, when `took` is 10 s or more, or the
+  // transport's whole `stall_timeout` if that is shorter: a stalled or unreachable server
+  // would otherwise keep a command silent for minutes. At most
   // one line per 10 s per meter (many requests stall together); the next line counts the
   // retries it left unsaid.
   void WarnSlowRetry(absl::string_view what, const absl::Status& failure, absl::Duration took,
-                     absl::Duration slow, int next, int max);
+                     absl::Duration stall_timeout, int next, int max);
 
  private:
   const std::string metric_;

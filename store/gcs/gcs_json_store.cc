@@ -438,8 +438,7 @@ void GcsJsonStore::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done
       retries_.Count(RetryCause(response));
       if (!response.ok()) {
         retries_.WarnSlowRetry(absl::StrCat(call->op, " ", uri), failure, absl::Now() - sent,
-                               std::min(absl::Seconds(10), StallTimeout()), call->attempt + 1,
-                               config_.retry.max_attempts);
+                               StallTimeout(), call->attempt + 1, config_.retry.max_attempts);
       }
       const absl::Duration delay =  // a throttling server's Retry-After is waited out
           RetryDelay(response, Backoff(call->attempt),

@@ -500,8 +500,7 @@ void S3Store::SendAttempt(std::shared_ptr<Call> call, ResponseCallback done,
           retries_.Count(RetryCause(response));
           if (!response.ok()) {
             retries_.WarnSlowRetry(absl::StrCat(call->op, " ", uri), failure, absl::Now() - sent,
-                                   std::min(absl::Seconds(10), StallTimeout()), call->attempt + 1,
-                                   options_.retry.max_attempts);
+                                   StallTimeout(), call->attempt + 1, options_.retry.max_attempts);
           }
           // Before `call` is moved below; a throttling server's Retry-After is waited out.
           const absl::Duration delay =

@@ -328,13 +328,8 @@ class SaveHandle:
     def result(self, timeout: Optional[float] = None) -> dict:
         try:
             return self._future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            if not self._future.done():
-                raise
-            self._handed_over()
-            raise
         except BaseException:
-            self._handed_over()
+            self._handed_over()  # not a wait that timed out: the save is not done
             raise
 
     def done(self) -> bool:
